@@ -1,0 +1,61 @@
+"""The alert record of SPEC §4 and its deterministic identity."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+from velocity.rules import Rule
+from velocity.schema import format_decimal
+from velocity.windows import Decision, format_aggregate
+
+# Fixed forever: changing it would give every replayed alert a new identity.
+_ALERT_NAMESPACE = uuid.UUID("6f1c7c52-3d0e-4f59-9a53-6b1f0d6ad0a1")
+
+
+class AlertKind(StrEnum):
+    ALERT = "ALERT"
+    CORRECTION = "CORRECTION"
+    RETRACTION = "RETRACTION"
+
+
+def alert_id(rule_id: int, rule_version: int, transaction_id: str, kind: AlertKind) -> str:
+    """Deterministic in (ruleId, ruleVersion, transactionId, kind): a replay yields the same id."""
+    return str(uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}"))
+
+
+def rule_key(rule: Rule, signature_key: Sequence[str]) -> dict[str, str]:
+    """The key of an alert by the rule's grouping field names.
+
+    ``signature_key`` holds values in the signature's (sorted) field order.
+    """
+    by_name = dict(zip(rule.signature.grouping_keys, signature_key, strict=True))
+    return {name: by_name[name] for name in rule.grouping_keys}
+
+
+def alert_record(
+    decision: Decision,
+    key: Mapping[str, str],
+    decision_time: int,
+    kind: AlertKind = AlertKind.ALERT,
+) -> dict[str, Any]:
+    """The SPEC §4 record of one decision."""
+    rule = decision.rule
+    return {
+        "alertId": alert_id(rule.rule_id, rule.version, decision.event.transaction_id, kind),
+        "kind": kind.value,
+        "ruleId": rule.rule_id,
+        "ruleVersion": rule.version,
+        "transactionId": decision.event.transaction_id,
+        "key": dict(key),
+        "eventTime": decision.event.event_time,
+        "aggregatorFunctionType": rule.aggregator.value,
+        "aggregateValue": format_aggregate(decision.value),
+        "limitOperatorType": rule.operator.value,
+        "limit": format_decimal(rule.limit),
+        "windowStart": decision.window_start,
+        "windowEnd": decision.event.event_time,
+        "decisionTime": decision_time,
+    }

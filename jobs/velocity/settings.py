@@ -1,0 +1,116 @@
+"""Velocity's settings: one typed object, from ``VELOCITY_*`` variables and an optional file.
+
+Precedence, highest first: explicit arguments (the CLI's flags), environment
+variables ``VELOCITY_<FIELD>``, the TOML file named by ``VELOCITY_CONFIG``
+(keys are the field names), the defaults below (the embedded defaults: every
+service on this machine, state inside the checkout).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from velocity.buckets import ALLOWED_BUCKET_SECONDS, bucket_width_ms
+from velocity.errors import SettingsError
+
+# The checkout this package runs from (jobs/velocity/settings.py -> checkout).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REDIS_PORT = 6391
+DEFAULT_REDIS_PASSWORD = "velocity-local"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VELOCITY_", extra="forbid")
+
+    data_dir: Path = Field(
+        default=PROJECT_ROOT / "data",
+        description="Root of every Delta table and checkpoint; two data dirs never share state.",
+    )
+    redis_url: str = Field(
+        default=f"redis://:{DEFAULT_REDIS_PASSWORD}@127.0.0.1:{DEFAULT_REDIS_PORT}/0",
+        description="Redis that mirrors the aggregates; `velocity up` starts this one locally.",
+    )
+    redis_alert_stream: str = Field(
+        default="velocity:alerts", description="Redis stream that receives every alert."
+    )
+    bucket_seconds: int = Field(
+        default=60, description=f"Bucket width g in seconds; one of {list(ALLOWED_BUCKET_SECONDS)}."
+    )
+    allowed_lateness_seconds: int = Field(
+        default=300, ge=0, description="Watermark = highest eventTime seen minus this."
+    )
+    spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    spark_shuffle_partitions: int = Field(
+        default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."
+    )
+    spark_driver_memory: str = Field(default="4g", description="spark.driver.memory.")
+    jars_dir: Path = Field(
+        default=PROJECT_ROOT / ".cache" / "jars",
+        description="Folder of the Delta JARs fetched by infra/fetch_jars.sh (spark.jars).",
+    )
+    spark_log_level: str = Field(default="ERROR", description="Spark's own log level.")
+
+    @field_validator("bucket_seconds")
+    @classmethod
+    def _bucket_seconds_allowed(cls, value: int) -> int:
+        bucket_width_ms(value)
+        return value
+
+    @field_validator("data_dir", "jars_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def bucket_width_ms(self) -> int:
+        return bucket_width_ms(self.bucket_seconds)
+
+    @property
+    def allowed_lateness_ms(self) -> int:
+        return self.allowed_lateness_seconds * 1000
+
+    @cached_property
+    def redis_address(self) -> tuple[str, int, str | None]:
+        """(host, port, password) of ``redis_url``."""
+        parts = urlsplit(self.redis_url)
+        return parts.hostname or "127.0.0.1", parts.port or 6379, parts.password
+
+    def table_path(self, name: str) -> Path:
+        return self.data_dir / "tables" / name
+
+
+def _config_file_values() -> dict[str, Any]:
+    path = os.environ.get("VELOCITY_CONFIG")
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as handle:
+            values = tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise SettingsError(f"VELOCITY_CONFIG names {path!r}, which does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"VELOCITY_CONFIG file {path!r} is not valid TOML: {exc}") from exc
+    # Environment variables win over the file.
+    return {k: v for k, v in values.items() if f"VELOCITY_{k.upper()}" not in os.environ}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the file, the environment and ``overrides`` (None values are ignored)."""
+    values = _config_file_values()
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SettingsError(f"bad setting (VELOCITY_* or config file): {problems}") from exc

@@ -1,0 +1,229 @@
+"""Window evaluation (SPEC §3): the aggregate of an event's window and whether a rule fires.
+
+For an event at ``t`` and a rule with window ``W`` the window holds every event of
+the same signature and key with ``floor_g(t - W) <= eventTime <= t``. Two ways to
+compute it live here and must always agree (the property tests check it):
+
+- ``window_from_buckets``: from stored buckets plus the event's own partial
+  bucket, as the stream and the Redis lookup do;
+- ``evaluate_key_history``: a sliding window over one key's complete, time-sorted
+  history, as the backtest and backfill do, O(n) per rule window.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
+from fractions import Fraction
+from itertools import groupby
+
+from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
+from velocity.rules import Aggregator, Rule
+from velocity.schema import format_decimal
+
+# AVG is compared exactly (as a fraction) and shown with this many decimal places.
+AVG_DISPLAY_PLACES = 8
+
+AggregateValue = Decimal | Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedEvent:
+    """One accepted event as a signature sees it: its time, identity and field value."""
+
+    event_time: int
+    transaction_id: str
+    value: str | None = None
+    number: Decimal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A rule fired for an event: the aggregate and the window it was computed over."""
+
+    rule: Rule
+    event: KeyedEvent
+    value: AggregateValue
+    window_start: int
+
+
+def aggregate_value(aggregate: BucketAggregate, aggregator: Aggregator) -> AggregateValue | None:
+    """The rule's aggregate of a window; None when it has no value (no numeric values)."""
+    match aggregator:
+        case Aggregator.COUNT:
+            return Decimal(aggregate.count)
+        case Aggregator.UNIQUE_COUNT:
+            return Decimal(len(aggregate.distinct))
+        case Aggregator.SUM:
+            return aggregate.total
+        case Aggregator.MIN:
+            return aggregate.minimum
+        case Aggregator.MAX:
+            return aggregate.maximum
+        case Aggregator.AVG:
+            if aggregate.total is None or aggregate.value_count == 0:
+                return None
+            return Fraction(aggregate.total) / aggregate.value_count
+    raise AssertionError(aggregator)  # unreachable: match is exhaustive
+
+
+def fires(rule: Rule, value: AggregateValue | None) -> bool:
+    """``aggregate OP limit``; a window without a value never fires."""
+    return value is not None and rule.operator.holds(value, rule.limit)
+
+
+def format_aggregate(value: AggregateValue) -> str:
+    """Decimal string of an aggregate; AVG rounded half-even to 8 places for display."""
+    if isinstance(value, Fraction):
+        with localcontext() as ctx:
+            ctx.prec = 60
+            exact = Decimal(value.numerator) / Decimal(value.denominator)
+            value = exact.quantize(Decimal(1).scaleb(-AVG_DISPLAY_PLACES), ROUND_HALF_EVEN)
+    return format_decimal(value)
+
+
+def window_from_buckets(
+    buckets: Mapping[int, BucketAggregate],
+    event_time: int,
+    window_ms: int,
+    width_ms: int,
+    own_bucket: BucketAggregate,
+) -> BucketAggregate:
+    """The window of an event at ``event_time`` from whole buckets below its own.
+
+    ``buckets`` maps bucket start to aggregate; the event's own bucket is not read
+    from it, because only its events up to ``event_time`` count: the caller passes
+    that partial aggregate as ``own_bucket``.
+    """
+    lower = window_start(event_time, window_ms, width_ms)
+    own = bucket_start(event_time, width_ms)
+    whole = (agg for start, agg in buckets.items() if lower <= start < own)
+    return merge_all(whole).merge(own_bucket)
+
+
+class _SlidingWindow:
+    """Aggregates of the events in ``[lower, upper]`` as both edges move forward."""
+
+    def __init__(self, events: Sequence[KeyedEvent], need_extremes: bool, need_distinct: bool):
+        self._events = events
+        self._need_extremes = need_extremes
+        self._need_distinct = need_distinct
+        self.lo = 0  # first index inside the window
+        self.hi = 0  # first index past the window
+        self.count = 0
+        self.value_count = 0
+        self.total: Decimal | None = None
+        self.total_count = 0  # numeric values in total
+        self.distinct: Counter[str] = Counter()
+        self._mins: deque[int] = deque()  # indices, numbers increasing
+        self._maxs: deque[int] = deque()  # indices, numbers decreasing
+
+    def advance(self, lower: int, upper_index: int) -> None:
+        events = self._events
+        while self.hi < upper_index:
+            self._add(self.hi, events[self.hi])
+            self.hi += 1
+        while self.lo < self.hi and events[self.lo].event_time < lower:
+            self._remove(events[self.lo])
+            self.lo += 1
+        if self._need_extremes:
+            while self._mins and self._mins[0] < self.lo:
+                self._mins.popleft()
+            while self._maxs and self._maxs[0] < self.lo:
+                self._maxs.popleft()
+
+    def _add(self, index: int, event: KeyedEvent) -> None:
+        self.count += 1
+        if event.value is None:
+            return
+        self.value_count += 1
+        if self._need_distinct:
+            self.distinct[event.value] += 1
+        number = event.number
+        if number is None:
+            return
+        self.total = number if self.total is None else self.total + number
+        self.total_count += 1
+        if self._need_extremes:
+            events = self._events
+            while self._mins and events[self._mins[-1]].number >= number:  # type: ignore[operator]
+                self._mins.pop()
+            self._mins.append(index)
+            while self._maxs and events[self._maxs[-1]].number <= number:  # type: ignore[operator]
+                self._maxs.pop()
+            self._maxs.append(index)
+
+    def _remove(self, event: KeyedEvent) -> None:
+        self.count -= 1
+        if event.value is None:
+            return
+        self.value_count -= 1
+        if self._need_distinct:
+            left = self.distinct[event.value] - 1
+            if left:
+                self.distinct[event.value] = left
+            else:
+                del self.distinct[event.value]
+        if event.number is not None:
+            self.total_count -= 1
+            # Subtracting keeps the sum exact: Decimal addition of these values is exact.
+            self.total = None if self.total_count == 0 else self.total - event.number  # type: ignore[operator]
+
+    def value(self, aggregator: Aggregator) -> AggregateValue | None:
+        match aggregator:
+            case Aggregator.COUNT:
+                return Decimal(self.count)
+            case Aggregator.UNIQUE_COUNT:
+                return Decimal(len(self.distinct))
+            case Aggregator.SUM:
+                return self.total
+            case Aggregator.AVG:
+                if self.total is None:
+                    return None
+                return Fraction(self.total) / self.total_count
+            case Aggregator.MIN:
+                return self._events[self._mins[0]].number if self._mins else None
+            case Aggregator.MAX:
+                return self._events[self._maxs[0]].number if self._maxs else None
+        raise AssertionError(aggregator)  # unreachable: match is exhaustive
+
+
+def evaluate_key_history(
+    events: Iterable[KeyedEvent], rules: Sequence[Rule], width_ms: int
+) -> Iterator[Decision]:
+    """Every decision that fires, over one key's complete history of one signature.
+
+    ``rules`` must share the signature the events were keyed by. Events may come
+    in any order; decisions come in (eventTime, input order) order. Events with
+    equal eventTime see each other (the window's upper edge is inclusive).
+    """
+    ordered = sorted(events, key=lambda e: e.event_time)
+    by_window: dict[int, list[Rule]] = {}
+    for rule in rules:
+        by_window.setdefault(rule.window_ms, []).append(rule)
+    windows = [
+        (
+            _SlidingWindow(
+                ordered,
+                need_extremes=any(r.aggregator in (Aggregator.MIN, Aggregator.MAX) for r in group),
+                need_distinct=any(r.aggregator is Aggregator.UNIQUE_COUNT for r in group),
+            ),
+            window_ms,
+            group,
+        )
+        for window_ms, group in by_window.items()
+    ]
+    index = 0
+    for event_time, tied_group in groupby(ordered, key=lambda e: e.event_time):
+        tied = list(tied_group)
+        index += len(tied)
+        for window, window_ms, group in windows:
+            lower = window_start(event_time, window_ms, width_ms)
+            window.advance(lower, index)
+            for rule in group:
+                value = window.value(rule.aggregator)
+                if fires(rule, value):
+                    for event in tied:
+                        yield Decision(rule, event, value, lower)  # type: ignore[arg-type]

@@ -1,0 +1,39 @@
+# Velocity's entry points. `make help` lists them.
+SHELL := /bin/bash
+VENV := .venv/bin
+DEMO_EVENTS ?= 200000
+DEMO_DIR ?= data/demo
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: ## install Python packages (.venv), Delta JARs (.cache/jars), Java, Redis
+	@bash infra/setup.sh
+
+demo: setup ## set up, start Redis, generate sample events, backtest the sample rules
+	@$(VENV)/velocity up
+	@$(VENV)/velocity generate --out $(DEMO_DIR)/events --events $(DEMO_EVENTS) --rate 50 \
+		--keys 2000 --files 4 --spike-fraction 0.01 --late-fraction 0.01 \
+		--duplicate-fraction 0.005 --malformed-fraction 0.005 --seed 7
+	@$(VENV)/velocity backtest --rules jobs/velocity/resources/sample_rules.json \
+		--events $(DEMO_DIR)/events --out $(DEMO_DIR)/alerts.jsonl
+
+test: setup ## set up and run every test (unit, Spark + Delta, Redis)
+	@$(VENV)/python -m pytest tests
+
+lint: setup ## ruff and mypy
+	@$(VENV)/ruff check jobs tests plugins dags
+	@$(VENV)/mypy
+
+bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket
+	@$(VENV)/python -m benchmarks.backtest
+
+down: ## stop the local Redis
+	@$(VENV)/velocity down
+
+clean: ## remove generated data (keeps .venv and the JAR cache)
+	rm -rf data
+
+.PHONY: help setup demo test lint bench down clean

@@ -1,0 +1,271 @@
+"""`velocity`: the one console script, and the only place that parses arguments.
+
+Exit codes (SPEC §6): 0 success, 2 bad input or usage (the message names what
+is wrong), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from velocity.errors import InvalidRuleError, UsageError, VelocityError
+from velocity.rules import Rule, RuleEntry, RuleState, StateChange, parse_rules
+from velocity.settings import Settings, load_settings
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError (exit 2 with our message) instead of exiting itself."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def sample_rules_path() -> Path:
+    return Path(str(resources.files("velocity") / "resources" / "sample_rules.json"))
+
+
+def _read_rules_file(path: str) -> list[RuleEntry]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read rules file {path!r}: {exc.strerror}") from exc
+    return parse_rules(text)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(bucket_seconds=getattr(args, "bucket_seconds", None))
+
+
+def _spark(settings: Settings, app: str) -> Any:
+    from velocity.spark.session import build_spark
+
+    return build_spark(settings, app)
+
+
+def _rule_store(settings: Settings) -> Any:
+    from velocity.delta.rule_store import RuleStore
+    from velocity.delta.tables import RULES
+
+    return RuleStore(_spark(settings, "velocity-rules"), settings.table_path(RULES))
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from velocity.redis.server import redis_up
+
+    settings = _settings(args)
+    url = redis_up(settings)
+    print(f"redis ready at {settings.redis_address[0]}:{settings.redis_address[1]}")
+    print(url)
+    print(f"data dir: {settings.data_dir}")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from velocity.redis.server import redis_down
+
+    stopped = redis_down(_settings(args))
+    print("redis stopped" if stopped else "redis was not running")
+    return EXIT_OK
+
+
+def cmd_rules_validate(args: argparse.Namespace) -> int:
+    entries = _read_rules_file(args.file)
+    print(f"{args.file}: {len(entries)} valid rule entries")
+    return EXIT_OK
+
+
+def _print_rules(rules: Sequence[Rule]) -> None:
+    if not rules:
+        print("no rules in force")
+    for rule in rules:
+        print(json.dumps({"version": rule.version, **rule.to_json()}, sort_keys=False))
+
+
+def cmd_rules_apply(args: argparse.Namespace) -> int:
+    entries = _read_rules_file(args.file)
+    settings = _settings(args)
+    result = _rule_store(settings).apply(entries)
+    for change in result.changes:
+        print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
+    for export in result.exports:
+        print(json.dumps(export, indent=2))
+    if result.clear_state:
+        _clear_state(settings)
+    if not result.changes and not result.exports and not result.clear_state:
+        print("nothing to apply")
+    return EXIT_OK
+
+
+def _clear_state(settings: Settings) -> None:
+    """CLEAR_STATE_ALL: forget every bucket of the live system (rules stay)."""
+    from velocity.delta.tables import BUCKETS, table_exists
+
+    spark = _spark(settings, "velocity-rules")
+    path = settings.table_path(BUCKETS)
+    if table_exists(spark, path):
+        spark.sql(f"DELETE FROM delta.`{path}`")
+    print("state cleared: every bucket deleted")
+
+
+def cmd_rules_list(args: argparse.Namespace) -> int:
+    store = _rule_store(_settings(args))
+    _print_rules(store.history() if args.all else store.in_force())
+    return EXIT_OK
+
+
+def cmd_rules_export(args: argparse.Namespace) -> int:
+    rules = _rule_store(_settings(args)).in_force()
+    text = json.dumps([r.to_json() for r in rules], indent=2) + "\n"
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"{len(rules)} rules written to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        result = _rule_store(_settings(args)).apply([StateChange(args.rule_id, state)])
+        for change in result.changes:
+            print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
+        return EXIT_OK
+
+    return run
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from velocity.generate import GenerateOptions, generate_events
+
+    options = GenerateOptions(
+        events=args.events,
+        rate_per_second=args.rate,
+        payers=args.keys,
+        files=args.files,
+        start_ms=args.start,
+        spike_fraction=args.spike_fraction,
+        late_fraction=args.late_fraction,
+        duplicate_fraction=args.duplicate_fraction,
+        malformed_fraction=args.malformed_fraction,
+        seed=args.seed,
+    )
+    summary = generate_events(Path(args.out), options)
+    print(summary.describe())
+    return EXIT_OK
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if args.rules:
+        # Rules from a file have no stored history: each counts as its first version.
+        rules = [e.with_version(1) for e in _read_rules_file(args.rules) if isinstance(e, Rule)]
+    else:
+        rules = _rule_store(settings).in_force()
+    if not Path(args.events).exists():
+        raise UsageError(f"--events {args.events!r} does not exist; give a JSON-lines file or folder")
+    from velocity.spark.backtest import run_backtest
+
+    spark = _spark(settings, "velocity-backtest")
+    summary = run_backtest(spark, settings, rules, str(Path(args.events).resolve()), Path(args.out))
+    print(
+        f"backtest: {summary.lines} lines, {summary.accepted} accepted, "
+        f"{summary.quarantined} quarantined, {summary.duplicates} duplicates dropped"
+    )
+    if summary.quarantine_reasons:
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(summary.quarantine_reasons.items()))
+        print(f"quarantine reasons: {reasons}")
+    print(f"buckets: {summary.buckets}; alerts: {summary.alerts}")
+    for rule_id, count in summary.alerts_by_rule.items():
+        print(f"  rule {rule_id}: {count} alerts")
+    print(f"alerts file: {summary.alerts_file}")
+    print(f"delta tables: {summary.tables_dir}")
+    print(f"took {summary.seconds:.1f} s")
+    return EXIT_OK
+
+
+# --- parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="velocity", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("up", help="start the local Redis (installed if missing)").set_defaults(
+        run=cmd_up
+    )
+    sub.add_parser("down", help="stop the local Redis").set_defaults(run=cmd_down)
+
+    rules = sub.add_parser("rules", help="validate and manage the rules in force")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
+    validate = rules_sub.add_parser("validate", help="exit 0 when every rule in FILE is valid")
+    validate.add_argument("file")
+    validate.set_defaults(run=cmd_rules_validate)
+    apply = rules_sub.add_parser("apply", help="apply FILE as new rule versions, all or nothing")
+    apply.add_argument("file")
+    apply.set_defaults(run=cmd_rules_apply)
+    listing = rules_sub.add_parser("list", help="the rules in force (JSON lines)")
+    listing.add_argument("--all", action="store_true", help="every version, deleted ones too")
+    listing.set_defaults(run=cmd_rules_list)
+    export = rules_sub.add_parser("export", help="the rules in force as a re-appliable file")
+    export.add_argument("--out", help="write to this file instead of standard output")
+    export.set_defaults(run=cmd_rules_export)
+    for name, state in (("pause", RuleState.PAUSE), ("delete", RuleState.DELETE)):
+        change = rules_sub.add_parser(name, help=f"set a rule in force to {state.value}")
+        change.add_argument("rule_id", type=int, metavar="ID")
+        change.set_defaults(run=_change_state(state))
+
+    generate = sub.add_parser("generate", help="write synthetic events as JSON lines")
+    generate.add_argument("--out", required=True, help="folder to write the event files into")
+    generate.add_argument("--events", type=int, default=100_000, help="number of events")
+    generate.add_argument("--rate", type=float, default=100.0, help="events per second of event time")
+    generate.add_argument("--keys", type=int, default=1_000, help="number of distinct payers")
+    generate.add_argument("--files", type=int, default=4, help="number of files to split into")
+    generate.add_argument("--start", type=int, default=None, help="first eventTime (epoch ms)")
+    generate.add_argument("--spike-fraction", type=float, default=0.01)
+    generate.add_argument("--late-fraction", type=float, default=0.0)
+    generate.add_argument("--duplicate-fraction", type=float, default=0.0)
+    generate.add_argument("--malformed-fraction", type=float, default=0.0)
+    generate.add_argument("--seed", type=int, default=7)
+    generate.set_defaults(run=cmd_generate)
+
+    backtest = sub.add_parser("backtest", help="complete-data alerts of rules over events, on Spark")
+    backtest.add_argument("--rules", help="rules file (default: the rules in force)")
+    backtest.add_argument("--events", required=True, help="JSON-lines file or folder")
+    backtest.add_argument("--out", required=True, help="alerts JSON-lines file to write")
+    backtest.add_argument("--bucket-seconds", type=int, default=None)
+    backtest.set_defaults(run=cmd_backtest)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.run(args))
+    except InvalidRuleError as exc:
+        print("invalid rules, nothing applied:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VelocityError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Delta Lake edges: table layout, idempotent writes and the versioned rule store."""

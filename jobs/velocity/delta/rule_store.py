@@ -1,0 +1,171 @@
+"""The rules in force, versioned in a Delta table (append-only: old versions stay readable).
+
+Applying a file is all-or-nothing: every entry is checked against the rules in
+force first, then all new versions land in one Delta commit. Concurrent appliers
+are serialised by Delta's optimistic concurrency (an insert-only MERGE on
+(ruleId, version)); the loser re-reads and retries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Row, SparkSession
+
+from velocity.delta.tables import RULE_SCHEMA, create_if_missing, read_table
+from velocity.errors import UnknownRuleError, VelocityError
+from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange, parse_rule
+
+_APPLY_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    rule_id: int
+    version: int
+    state: RuleState
+
+
+@dataclass
+class ApplyResult:
+    changes: list[RuleChange] = field(default_factory=list)
+    exports: list[list[dict[str, Any]]] = field(default_factory=list)
+    clear_state: bool = False
+
+
+def _rule_from_row(row: Row) -> Rule:
+    entry, problems = parse_rule(json.loads(row["rule_json"]))
+    if not isinstance(entry, Rule):
+        # Only validated rules are ever written, so this means the table was edited by hand.
+        raise VelocityError(
+            f"rules table holds an unreadable version {row['version']} of ruleId {row['ruleId']}: "
+            f"{'; '.join(str(p) for p in problems)}"
+        )
+    return entry.with_version(row["version"]).with_state(RuleState(row["ruleState"]))
+
+
+def plan_changes(
+    current: dict[int, Rule], entries: Sequence[RuleEntry]
+) -> tuple[list[Rule], ApplyResult]:
+    """The new rule versions ``entries`` make from ``current`` (pure; nothing written).
+
+    ``current`` maps ruleId to its latest version (deleted ones included, so a
+    re-created rule continues its version numbers).
+    """
+    latest = dict(current)
+    in_force = {i: r for i, r in latest.items() if r.state is not RuleState.DELETE}
+    written: list[Rule] = []
+    result = ApplyResult()
+
+    def put(rule: Rule) -> None:
+        version = latest[rule.rule_id].version + 1 if rule.rule_id in latest else 1
+        new = rule.with_version(version)
+        latest[rule.rule_id] = new
+        if new.state is RuleState.DELETE:
+            in_force.pop(rule.rule_id, None)
+        else:
+            in_force[rule.rule_id] = new
+        written.append(new)
+        result.changes.append(RuleChange(new.rule_id, new.version, new.state))
+
+    for entry in entries:
+        if isinstance(entry, Rule):
+            put(entry)
+        elif isinstance(entry, StateChange):
+            if entry.rule_id not in in_force:
+                raise UnknownRuleError(
+                    f"ruleId {entry.rule_id} is not in force, so it cannot be set to "
+                    f"{entry.state.value}; `velocity rules list` shows the rules in force"
+                )
+            put(in_force[entry.rule_id].with_state(entry.state))
+        elif isinstance(entry, Control):
+            if entry.control_type is ControlType.DELETE_RULES_ALL:
+                for rule in sorted(in_force.values(), key=lambda r: r.rule_id):
+                    put(rule.with_state(RuleState.DELETE))
+            elif entry.control_type is ControlType.EXPORT_RULES_CURRENT:
+                result.exports.append(
+                    [in_force[i].to_json() for i in sorted(in_force)]
+                )
+            else:
+                result.clear_state = True
+    return written, result
+
+
+class RuleStore:
+    """Versioned rules in the Delta table at ``path``."""
+
+    def __init__(self, spark: SparkSession, path: Path) -> None:
+        self._spark = spark
+        self._path = path
+
+    def _ensure(self) -> None:
+        create_if_missing(self._spark, self._path, RULE_SCHEMA)
+
+    def history(self) -> list[Rule]:
+        """Every version of every rule, by (ruleId, version)."""
+        self._ensure()
+        rows = read_table(self._spark, self._path).orderBy("ruleId", "version").collect()
+        return [_rule_from_row(row) for row in rows]
+
+    def latest(self) -> dict[int, Rule]:
+        """The latest version of each ruleId, deleted ones included."""
+        latest: dict[int, Rule] = {}
+        for rule in self.history():
+            latest[rule.rule_id] = rule
+        return latest
+
+    def in_force(self) -> list[Rule]:
+        """ACTIVE and PAUSE rules at their latest version, by ruleId."""
+        return sorted(
+            (r for r in self.latest().values() if r.state is not RuleState.DELETE),
+            key=lambda r: r.rule_id,
+        )
+
+    def apply(self, entries: Sequence[RuleEntry], now_ms: int | None = None) -> ApplyResult:
+        """Write the versions ``entries`` make, in one commit; nothing on any error."""
+        from delta.tables import DeltaTable
+        from delta.exceptions import ConcurrentAppendException
+
+        self._ensure()
+        for attempt in range(_APPLY_ATTEMPTS):
+            written, result = plan_changes(self.latest(), entries)
+            if not written:
+                return result
+            applied_at = now_ms if now_ms is not None else int(time.time() * 1000)
+            rows = [
+                (
+                    r.rule_id,
+                    r.version,
+                    r.state.value,
+                    json.dumps(r.to_json(), sort_keys=True),
+                    r.signature.signature_id,
+                    applied_at,
+                )
+                for r in written
+            ]
+            updates = self._spark.createDataFrame(rows, RULE_SCHEMA)
+            try:
+                metrics = (
+                    DeltaTable.forPath(self._spark, str(self._path))
+                    .alias("t")
+                    .merge(updates.alias("u"), "t.ruleId = u.ruleId AND t.version = u.version")
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                    .first()
+                )
+            except ConcurrentAppendException:
+                continue
+            inserted = metrics["num_inserted_rows"] if metrics is not None else len(rows)
+            if inserted == len(rows):
+                return result
+            if attempt == _APPLY_ATTEMPTS - 1 or inserted:
+                break
+        raise VelocityError(
+            "another writer changed the rules at the same time; nothing or part was applied — "
+            "check `velocity rules list` and apply again"
+        )

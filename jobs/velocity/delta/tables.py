@@ -1,0 +1,166 @@
+"""The Delta tables of record: their names, schemas and the writes Velocity makes.
+
+Every table lives under one root (``<data_dir>/tables`` for the live system,
+``<data_dir>/backtest`` for backtests), so two data dirs never share state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+# Amounts: < 10^18 with 8 places (SPEC §1); sums keep 8 places with room for 10^20 events.
+AMOUNT_TYPE = DecimalType(26, 8)
+SUM_TYPE = DecimalType(38, 8)
+
+EVENTS = "events"
+QUARANTINE = "quarantine"
+DUPLICATES = "duplicates"
+BUCKETS = "buckets"
+ALERTS = "alerts"
+RULES = "rules"
+
+# Where each line came from; (source_file, source_block, line_seq) orders lines by arrival.
+_SOURCE_FIELDS = [
+    StructField("source_file", StringType(), False),
+    StructField("source_block", LongType(), False),
+    StructField("line_seq", LongType(), False),
+    StructField("ingest_time", LongType(), False),
+]
+
+EVENT_SCHEMA = StructType(
+    [
+        StructField("transactionId", StringType(), False),
+        StructField("eventTime", LongType(), False),
+        StructField("payerId", StringType(), False),
+        StructField("beneficiaryId", StringType(), False),
+        StructField("paymentAmount", AMOUNT_TYPE, False),
+        StructField("paymentType", StringType(), False),
+        StructField("ip", StringType(), True),
+        StructField("deviceId", StringType(), True),
+        StructField("action", StringType(), True),
+        StructField("raw", StringType(), False),
+        *_SOURCE_FIELDS,
+    ]
+)
+
+QUARANTINE_SCHEMA = StructType(
+    [
+        StructField("raw", StringType(), False),
+        StructField("reason_code", StringType(), False),
+        StructField("reason", StringType(), False),
+        *_SOURCE_FIELDS,
+    ]
+)
+
+# The line parser's output: an event's columns or a quarantine reason, never both.
+PARSED_SCHEMA = StructType(
+    [
+        StructField("accepted", BooleanType(), False),
+        StructField("reason_code", StringType(), True),
+        StructField("reason", StringType(), True),
+        *[StructField(f.name, f.dataType, True) for f in EVENT_SCHEMA.fields if f.name != "raw"
+          and f.name not in {s.name for s in _SOURCE_FIELDS}],
+        StructField("raw", StringType(), False),
+        *_SOURCE_FIELDS,
+    ]
+)
+
+BUCKET_SCHEMA = StructType(
+    [
+        StructField("signature_id", StringType(), False),
+        StructField("key", StringType(), False),
+        StructField("bucket_start", LongType(), False),
+        StructField("bucket_width_ms", LongType(), False),
+        StructField("event_count", LongType(), False),
+        StructField("value_count", LongType(), False),
+        StructField("value_sum", SUM_TYPE, True),
+        StructField("value_min", AMOUNT_TYPE, True),
+        StructField("value_max", AMOUNT_TYPE, True),
+        StructField("distinct_values", ArrayType(StringType(), False), False),
+    ]
+)
+
+ALERT_SCHEMA = StructType(
+    [
+        StructField("alertId", StringType(), False),
+        StructField("kind", StringType(), False),
+        StructField("ruleId", LongType(), False),
+        StructField("ruleVersion", IntegerType(), False),
+        StructField("transactionId", StringType(), False),
+        StructField("key", MapType(StringType(), StringType(), False), False),
+        StructField("eventTime", LongType(), False),
+        StructField("aggregatorFunctionType", StringType(), False),
+        StructField("aggregateValue", StringType(), False),
+        StructField("limitOperatorType", StringType(), False),
+        StructField("limit", StringType(), False),
+        StructField("windowStart", LongType(), False),
+        StructField("windowEnd", LongType(), False),
+        StructField("decisionTime", LongType(), False),
+        StructField("signature_id", StringType(), False),
+    ]
+)
+
+RULE_SCHEMA = StructType(
+    [
+        StructField("ruleId", LongType(), False),
+        StructField("version", IntegerType(), False),
+        StructField("ruleState", StringType(), False),
+        StructField("rule_json", StringType(), False),
+        StructField("signature_id", StringType(), True),
+        StructField("applied_at", LongType(), False),
+    ]
+)
+
+
+def table_exists(spark: SparkSession, path: Path) -> bool:
+    from delta.tables import DeltaTable  # the Delta Python API needs a live session
+
+    return bool(DeltaTable.isDeltaTable(spark, str(path)))
+
+
+def read_table(spark: SparkSession, path: Path) -> DataFrame:
+    return spark.read.format("delta").load(str(path))
+
+
+def overwrite_table(df: DataFrame, path: Path) -> None:
+    """Replace a table's contents (and schema) in one commit."""
+    (
+        df.write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .save(str(path))
+    )
+
+
+def append_once(df: DataFrame, path: Path, app_id: str, version: int) -> None:
+    """Append in one commit; a second call with the same (app_id, version) does nothing.
+
+    Delta skips a write whose txnAppId/txnVersion it has already committed, which is
+    what makes a replayed micro-batch or a rerun task write nothing twice.
+    """
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", version)
+        .save(str(path))
+    )
+
+
+def create_if_missing(spark: SparkSession, path: Path, schema: StructType) -> None:
+    """An empty table with ``schema`` unless one is there already (safe to call repeatedly)."""
+    if not table_exists(spark, path):
+        spark.createDataFrame([], schema).write.format("delta").mode("append").save(str(path))

@@ -1,0 +1,1 @@
+"""Spark edges: the session, DataFrame transforms and the jobs built on the pure core."""

@@ -1,0 +1,67 @@
+"""The one way Velocity builds a SparkSession: local or cluster, Delta configured."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from velocity.errors import VelocityError
+from velocity.settings import PROJECT_ROOT, Settings
+
+LOG4J_CONFIG = PROJECT_ROOT / "infra" / "spark" / "log4j2.properties"
+
+DELTA_CONFIG = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_jars(settings: Settings) -> list[str]:
+    """The Delta JARs fetched into the project cache; a clear error when they are missing."""
+    jars = sorted(str(p) for p in settings.jars_dir.glob("*.jar"))
+    if not any("delta-spark" in j for j in jars):
+        raise VelocityError(
+            f"no Delta JARs in {settings.jars_dir}; run `bash infra/fetch_jars.sh` "
+            "(or `make setup`) to fetch them once into the project cache"
+        )
+    return jars
+
+
+def build_spark(settings: Settings, app_name: str = "velocity") -> SparkSession:
+    """A SparkSession with Delta, UTC time, Arrow and the configured master.
+
+    Python workers run this interpreter (PYSPARK_PYTHON), so the workers see the
+    same pinned packages as the driver.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.spark_master.startswith("local"):
+        # One machine: bind to loopback instead of guessing an interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    warehouse = settings.data_dir / "spark-warehouse"
+    builder = (
+        SparkSession.builder.master(settings.spark_master)
+        .appName(app_name)
+        .config("spark.jars", ",".join(delta_jars(settings)))
+        .config("spark.driver.memory", settings.spark_driver_memory)
+        .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
+        .config("spark.default.parallelism", str(settings.spark_shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Dderby.system.home={warehouse} -Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
+        )
+    )
+    for key, value in DELTA_CONFIG.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.spark_log_level)
+    return spark

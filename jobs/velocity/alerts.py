@@ -23,7 +23,9 @@ class AlertKind(StrEnum):
 
 def alert_id(rule_id: int, rule_version: int, transaction_id: str, kind: AlertKind) -> str:
     """Deterministic in (ruleId, ruleVersion, transactionId, kind): a replay yields the same id."""
-    return str(uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}"))
+    return str(
+        uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}")
+    )
 
 
 def rule_key(rule: Rule, signature_key: Sequence[str]) -> dict[str, str]:

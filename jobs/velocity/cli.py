@@ -173,7 +173,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     else:
         rules = _rule_store(settings).in_force()
     if not Path(args.events).exists():
-        raise UsageError(f"--events {args.events!r} does not exist; give a JSON-lines file or folder")
+        raise UsageError(
+            f"--events {args.events!r} does not exist; give a JSON-lines file or folder"
+        )
     from velocity.spark.backtest import run_backtest
 
     spark = _spark(settings, "velocity-backtest")
@@ -228,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="write synthetic events as JSON lines")
     generate.add_argument("--out", required=True, help="folder to write the event files into")
     generate.add_argument("--events", type=int, default=100_000, help="number of events")
-    generate.add_argument("--rate", type=float, default=100.0, help="events per second of event time")
+    generate.add_argument(
+        "--rate", type=float, default=100.0, help="events per second of event time"
+    )
     generate.add_argument("--keys", type=int, default=1_000, help="number of distinct payers")
     generate.add_argument("--files", type=int, default=4, help="number of files to split into")
     generate.add_argument("--start", type=int, default=None, help="first eventTime (epoch ms)")
@@ -239,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=7)
     generate.set_defaults(run=cmd_generate)
 
-    backtest = sub.add_parser("backtest", help="complete-data alerts of rules over events, on Spark")
+    backtest = sub.add_parser(
+        "backtest", help="complete-data alerts of rules over events, on Spark"
+    )
     backtest.add_argument("--rules", help="rules file (default: the rules in force)")
     backtest.add_argument("--events", required=True, help="JSON-lines file or folder")
     backtest.add_argument("--out", required=True, help="alerts JSON-lines file to write")

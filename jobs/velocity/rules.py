@@ -24,7 +24,11 @@ from fractions import Fraction
 from typing import Any
 
 from velocity.errors import FieldProblem, InvalidRuleError
-from velocity.schema import FIELDS_BY_NAME, NUMERIC_FIELDS, RULE_FIELDS, canonical_value, format_decimal
+from velocity.schema import (
+    NUMERIC_FIELDS,
+    RULE_FIELDS,
+    canonical_value,
+)
 
 MAX_WINDOW_MINUTES = 527_040  # 366 days
 
@@ -265,8 +269,10 @@ def _declared(checker: _Checker, name: str, raw: object, *, numeric: bool = Fals
         checker.bad(name, f"{raw!r} is not a declared event field; use one of {list(RULE_FIELDS)}")
         return None
     if numeric and raw not in NUMERIC_FIELDS:
-        checker.bad(name, f"{raw!r} is not numeric; SUM, AVG, MIN and MAX need one of "
-                          f"{list(NUMERIC_FIELDS)}")
+        checker.bad(
+            name,
+            f"{raw!r} is not numeric; SUM, AVG, MIN and MAX need one of {list(NUMERIC_FIELDS)}",
+        )
         return None
     return raw
 
@@ -321,7 +327,9 @@ def _window_minutes(checker: _Checker, raw: object) -> int | None:
     return raw
 
 
-def parse_rule(obj: object, index: int | None = None) -> tuple[RuleEntry | None, list[FieldProblem]]:
+def parse_rule(
+    obj: object, index: int | None = None
+) -> tuple[RuleEntry | None, list[FieldProblem]]:
     """One decoded rule object; returns the entry or the problems (never both)."""
     checker = _Checker(index)
     if not isinstance(obj, dict):
@@ -351,14 +359,18 @@ def parse_rule(obj: object, index: int | None = None) -> tuple[RuleEntry | None,
     operator_raw = obj.get("limitOperatorType")
     operator = None
     if not isinstance(operator_raw, str) or operator_raw.upper() not in _OPERATOR_SPELLINGS:
-        checker.bad("limitOperatorType", f"{operator_raw!r} is not one of {list(OPERATOR_SPELLINGS)}")
+        checker.bad(
+            "limitOperatorType", f"{operator_raw!r} is not one of {list(OPERATOR_SPELLINGS)}"
+        )
     else:
         operator = _OPERATOR_SPELLINGS[operator_raw.upper()]
 
     keys_raw = obj.get("groupingKeyNames")
     grouping: list[str] = []
     if not isinstance(keys_raw, list):
-        checker.bad("groupingKeyNames", f"must be a list of field names (may be empty), got {keys_raw!r}")
+        checker.bad(
+            "groupingKeyNames", f"must be a list of field names (may be empty), got {keys_raw!r}"
+        )
     else:
         for i, name in enumerate(keys_raw):
             declared = _declared(checker, f"groupingKeyNames[{i}]", name)

@@ -50,7 +50,10 @@ EVENT_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("beneficiaryId", FieldKind.KEY, required=True, rule_usable=True),
     FieldSpec("paymentAmount", FieldKind.AMOUNT, required=True, rule_usable=True),
     FieldSpec(
-        "paymentType", FieldKind.ENUM, required=True, rule_usable=True,
+        "paymentType",
+        FieldKind.ENUM,
+        required=True,
+        rule_usable=True,
         allowed=frozenset({"CSH", "CRD"}),
     ),
     FieldSpec("ip", FieldKind.KEY, required=False, rule_usable=True),
@@ -155,7 +158,7 @@ def parse_amount(raw: object, field: str = "paymentAmount") -> Decimal:
 
 def _scalar_text(field: str, raw: object) -> str:
     """Canonical string of a string or number value; rejects objects, arrays, booleans."""
-    if isinstance(raw, bool) or isinstance(raw, (dict, list)) or raw is None:
+    if isinstance(raw, (bool, dict, list)) or raw is None:
         raise _BadValue(
             RejectReason.WRONG_TYPE,
             f"{field} must be a string or number, got {type(raw).__name__} {raw!r}",
@@ -228,7 +231,9 @@ def _reject_constant(name: str) -> Any:
 def parse_event_object(obj: object) -> Event | Rejection:
     """Validate one decoded JSON value against the schema."""
     if not isinstance(obj, dict):
-        return Rejection(RejectReason.NOT_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
+        return Rejection(
+            RejectReason.NOT_OBJECT, f"expected a JSON object, got {type(obj).__name__}"
+        )
     values: dict[str, str | None] = {}
     try:
         for spec in EVENT_FIELDS:

@@ -71,8 +71,11 @@ PARSED_SCHEMA = StructType(
         StructField("accepted", BooleanType(), False),
         StructField("reason_code", StringType(), True),
         StructField("reason", StringType(), True),
-        *[StructField(f.name, f.dataType, True) for f in EVENT_SCHEMA.fields if f.name != "raw"
-          and f.name not in {s.name for s in _SOURCE_FIELDS}],
+        *[
+            StructField(f.name, f.dataType, True)
+            for f in EVENT_SCHEMA.fields
+            if f.name != "raw" and f.name not in {s.name for s in _SOURCE_FIELDS}
+        ],
         StructField("raw", StringType(), False),
         *_SOURCE_FIELDS,
     ]
@@ -137,12 +140,7 @@ def read_table(spark: SparkSession, path: Path) -> DataFrame:
 
 def overwrite_table(df: DataFrame, path: Path) -> None:
     """Replace a table's contents (and schema) in one commit."""
-    (
-        df.write.format("delta")
-        .mode("overwrite")
-        .option("overwriteSchema", "true")
-        .save(str(path))
-    )
+    (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(path)))
 
 
 def append_once(df: DataFrame, path: Path, app_id: str, version: int) -> None:

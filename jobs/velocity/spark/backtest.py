@@ -44,7 +44,9 @@ def backtest_root(settings: Settings) -> Path:
 
 
 def _alert_json(row: dict[str, object]) -> str:
-    record = {name: row[name] for name in tables.ALERT_SCHEMA.fieldNames() if name != "signature_id"}
+    record = {
+        name: row[name] for name in tables.ALERT_SCHEMA.fieldNames() if name != "signature_id"
+    }
     record["key"] = dict(row["key"])  # type: ignore[call-overload]
     return json.dumps(record, separators=(",", ":"))
 

@@ -21,7 +21,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from velocity.alerts import AlertKind, alert_record, rule_key
-from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_SCHEMA, SUM_TYPE
+from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, SUM_TYPE
 from velocity.rules import Rule, RuleSignature, rules_by_signature
 from velocity.schema import NUMERIC_FIELDS
 from velocity.spark.ingest import canonical_text

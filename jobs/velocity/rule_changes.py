@@ -1,0 +1,74 @@
+"""How applying rule entries changes the versioned rules (pure; the Delta store writes the result).
+
+Invariants: versions of one ruleId count up from 1 without gaps, across deletes
+and re-creations; an entry that cannot apply (a PAUSE or DELETE of a rule not in
+force) raises before anything is planned, so a file applies whole or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from velocity.errors import UnknownRuleError
+from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    rule_id: int
+    version: int
+    state: RuleState
+
+
+@dataclass
+class ApplyResult:
+    changes: list[RuleChange] = field(default_factory=list)
+    exports: list[list[dict[str, Any]]] = field(default_factory=list)
+    clear_state: bool = False
+
+
+def plan_changes(
+    current: dict[int, Rule], entries: Sequence[RuleEntry]
+) -> tuple[list[Rule], ApplyResult]:
+    """The new rule versions ``entries`` make from ``current`` (pure; nothing written).
+
+    ``current`` maps ruleId to its latest version (deleted ones included, so a
+    re-created rule continues its version numbers).
+    """
+    latest = dict(current)
+    in_force = {i: r for i, r in latest.items() if r.state is not RuleState.DELETE}
+    written: list[Rule] = []
+    result = ApplyResult()
+
+    def put(rule: Rule) -> None:
+        version = latest[rule.rule_id].version + 1 if rule.rule_id in latest else 1
+        new = rule.with_version(version)
+        latest[rule.rule_id] = new
+        if new.state is RuleState.DELETE:
+            in_force.pop(rule.rule_id, None)
+        else:
+            in_force[rule.rule_id] = new
+        written.append(new)
+        result.changes.append(RuleChange(new.rule_id, new.version, new.state))
+
+    for entry in entries:
+        if isinstance(entry, Rule):
+            put(entry)
+        elif isinstance(entry, StateChange):
+            if entry.rule_id not in in_force:
+                raise UnknownRuleError(
+                    f"ruleId {entry.rule_id} is not in force, so it cannot be set to "
+                    f"{entry.state.value}; `velocity rules list` shows the rules in force"
+                )
+            put(in_force[entry.rule_id].with_state(entry.state))
+        elif isinstance(entry, Control):
+            if entry.control_type is ControlType.DELETE_RULES_ALL:
+                for rule in sorted(in_force.values(), key=lambda r: r.rule_id):
+                    put(rule.with_state(RuleState.DELETE))
+            elif entry.control_type is ControlType.EXPORT_RULES_CURRENT:
+                result.exports.append([in_force[i].to_json() for i in sorted(in_force)])
+            else:
+                result.clear_state = True
+    return written, result

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -187,12 +188,18 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if summary.quarantine_reasons:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(summary.quarantine_reasons.items()))
         print(f"quarantine reasons: {reasons}")
-    print(f"buckets: {summary.buckets}; alerts: {summary.alerts}")
+    per_bucket = summary.bucket_bytes / summary.buckets if summary.buckets else 0.0
+    print(
+        f"buckets: {summary.buckets} ({summary.bucket_bytes} bytes in Delta, "
+        f"{per_bucket:.1f} bytes per bucket); alerts: {summary.alerts}"
+    )
     for rule_id, count in summary.alerts_by_rule.items():
         print(f"  rule {rule_id}: {count} alerts")
     print(f"alerts file: {summary.alerts_file}")
     print(f"delta tables: {summary.tables_dir}")
     print(f"took {summary.seconds:.1f} s")
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return EXIT_OK
 
 
@@ -250,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("--events", required=True, help="JSON-lines file or folder")
     backtest.add_argument("--out", required=True, help="alerts JSON-lines file to write")
     backtest.add_argument("--bucket-seconds", type=int, default=None)
+    backtest.add_argument("--summary-json", help="also write the run's summary as JSON here")
     backtest.set_defaults(run=cmd_backtest)
     return parser
 

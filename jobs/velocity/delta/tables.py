@@ -138,6 +138,14 @@ def read_table(spark: SparkSession, path: Path) -> DataFrame:
     return spark.read.format("delta").load(str(path))
 
 
+def table_size(spark: SparkSession, path: Path) -> tuple[int, int]:
+    """(bytes, files) of the table's current snapshot, as Delta's own detail reports them."""
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    if detail is None:
+        return 0, 0
+    return int(detail["sizeInBytes"]), int(detail["numFiles"])
+
+
 def overwrite_table(df: DataFrame, path: Path) -> None:
     """Replace a table's contents (and schema) in one commit."""
     (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(path)))

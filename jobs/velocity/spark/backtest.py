@@ -31,6 +31,7 @@ class BacktestSummary:
     quarantined: int = 0
     duplicates: int = 0
     buckets: int = 0
+    bucket_bytes: int = 0
     alerts: int = 0
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     alerts_by_rule: dict[int, int] = field(default_factory=dict)
@@ -116,6 +117,7 @@ def run_backtest(
     summary.duplicates = tables.read_table(spark, root / tables.DUPLICATES).count()
     summary.lines = summary.accepted + summary.quarantined + summary.duplicates
     summary.buckets = tables.read_table(spark, root / tables.BUCKETS).count()
+    summary.bucket_bytes, _ = tables.table_size(spark, root / tables.BUCKETS)
     by_rule: Counter[int] = Counter(
         {r["ruleId"]: r["count"] for r in stored_alerts.groupBy("ruleId").count().collect()}
     )

@@ -65,9 +65,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     from velocity.redis.server import redis_up
 
     settings = _settings(args)
-    url = redis_up(settings)
-    print(f"redis ready at {settings.redis_address[0]}:{settings.redis_address[1]}")
-    print(url)
+    status = redis_up(settings)
+    host, port, _ = settings.redis_address
+    state = "started" if status.started else "already running"
+    print(f"redis {status.version} {state} on {host}:{port} (pid {status.pid})")
+    print(status.url)
     print(f"data dir: {settings.data_dir}")
     return EXIT_OK
 
@@ -149,20 +151,22 @@ def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from velocity.generate import GenerateOptions, generate_events
 
-    options = GenerateOptions(
-        events=args.events,
-        rate_per_second=args.rate,
-        payers=args.keys,
-        files=args.files,
-        start_ms=args.start,
-        spike_fraction=args.spike_fraction,
-        late_fraction=args.late_fraction,
-        duplicate_fraction=args.duplicate_fraction,
-        malformed_fraction=args.malformed_fraction,
-        seed=args.seed,
-    )
+    given = {
+        "events": args.events,
+        "rate": args.rate,
+        "payers": args.keys,
+        "files": args.files,
+        "start_ms": args.start,
+        "spike_fraction": args.spike_fraction,
+        "late_fraction": args.late_fraction,
+        "duplicate_fraction": args.duplicate_fraction,
+        "malformed_fraction": args.malformed_fraction,
+        "seed": args.seed,
+        "overwrite": args.overwrite,
+    }
+    options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
     summary = generate_events(Path(args.out), options)
-    print(summary.describe())
+    print(json.dumps(summary.to_dict()))
     return EXIT_OK
 
 
@@ -243,11 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--keys", type=int, default=1_000, help="number of distinct payers")
     generate.add_argument("--files", type=int, default=4, help="number of files to split into")
     generate.add_argument("--start", type=int, default=None, help="first eventTime (epoch ms)")
-    generate.add_argument("--spike-fraction", type=float, default=0.01)
-    generate.add_argument("--late-fraction", type=float, default=0.0)
-    generate.add_argument("--duplicate-fraction", type=float, default=0.0)
-    generate.add_argument("--malformed-fraction", type=float, default=0.0)
-    generate.add_argument("--seed", type=int, default=7)
+    generate.add_argument("--spike-fraction", type=float, help="fraud bursts (default 0.01)")
+    generate.add_argument("--late-fraction", type=float, help="late events (default 0.01)")
+    generate.add_argument("--duplicate-fraction", type=float, help="repeated ids (default 0.005)")
+    generate.add_argument("--malformed-fraction", type=float, help="bad lines (default 0.005)")
+    generate.add_argument("--seed", type=int, help="seed for a reproducible run (default: drawn)")
+    generate.add_argument("--overwrite", action="store_true", help="replace existing files")
     generate.set_defaults(run=cmd_generate)
 
     backtest = sub.add_parser(

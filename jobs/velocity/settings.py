@@ -13,7 +13,7 @@ import tomllib
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -81,7 +81,8 @@ class Settings(BaseSettings):
     def redis_address(self) -> tuple[str, int, str | None]:
         """(host, port, password) of ``redis_url``."""
         parts = urlsplit(self.redis_url)
-        return parts.hostname or "127.0.0.1", parts.port or 6379, parts.password
+        password = unquote(parts.password) if parts.password is not None else None
+        return parts.hostname or "127.0.0.1", parts.port or 6379, password
 
     def table_path(self, name: str) -> Path:
         return self.data_dir / "tables" / name

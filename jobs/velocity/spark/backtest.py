@@ -38,6 +38,7 @@ class BacktestSummary:
     tables_dir: str = ""
     alerts_file: str = ""
     seconds: float = 0.0
+    step_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def backtest_root(settings: Settings) -> Path:
@@ -77,6 +78,15 @@ def run_backtest(
 ) -> BacktestSummary:
     """Evaluate ``rules`` over every event under ``events_path`` and write tables and alerts."""
     started = time.monotonic()
+    steps: dict[str, float] = {}
+    mark = started
+
+    def step(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        steps[name] = round(now - mark, 2)
+        mark = now
+
     root = backtest_root(settings)
     decision_time = decision_time if decision_time is not None else int(time.time() * 1000)
     width_ms = settings.bucket_width_ms
@@ -88,8 +98,11 @@ def run_backtest(
     try:
         ingested = split_parsed(parsed)
         tables.overwrite_table(ingested.quarantine, root / tables.QUARANTINE)
+        step("parse+quarantine")
         tables.overwrite_table(ingested.events, root / tables.EVENTS)
+        step("dedup+events")
         tables.overwrite_table(ingested.duplicates, root / tables.DUPLICATES)
+        step("duplicates")
     finally:
         parsed.unpersist()
 
@@ -98,16 +111,19 @@ def run_backtest(
     keyed = keyed_events(events, rules_by_signature(active)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         tables.overwrite_table(bucket_aggregates(keyed, width_ms), root / tables.BUCKETS)
+        step("fan-out+buckets")
         alerts = evaluate_alerts(
             keyed, active, width_ms, decision_time, settings.spark_shuffle_partitions
         )
         tables.overwrite_table(alerts, root / tables.ALERTS)
+        step("evaluate+alerts")
     finally:
         keyed.unpersist()
 
     stored_alerts = tables.read_table(spark, root / tables.ALERTS)
     summary = BacktestSummary(tables_dir=str(root), alerts_file=str(out))
     summary.alerts = write_alerts_jsonl(stored_alerts, out)
+    step("alerts-file")
     quarantine = tables.read_table(spark, root / tables.QUARANTINE)
     summary.quarantine_reasons = {
         r["reason_code"]: r["count"] for r in quarantine.groupBy("reason_code").count().collect()
@@ -122,5 +138,7 @@ def run_backtest(
         {r["ruleId"]: r["count"] for r in stored_alerts.groupBy("ruleId").count().collect()}
     )
     summary.alerts_by_rule = {rule.rule_id: by_rule.get(rule.rule_id, 0) for rule in active}
+    step("summary")
+    summary.step_seconds = steps
     summary.seconds = time.monotonic() - started
     return summary

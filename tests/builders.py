@@ -1,0 +1,453 @@
+"""Test-data builders: valid SPEC §1 events and SPEC §2 rules, and Hypothesis strategies.
+
+Builders return *valid* data by default; a test states only what it changes:
+``event_obj(paymentAmount="-1")``, ``rule_obj(windowMinutes=0)``. Pass ``ABSENT``
+to leave a field out entirely (``event_obj(ip=ABSENT)``); ``None`` writes a JSON null.
+
+The strategies aim at the places where window engines break: a few minutes of
+event time around ``BASE_TIME`` (a minute boundary, so on every bucket edge),
+times exactly on bucket and minute edges and one millisecond either side, many
+equal timestamps, small pools of key values (``7`` and ``"7"`` are the same
+key), optional fields absent or empty, and windows of 1 to 5 minutes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
+from typing import Any, Final
+
+from hypothesis import strategies as st
+
+from velocity.buckets import ALLOWED_BUCKET_SECONDS
+from velocity.rules import Rule, RuleEntry, RuleSignature, parse_rule
+from velocity.schema import FIELDS_BY_NAME, Event, Rejection, parse_event_object
+from velocity.windows import KeyedEvent
+
+
+class _Absent:
+    """Marker for "leave this field out" (distinct from None, which is a JSON null)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Final = _Absent()
+
+# 2026-01-01T00:00:00Z: a multiple of every bucket width and of one minute.
+BASE_TIME: Final = 1_767_225_600_000
+MINUTE_MS: Final = 60_000
+
+# SPEC §2's operator spellings, written out here (not imported) so the tests hold the
+# code to the contract rather than to itself.
+OPERATOR_SYMBOLS: Final = ("=", "!=", ">=", "<=", ">", "<")
+OPERATOR_NAMES: Final = ("EQUAL", "NOT_EQUAL", "GREATER_EQUAL", "LESS_EQUAL", "GREATER", "LESS")
+OPERATOR_SHORT: Final = ("eq", "ne", "gte", "lte", "gt", "lt")
+OPERATOR_SPELLINGS: Final = OPERATOR_SYMBOLS + OPERATOR_NAMES + OPERATOR_SHORT
+AGGREGATORS: Final = ("SUM", "COUNT", "AVG", "MIN", "MAX", "UNIQUE_COUNT")
+NUMERIC_AGGREGATORS: Final = ("SUM", "AVG", "MIN", "MAX")
+RULE_STATES: Final = ("ACTIVE", "PAUSE", "DELETE", "CONTROL")
+CONTROL_TYPES: Final = ("CLEAR_STATE_ALL", "DELETE_RULES_ALL", "EXPORT_RULES_CURRENT")
+# The fields SPEC §1 lets rules use.
+RULE_USABLE_FIELDS: Final = (
+    "payerId", "beneficiaryId", "paymentAmount", "paymentType", "ip", "deviceId", "action",
+)
+REQUIRED_EVENT_FIELDS: Final = (
+    "transactionId", "eventTime", "payerId", "beneficiaryId", "paymentAmount", "paymentType",
+)
+OPTIONAL_EVENT_FIELDS: Final = ("ip", "deviceId", "action")
+
+_transaction_ids = itertools.count(1)
+
+
+def next_transaction_id() -> str:
+    """A transactionId no other builder call in this process has returned."""
+    return f"tx-{next(_transaction_ids)}"
+
+
+def _with_overrides(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for name, value in overrides.items():
+        if value is ABSENT:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- events
+
+
+def event_obj(**overrides: Any) -> dict[str, Any]:
+    """A valid SPEC §1 event as a decoded JSON object, with a fresh transactionId."""
+    base: dict[str, Any] = {
+        "transactionId": next_transaction_id(),
+        "eventTime": BASE_TIME,
+        "payerId": "payer-1",
+        "beneficiaryId": "beneficiary-1",
+        "paymentAmount": 100,
+        "paymentType": "CRD",
+    }
+    return _with_overrides(base, overrides)
+
+
+def json_text(value: object) -> str:
+    """Compact JSON; a ``Decimal`` is written as a JSON number with exactly its digits.
+
+    (``json.dumps`` cannot write Decimals, and going through float would lose the
+    exactness the schema promises to keep.)
+    """
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, Mapping):
+        items = (f"{json.dumps(str(k))}:{json_text(v)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(json_text(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def event_line(**overrides: Any) -> str:
+    """One JSON line holding ``event_obj(**overrides)`` (no trailing newline)."""
+    return json_text(event_obj(**overrides))
+
+
+def event_lines(objs: Iterable[Mapping[str, Any]]) -> str:
+    """A JSON-lines text, one object per line, ending with a newline."""
+    return "".join(json_text(obj) + "\n" for obj in objs)
+
+
+def accepted(obj: Mapping[str, Any]) -> Event:
+    """The accepted Event of a decoded object; raises ValueError if the schema rejects it."""
+    result = parse_event_object(dict(obj))
+    if isinstance(result, Rejection):
+        raise ValueError(f"builder produced a rejected event {obj!r}: {result}")
+    return result
+
+
+def event(**overrides: Any) -> Event:
+    """``accepted(event_obj(**overrides))``."""
+    return accepted(event_obj(**overrides))
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def rule_obj(**overrides: Any) -> dict[str, Any]:
+    """A valid ACTIVE SPEC §2 rule as a decoded JSON object (the SPEC's example, no filter)."""
+    base: dict[str, Any] = {
+        "ruleId": 1,
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["payerId", "beneficiaryId"],
+        "aggregateFieldName": "paymentAmount",
+        "aggregatorFunctionType": "SUM",
+        "limitOperatorType": ">",
+        "limit": 200000,
+        "windowMinutes": 1440,
+    }
+    return _with_overrides(base, overrides)
+
+
+def rule_entry(obj: Mapping[str, Any]) -> RuleEntry:
+    """The parsed entry of one rule object; ValueError naming the problems if it is invalid."""
+    entry, problems = parse_rule(dict(obj))
+    if entry is None:
+        raise ValueError(f"builder produced an invalid rule {obj!r}: {problems}")
+    return entry
+
+
+def make_rule(**overrides: Any) -> Rule:
+    """The ``Rule`` of ``rule_obj(**overrides)``; ValueError if it is not a full rule."""
+    entry = rule_entry(rule_obj(**overrides))
+    if not isinstance(entry, Rule):
+        raise ValueError(f"expected a Rule, got {entry!r}")
+    return entry
+
+
+def rules_text(objs: Sequence[Mapping[str, Any]], layout: str = "array") -> str:
+    """A rules file: ``array`` (one JSON array), ``lines`` (JSON lines) or ``object`` (one)."""
+    if layout == "array":
+        return json_text(list(objs))
+    if layout == "lines":
+        return event_lines(objs)
+    if layout == "object":
+        if len(objs) != 1:
+            raise ValueError("layout 'object' holds exactly one rule")
+        return json_text(objs[0])
+    raise ValueError(f"unknown layout {layout!r}; use array, lines or object")
+
+
+# --------------------------------------------------------------------------- keyed events
+
+
+def keyed_event(
+    event_time: int = BASE_TIME,
+    transaction_id: str | None = None,
+    value: str | None = None,
+    number: Decimal | int | str | None = None,
+) -> KeyedEvent:
+    """A KeyedEvent; giving only ``number`` also sets ``value`` to its canonical string."""
+    dec = None if number is None else Decimal(number)
+    if dec is not None and value is None:
+        value = "0" if dec.is_zero() else format(dec.normalize(), "f")
+    return KeyedEvent(event_time, transaction_id or next_transaction_id(), value, dec)
+
+
+def keyed_event_of(event: Event, signature: RuleSignature) -> KeyedEvent:
+    """An accepted Event as ``signature`` sees it, built the way the engine's callers do.
+
+    ``value`` is the canonical value of the signature's field (None for COUNT, whose
+    signature has no field); ``number`` is its Decimal when the field is numeric.
+    """
+    field = signature.aggregate_field
+    value = None if field is None else event.value(field)
+    number = None
+    if field is not None and value is not None and FIELDS_BY_NAME[field].numeric:
+        number = Decimal(value)
+    return KeyedEvent(event.event_time, event.transaction_id, value, number)
+
+
+def keyed_histories(
+    events: Iterable[Event], signature: RuleSignature
+) -> dict[tuple[str, ...], list[KeyedEvent]]:
+    """Per key, the events of ``signature`` in input order (filter applied, keyless dropped)."""
+    histories: dict[tuple[str, ...], list[KeyedEvent]] = defaultdict(list)
+    for ev in events:
+        if not signature.passes_filter(ev.values):
+            continue
+        key = signature.key_of(ev.values)
+        if key is None:
+            continue
+        histories[key].append(keyed_event_of(ev, signature))
+    return dict(histories)
+
+
+# --------------------------------------------------------------------------- strategies
+
+bucket_seconds: st.SearchStrategy[int] = st.sampled_from(ALLOWED_BUCKET_SECONDS)
+
+# Small pools, so that keys, filters and distinct values collide often.
+PAYER_IDS: Final[tuple[object, ...]] = ("p1", "p2", 7, "7")
+BENEFICIARY_IDS: Final[tuple[object, ...]] = ("b1", "b2", 12)
+IPS: Final[tuple[object, ...]] = ("10.0.0.1", "10.0.0.2")
+DEVICE_IDS: Final[tuple[object, ...]] = ("d1", "d2", 3)
+ACTIONS: Final[tuple[object, ...]] = ("login", "pay")
+PAYMENT_TYPES: Final[tuple[object, ...]] = ("CSH", "CRD")
+# Amounts as JSON would give them: ints, exact Decimals (JSON decimals) and numeric strings;
+# several spellings of the same value.
+AMOUNTS: Final[tuple[object, ...]] = (
+    0, 1, 2, 10, "1.5", Decimal("1.50"), "100.50", Decimal("100.5"), "0.00000001",
+    "33.33333333", 250000, "999999999999999999.99999999",
+)
+FIELD_VALUES: Final[Mapping[str, tuple[object, ...]]] = {
+    "payerId": PAYER_IDS,
+    "beneficiaryId": BENEFICIARY_IDS,
+    "paymentAmount": AMOUNTS,
+    "paymentType": PAYMENT_TYPES,
+    "ip": IPS,
+    "deviceId": DEVICE_IDS,
+    "action": ACTIONS,
+}
+# An optional field is absent, null, empty or one of its values.
+_MISSING_SPELLINGS: Final[tuple[object, ...]] = (ABSENT, None, "")
+
+
+def event_times(base: int = BASE_TIME, span_minutes: int = 7) -> st.SearchStrategy[int]:
+    """Epoch ms in ``[base - 1, base + span]``, often exactly on or next to a bucket edge."""
+    span_ms = span_minutes * MINUTE_MS
+    anywhere = st.integers(0, span_ms)
+    on_edges = st.builds(
+        lambda minute, second, delta: minute * MINUTE_MS + second * 1000 + delta,
+        st.integers(0, span_minutes),
+        st.sampled_from((0, 1, 2, 5, 10, 15, 20, 30, 45, 59)),
+        st.sampled_from((-1, 0, 0, 0, 1)),
+    )
+    return st.one_of(anywhere, on_edges).map(lambda offset: max(0, base + offset))
+
+
+def _optional(values: Sequence[object]) -> st.SearchStrategy[object]:
+    return st.sampled_from((*_MISSING_SPELLINGS, *values))
+
+
+@st.composite
+def event_objs(
+    draw: st.DrawFn,
+    transaction_id: object | None = None,
+    times: st.SearchStrategy[int] | None = None,
+) -> dict[str, Any]:
+    """A random valid SPEC §1 event object (optional fields absent, null, empty or set)."""
+    obj: dict[str, Any] = {
+        "transactionId": (
+            transaction_id
+            if transaction_id is not None
+            else draw(st.one_of(st.integers(0, 10**9), st.text(min_size=1, max_size=8).filter(
+                lambda s: s.strip() != "")))
+        ),
+        "eventTime": draw(times if times is not None else event_times()),
+        "payerId": draw(st.sampled_from(PAYER_IDS)),
+        "beneficiaryId": draw(st.sampled_from(BENEFICIARY_IDS)),
+        "paymentAmount": draw(st.sampled_from(AMOUNTS)),
+        "paymentType": draw(st.sampled_from(PAYMENT_TYPES)),
+    }
+    for name in OPTIONAL_EVENT_FIELDS:
+        value = draw(_optional(FIELD_VALUES[name]))
+        if value is not ABSENT:
+            obj[name] = value
+    if draw(st.booleans()):
+        obj["extra"] = draw(st.sampled_from(({"nested": [1, 2]}, [1], "x", None)))
+    return obj
+
+
+@st.composite
+def event_obj_lists(
+    draw: st.DrawFn, min_size: int = 0, max_size: int = 25, span_minutes: int = 7
+) -> list[dict[str, Any]]:
+    """Event objects with distinct transactionIds and many equal timestamps."""
+    size = draw(st.integers(min_size, max_size))
+    pool = draw(st.lists(event_times(span_minutes=span_minutes), min_size=1, max_size=6))
+    # Half the time from a small pool of times (ties), else anywhere (edges).
+    times = st.one_of(st.sampled_from(pool), event_times(span_minutes=span_minutes))
+    objs = []
+    for index in range(size):
+        # Integers and strings both, never equal as canonical strings.
+        tx: object = index if index % 3 == 0 else f"tx-{index}"
+        objs.append(draw(event_objs(transaction_id=tx, times=times)))
+    return objs
+
+
+def events(min_size: int = 0, max_size: int = 25, span_minutes: int = 7) -> st.SearchStrategy[
+    list[Event]
+]:
+    """Accepted, de-duplicated Events (as the engine receives them)."""
+    return event_obj_lists(min_size, max_size, span_minutes).map(
+        lambda objs: [accepted(obj) for obj in objs]
+    )
+
+
+def _cased(text: str) -> st.SearchStrategy[str]:
+    """``text`` in upper, lower, title or alternating case (enums are case-insensitive)."""
+    alternating = "".join(c.lower() if i % 2 else c.upper() for i, c in enumerate(text))
+    return st.sampled_from((text.upper(), text.lower(), text.title(), alternating))
+
+
+def _filter_values(field: str) -> st.SearchStrategy[object]:
+    values = FIELD_VALUES[field]
+    single = st.sampled_from(values)
+    several = st.lists(st.sampled_from(values), min_size=1, max_size=3)
+    return st.one_of(single, several)
+
+
+@st.composite
+def rule_filters(draw: st.DrawFn) -> dict[str, object]:
+    """A filter of 0-2 fields, each with one value or a list of values."""
+    fields = draw(st.lists(st.sampled_from(RULE_USABLE_FIELDS), unique=True, max_size=2))
+    return {name: draw(_filter_values(name)) for name in fields}
+
+
+def _limits(aggregator: str) -> st.SearchStrategy[object]:
+    if aggregator in ("COUNT", "UNIQUE_COUNT"):
+        return st.one_of(st.integers(0, 6), st.sampled_from((Decimal("1.5"), Decimal("2.0"))))
+    return st.one_of(
+        st.sampled_from(AMOUNTS).map(lambda a: Decimal(str(a))),
+        st.sampled_from((Decimal("50.25"), Decimal("101"), Decimal("33.33333333333"), -1)),
+        st.integers(0, 500),
+    )
+
+
+@st.composite
+def rule_objs(
+    draw: st.DrawFn,
+    rule_id: int | None = None,
+    states: Sequence[str] = ("ACTIVE",),
+    window_minutes: st.SearchStrategy[int] | None = None,
+) -> dict[str, Any]:
+    """A random valid SPEC §2 rule object.
+
+    Every aggregator and operator spelling in random case, grouping keys of any
+    length (also empty) in random order, filters with one value or a list, COUNT
+    rules with or without a (ignored) field, windows of 1 to 5 minutes by default.
+    """
+    aggregator = draw(st.sampled_from(AGGREGATORS))
+    obj: dict[str, Any] = {
+        "ruleId": rule_id if rule_id is not None else draw(st.integers(1, 10**6)),
+        "ruleState": draw(st.sampled_from(tuple(states)).flatmap(_cased)),
+        "groupingKeyNames": draw(
+            st.lists(st.sampled_from(RULE_USABLE_FIELDS), unique=True, max_size=3)
+        ),
+        "aggregatorFunctionType": draw(_cased(aggregator)),
+        "limitOperatorType": draw(st.sampled_from(OPERATOR_SPELLINGS).flatmap(_cased)),
+        "limit": draw(_limits(aggregator)),
+        "windowMinutes": draw(window_minutes if window_minutes is not None else st.integers(1, 5)),
+    }
+    if aggregator in NUMERIC_AGGREGATORS:
+        obj["aggregateFieldName"] = "paymentAmount"
+    elif aggregator == "UNIQUE_COUNT":
+        obj["aggregateFieldName"] = draw(st.sampled_from(RULE_USABLE_FIELDS))
+    else:
+        field = draw(st.sampled_from((ABSENT, *RULE_USABLE_FIELDS)))
+        if field is not ABSENT:
+            obj["aggregateFieldName"] = field
+    rule_filter = draw(st.one_of(st.just(ABSENT), rule_filters()))
+    if rule_filter is not ABSENT:
+        obj["filter"] = rule_filter
+    return obj
+
+
+def rules(
+    states: Sequence[str] = ("ACTIVE",),
+    window_minutes: st.SearchStrategy[int] | None = None,
+) -> st.SearchStrategy[Rule]:
+    """A random valid ``Rule`` (see ``rule_objs``)."""
+    return rule_objs(states=states, window_minutes=window_minutes).map(
+        lambda obj: _as_rule(rule_entry(obj))
+    )
+
+
+def _as_rule(entry: RuleEntry) -> Rule:
+    if not isinstance(entry, Rule):
+        raise ValueError(f"expected a Rule, got {entry!r}")
+    return entry
+
+
+@st.composite
+def rule_sets(
+    draw: st.DrawFn,
+    min_size: int = 1,
+    max_size: int = 4,
+    states: Sequence[str] = ("ACTIVE", "ACTIVE", "ACTIVE", "PAUSE"),
+    shared_signature_bias: bool = True,
+) -> list[Rule]:
+    """Rules with distinct ruleIds 1..n; some PAUSEd; often sharing a signature.
+
+    With ``shared_signature_bias`` a later rule sometimes copies an earlier rule's
+    keys, filter and field with another aggregator, limit or window, so that
+    ``evaluate_key_history`` sees several rules (and windows) per signature.
+    """
+    size = draw(st.integers(min_size, max_size))
+    objs: list[dict[str, Any]] = []
+    for index in range(size):
+        obj = draw(rule_objs(rule_id=index + 1, states=states))
+        if shared_signature_bias and len(objs) > 0 and draw(st.booleans()):
+            model = draw(st.sampled_from(objs))
+            copied = ["groupingKeyNames", "filter"]
+            if aggregator_of(model) == aggregator_of(obj) == "UNIQUE_COUNT":
+                copied.append("aggregateFieldName")
+            for name in copied:
+                obj.pop(name, None)
+                if name in model:
+                    obj[name] = model[name]
+        objs.append(obj)
+    return [_as_rule(rule_entry(obj)) for obj in objs]
+
+
+def aggregator_of(obj: Mapping[str, Any]) -> str:
+    return str(obj["aggregatorFunctionType"]).upper()
+
+
+def shuffled(items: Sequence[Any]) -> st.SearchStrategy[list[Any]]:
+    """``items`` in a random order."""
+    return st.permutations(list(items))
+

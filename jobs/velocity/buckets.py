@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
+from velocity.decimals import exact_add
+
 ALLOWED_BUCKET_SECONDS: tuple[int, ...] = (1, 2, 5, 10, 15, 20, 30, 60)
 
 
@@ -60,7 +62,7 @@ def _add(a: Decimal | None, b: Decimal | None) -> Decimal | None:
         return b
     if b is None:
         return a
-    return a + b
+    return exact_add(a, b)
 
 
 @dataclass(frozen=True, slots=True)

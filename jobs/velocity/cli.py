@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from velocity.decimals import dumps_json
 from velocity.errors import InvalidRuleError, UsageError, VelocityError
 from velocity.rules import Rule, RuleEntry, RuleState, StateChange, parse_rules
 from velocity.settings import Settings, load_settings
@@ -33,6 +34,13 @@ def sample_rules_path() -> Path:
     return Path(str(resources.files("velocity") / "resources" / "sample_rules.json"))
 
 
+def rules_file_text(rules: Sequence[dict[str, Any]]) -> str:
+    """A JSON array with one rule a line: readable, diffable, and exact (Decimal limits)."""
+    if not rules:
+        return "[]\n"
+    return "[\n" + ",\n".join(f"  {dumps_json(r)}" for r in rules) + "\n]\n"
+
+
 def _read_rules_file(path: str) -> list[RuleEntry]:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -42,7 +50,9 @@ def _read_rules_file(path: str) -> list[RuleEntry]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(bucket_seconds=getattr(args, "bucket_seconds", None))
+    """The settings ``main`` loaded for this command (flags over environment over file)."""
+    settings: Settings = args.settings
+    return settings
 
 
 def _spark(settings: Settings, app: str) -> Any:
@@ -92,7 +102,7 @@ def _print_rules(rules: Sequence[Rule]) -> None:
     if not rules:
         print("no rules in force")
     for rule in rules:
-        print(json.dumps({"version": rule.version, **rule.to_json()}, sort_keys=False))
+        print(dumps_json({"version": rule.version, **rule.to_json()}))
 
 
 def cmd_rules_apply(args: argparse.Namespace) -> int:
@@ -102,7 +112,7 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     for change in result.changes:
         print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
     for export in result.exports:
-        print(json.dumps(export, indent=2))
+        print(rules_file_text(export), end="")
     if result.clear_state:
         _clear_state(settings)
     if not result.changes and not result.exports and not result.clear_state:
@@ -129,7 +139,7 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
 
 def cmd_rules_export(args: argparse.Namespace) -> int:
     rules = _rule_store(_settings(args)).in_force()
-    text = json.dumps([r.to_json() for r in rules], indent=2) + "\n"
+    text = rules_file_text([r.to_json() for r in rules])
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
         print(f"{len(rules)} rules written to {args.out}")
@@ -270,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        # Loaded before any command runs, so a bad setting fails every command the same way.
+        args.settings = load_settings(bucket_seconds=getattr(args, "bucket_seconds", None))
         return int(args.run(args))
     except InvalidRuleError as exc:
         print("invalid rules, nothing applied:", file=sys.stderr)

@@ -23,6 +23,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
+from velocity.decimals import decimal_places
 from velocity.errors import FieldProblem, InvalidRuleError
 from velocity.schema import (
     NUMERIC_FIELDS,
@@ -115,7 +116,7 @@ class RuleSignature:
     @property
     def signature_id(self) -> str:
         """Stable short id, the same in every process and release (a content hash)."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))  # no Decimals
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def passes_filter(self, values: Mapping[str, str | None]) -> bool:
@@ -170,7 +171,10 @@ class Rule:
         return replace(self, state=state)
 
     def to_json(self) -> dict[str, Any]:
-        """The rule in canonical SPEC §2 form; ``parse_rules`` reads it back unchanged."""
+        """The rule in canonical SPEC §2 form; ``parse_rules`` reads it back unchanged.
+
+        A non-integral limit is a Decimal: write it with ``velocity.decimals.dumps_json``.
+        """
         out: dict[str, Any] = {
             "ruleId": self.rule_id,
             "ruleState": self.state.value,
@@ -191,11 +195,11 @@ class Rule:
         return out
 
 
-def _limit_json(limit: Decimal) -> int | float:
-    """Integers stay JSON integers; other limits are JSON numbers (exact to 15 digits)."""
-    if limit == limit.to_integral_value():
+def _limit_json(limit: Decimal) -> int | Decimal:
+    """Integers stay ints; other limits stay exact Decimals (write them with ``dumps_json``)."""
+    if decimal_places(limit) == 0:
         return int(limit)
-    return float(limit)
+    return limit
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any
 
+from velocity.decimals import decimal_places, format_decimal
+
 
 class FieldKind(StrEnum):
     IDENTITY = "identity"  # string or integer, compared as canonical string
@@ -118,13 +120,6 @@ class _BadValue(Exception):
         self.message = message
 
 
-def format_decimal(value: Decimal) -> str:
-    """Exact decimal as a plain string: no exponent, no trailing zeros (``250000``, ``0.5``)."""
-    if value.is_zero():
-        return "0"
-    return format(value.normalize(), "f")
-
-
 def parse_amount(raw: object, field: str = "paymentAmount") -> Decimal:
     """An amount from a JSON number or numeric string, checked against SPEC §1's range."""
     if isinstance(raw, bool) or not isinstance(raw, (int, Decimal, str, float)):
@@ -146,9 +141,7 @@ def parse_amount(raw: object, field: str = "paymentAmount") -> Decimal:
         raise _BadValue(
             RejectReason.AMOUNT_OUT_OF_RANGE, f"{field} {raw!r} is outside 0 <= amount < 10^18"
         )
-    exponent = amount.normalize().as_tuple().exponent
-    places = -exponent if isinstance(exponent, int) and exponent < 0 else 0
-    if places > AMOUNT_DECIMAL_PLACES:
+    if decimal_places(amount) > AMOUNT_DECIMAL_PLACES:
         raise _BadValue(
             RejectReason.AMOUNT_PRECISION,
             f"{field} {raw!r} has more than {AMOUNT_DECIMAL_PLACES} decimal places",

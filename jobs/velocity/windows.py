@@ -20,8 +20,8 @@ from fractions import Fraction
 from itertools import groupby
 
 from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
+from velocity.decimals import exact_add, exact_subtract, format_decimal
 from velocity.rules import Aggregator, Rule
-from velocity.schema import format_decimal
 
 # AVG is compared exactly (as a fraction) and shown with this many decimal places.
 AVG_DISPLAY_PLACES = 8
@@ -78,9 +78,10 @@ def format_aggregate(value: AggregateValue) -> str:
     """Decimal string of an aggregate; AVG rounded half-even to 8 places for display."""
     if isinstance(value, Fraction):
         with localcontext() as ctx:
-            ctx.prec = 60
-            exact = Decimal(value.numerator) / Decimal(value.denominator)
-            value = exact.quantize(Decimal(1).scaleb(-AVG_DISPLAY_PLACES), ROUND_HALF_EVEN)
+            # Enough digits that the quotient is exact to far below the shown places.
+            ctx.prec = 120
+            quotient = Decimal(value.numerator) / Decimal(value.denominator)
+            value = quotient.quantize(Decimal(1).scaleb(-AVG_DISPLAY_PLACES), ROUND_HALF_EVEN)
     return format_decimal(value)
 
 
@@ -144,7 +145,7 @@ class _SlidingWindow:
         number = event.number
         if number is None:
             return
-        self.total = number if self.total is None else self.total + number
+        self.total = number if self.total is None else exact_add(self.total, number)
         self.total_count += 1
         if self._need_extremes:
             events = self._events
@@ -168,8 +169,9 @@ class _SlidingWindow:
                 del self.distinct[event.value]
         if event.number is not None:
             self.total_count -= 1
-            # Subtracting keeps the sum exact: Decimal addition of these values is exact.
-            self.total = None if self.total_count == 0 else self.total - event.number  # type: ignore[operator]
+            self.total = (
+                None if self.total_count == 0 else exact_subtract(self.total, event.number)  # type: ignore[arg-type]
+            )
 
     def value(self, aggregator: Aggregator) -> AggregateValue | None:
         match aggregator:

@@ -25,33 +25,96 @@ pytestmark = pytest.mark.spark
 # Small windows and limits so that every rule fires on a few thousand events,
 # next to the sample rules; together they cover every aggregator and operator spelling.
 EXTRA_RULES = [
-    {"ruleId": 11, "groupingKeyNames": ["payerId"], "aggregatorFunctionType": "COUNT",
-     "limitOperatorType": ">=", "limit": 3, "windowMinutes": 5},
-    {"ruleId": 12, "groupingKeyNames": ["payerId"], "aggregatorFunctionType": "sum",
-     "aggregateFieldName": "paymentAmount", "limitOperatorType": "GREATER", "limit": 20000,
-     "windowMinutes": 10, "filter": {"paymentType": "CRD"}},
-    {"ruleId": 13, "groupingKeyNames": ["beneficiaryId"], "aggregatorFunctionType": "AVG",
-     "aggregateFieldName": "paymentAmount", "limitOperatorType": "lt", "limit": 500.5,
-     "windowMinutes": 2},
-    {"ruleId": 14, "groupingKeyNames": [], "aggregatorFunctionType": "MIN",
-     "aggregateFieldName": "paymentAmount", "limitOperatorType": "lte", "limit": 10,
-     "windowMinutes": 1},
-    {"ruleId": 15, "groupingKeyNames": ["payerId", "deviceId"], "aggregatorFunctionType": "MAX",
-     "aggregateFieldName": "paymentAmount", "limitOperatorType": "gte", "limit": 5000,
-     "windowMinutes": 3},
-    {"ruleId": 16, "groupingKeyNames": ["payerId"], "aggregatorFunctionType": "UNIQUE_COUNT",
-     "aggregateFieldName": "ip", "limitOperatorType": "GREATER_EQUAL", "limit": 2,
-     "windowMinutes": 15},
-    {"ruleId": 17, "groupingKeyNames": ["payerId"], "aggregatorFunctionType": "COUNT",
-     "limitOperatorType": "=", "limit": 2, "windowMinutes": 1},
-    {"ruleId": 18, "groupingKeyNames": ["action"], "aggregatorFunctionType": "UNIQUE_COUNT",
-     "aggregateFieldName": "beneficiaryId", "limitOperatorType": "ne", "limit": 1,
-     "windowMinutes": 1, "filter": {"paymentType": ["CSH", "CRD"]}},
-    {"ruleId": 19, "groupingKeyNames": ["beneficiaryId"], "aggregatorFunctionType": "SUM",
-     "aggregateFieldName": "paymentAmount", "limitOperatorType": "LESS_EQUAL", "limit": 100,
-     "windowMinutes": 1},
-    {"ruleId": 20, "groupingKeyNames": ["payerId"], "aggregatorFunctionType": "COUNT",
-     "limitOperatorType": "<", "limit": 2, "windowMinutes": 1, "filter": {"paymentType": "CSH"}},
+    {
+        "ruleId": 11,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT",
+        "limitOperatorType": ">=",
+        "limit": 3,
+        "windowMinutes": 5,
+    },
+    {
+        "ruleId": 12,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "sum",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": "GREATER",
+        "limit": 20000,
+        "windowMinutes": 10,
+        "filter": {"paymentType": "CRD"},
+    },
+    {
+        "ruleId": 13,
+        "groupingKeyNames": ["beneficiaryId"],
+        "aggregatorFunctionType": "AVG",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": "lt",
+        "limit": 500.5,
+        "windowMinutes": 2,
+    },
+    {
+        "ruleId": 14,
+        "groupingKeyNames": [],
+        "aggregatorFunctionType": "MIN",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": "lte",
+        "limit": 10,
+        "windowMinutes": 1,
+    },
+    {
+        "ruleId": 15,
+        "groupingKeyNames": ["payerId", "deviceId"],
+        "aggregatorFunctionType": "MAX",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": "gte",
+        "limit": 5000,
+        "windowMinutes": 3,
+    },
+    {
+        "ruleId": 16,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "UNIQUE_COUNT",
+        "aggregateFieldName": "ip",
+        "limitOperatorType": "GREATER_EQUAL",
+        "limit": 2,
+        "windowMinutes": 15,
+    },
+    {
+        "ruleId": 17,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT",
+        "limitOperatorType": "=",
+        "limit": 2,
+        "windowMinutes": 1,
+    },
+    {
+        "ruleId": 18,
+        "groupingKeyNames": ["action"],
+        "aggregatorFunctionType": "UNIQUE_COUNT",
+        "aggregateFieldName": "beneficiaryId",
+        "limitOperatorType": "ne",
+        "limit": 1,
+        "windowMinutes": 1,
+        "filter": {"paymentType": ["CSH", "CRD"]},
+    },
+    {
+        "ruleId": 19,
+        "groupingKeyNames": ["beneficiaryId"],
+        "aggregatorFunctionType": "SUM",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": "LESS_EQUAL",
+        "limit": 100,
+        "windowMinutes": 1,
+    },
+    {
+        "ruleId": 20,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT",
+        "limitOperatorType": "<",
+        "limit": 2,
+        "windowMinutes": 1,
+        "filter": {"paymentType": "CSH"},
+    },
 ]
 
 
@@ -88,8 +151,15 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     generate_events(
         folder,
         GenerateOptions(
-            events=4000, rate=3.0, payers=40, files=3, spike_fraction=0.03,
-            late_fraction=0.02, duplicate_fraction=0.02, malformed_fraction=0.02, seed=11,
+            events=4000,
+            rate=3.0,
+            payers=40,
+            files=3,
+            spike_fraction=0.03,
+            late_fraction=0.02,
+            duplicate_fraction=0.02,
+            malformed_fraction=0.02,
+            seed=11,
         ),
     )
     return folder
@@ -121,7 +191,9 @@ def test_backtest_equals_reference(
         assert alert["ruleVersion"] == 1 and alert["kind"] == "ALERT"
 
     assert (summary.accepted, summary.quarantined, summary.duplicates) == (
-        len(events), rejected, duplicates,
+        len(events),
+        rejected,
+        duplicates,
     )
     assert summary.quarantined > 0 and summary.duplicates > 0
     assert summary.alerts == len(alerts)
@@ -178,4 +250,4 @@ def test_backtest_tables(spark, data_settings: Settings, generated: Path, tmp_pa
     assert got == dict(expected_buckets)
     assert Counter(r["bucket_width_ms"] for r in rows) == {width: len(rows)}
     assert isinstance(rows[0]["event_count"], int) and rows[0]["event_count"] > 0
-    assert Decimal(0) <= min((r["value_min"] for r in rows if r["value_min"] is not None))
+    assert Decimal(0) <= min(r["value_min"] for r in rows if r["value_min"] is not None)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 
 from pyspark.sql import Row, SparkSession
 
+from velocity.decimals import dumps_json
 from velocity.delta.tables import RULE_SCHEMA, create_if_missing, read_table
 from velocity.errors import VelocityError
 from velocity.rule_changes import ApplyResult, plan_changes
@@ -24,7 +26,7 @@ _APPLY_ATTEMPTS = 3
 
 
 def _rule_from_row(row: Row) -> Rule:
-    entry, problems = parse_rule(json.loads(row["rule_json"]))
+    entry, problems = parse_rule(json.loads(row["rule_json"], parse_float=Decimal))
     if not isinstance(entry, Rule):
         # Only validated rules are ever written, so this means the table was edited by hand.
         raise VelocityError(
@@ -80,7 +82,7 @@ class RuleStore:
                     r.rule_id,
                     r.version,
                     r.state.value,
-                    json.dumps(r.to_json(), sort_keys=True),
+                    dumps_json(r.to_json()),
                     r.signature.signature_id,
                     applied_at,
                 )

@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from velocity.decimals import EXACT
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
 from velocity.schema import EVENT_FIELDS, FieldKind, Rejection, is_blank, parse_event_line
 
@@ -63,7 +64,7 @@ def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
                     reason_code=None,
                     reason=None,
                     eventTime=parsed.event_time,
-                    paymentAmount=parsed.amount.quantize(_AMOUNT_QUANTUM),
+                    paymentAmount=parsed.amount.quantize(_AMOUNT_QUANTUM, context=EXACT),
                 )
             row.update(
                 raw=raw,

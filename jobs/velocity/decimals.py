@@ -1,0 +1,53 @@
+"""Exact decimal arithmetic and text: no amount, sum or limit is ever rounded.
+
+``EXACT`` traps ``Inexact``: an operation that would have to round raises instead
+of silently losing a digit. 80 digits hold any sum of amounts below 10^18 with 8
+places over far more events than exist.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow
+
+EXACT = Context(prec=80, traps=[Inexact, InvalidOperation, Overflow])
+
+
+def exact_add(a: Decimal, b: Decimal) -> Decimal:
+    return EXACT.add(a, b)
+
+
+def exact_subtract(a: Decimal, b: Decimal) -> Decimal:
+    return EXACT.subtract(a, b)
+
+
+def format_decimal(value: Decimal) -> str:
+    """Exact decimal as a plain string: no exponent, no trailing zeros (``250000``, ``0.5``)."""
+    if value.is_zero():
+        return "0"
+    return format(value.normalize(EXACT), "f")
+
+
+def decimal_places(value: Decimal) -> int:
+    """Digits after the point once trailing zeros are dropped (``1.50`` has 1, ``1E+3`` 0)."""
+    exponent = value.normalize(EXACT).as_tuple().exponent
+    return -exponent if isinstance(exponent, int) and exponent < 0 else 0
+
+
+def dumps_json(value: object) -> str:
+    """Compact JSON in which a ``Decimal`` is a JSON number with exactly its digits.
+
+    ``json.dumps`` cannot write Decimals, and a float would round them; readers
+    parse them back exactly with ``json.loads(..., parse_float=Decimal)``.
+    """
+    if isinstance(value, Decimal):
+        return format_decimal(value)
+    if isinstance(value, Mapping):
+        items = (
+            f"{json.dumps(str(k), ensure_ascii=False)}:{dumps_json(v)}" for k, v in value.items()
+        )
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps_json(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)

@@ -20,11 +20,12 @@ demo: setup ## set up, start Redis, generate sample events, backtest the sample 
 	@$(VENV)/velocity backtest --rules jobs/velocity/resources/sample_rules.json \
 		--events $(DEMO_DIR)/events --out $(DEMO_DIR)/alerts.jsonl
 
-test: setup ## set up and run every test (unit, Spark + Delta, Redis)
+test: setup ## set up, lint, and run every test (unit, Spark + Delta, Redis)
+	@$(VENV)/ruff check jobs tests plugins dags benchmarks
 	@$(VENV)/python -m pytest tests
 
 lint: setup ## ruff and mypy
-	@$(VENV)/ruff check jobs tests plugins dags
+	@$(VENV)/ruff check jobs tests plugins dags benchmarks
 	@$(VENV)/mypy
 
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket

@@ -22,6 +22,7 @@ demo: setup ## set up, start Redis, generate sample events, backtest the sample 
 
 test: setup ## set up, lint, and run every test (unit, Spark + Delta, Redis)
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks
+	@$(VENV)/mypy
 	@$(VENV)/python -m pytest tests
 
 lint: setup ## ruff and mypy

@@ -7,7 +7,7 @@ stream, the backtest and the tests share one definition of a bad event.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -39,7 +39,7 @@ def read_event_lines(spark: SparkSession, path: str) -> DataFrame:
     )
 
 
-def _parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _parse_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     # line_seq counts lines within this partition: with (file, block) it orders lines as they
     # arrived, because one partition reads each block's lines in order.
     seq = 0

@@ -1,13 +1,11 @@
 """Lines of JSON text -> validated events, quarantined lines and dropped duplicates.
 
-Validation runs the pure ``velocity.schema`` parser inside Arrow batches, so the
+Validation runs the pure ``velocity.schema`` parser in an Arrow UDF, so the
 stream, the backtest and the tests share one definition of a bad event.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -15,6 +13,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import BooleanType, StructField, StructType
 
 from velocity.decimals import EXACT
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
@@ -22,12 +21,24 @@ from velocity.schema import EVENT_FIELDS, FieldKind, Rejection, is_blank, parse_
 
 ARRIVAL_ORDER = ("source_file", "source_block", "line_seq")
 _EVENT_COLUMNS = [f.name for f in EVENT_FIELDS]
-_ARROW_SCHEMA = to_arrow_schema(PARSED_SCHEMA)
+# What the parser returns per line; the raw text and its source stay in the JVM.
+_VERDICT_FIELDS = [
+    f
+    for f in PARSED_SCHEMA.fields
+    if f.name not in ("raw", "source_file", "source_block", "line_seq", "ingest_time")
+]
+VERDICT_TYPE = StructType([StructField("blank", BooleanType(), False), *_VERDICT_FIELDS])
+_VERDICT_ARROW = to_arrow_schema(VERDICT_TYPE)
 _AMOUNT_QUANTUM = Decimal("1e-8")
 
 
 def read_event_lines(spark: SparkSession, path: str) -> DataFrame:
-    """Every line of a JSON-lines file or folder, with the file and block it came from."""
+    """Every line of a JSON-lines file or folder, with where it came from.
+
+    (source_file, source_block, line_seq) orders lines by arrival: a partition reads
+    each block's lines in order, and ``monotonically_increasing_id`` grows with the
+    row's position in its partition.
+    """
     return (
         spark.read.option("recursiveFileLookup", "true")
         .text(path)
@@ -35,52 +46,63 @@ def read_event_lines(spark: SparkSession, path: str) -> DataFrame:
             F.col("value").alias("raw"),
             F.col("_metadata.file_path").alias("source_file"),
             F.col("_metadata.file_block_start").alias("source_block"),
+            F.monotonically_increasing_id().alias("line_seq"),
         )
     )
 
 
-def _parse_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    # line_seq counts lines within this partition: with (file, block) it orders lines as they
-    # arrived, because one partition reads each block's lines in order.
-    seq = 0
-    ingest_time = int(time.time() * 1000)
-    for batch in batches:
-        columns: dict[str, list[object]] = {name: [] for name in _ARROW_SCHEMA.names}
-        raws = batch.column("raw").to_pylist()
-        files = batch.column("source_file").to_pylist()
-        blocks = batch.column("source_block").to_pylist()
-        for raw, source_file, block in zip(raws, files, blocks, strict=True):
-            if raw is None or is_blank(raw):
-                continue
-            seq += 1
+def verdicts(raws: pa.Array) -> pa.Array:
+    """The pure parser over a batch of lines: one verdict struct per line, in order."""
+    columns: dict[str, list[object]] = {name: [] for name in _VERDICT_ARROW.names}
+    rejected = dict.fromkeys(_EVENT_COLUMNS)
+    for raw in raws.to_pylist():
+        if raw is None or is_blank(raw):
+            row: dict[str, object] = {**rejected, "blank": True, "accepted": False}
+        else:
             parsed = parse_event_line(raw)
-            row: dict[str, object] = dict.fromkeys(_EVENT_COLUMNS)
             if isinstance(parsed, Rejection):
-                row.update(accepted=False, reason_code=parsed.code.value, reason=parsed.message)
+                row = {
+                    **rejected,
+                    "blank": False,
+                    "accepted": False,
+                    "reason_code": parsed.code.value,
+                    "reason": parsed.message,
+                }
             else:
-                row.update(parsed.values)
-                row.update(
-                    accepted=True,
-                    reason_code=None,
-                    reason=None,
-                    eventTime=parsed.event_time,
-                    paymentAmount=parsed.amount.quantize(_AMOUNT_QUANTUM, context=EXACT),
-                )
-            row.update(
-                raw=raw,
-                source_file=source_file,
-                source_block=block,
-                line_seq=seq,
-                ingest_time=ingest_time,
-            )
-            for name, values in columns.items():
-                values.append(row[name])
-        yield pa.RecordBatch.from_pydict(columns, schema=_ARROW_SCHEMA)
+                row = {
+                    **parsed.values,
+                    "blank": False,
+                    "accepted": True,
+                    "reason_code": None,
+                    "reason": None,
+                    "eventTime": parsed.event_time,
+                    "paymentAmount": parsed.amount.quantize(_AMOUNT_QUANTUM, context=EXACT),
+                }
+        for name, values in columns.items():
+            values.append(row.get(name))
+    return pa.StructArray.from_arrays(
+        [pa.array(columns[f.name], type=f.type) for f in _VERDICT_ARROW],
+        fields=list(_VERDICT_ARROW),
+    )
 
 
 def parse_events(lines: DataFrame) -> DataFrame:
-    """Validate each line: ``accepted`` rows carry the event, the others a reason."""
-    return lines.mapInArrow(_parse_batches, PARSED_SCHEMA)
+    """Validate each line (blank ones dropped): ``accepted`` rows carry the event, others a reason.
+
+    Output columns are ``PARSED_SCHEMA``'s.
+    """
+    parse = F.arrow_udf(verdicts, VERDICT_TYPE)  # type: ignore[call-overload]
+    parsed = lines.withColumn("_verdict", parse(F.col("raw")))
+    return parsed.where(~F.col("_verdict.blank")).select(
+        *[
+            F.col(f"_verdict.{f.name}").alias(f.name)
+            if f.name in VERDICT_TYPE.fieldNames()
+            else F.col(f.name)
+            for f in PARSED_SCHEMA.fields
+            if f.name != "ingest_time"
+        ],
+        F.unix_millis(F.current_timestamp()).alias("ingest_time"),
+    )
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,10 @@ class BucketAggregate:
             return cls(count=1)
         return cls(1, 1, number, number, number, frozenset((value,)))
 
+    @property
+    def distinct_count(self) -> int:
+        return len(self.distinct)
+
     def merge(self, other: BucketAggregate) -> BucketAggregate:
         return BucketAggregate(
             self.count + other.count,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
 from itertools import groupby
+from typing import Protocol
 
 from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
 from velocity.decimals import exact_add, exact_subtract, format_decimal
@@ -49,13 +50,30 @@ class Decision:
     window_start: int
 
 
-def aggregate_value(aggregate: BucketAggregate, aggregator: Aggregator) -> AggregateValue | None:
+class WindowFigures(Protocol):
+    """What every aggregator reads of a window; buckets and sliding windows both provide it."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def value_count(self) -> int: ...
+    @property
+    def total(self) -> Decimal | None: ...
+    @property
+    def minimum(self) -> Decimal | None: ...
+    @property
+    def maximum(self) -> Decimal | None: ...
+    @property
+    def distinct_count(self) -> int: ...
+
+
+def aggregate_value(aggregate: WindowFigures, aggregator: Aggregator) -> AggregateValue | None:
     """The rule's aggregate of a window; None when it has no value (no numeric values)."""
     match aggregator:
         case Aggregator.COUNT:
             return Decimal(aggregate.count)
         case Aggregator.UNIQUE_COUNT:
-            return Decimal(len(aggregate.distinct))
+            return Decimal(aggregate.distinct_count)
         case Aggregator.SUM:
             return aggregate.total
         case Aggregator.MIN:
@@ -173,23 +191,17 @@ class _SlidingWindow:
                 None if self.total_count == 0 else exact_subtract(self.total, event.number)  # type: ignore[arg-type]
             )
 
-    def value(self, aggregator: Aggregator) -> AggregateValue | None:
-        match aggregator:
-            case Aggregator.COUNT:
-                return Decimal(self.count)
-            case Aggregator.UNIQUE_COUNT:
-                return Decimal(len(self.distinct))
-            case Aggregator.SUM:
-                return self.total
-            case Aggregator.AVG:
-                if self.total is None:
-                    return None
-                return Fraction(self.total) / self.total_count
-            case Aggregator.MIN:
-                return self._events[self._mins[0]].number if self._mins else None
-            case Aggregator.MAX:
-                return self._events[self._maxs[0]].number if self._maxs else None
-        raise AssertionError(aggregator)  # unreachable: match is exhaustive
+    @property
+    def minimum(self) -> Decimal | None:
+        return self._events[self._mins[0]].number if self._mins else None
+
+    @property
+    def maximum(self) -> Decimal | None:
+        return self._events[self._maxs[0]].number if self._maxs else None
+
+    @property
+    def distinct_count(self) -> int:
+        return len(self.distinct)
 
 
 def evaluate_key_history(
@@ -225,7 +237,7 @@ def evaluate_key_history(
             lower = window_start(event_time, window_ms, width_ms)
             window.advance(lower, index)
             for rule in group:
-                value = window.value(rule.aggregator)
+                value = aggregate_value(window, rule.aggregator)
                 if fires(rule, value):
                     for event in tied:
                         yield Decision(rule, event, value, lower)  # type: ignore[arg-type]

@@ -15,8 +15,8 @@ setup: ## install Python packages (.venv), Delta JARs (.cache/jars), Java, Redis
 demo: setup ## set up, start Redis, generate sample events, backtest the sample rules
 	@$(VENV)/velocity up
 	@$(VENV)/velocity generate --out $(DEMO_DIR)/events --events $(DEMO_EVENTS) --rate 50 \
-		--keys 2000 --files 4 --spike-fraction 0.01 --late-fraction 0.01 \
-		--duplicate-fraction 0.005 --malformed-fraction 0.005 --seed 7
+		--keys 20000 --files 4 --spike-fraction 0.01 --late-fraction 0.01 \
+		--duplicate-fraction 0.005 --malformed-fraction 0.005 --seed 7 --overwrite
 	@$(VENV)/velocity backtest --rules jobs/velocity/resources/sample_rules.json \
 		--events $(DEMO_DIR)/events --out $(DEMO_DIR)/alerts.jsonl
 

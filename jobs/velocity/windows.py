@@ -12,6 +12,7 @@ compute it live here and must always agree (the property tests check it):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -241,3 +242,46 @@ def evaluate_key_history(
                 if fires(rule, value):
                     for event in tied:
                         yield Decision(rule, event, value, lower)  # type: ignore[arg-type]
+
+
+def evaluate_with_buckets(
+    buckets: Mapping[int, BucketAggregate],
+    own_bucket_events: Iterable[KeyedEvent],
+    targets: Iterable[KeyedEvent],
+    rules: Sequence[Rule],
+    width_ms: int,
+) -> Iterator[Decision]:
+    """Every decision that fires for ``targets``, from stored buckets: the stream's way.
+
+    ``buckets`` are one key's stored buckets (any may be missing: an empty bucket is
+    never stored); only those below a target's own bucket are read whole.
+    ``own_bucket_events`` are the key's raw events of the targets' own buckets (the
+    targets included): a target's own bucket counts only its events up to the
+    target's time. Equals ``evaluate_key_history`` over the same events.
+    """
+    starts = sorted(buckets)
+    own_events: dict[int, list[KeyedEvent]] = {}
+    for event in sorted(own_bucket_events, key=lambda e: e.event_time):
+        own_events.setdefault(bucket_start(event.event_time, width_ms), []).append(event)
+    by_window: dict[int, list[Rule]] = {}
+    for rule in rules:
+        by_window.setdefault(rule.window_ms, []).append(rule)
+    whole_cache: dict[tuple[int, int], BucketAggregate] = {}
+    for target in sorted(targets, key=lambda e: e.event_time):
+        own = bucket_start(target.event_time, width_ms)
+        partial = merge_all(
+            BucketAggregate.of_event(e.value, e.number)
+            for e in own_events.get(own, ())
+            if e.event_time <= target.event_time
+        )
+        for window_ms, group in by_window.items():
+            lower = window_start(target.event_time, window_ms, width_ms)
+            whole = whole_cache.get((window_ms, own))
+            if whole is None:
+                span = starts[bisect_left(starts, lower) : bisect_left(starts, own)]
+                whole = whole_cache[(window_ms, own)] = merge_all(buckets[s] for s in span)
+            window = whole.merge(partial)
+            for rule in group:
+                value = aggregate_value(window, rule.aggregator)
+                if fires(rule, value):
+                    yield Decision(rule, target, value, lower)  # type: ignore[arg-type]

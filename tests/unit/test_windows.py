@@ -45,6 +45,7 @@ from velocity.windows import (
     KeyedEvent,
     aggregate_value,
     evaluate_key_history,
+    evaluate_with_buckets,
     fires,
     format_aggregate,
     window_from_buckets,
@@ -107,7 +108,44 @@ def reference_outcome(events: Sequence[Event], rules: Sequence[Rule], seconds: i
     return {pair: (Fraction(ref.values[pair]), ref.window_starts[pair]) for pair in ref.fired}
 
 
+def stream_alerts(
+    events: Sequence[Event], rules: Sequence[Rule], seconds: int, targets_from: int = 0
+) -> Outcome:
+    """evaluate_with_buckets as the stream runs it: all events in state, decisions for
+    the events from arrival position ``targets_from`` on (the latest micro-batch)."""
+    width = bucket_width_ms(seconds)
+    target_ids = {e.transaction_id for e in events[targets_from:]}
+    out: Outcome = {}
+    for signature, group in rules_by_signature(rules).items():
+        for history in keyed_histories(events, signature).values():
+            buckets: dict[int, BucketAggregate] = {}
+            for e in history:
+                start = bucket_start(e.event_time, width)
+                buckets[start] = buckets.get(start, EMPTY).merge(_of(e))
+            targets = [e for e in history if e.transaction_id in target_ids]
+            owns = {bucket_start(t.event_time, width) for t in targets}
+            own_events = [e for e in history if bucket_start(e.event_time, width) in owns]
+            for decision in evaluate_with_buckets(buckets, own_events, targets, group, width):
+                pair = (decision.rule.rule_id, decision.event.transaction_id)
+                assert pair not in out, f"{pair} decided twice"
+                out[pair] = (Fraction(decision.value), decision.window_start)
+    return out
+
+
 # ---------------------------------------------------------------- engine == naive reference
+
+
+@given(events(max_size=25), rule_sets(), bucket_seconds, st.integers(0, 25))
+@settings(max_examples=300, deadline=None)
+def test_stream_evaluation_equals_sliding_window(
+    evs: list[Event], rules: list[Rule], seconds: int, split: int
+) -> None:
+    expected = {
+        pair: outcome
+        for pair, outcome in sliding_alerts(evs, rules, seconds).items()
+        if pair[1] in {e.transaction_id for e in evs[split:]}
+    }
+    assert stream_alerts(evs, rules, seconds, targets_from=split) == expected
 
 
 @given(events(max_size=25), rule_sets(), bucket_seconds)

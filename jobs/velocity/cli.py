@@ -217,6 +217,51 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_stream(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    events_dir = Path(args.events)
+    if not events_dir.is_dir():
+        raise UsageError(
+            f"--events {args.events!r} is not a folder; give the folder events land in"
+        )
+    entries = _read_rules_file(args.rules) if args.rules else []
+    from velocity.spark.stream import StreamJob
+
+    job = StreamJob(_spark(settings, "velocity-stream"), settings)
+    if entries:
+        for change in job.rule_store.apply(entries).changes:
+            print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
+    query = job.start(events_dir, args.trigger == "available-now", args.max_files_per_trigger)
+    print(f"stream running over {events_dir} (data dir {settings.data_dir}); Ctrl-C stops it")
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    progress = query.recentProgress
+    rows = sum(int(p["numInputRows"]) for p in progress)
+    print(f"stream stopped: {len(progress)} batches, {rows} lines read")
+    return EXIT_OK
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    from pyspark.sql import functions as F
+
+    from velocity.delta.tables import ALERTS, read_table, table_exists
+    from velocity.spark.backtest import write_alerts_jsonl
+
+    settings = _settings(args)
+    spark = _spark(settings, "velocity-alerts")
+    path = settings.table_path(ALERTS)
+    if not table_exists(spark, path):
+        raise UsageError(f"no alerts table at {path}; run `velocity stream` first")
+    alerts = read_table(spark, path)
+    if args.kind:
+        alerts = alerts.where(F.col("kind") == args.kind.upper())
+    count = write_alerts_jsonl(alerts, Path(args.out))
+    print(f"{count} alerts written to {args.out}")
+    return EXIT_OK
+
+
 # --- parser -------------------------------------------------------------------------------
 
 
@@ -274,6 +319,26 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("--bucket-seconds", type=int, default=None)
     backtest.add_argument("--summary-json", help="also write the run's summary as JSON here")
     backtest.set_defaults(run=cmd_backtest)
+
+    stream = sub.add_parser("stream", help="the streaming job over a folder of JSON lines")
+    stream.add_argument("--events", required=True, help="folder that event files land in")
+    stream.add_argument("--rules", help="rules file to apply before starting")
+    stream.add_argument(
+        "--trigger",
+        choices=["continuous", "available-now"],
+        default="continuous",
+        help="available-now: process what is there, then stop",
+    )
+    stream.add_argument("--bucket-seconds", type=int, default=None)
+    stream.add_argument(
+        "--max-files-per-trigger", type=int, default=None, help="files per micro-batch at most"
+    )
+    stream.set_defaults(run=cmd_stream)
+
+    alerts = sub.add_parser("alerts", help="export the alerts table as JSON lines")
+    alerts.add_argument("--out", required=True)
+    alerts.add_argument("--kind", choices=["ALERT", "CORRECTION", "RETRACTION"], type=str.upper)
+    alerts.set_defaults(run=cmd_alerts)
     return parser
 
 

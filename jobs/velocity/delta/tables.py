@@ -31,6 +31,8 @@ DUPLICATES = "duplicates"
 BUCKETS = "buckets"
 ALERTS = "alerts"
 RULES = "rules"
+LATE_EVENTS = "late_events"
+SIGNATURES = "signatures"
 
 # Where each line came from; (source_file, source_block, line_seq) orders lines by arrival.
 _SOURCE_FIELDS = [
@@ -53,6 +55,30 @@ EVENT_SCHEMA = StructType(
         StructField("action", StringType(), True),
         StructField("raw", StringType(), False),
         *_SOURCE_FIELDS,
+    ]
+)
+
+# The live events table: every accepted event and the micro-batch that brought it.
+LIVE_EVENT_SCHEMA = StructType(
+    [*EVENT_SCHEMA.fields, StructField("stream_batch", LongType(), False)]
+)
+
+LATE_EVENT_SCHEMA = StructType(
+    [
+        StructField("transactionId", StringType(), False),
+        StructField("eventTime", LongType(), False),
+        StructField("watermark", LongType(), False),
+        StructField("stream_batch", LongType(), False),
+    ]
+)
+
+# Signatures whose buckets are built: a signature that becomes active is built from the
+# raw events first, so a new rule sees the history already inside its window.
+SIGNATURE_SCHEMA = StructType(
+    [
+        StructField("signature_id", StringType(), False),
+        StructField("signature_json", StringType(), False),
+        StructField("built_batch", LongType(), False),
     ]
 )
 

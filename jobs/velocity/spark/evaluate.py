@@ -13,19 +13,21 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial, reduce
 from itertools import groupby
 from operator import itemgetter
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from velocity.alerts import AlertKind, alert_record, rule_key
+from velocity.buckets import BucketAggregate
 from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, SUM_TYPE
 from velocity.rules import Rule, RuleSignature, rules_by_signature
 from velocity.schema import NUMERIC_FIELDS
 from velocity.spark.ingest import canonical_text
-from velocity.windows import KeyedEvent, evaluate_key_history
+from velocity.windows import KeyedEvent, evaluate_key_history, evaluate_with_buckets
 
 KEYED_SCHEMA = StructType(
     [
@@ -157,3 +159,121 @@ def evaluate_alerts(
 
 def empty_alerts(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], ALERT_SCHEMA)
+
+
+# --- the stream's evaluation: stored buckets + the own buckets' raw events ---------------
+
+# One row per input of a (signature, key) group: a stored bucket ("B"), a raw event of a
+# target's own bucket ("E") or a target to decide ("T", also present as an "E" row).
+STATE_ROW_SCHEMA = StructType(
+    [
+        StructField("signature_id", StringType(), False),
+        StructField("key", StringType(), False),
+        StructField("row_kind", StringType(), False),
+        StructField("time", LongType(), False),
+        StructField("transactionId", StringType(), True),
+        StructField("value", StringType(), True),
+        StructField("number", AMOUNT_TYPE, True),
+        StructField("event_count", LongType(), True),
+        StructField("value_count", LongType(), True),
+        StructField("value_sum", SUM_TYPE, True),
+        StructField("value_min", AMOUNT_TYPE, True),
+        StructField("value_max", AMOUNT_TYPE, True),
+        StructField("distinct_values", ArrayType(StringType(), False), True),
+    ]
+)
+
+
+def state_rows(buckets: DataFrame, own_events: DataFrame, targets: DataFrame) -> DataFrame:
+    """The union of stored buckets, own-bucket raw events and targets, as STATE_ROW_SCHEMA."""
+    null = {
+        name: F.lit(None).cast(STATE_ROW_SCHEMA[name].dataType)
+        for name in STATE_ROW_SCHEMA.fieldNames()
+    }
+
+    def shaped(df: DataFrame, kind: str, columns: Mapping[str, Column]) -> DataFrame:
+        exprs = {**null, **columns, "row_kind": F.lit(kind)}
+        return df.select(*[exprs[n].alias(n) for n in STATE_ROW_SCHEMA.fieldNames()])
+
+    event_columns = {
+        "signature_id": F.col("signature_id"),
+        "key": F.col("key"),
+        "time": F.col("eventTime"),
+        "transactionId": F.col("transactionId"),
+        "value": F.col("value"),
+        "number": F.col("number"),
+    }
+    bucket_columns = {
+        name: F.col(name)
+        for name in (
+            "signature_id",
+            "key",
+            "event_count",
+            "value_count",
+            "value_sum",
+            "value_min",
+            "value_max",
+            "distinct_values",
+        )
+    }
+    return (
+        shaped(buckets, "B", {**bucket_columns, "time": F.col("bucket_start")})
+        .unionByName(shaped(own_events, "E", event_columns))
+        .unionByName(shaped(targets, "T", event_columns))
+    )
+
+
+def _state_alert_batches(
+    batches: Iterator[pa.RecordBatch],
+    rules: Mapping[str, Sequence[Rule]],
+    width_ms: int,
+    decision_time: int,
+) -> Iterator[pa.RecordBatch]:
+    def rows() -> Iterator[dict[str, Any]]:
+        for batch in batches:
+            yield from batch.to_pylist()
+
+    out: list[dict[str, Any]] = []
+    for (signature_id, key), group in groupby(rows(), key=itemgetter("signature_id", "key")):
+        buckets: dict[int, BucketAggregate] = {}
+        own: list[KeyedEvent] = []
+        targets: list[KeyedEvent] = []
+        for row in group:
+            if row["row_kind"] == "B":
+                buckets[row["time"]] = BucketAggregate(
+                    row["event_count"],
+                    row["value_count"],
+                    row["value_sum"],
+                    row["value_min"],
+                    row["value_max"],
+                    frozenset(row["distinct_values"] or ()),
+                )
+                continue
+            event = KeyedEvent(row["time"], row["transactionId"], row["value"], row["number"])
+            (own if row["row_kind"] == "E" else targets).append(event)
+        key_values = json.loads(key)
+        for decision in evaluate_with_buckets(buckets, own, targets, rules[signature_id], width_ms):
+            record = alert_record(
+                decision, rule_key(decision.rule, key_values), decision_time, AlertKind.ALERT
+            )
+            record["signature_id"] = signature_id
+            record["key"] = list(record["key"].items())
+            out.append(record)
+    if out:
+        yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
+
+
+def evaluate_from_state(
+    rows: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
+) -> DataFrame:
+    """Alerts of the "T" rows of ``rows`` (STATE_ROW_SCHEMA) under ``rules`` (ALERT_SCHEMA)."""
+    grouped = {sig.signature_id: group for sig, group in rules_by_signature(rules).items()}
+    ordered = (
+        rows.where(F.col("signature_id").isin(list(grouped)))
+        .repartition(partitions, "signature_id", "key")
+        .sortWithinPartitions("signature_id", "key")
+    )
+    evaluate = partial(
+        _state_alert_batches, rules=grouped, width_ms=width_ms, decision_time=decision_time
+    )
+    return ordered.mapInArrow(evaluate, ALERT_SCHEMA)

@@ -39,16 +39,22 @@ def read_event_lines(spark: SparkSession, path: str) -> DataFrame:
     each block's lines in order, and ``monotonically_increasing_id`` grows with the
     row's position in its partition.
     """
-    return (
-        spark.read.option("recursiveFileLookup", "true")
-        .text(path)
-        .select(
-            F.col("value").alias("raw"),
-            F.col("_metadata.file_path").alias("source_file"),
-            F.col("_metadata.file_block_start").alias("source_block"),
-            F.monotonically_increasing_id().alias("line_seq"),
-        )
+    text = spark.read.option("recursiveFileLookup", "true").text(path)
+    return with_line_order(with_line_source(text))
+
+
+def with_line_source(text: DataFrame) -> DataFrame:
+    """A text source's lines as ``raw`` with the file and block they came from."""
+    return text.select(
+        F.col("value").alias("raw"),
+        F.col("_metadata.file_path").alias("source_file"),
+        F.col("_metadata.file_block_start").alias("source_block"),
     )
+
+
+def with_line_order(lines: DataFrame) -> DataFrame:
+    """Adds ``line_seq``, the line's position in its partition (not on a streaming frame)."""
+    return lines.withColumn("line_seq", F.monotonically_increasing_id())
 
 
 def verdicts(raws: pa.Array) -> pa.Array:

@@ -1,0 +1,289 @@
+"""`velocity stream`: per-event evaluation over a folder of JSON lines, Delta as state of record.
+
+Each micro-batch (``process_batch``), in this order:
+
+1. parse the new lines; quarantine the bad ones;
+2. drop duplicates: within the batch the first arrival wins, and any transactionId
+   already in the events table from an earlier batch;
+3. append the accepted events (with their batch id) to the events table;
+4. read the rules in force (so rule changes reach the next batch without a restart);
+   build the buckets of any newly active signature from the raw events, and drop those
+   of signatures no longer active;
+5. merge the batch's bucket deltas into the buckets table;
+6. record late events (older than the watermark: the highest eventTime of earlier
+   batches minus the allowed lateness) — they are in the buckets, but not evaluated;
+7. evaluate every other new event from the stored buckets plus its own bucket's raw
+   events, and append the alerts.
+
+Exactly once: every Delta write of a batch carries a transaction id
+(``txnAppId`` = this job and table, ``txnVersion`` = the batch id), so a batch
+replayed after a crash rewrites nothing that already committed; the de-duplication
+ignores the replayed batch's own events; alert ids are deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from velocity.delta import tables
+from velocity.delta.rule_store import RuleStore
+from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
+from velocity.settings import Settings
+from velocity.spark.evaluate import (
+    bucket_aggregates,
+    evaluate_from_state,
+    keyed_events,
+    state_rows,
+)
+from velocity.spark.ingest import parse_events, split_parsed, with_line_order, with_line_source
+
+APP_ID = "velocity-stream"
+
+
+@dataclass(frozen=True)
+class LiveTables:
+    """Where the live system's tables are, under ``<data_dir>/tables``."""
+
+    events: Path
+    quarantine: Path
+    duplicates: Path
+    late_events: Path
+    buckets: Path
+    alerts: Path
+    signatures: Path
+    rules: Path
+
+    @classmethod
+    def of(cls, settings: Settings) -> LiveTables:
+        return cls(
+            **{
+                name: settings.table_path(getattr(tables, name.upper()))
+                for name in cls.__dataclass_fields__
+            }
+        )
+
+
+LIVE_SCHEMAS = {
+    "events": tables.LIVE_EVENT_SCHEMA,
+    "quarantine": tables.QUARANTINE_SCHEMA,
+    "duplicates": tables.EVENT_SCHEMA,
+    "late_events": tables.LATE_EVENT_SCHEMA,
+    "buckets": tables.BUCKET_SCHEMA,
+    "alerts": tables.ALERT_SCHEMA,
+    "signatures": tables.SIGNATURE_SCHEMA,
+    "rules": tables.RULE_SCHEMA,
+}
+
+
+def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
+    """Create every live table that is missing (idempotent)."""
+    for name, schema in LIVE_SCHEMAS.items():
+        tables.create_if_missing(spark, getattr(live, name), schema)
+
+
+@contextmanager
+def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
+    """MERGE/UPDATE/DELETE inside are skipped by Delta if (app_id, version) already committed."""
+    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def merge_buckets(spark: SparkSession, path: Path, deltas: DataFrame) -> None:
+    """Add bucket deltas to the stored buckets (counts add, extremes widen, sets unite)."""
+    from delta.tables import DeltaTable
+
+    def added(column: str) -> Column:
+        t, s = F.col(f"t.{column}"), F.col(f"s.{column}")
+        return F.when(t.isNull(), s).when(s.isNull(), t).otherwise(t + s)
+
+    (
+        DeltaTable.forPath(spark, str(path))
+        .alias("t")
+        .merge(
+            deltas.alias("s"),
+            "t.signature_id = s.signature_id AND t.key = s.key AND t.bucket_start = s.bucket_start",
+        )
+        .whenMatchedUpdate(
+            set={
+                "event_count": F.col("t.event_count") + F.col("s.event_count"),
+                "value_count": F.col("t.value_count") + F.col("s.value_count"),
+                "value_sum": added("value_sum").cast(tables.SUM_TYPE),
+                "value_min": F.least("t.value_min", "s.value_min"),
+                "value_max": F.greatest("t.value_max", "s.value_max"),
+                "distinct_values": F.array_sort(
+                    F.array_union("t.distinct_values", "s.distinct_values")
+                ),
+            }
+        )
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+class StreamJob:
+    """The streaming job over one data dir; ``process_batch`` is its foreachBatch function."""
+
+    def __init__(self, spark: SparkSession, settings: Settings) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.live = LiveTables.of(settings)
+        self.rule_store = RuleStore(spark, self.live.rules)
+        ensure_live_tables(spark, self.live)
+
+    def _append(self, df: DataFrame, name: str, batch_id: int) -> None:
+        tables.append_once(df, getattr(self.live, name), f"{APP_ID}:{name}", batch_id)
+
+    def _read(self, name: str) -> DataFrame:
+        return tables.read_table(self.spark, getattr(self.live, name))
+
+    def process_batch(self, lines: DataFrame, batch_id: int) -> None:
+        spark = self.spark
+        settings = self.settings
+        width_ms = settings.bucket_width_ms
+        decision_time = int(time.time() * 1000)
+
+        parsed = parse_events(with_line_order(lines)).persist()
+        try:
+            ingested = split_parsed(parsed)
+            self._append(ingested.quarantine, "quarantine", batch_id)
+            earlier = self._read("events").where(F.col("stream_batch") != batch_id)
+            seen = earlier.select("transactionId")
+            fresh = ingested.events.join(seen, "transactionId", "left_anti")
+            repeated = ingested.events.join(seen, "transactionId", "left_semi")
+            self._append(ingested.duplicates.unionByName(repeated), "duplicates", batch_id)
+            self._append(
+                fresh.withColumn("stream_batch", F.lit(batch_id).cast("long")), "events", batch_id
+            )
+        finally:
+            parsed.unpersist()
+
+        events = self._read("events")
+        batch_events = events.where(F.col("stream_batch") == batch_id).persist()
+        try:
+            rules = active_rules(self.rule_store.in_force())
+            signatures = list(rules_by_signature(rules))
+            self._sync_signatures(signatures, batch_id)
+            keyed = keyed_events(batch_events, signatures).persist()
+            try:
+                with idempotent_dml(spark, f"{APP_ID}:buckets", batch_id):
+                    merge_buckets(spark, self.live.buckets, bucket_aggregates(keyed, width_ms))
+                self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
+            finally:
+                keyed.unpersist()
+        finally:
+            batch_events.unpersist()
+
+    def _sync_signatures(self, signatures: list[RuleSignature], batch_id: int) -> None:
+        """Build newly active signatures from the raw events; forget inactive ones."""
+        spark = self.spark
+        built = {r["signature_id"] for r in self._read("signatures").collect()}
+        wanted = {s.signature_id: s for s in signatures}
+        for gone in sorted(built - set(wanted)):
+            spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
+            spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
+        for signature_id in sorted(set(wanted) - built):
+            signature = wanted[signature_id]
+            history = self._read("events").where(F.col("stream_batch") < batch_id)
+            # A half-done earlier build (crash between the two commits) leaves buckets
+            # without a signature row; start from nothing so nothing counts twice.
+            spark.sql(
+                f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{signature_id}'"
+            )
+            deltas = bucket_aggregates(
+                keyed_events(history, [signature]), self.settings.bucket_width_ms
+            )
+            merge_buckets(spark, self.live.buckets, deltas)
+            record = spark.createDataFrame(
+                [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id)],
+                tables.SIGNATURE_SCHEMA,
+            )
+            tables.append_once(
+                record, self.live.signatures, f"{APP_ID}:signature:{signature_id}", batch_id
+            )
+
+    def _evaluate(
+        self,
+        events: DataFrame,
+        batch_events: DataFrame,
+        keyed: DataFrame,
+        rules: list[Rule],
+        batch_id: int,
+        decision_time: int,
+    ) -> None:
+        settings = self.settings
+        width_ms = settings.bucket_width_ms
+        newest_row = events.where(F.col("stream_batch") < batch_id).agg(F.max("eventTime")).first()
+        newest_earlier = None if newest_row is None else newest_row[0]
+        watermark = (
+            None if newest_earlier is None else newest_earlier - settings.allowed_lateness_ms
+        )
+        late_condition = F.lit(False) if watermark is None else F.col("eventTime") < watermark
+        late = batch_events.where(late_condition).select(
+            "transactionId",
+            "eventTime",
+            F.lit(watermark).cast("long").alias("watermark"),
+            F.lit(batch_id).cast("long").alias("stream_batch"),
+        )
+        self._append(late, "late_events", batch_id)
+
+        targets = keyed.where(~late_condition)
+        bounds = targets.agg(F.min("eventTime"), F.max("eventTime")).first()
+        if bounds is None or bounds[0] is None:
+            self._append(self.spark.createDataFrame([], tables.ALERT_SCHEMA), "alerts", batch_id)
+            return
+        first_time, last_time = int(bounds[0]), int(bounds[1])
+        widest_ms = max(r.window_ms for r in rules)
+        target_keys = targets.select("signature_id", "key").distinct()
+        stored = (
+            self._read("buckets")
+            .where(F.col("bucket_start") >= first_time - widest_ms - width_ms)
+            .where(F.col("bucket_start") <= last_time)
+            .join(target_keys, ["signature_id", "key"], "left_semi")
+        )
+        own_from = first_time - first_time % width_ms
+        recent = events.where(F.col("eventTime").between(own_from, last_time))
+        own_events = keyed_events(recent, rules_by_signature(rules)).join(
+            target_keys, ["signature_id", "key"], "left_semi"
+        )
+        alerts = evaluate_from_state(
+            state_rows(stored, own_events, targets),
+            rules,
+            width_ms,
+            decision_time,
+            settings.spark_shuffle_partitions,
+        )
+        self._append(alerts, "alerts", batch_id)
+
+    def start(
+        self, events_dir: Path, available_now: bool, max_files_per_trigger: int | None = None
+    ) -> StreamingQuery:
+        """Start the query over ``events_dir``; its checkpoint lives in the data dir."""
+        reader = self.spark.readStream.format("text")
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        lines = with_line_source(reader.load(str(events_dir)))
+        writer = (
+            lines.writeStream.foreachBatch(self.process_batch)
+            .option("checkpointLocation", str(self.settings.data_dir / "checkpoints" / "stream"))
+            .queryName("velocity-stream")
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime="0 seconds")
+        )
+        return writer.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,10 +11,29 @@ import pytest
 from velocity.settings import Settings, load_settings
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
-def spark_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server (Debian's, 7.0) for the whole run, on a free loopback port."""
+    from velocity.redis.server import redis_down, redis_up
+
+    url = f"redis://:test-secret@127.0.0.1:{free_port()}/0"
+    settings = load_settings(data_dir=tmp_path_factory.mktemp("redis-home"), redis_url=url)
+    redis_up(settings)
+    yield url
+    redis_down(settings)
+
+
+@pytest.fixture(scope="session")
+def spark_settings(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Settings:
     return load_settings(
         data_dir=tmp_path_factory.mktemp("velocity-data"),
+        redis_url=redis_url,
         spark_master="local[2]",
         spark_shuffle_partitions=2,
         spark_driver_memory="2g",
@@ -32,5 +52,9 @@ def spark(spark_settings: Settings) -> Iterator[object]:
 
 @pytest.fixture
 def data_settings(tmp_path: Path, spark_settings: Settings) -> Settings:
-    """Settings whose data dir is this test's own, so tests never share Delta state."""
+    """Settings whose data dir is this test's own, so tests never share Delta state, and an
+    empty Redis (the session's server, flushed)."""
+    import redis
+
+    redis.Redis.from_url(spark_settings.redis_url).flushall()
     return spark_settings.model_copy(update={"data_dir": tmp_path / "data"})

@@ -61,3 +61,17 @@ def alert_record(
         "windowEnd": decision.event.event_time,
         "decisionTime": decision_time,
     }
+
+
+ALERT_FIELDS: tuple[str, ...] = (
+    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
+    "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit",
+    "windowStart", "windowEnd", "decisionTime",
+)  # fmt: skip
+
+
+def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The SPEC §4 record of a stored alert row (its key may be a map or key/value pairs)."""
+    record = {name: row[name] for name in ALERT_FIELDS}
+    record["key"] = dict(row["key"])
+    return record

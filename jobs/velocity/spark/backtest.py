@@ -17,6 +17,7 @@ from pathlib import Path
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
+from velocity.alerts import record_of_stored
 from velocity.delta import tables
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
@@ -45,14 +46,6 @@ def backtest_root(settings: Settings) -> Path:
     return settings.data_dir / "backtest"
 
 
-def _alert_json(row: dict[str, object]) -> str:
-    record = {
-        name: row[name] for name in tables.ALERT_SCHEMA.fieldNames() if name != "signature_id"
-    }
-    record["key"] = dict(row["key"])  # type: ignore[call-overload]
-    return json.dumps(record, separators=(",", ":"))
-
-
 def write_alerts_jsonl(alerts: DataFrame, out: Path) -> int:
     """Alerts as SPEC §4 JSON lines, by (eventTime, ruleId, transactionId); returns the count."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +54,7 @@ def write_alerts_jsonl(alerts: DataFrame, out: Path) -> int:
     tmp = out.with_name(f".{out.name}.tmp")
     with tmp.open("w", encoding="utf-8") as handle:
         for row in ordered.toLocalIterator(prefetchPartitions=True):
-            handle.write(_alert_json(row.asDict()))
+            handle.write(json.dumps(record_of_stored(row.asDict()), separators=(",", ":")))
             handle.write("\n")
             count += 1
     tmp.replace(out)

@@ -34,8 +34,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from velocity.alerts import record_of_stored
 from velocity.delta import tables
 from velocity.delta.rule_store import RuleStore
+from velocity.redis import mirror
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
@@ -47,6 +49,8 @@ from velocity.spark.evaluate import (
 from velocity.spark.ingest import parse_events, split_parsed, with_line_order, with_line_source
 
 APP_ID = "velocity-stream"
+# Names the data dir whose buckets Redis mirrors; gone after a flush, so a start rebuilds.
+MIRROR_MARKER = "velocity:mirror"
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,39 @@ class StreamJob:
         self.live = LiveTables.of(settings)
         self.rule_store = RuleStore(spark, self.live.rules)
         ensure_live_tables(spark, self.live)
+        self.redis = mirror.connect(settings)
+        mirror.load_functions(self.redis)
+
+    def mirror_is_current(self) -> bool:
+        """True when Redis holds this data dir's mirror (false after a flush or a new Redis)."""
+        return self.redis.get(MIRROR_MARKER) == str(self.settings.data_dir)
+
+    def rebuild_mirror(self) -> int:
+        """Refill Redis from Delta: rules in force and every bucket inside the horizon.
+
+        Idempotent (absolute values); returns the number of buckets written.
+        """
+        rules = active_rules(self.rule_store.in_force())
+        mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
+        buckets = self._buckets_in_horizon(rules)
+        written = buckets.count()
+        self._mirror_buckets(buckets, rules)
+        self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
+        return written
+
+    def _buckets_in_horizon(self, rules: list[Rule]) -> DataFrame:
+        """Buckets the mirror holds: within the widest window + lateness + one bucket of
+        the newest bucket (the "widest window" state of the Flink design)."""
+        buckets = self._read("buckets")
+        newest = buckets.agg(F.max("bucket_start")).first()
+        if newest is None or newest[0] is None or not rules:
+            return buckets.limit(0)
+        horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
+        return buckets.where(F.col("bucket_start") >= int(newest[0]) - horizon_ms)
+
+    def _mirror_buckets(self, buckets: DataFrame, rules: list[Rule]) -> None:
+        ttl = mirror.horizon_seconds(rules, self.settings)
+        buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl))
 
     def _append(self, df: DataFrame, name: str, batch_id: int) -> None:
         tables.append_once(df, getattr(self.live, name), f"{APP_ID}:{name}", batch_id)
@@ -175,19 +212,29 @@ class StreamJob:
         batch_events = events.where(F.col("stream_batch") == batch_id).persist()
         try:
             rules = active_rules(self.rule_store.in_force())
+            mirror.publish_rules(self.redis, rules, width_ms)
             signatures = list(rules_by_signature(rules))
-            self._sync_signatures(signatures, batch_id)
+            self._sync_signatures(signatures, rules, batch_id)
             keyed = keyed_events(batch_events, signatures).persist()
+            deltas = bucket_aggregates(keyed, width_ms).persist()
             try:
                 with idempotent_dml(spark, f"{APP_ID}:buckets", batch_id):
-                    merge_buckets(spark, self.live.buckets, bucket_aggregates(keyed, width_ms))
+                    merge_buckets(spark, self.live.buckets, deltas)
+                slots = deltas.select("signature_id", "key", "bucket_start")
+                changed = self._read("buckets").join(
+                    slots, ["signature_id", "key", "bucket_start"], "left_semi"
+                )
+                self._mirror_buckets(changed, rules)
                 self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
             finally:
+                deltas.unpersist()
                 keyed.unpersist()
         finally:
             batch_events.unpersist()
 
-    def _sync_signatures(self, signatures: list[RuleSignature], batch_id: int) -> None:
+    def _sync_signatures(
+        self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int
+    ) -> None:
         """Build newly active signatures from the raw events; forget inactive ones."""
         spark = self.spark
         built = {r["signature_id"] for r in self._read("signatures").collect()}
@@ -214,6 +261,8 @@ class StreamJob:
             tables.append_once(
                 record, self.live.signatures, f"{APP_ID}:signature:{signature_id}", batch_id
             )
+            built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
+            self._mirror_buckets(built_now, rules)
 
     def _evaluate(
         self,
@@ -265,13 +314,25 @@ class StreamJob:
             width_ms,
             decision_time,
             settings.spark_shuffle_partitions,
-        )
-        self._append(alerts, "alerts", batch_id)
+        ).persist()
+        try:
+            self._append(alerts, "alerts", batch_id)
+            # Alerts of one batch are few (they are decisions, not events): publish from here.
+            records = [record_of_stored(r.asDict()) for r in alerts.collect()]
+        finally:
+            alerts.unpersist()
+        records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"]))
+        mirror.publish_alerts(self.redis, settings.redis_alert_stream, batch_id, records)
 
     def start(
         self, events_dir: Path, available_now: bool, max_files_per_trigger: int | None = None
     ) -> StreamingQuery:
-        """Start the query over ``events_dir``; its checkpoint lives in the data dir."""
+        """Start the query over ``events_dir``; its checkpoint lives in the data dir.
+
+        Refills the Redis mirror from Delta first when Redis does not hold it.
+        """
+        if not self.mirror_is_current():
+            self.rebuild_mirror()
         reader = self.spark.readStream.format("text")
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)

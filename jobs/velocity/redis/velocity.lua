@@ -1,0 +1,162 @@
+#!lua name=velocity
+-- Velocity's Redis Functions (Redis 7.0+). Loaded by `velocity` with FUNCTION LOAD REPLACE.
+--
+-- A (signature, key) is one hash; each field is a bucket start (epoch ms) and each value a
+-- JSON array [event_count, value_count, sum, min, max, [distinct values]] with sum, min and
+-- max as exact decimal strings (or null). Decimals are added and compared as digit strings
+-- so no amount is ever rounded through a double.
+
+local function split(s)
+  local int, frac = string.match(s, "^(%d+)%.?(%d*)$")
+  return int, frac
+end
+
+local function normalize(int, frac)
+  int = string.gsub(int, "^0+", "")
+  if int == "" then int = "0" end
+  frac = string.gsub(frac, "0+$", "")
+  if frac == "" then return int end
+  return int .. "." .. frac
+end
+
+-- a + b for non-negative decimal strings (amounts are never negative).
+local function dec_add(a, b)
+  local ai, af = split(a)
+  local bi, bf = split(b)
+  local scale = math.max(#af, #bf)
+  local x = ai .. af .. string.rep("0", scale - #af)
+  local y = bi .. bf .. string.rep("0", scale - #bf)
+  local n = math.max(#x, #y)
+  x = string.rep("0", n - #x) .. x
+  y = string.rep("0", n - #y) .. y
+  local out, carry = {}, 0
+  for k = n, 1, -1 do
+    local d = string.byte(x, k) + string.byte(y, k) - 96 + carry
+    out[k] = d % 10
+    carry = (d - d % 10) / 10
+  end
+  local digits = table.concat(out)
+  if carry > 0 then digits = carry .. digits end
+  return normalize(string.sub(digits, 1, #digits - scale), string.sub(digits, #digits - scale + 1))
+end
+
+-- -1, 0 or 1 as a <, =, > b for non-negative decimal strings.
+local function dec_cmp(a, b)
+  local ai, af = split(a)
+  local bi, bf = split(b)
+  ai = string.gsub(ai, "^0+", "")
+  bi = string.gsub(bi, "^0+", "")
+  if #ai ~= #bi then return #ai < #bi and -1 or 1 end
+  if ai ~= bi then return ai < bi and -1 or 1 end
+  local scale = math.max(#af, #bf)
+  af = af .. string.rep("0", scale - #af)
+  bf = bf .. string.rep("0", scale - #bf)
+  if af == bf then return 0 end
+  return af < bf and -1 or 1
+end
+
+-- a / n rounded half-even to `places` decimals (a a decimal string, n a positive integer).
+local function dec_div(a, n, places)
+  local ai, af = split(a)
+  -- sums of amounts carry at most 8 places, so padding to `places` = 8 drops nothing
+  local digits = ai .. string.sub(af .. string.rep("0", places), 1, places)
+  local q, r = {}, 0
+  for k = 1, #digits do
+    r = r * 10 + string.byte(digits, k) - 48
+    local d = math.floor(r / n)
+    q[k] = d
+    r = r - d * n
+  end
+  local quotient = table.concat(q)
+  local last = tonumber(string.sub(quotient, -1))
+  if 2 * r > n or (2 * r == n and last % 2 == 1) then
+    quotient = dec_add(quotient, "1")
+  end
+  quotient = string.rep("0", places + 1 - #quotient) .. quotient
+  return normalize(string.sub(quotient, 1, #quotient - places), string.sub(quotient, #quotient - places + 1))
+end
+
+local function floor_to(v, width)
+  return v - (v % width)
+end
+
+-- FCALL velocity_window 1 <bucket hash> <aggregator> <window ms> <bucket ms> [at ms]
+-- The aggregate of the buckets whose start lies in [floor_g(T - W), T], T = at or now.
+local function velocity_window(keys, args)
+  local aggregator = string.upper(args[1])
+  local window_ms = tonumber(args[2])
+  local bucket_ms = tonumber(args[3])
+  local at = tonumber(args[4] or "")
+  if at == nil then
+    local now = redis.call("TIME")
+    at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  end
+  local lower = floor_to(at - window_ms, bucket_ms)
+  local count, value_count, sum, min, max = 0, 0, nil, nil, nil
+  local distinct, distinct_count = {}, 0
+  local fields = redis.call("HGETALL", keys[1])
+  for i = 1, #fields, 2 do
+    local start = tonumber(fields[i])
+    if start >= lower and start <= at then
+      local b = cjson.decode(fields[i + 1])
+      count = count + b[1]
+      value_count = value_count + b[2]
+      if b[3] ~= cjson.null then
+        sum = sum and dec_add(sum, b[3]) or b[3]
+        if min == nil or dec_cmp(b[4], min) < 0 then min = b[4] end
+        if max == nil or dec_cmp(b[5], max) > 0 then max = b[5] end
+      end
+      if aggregator == "UNIQUE_COUNT" then
+        for _, v in ipairs(b[6]) do
+          if not distinct[v] then
+            distinct[v] = true
+            distinct_count = distinct_count + 1
+          end
+        end
+      end
+    end
+  end
+  local value = cjson.null
+  if aggregator == "COUNT" then
+    value = tostring(count)
+  elseif aggregator == "UNIQUE_COUNT" then
+    value = tostring(distinct_count)
+  elseif aggregator == "SUM" and sum then
+    value = normalize(split(sum))
+  elseif aggregator == "MIN" and min then
+    value = normalize(split(min))
+  elseif aggregator == "MAX" and max then
+    value = normalize(split(max))
+  elseif aggregator == "AVG" and sum and value_count > 0 then
+    value = dec_div(sum, value_count, 8)
+  end
+  return cjson.encode({
+    aggregateValue = value,
+    windowStart = lower,
+    windowEnd = at,
+    eventCount = count,
+  })
+end
+
+-- FCALL velocity_publish 1 <alert stream> <batch> <maxlen> <alert json> ...
+-- Appends the alerts of one micro-batch once: a batch not newer than the stream's last
+-- entry was published already (the whole call is atomic), so a replay adds nothing.
+local function velocity_publish(keys, args)
+  local batch = tonumber(args[1])
+  local maxlen = args[2]
+  local last = redis.call("XREVRANGE", keys[1], "+", "-", "COUNT", 1)
+  if #last > 0 then
+    local entry = last[1][2]
+    for i = 1, #entry, 2 do
+      if entry[i] == "batch" and tonumber(entry[i + 1]) >= batch then return 0 end
+    end
+  end
+  for i = 3, #args do
+    redis.call("XADD", keys[1], "MAXLEN", "~", maxlen, "*", "alert", args[i], "batch", args[1])
+  end
+  return #args - 2
+end
+
+redis.register_function{function_name = "velocity_window", callback = velocity_window,
+                        flags = {"no-writes"}}
+redis.register_function("velocity_publish", velocity_publish)

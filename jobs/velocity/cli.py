@@ -262,6 +262,74 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _parse_key(text: str) -> dict[str, str]:
+    """``field=value[,field=value]`` with each value canonical (``12`` and ``"12"`` agree)."""
+    from velocity.schema import FIELDS_BY_NAME, RULE_FIELDS, canonical_value
+
+    key: dict[str, str] = {}
+    for part in filter(None, text.split(",")):
+        name, sep, value = part.partition("=")
+        if not sep or name not in FIELDS_BY_NAME or name not in RULE_FIELDS:
+            raise UsageError(
+                f"--key part {part!r} must be field=value with a field of {RULE_FIELDS}"
+            )
+        try:
+            canonical = canonical_value(name, value)
+        except ValueError as exc:
+            raise UsageError(f"--key {name}: {exc}") from exc
+        if canonical is None:
+            raise UsageError(f"--key {name} has an empty value")
+        key[name] = canonical
+    return key
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    from velocity.redis import mirror
+
+    client = mirror.connect(_settings(args))
+    try:
+        result = mirror.lookup(client, args.rule, _parse_key(args.key), args.at)
+    except KeyError as exc:
+        raise UsageError(f"--key: {exc.args[0]}") from exc
+    print(json.dumps(result))
+    return EXIT_OK
+
+
+def _stream_job(settings: Settings) -> Any:
+    from velocity.spark.stream import StreamJob
+
+    return StreamJob(_spark(settings, "velocity-mirror"), settings)
+
+
+def cmd_mirror_rebuild(args: argparse.Namespace) -> int:
+    written = _stream_job(_settings(args)).rebuild_mirror()
+    print(f"mirror rebuilt from Delta: {written} buckets written to Redis")
+    return EXIT_OK
+
+
+def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
+    job = _stream_job(_settings(args))
+    drift = job.reconcile_mirror()
+    print(
+        f"checked {drift.checked} buckets: {len(drift.missing)} missing in Redis, "
+        f"{len(drift.different)} different, {len(drift.extra)} only in Redis"
+    )
+    for label, slots in (
+        ("missing", drift.missing),
+        ("different", drift.different),
+        ("extra", drift.extra),
+    ):
+        for signature_id, key, start in slots[:20]:
+            print(f"  {label}: signature {signature_id} key {key} bucket {start}")
+    if drift.clean:
+        return EXIT_OK
+    if args.repair:
+        written = job.repair_mirror(drift)
+        print(f"repaired: {written} buckets rewritten from Delta, {len(drift.extra)} removed")
+        return EXIT_OK
+    return EXIT_FAILURE
+
+
 # --- parser -------------------------------------------------------------------------------
 
 
@@ -339,6 +407,25 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.add_argument("--out", required=True)
     alerts.add_argument("--kind", choices=["ALERT", "CORRECTION", "RETRACTION"], type=str.upper)
     alerts.set_defaults(run=cmd_alerts)
+
+    lookup = sub.add_parser("lookup", help="a rule's window aggregate for a key, from Redis")
+    lookup.add_argument("--rule", type=int, required=True, metavar="ID")
+    lookup.add_argument("--key", required=True, help="field=value[,field=value]")
+    lookup.add_argument("--at", type=int, default=None, help="as of this time (epoch ms)")
+    lookup.set_defaults(run=cmd_lookup)
+
+    mirror_cmd = sub.add_parser("mirror", help="the Redis mirror of the Delta buckets")
+    mirror_sub = mirror_cmd.add_subparsers(
+        dest="mirror_command", required=True, parser_class=_Parser
+    )
+    mirror_sub.add_parser("rebuild", help="refill Redis from Delta").set_defaults(
+        run=cmd_mirror_rebuild
+    )
+    reconcile = mirror_sub.add_parser(
+        "reconcile", help="compare Redis with Delta; exit 1 on drift unless --repair"
+    )
+    reconcile.add_argument("--repair", action="store_true", help="rewrite Redis from Delta")
+    reconcile.set_defaults(run=cmd_mirror_reconcile)
     return parser
 
 

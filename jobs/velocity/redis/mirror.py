@@ -100,6 +100,14 @@ def bucket_rows_writer(settings: Settings, ttl_seconds: int) -> Any:
     return write
 
 
+def remove_buckets(client: redis.Redis, slots: Iterable[tuple[str, str, int]]) -> None:
+    """HDEL the given (signature, key, bucket start) fields."""
+    pipe = client.pipeline(transaction=False)
+    for signature_id, key, start in slots:
+        pipe.hdel(bucket_hash_key(signature_id, key), str(start))
+    pipe.execute()
+
+
 def publish_alerts(
     client: redis.Redis, stream: str, batch_id: int, alerts: Sequence[Mapping[str, Any]]
 ) -> int:

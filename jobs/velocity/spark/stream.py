@@ -167,6 +167,18 @@ class StreamJob:
         self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
         return written
 
+    def reconcile_mirror(self) -> mirror.Drift:
+        """Compare Redis with the Delta buckets inside the horizon (reads only)."""
+        rules = active_rules(self.rule_store.in_force())
+        rows = self._buckets_in_horizon(rules).orderBy("signature_id", "key")
+        return mirror.compare_buckets(self.redis, (r.asDict() for r in rows.toLocalIterator()))
+
+    def repair_mirror(self, drift: mirror.Drift) -> int:
+        """Rewrite Redis from Delta and drop the buckets only Redis had; returns buckets written."""
+        written = self.rebuild_mirror()
+        mirror.remove_buckets(self.redis, drift.extra)
+        return written
+
     def _buckets_in_horizon(self, rules: list[Rule]) -> DataFrame:
         """Buckets the mirror holds: within the widest window + lateness + one bucket of
         the newest bucket (the "widest window" state of the Flink design)."""

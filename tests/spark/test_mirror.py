@@ -1,0 +1,215 @@
+"""The Redis mirror on a real redis-server: lookups, the alert stream, rebuild and reconcile."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import redis
+
+from velocity.buckets import bucket_start, merge_all, window_start
+from velocity.delta import tables
+from velocity.generate import GenerateOptions, generate_events
+from velocity.redis import mirror
+from velocity.redis.keys import bucket_hash_key, rule_entry_key
+from velocity.rules import Rule, parse_rules
+from velocity.settings import Settings
+from velocity.spark.stream import LiveTables, StreamJob
+from velocity.windows import aggregate_value, format_aggregate
+
+pytestmark = [pytest.mark.spark, pytest.mark.redis]
+
+RULES = [
+    {
+        "ruleId": 1,
+        "groupingKeyNames": ["payerId", "beneficiaryId"],
+        "aggregatorFunctionType": "SUM",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": ">",
+        "limit": 20000,
+        "windowMinutes": 30,
+        "filter": {"paymentType": "CRD"},
+    },
+    {
+        "ruleId": 2,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT",
+        "limitOperatorType": ">=",
+        "limit": 4,
+        "windowMinutes": 10,
+    },
+    {
+        "ruleId": 3,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "UNIQUE_COUNT",
+        "aggregateFieldName": "ip",
+        "limitOperatorType": ">",
+        "limit": 2,
+        "windowMinutes": 15,
+    },
+    {
+        "ruleId": 4,
+        "groupingKeyNames": ["beneficiaryId"],
+        "aggregatorFunctionType": "AVG",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": ">",
+        "limit": 3000,
+        "windowMinutes": 5,
+    },
+    {
+        "ruleId": 5,
+        "groupingKeyNames": [],
+        "aggregatorFunctionType": "MAX",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": ">=",
+        "limit": 90000,
+        "windowMinutes": 2,
+    },
+    {
+        "ruleId": 6,
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "MIN",
+        "aggregateFieldName": "paymentAmount",
+        "limitOperatorType": "<",
+        "limit": 5,
+        "windowMinutes": 20,
+    },
+]
+
+
+def rules() -> list[Rule]:
+    entries = parse_rules(json.dumps([{"ruleState": "ACTIVE", **r} for r in RULES]))
+    return [e for e in entries if isinstance(e, Rule)]
+
+
+@pytest.fixture(scope="module")
+def streamed(
+    spark, spark_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> StreamJob:
+    """One streamed data dir for the module (the flush test runs last, it empties Redis)."""
+    tmp_path = tmp_path_factory.mktemp("mirror")
+    redis.Redis.from_url(spark_settings.redis_url).flushall()
+    data_settings = spark_settings.model_copy(update={"data_dir": tmp_path / "data"})
+    events = tmp_path / "events"
+    generate_events(
+        events,
+        GenerateOptions(
+            events=1500,
+            rate=2.0,
+            payers=15,
+            files=3,
+            spike_fraction=0.05,
+            late_fraction=0.0,
+            seed=5,
+        ),
+    )
+    for order, path in enumerate(sorted(events.glob("*.jsonl"))):
+        os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply(rules())
+    query = job.start(events, available_now=True, max_files_per_trigger=1)
+    query.awaitTermination()
+    job.events_dir = events  # type: ignore[attr-defined]
+    return job
+
+
+def test_lookup_equals_the_delta_buckets(spark, streamed: StreamJob) -> None:
+    client = streamed.redis
+    width = streamed.settings.bucket_width_ms
+    buckets = tables.read_table(spark, LiveTables.of(streamed.settings).buckets).collect()
+    by_hash: dict[tuple[str, str], dict[int, object]] = {}
+    for row in buckets:
+        by_hash.setdefault((row["signature_id"], row["key"]), {})[row["bucket_start"]] = (
+            mirror.bucket_of_row(row.asDict())
+        )
+    checked = 0
+    for rule in streamed.rule_store.in_force():
+        signature = rule.signature
+        hashes = [k for k in by_hash if k[0] == signature.signature_id]
+        assert hashes, f"rule {rule.rule_id} has buckets"
+        for _, key in hashes[:5]:
+            values = dict(zip(signature.grouping_keys, json.loads(key), strict=True))
+            stored = by_hash[(signature.signature_id, key)]
+            for start in sorted(stored)[:: max(1, len(stored) // 4)]:
+                for at in (start, start + width - 1, start + rule.window_ms):
+                    lower = window_start(at, rule.window_ms, width)
+                    window = merge_all(
+                        b
+                        for s, b in stored.items()
+                        if lower <= s <= at  # type: ignore[misc]
+                    )
+                    value = aggregate_value(window, rule.aggregator)
+                    expected = None if value is None else format_aggregate(value)
+                    got = mirror.lookup(client, rule.rule_id, values, at)
+                    assert got == {
+                        "ruleId": rule.rule_id,
+                        "key": {n: values[n] for n in rule.signature.grouping_keys},
+                        "aggregateValue": expected,
+                        "windowStart": lower,
+                        "windowEnd": at,
+                    }, (rule.rule_id, key, at)
+                    checked += 1
+    assert checked > 50
+    assert bucket_start(0, width) == 0
+
+
+def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: StreamJob) -> None:
+    client = streamed.redis
+    stream = streamed.settings.redis_alert_stream
+    entries = client.xrange(stream)
+    published = [json.loads(fields["alert"]) for _, fields in entries]
+    stored = tables.read_table(spark, LiveTables.of(streamed.settings).alerts).collect()
+    assert published and sorted(a["alertId"] for a in published) == sorted(
+        r["alertId"] for r in stored
+    )
+    assert set(published[0]) == {
+        "alertId",
+        "kind",
+        "ruleId",
+        "ruleVersion",
+        "transactionId",
+        "key",
+        "eventTime",
+        "aggregatorFunctionType",
+        "aggregateValue",
+        "limitOperatorType",
+        "limit",
+        "windowStart",
+        "windowEnd",
+        "decisionTime",
+    }
+    # The same batch published again (a replay after a crash) adds nothing.
+    assert mirror.publish_alerts(client, stream, 0, published[:3]) == 0
+    assert client.xlen(stream) == len(entries)
+
+
+def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
+    client: redis.Redis = streamed.redis
+    assert streamed.reconcile_mirror().clean
+    checked = streamed.reconcile_mirror().checked
+    assert checked > 0
+
+    client.flushall()
+    assert not streamed.mirror_is_current()
+    mirror.load_functions(client)
+    query = streamed.start(streamed.events_dir, available_now=True)  # type: ignore[attr-defined]
+    query.awaitTermination()
+    assert streamed.mirror_is_current()
+    assert client.exists(rule_entry_key(1))
+    drift = streamed.reconcile_mirror()
+    assert drift.clean and drift.checked == checked
+
+    row = tables.read_table(spark, LiveTables.of(streamed.settings).buckets).first()
+    name = bucket_hash_key(row["signature_id"], row["key"])
+    client.hset(name, str(row["bucket_start"]), "[999,0,null,null,null,[]]")
+    client.hset(name, "1", "[1,0,null,null,null,[]]")
+    drift = streamed.reconcile_mirror()
+    assert drift.different == [(row["signature_id"], row["key"], row["bucket_start"])]
+    assert drift.extra == [(row["signature_id"], row["key"], 1)]
+    client.delete(name)
+    assert len(streamed.reconcile_mirror().missing) >= 1
+
+    client.hset(name, "1", "[1,0,null,null,null,[]]")
+    streamed.repair_mirror(streamed.reconcile_mirror())
+    assert streamed.reconcile_mirror().clean

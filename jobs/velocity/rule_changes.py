@@ -1,7 +1,7 @@
 """How applying rule entries changes the versioned rules (pure; the Delta store writes the result).
 
 Invariants: versions of one ruleId count up from 1 without gaps, across deletes
-and re-creations; an entry that cannot apply (a PAUSE or DELETE of a rule not in
+and re-creations; an entry equal to the latest version writes nothing; an entry that cannot apply (a PAUSE or DELETE of a rule not in
 force) raises before anything is planned, so a file applies whole or not at all.
 """
 
@@ -43,7 +43,12 @@ def plan_changes(
     result = ApplyResult()
 
     def put(rule: Rule) -> None:
-        version = latest[rule.rule_id].version + 1 if rule.rule_id in latest else 1
+        current = latest.get(rule.rule_id)
+        if current is not None and current.with_version(0) == rule.with_version(0):
+            # Applying what is already in force changes nothing (a rerun of the same file
+            # keeps versions, and with them alert ids, stable).
+            return
+        version = current.version + 1 if current is not None else 1
         new = rule.with_version(version)
         latest[rule.rule_id] = new
         if new.state is RuleState.DELETE:

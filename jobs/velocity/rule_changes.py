@@ -1,8 +1,9 @@
 """How applying rule entries changes the versioned rules (pure; the Delta store writes the result).
 
 Invariants: versions of one ruleId count up from 1 without gaps, across deletes
-and re-creations; an entry equal to the latest version writes nothing; an entry that cannot apply (a PAUSE or DELETE of a rule not in
-force) raises before anything is planned, so a file applies whole or not at all.
+and re-creations; an entry equal to the latest version writes nothing; an entry
+that cannot apply (a PAUSE or DELETE of a rule not in force) raises before anything
+is planned, so a file applies whole or not at all.
 """
 
 from __future__ import annotations

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     allowed_lateness_seconds: int = Field(
         default=300, ge=0, description="Watermark = highest eventTime seen minus this."
     )
+    eviction_every_batches: int = Field(
+        default=10,
+        ge=1,
+        description="The stream deletes Delta buckets older than the horizon every N batches.",
+    )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_shuffle_partitions: int = Field(
         default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."

@@ -158,3 +158,56 @@ def test_rules_change_between_batches_and_new_rule_sees_history(
     expected = backtest_pairs(spark, data_settings, rule4_v1, three, tmp_path / "bt4.jsonl")
     expected_batch3 = {pair: v for pair, v in expected.items() if pair[1] in batch3}
     assert {pair: v for pair, v in streamed.items() if pair[0] == 4} == expected_batch3
+
+
+def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(
+    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
+) -> None:
+    import redis
+
+    from velocity.redis.keys import parse_bucket_value
+
+    settings = data_settings.model_copy(update={"eviction_every_batches": 1})
+    job = StreamJob(spark, settings)
+    narrow = {
+        "ruleId": 1,
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT",
+        "limitOperatorType": ">",
+        "limit": 3,
+        "windowMinutes": 1,
+    }
+    wide = {**narrow, "ruleId": 2, "windowMinutes": 60}
+    job.rule_store.apply(parse_rules(json.dumps([narrow, wide])))
+    arriving = tmp_path / "arriving"
+    arriving.mkdir()
+    files = sorted(in_order_events.glob("*.jsonl"))
+    for order, path in enumerate(files[:3]):
+        land(path, arriving, order)
+    run_available_now(job, arriving)
+
+    live = LiveTables.of(settings)
+    newest = tables.read_table(spark, live.events).agg({"eventTime": "max"}).first()[0]
+
+    def oldest_bucket() -> int:
+        return tables.read_table(spark, live.buckets).agg({"bucket_start": "min"}).first()[0]
+
+    lateness, width = settings.allowed_lateness_ms, settings.bucket_width_ms
+    assert oldest_bucket() < newest - (60_000 + lateness + width), "wide rule keeps history"
+
+    job.rule_store.apply([StateChange(2, RuleState.DELETE)])
+    land(files[3], arriving, 3)
+    run_available_now(job, arriving)
+    newest = tables.read_table(spark, live.events).agg({"eventTime": "max"}).first()[0]
+    cutoff = newest - ((60_000 + lateness + width) // 1000 + 1) * 1000
+    assert oldest_bucket() >= cutoff, "only the narrow rule's horizon is left in Delta"
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    touched = 0
+    for name in client.scan_iter(match="velocity:{*}:buckets"):
+        starts = [int(s) for s in client.hkeys(name)]
+        assert all(parse_bucket_value(v).count > 0 for v in client.hvals(name))
+        if client.ttl(name) > 0 and max(starts) >= newest - width:
+            touched += 1
+            assert min(starts) >= cutoff, name
+    assert touched > 0

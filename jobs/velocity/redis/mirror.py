@@ -71,15 +71,24 @@ def bucket_of_row(row: Mapping[str, Any]) -> BucketAggregate:
 
 
 def write_bucket_rows(
-    client: redis.Redis, rows: Iterable[Mapping[str, Any]], ttl_seconds: int
+    client: redis.Redis,
+    rows: Iterable[Mapping[str, Any]],
+    ttl_seconds: int,
+    evict_before: int | None = None,
 ) -> int:
-    """HSET each bucket's absolute value and refresh its hash's TTL; returns rows written."""
+    """HSET each bucket's absolute value and refresh its hash's TTL; returns rows written.
+
+    With ``evict_before``, each written hash also drops its buckets older than that, so a
+    busy key never outgrows the horizon (an idle one expires whole by its TTL).
+    """
     written = 0
     pipe = client.pipeline(transaction=False)
     for row in rows:
         name = bucket_hash_key(row["signature_id"], row["key"])
         pipe.hset(name, str(row["bucket_start"]), bucket_value(bucket_of_row(row)))
         pipe.expire(name, ttl_seconds)
+        if evict_before is not None:
+            pipe.fcall("velocity_evict", 1, name, str(evict_before))
         written += 1
         if written % _PIPELINE_CHUNK == 0:
             pipe.execute()
@@ -87,13 +96,15 @@ def write_bucket_rows(
     return written
 
 
-def bucket_rows_writer(settings: Settings, ttl_seconds: int) -> Any:
+def bucket_rows_writer(
+    settings: Settings, ttl_seconds: int, evict_before: int | None = None
+) -> Any:
     """A ``foreachPartition`` function: each Spark task writes its buckets itself."""
 
     def write(rows: Iterable[Any]) -> None:
         client = connect(settings)
         try:
-            write_bucket_rows(client, (r.asDict() for r in rows), ttl_seconds)
+            write_bucket_rows(client, (r.asDict() for r in rows), ttl_seconds, evict_before)
         finally:
             client.close()
 

@@ -157,6 +157,22 @@ local function velocity_publish(keys, args)
   return #args - 2
 end
 
+-- FCALL velocity_evict 1 <bucket hash> <cutoff ms>
+-- Drops the buckets that start before the cutoff; returns how many were dropped.
+local function velocity_evict(keys, args)
+  local cutoff = tonumber(args[1])
+  local dropped = 0
+  local starts = redis.call("HKEYS", keys[1])
+  for _, start in ipairs(starts) do
+    if tonumber(start) < cutoff then
+      redis.call("HDEL", keys[1], start)
+      dropped = dropped + 1
+    end
+  end
+  return dropped
+end
+
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
 redis.register_function("velocity_publish", velocity_publish)
+redis.register_function("velocity_evict", velocity_evict)

@@ -189,9 +189,22 @@ class StreamJob:
         horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
         return buckets.where(F.col("bucket_start") >= int(newest[0]) - horizon_ms)
 
-    def _mirror_buckets(self, buckets: DataFrame, rules: list[Rule]) -> None:
+    def _mirror_buckets(
+        self, buckets: DataFrame, rules: list[Rule], evict_before: int | None = None
+    ) -> None:
         ttl = mirror.horizon_seconds(rules, self.settings)
-        buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl))
+        buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl, evict_before))
+
+    def evict(self, rules: list[Rule], newest_event_time: int) -> int:
+        """Delete Delta buckets that start before the horizon; returns that cutoff.
+
+        The horizon is the widest active window + allowed lateness + one bucket behind
+        the newest eventTime: no window of a non-late event reaches below it, and it
+        shrinks when the widest rule goes. Idempotent.
+        """
+        cutoff = newest_event_time - mirror.horizon_seconds(rules, self.settings) * 1000
+        self.spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE bucket_start < {cutoff}")
+        return cutoff
 
     def _append(self, df: DataFrame, name: str, batch_id: int) -> None:
         tables.append_once(df, getattr(self.live, name), f"{APP_ID}:{name}", batch_id)
@@ -236,7 +249,14 @@ class StreamJob:
                 changed = self._read("buckets").join(
                     slots, ["signature_id", "key", "bucket_start"], "left_semi"
                 )
-                self._mirror_buckets(changed, rules)
+                newest = events.agg(F.max("eventTime")).first()
+                cutoff = None
+                if newest is not None and newest[0] is not None and rules:
+                    horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
+                    cutoff = int(newest[0]) - horizon_ms
+                    if batch_id % settings.eviction_every_batches == 0:
+                        self.evict(rules, int(newest[0]))
+                self._mirror_buckets(changed, rules, cutoff)
                 self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
             finally:
                 deltas.unpersist()

@@ -12,8 +12,10 @@ help: ## list the targets
 setup: ## install Python packages (.venv), Delta JARs (.cache/jars), Java, Redis
 	@bash infra/setup.sh
 
-demo: setup ## set up, start Redis, generate sample events, backtest the sample rules
-	@$(VENV)/velocity up
+demo: setup ## set up, start Redis, stream generated events live with the sample rules, show alerts
+	@bash infra/demo.sh
+
+backtest-demo: setup ## set up, generate 200k sample events, backtest the sample rules
 	@$(VENV)/velocity generate --out $(DEMO_DIR)/events --events $(DEMO_EVENTS) --rate 50 \
 		--keys 20000 --files 4 --spike-fraction 0.01 --late-fraction 0.01 \
 		--duplicate-fraction 0.005 --malformed-fraction 0.005 --seed 7 --overwrite
@@ -38,4 +40,4 @@ down: ## stop the local Redis
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo test lint bench down clean
+.PHONY: help setup demo backtest-demo test lint bench down clean

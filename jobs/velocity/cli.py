@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from importlib import resources
@@ -175,7 +176,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "overwrite": args.overwrite,
     }
     options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
-    summary = generate_events(Path(args.out), options)
+    if args.follow:
+        from velocity.generate import stream_events
+
+        deadline = time.monotonic() + args.duration if args.duration else None
+        summary = stream_events(
+            Path(args.out),
+            options,
+            interval_seconds=args.interval,
+            should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
+        )
+    else:
+        summary = generate_events(Path(args.out), options)
     print(json.dumps(summary.to_dict()))
     return EXIT_OK
 
@@ -234,12 +246,49 @@ def cmd_stream(args: argparse.Namespace) -> int:
     query = job.start(events_dir, args.trigger == "available-now", args.max_files_per_trigger)
     print(f"stream running over {events_dir} (data dir {settings.data_dir}); Ctrl-C stops it")
     try:
-        query.awaitTermination()
+        if args.duration:
+            query.awaitTermination(args.duration)
+            query.stop()
+        else:
+            query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
     progress = query.recentProgress
     rows = sum(int(p["numInputRows"]) for p in progress)
     print(f"stream stopped: {len(progress)} batches, {rows} lines read")
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print alerts as they reach the Redis stream: rule, key, value and how old the event is."""
+    from velocity.redis import mirror
+
+    settings = _settings(args)
+    client = mirror.connect(settings)
+    stream = settings.redis_alert_stream
+    last = "0-0" if args.from_start else "$"
+    deadline = time.monotonic() + args.duration if args.duration else None
+    seen = 0
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            replies = client.xread({stream: last}, block=1000, count=500)
+            for _, entries in replies or []:  # type: ignore[union-attr]
+                for entry_id, fields in entries:
+                    last = entry_id
+                    alert = json.loads(fields["alert"])
+                    published_ms = int(entry_id.split("-")[0])
+                    seen += 1
+                    print(
+                        f"rule {alert['ruleId']:>3} {alert['aggregatorFunctionType']:<12} "
+                        f"{json.dumps(alert['key'], separators=(',', ':')):<40} "
+                        f"{alert['aggregateValue']:>14} {alert['limitOperatorType']} "
+                        f"{alert['limit']:<10} tx {alert['transactionId']:<12} "
+                        f"event-to-Redis {published_ms - alert['eventTime']:>6} ms",
+                        flush=True,
+                    )
+    except KeyboardInterrupt:
+        pass
+    print(f"{seen} alerts seen on {stream}")
     return EXIT_OK
 
 
@@ -376,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--malformed-fraction", type=float, help="bad lines (default 0.005)")
     generate.add_argument("--seed", type=int, help="seed for a reproducible run (default: drawn)")
     generate.add_argument("--overwrite", action="store_true", help="replace existing files")
+    generate.add_argument(
+        "--follow",
+        action="store_true",
+        help="write over real time: --rate per wall-clock second, eventTime = now",
+    )
+    generate.add_argument("--interval", type=float, default=1.0, help="--follow: seconds a file")
+    generate.add_argument("--duration", type=float, help="--follow: stop after this many seconds")
     generate.set_defaults(run=cmd_generate)
 
     backtest = sub.add_parser(
@@ -401,7 +457,13 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument(
         "--max-files-per-trigger", type=int, default=None, help="files per micro-batch at most"
     )
+    stream.add_argument("--duration", type=float, help="stop after this many seconds")
     stream.set_defaults(run=cmd_stream)
+
+    watch = sub.add_parser("watch", help="print alerts live from the Redis alert stream")
+    watch.add_argument("--duration", type=float, help="stop after this many seconds")
+    watch.add_argument("--from-start", action="store_true", help="replay the whole stream first")
+    watch.set_defaults(run=cmd_watch)
 
     alerts = sub.add_parser("alerts", help="export the alerts table as JSON lines")
     alerts.add_argument("--out", required=True)

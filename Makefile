@@ -34,10 +34,14 @@ lint: setup ## ruff and mypy
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket
 	@$(VENV)/python -m benchmarks.backtest
 
+bench-stream: setup ## stream latency, throughput and Redis lookup latency (RATE=, SECONDS=, KEYS=)
+	@$(VENV)/python -m benchmarks.stream --rate $(or $(RATE),1000) --seconds $(or $(SECONDS),60) \
+		--keys $(or $(KEYS),100000)
+
 down: ## stop the local Redis
 	@$(VENV)/velocity down
 
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test lint bench down clean
+.PHONY: help setup demo backtest-demo test lint bench bench-stream down clean

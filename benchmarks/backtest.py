@@ -39,10 +39,28 @@ def main() -> int:
         shutil.rmtree(events_dir, ignore_errors=True)
         started = time.monotonic()
         subprocess.run(
-            [velocity, "generate", "--out", str(events_dir), "--events", str(args.events),
-             "--keys", str(args.keys), "--rate", str(args.rate), "--files", "8",
-             "--spike-fraction", "0.01", "--duplicate-fraction", "0.002",
-             "--malformed-fraction", "0.002", "--seed", "1"],
+            [
+                velocity,
+                "generate",
+                "--out",
+                str(events_dir),
+                "--events",
+                str(args.events),
+                "--keys",
+                str(args.keys),
+                "--rate",
+                str(args.rate),
+                "--files",
+                "8",
+                "--spike-fraction",
+                "0.01",
+                "--duplicate-fraction",
+                "0.002",
+                "--malformed-fraction",
+                "0.002",
+                "--seed",
+                "1",
+            ],
             check=True,
         )
         (events_dir / ".complete").write_text("")
@@ -57,10 +75,23 @@ def main() -> int:
         env = {**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}
         started = time.monotonic()
         subprocess.run(
-            [velocity, "backtest", "--rules", str(rules), "--events", str(events_dir),
-             "--out", str(work / "alerts.jsonl"), "--bucket-seconds", str(args.bucket_seconds),
-             "--summary-json", str(summary_file)],
-            check=True, env=env, stdout=subprocess.DEVNULL,
+            [
+                velocity,
+                "backtest",
+                "--rules",
+                str(rules),
+                "--events",
+                str(events_dir),
+                "--out",
+                str(work / "alerts.jsonl"),
+                "--bucket-seconds",
+                str(args.bucket_seconds),
+                "--summary-json",
+                str(summary_file),
+            ],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
         )
         wall = time.monotonic() - started
         summary = json.loads(summary_file.read_text())
@@ -74,10 +105,14 @@ def main() -> int:
     print(f"accepted / quarantined    {summary['accepted']} / {summary['quarantined']}")
     print(f"rules / alerts            8 / {summary['alerts']}")
     print(f"end to end                {wall:.1f} s  {lines / wall:,.0f} events/s")
-    print(f"excluding Spark start-up  {summary['seconds']:.1f} s  "
-          f"{lines / summary['seconds']:,.0f} events/s")
-    print(f"buckets                   {summary['buckets']}  "
-          f"{summary['bucket_bytes'] / max(summary['buckets'], 1):.1f} Delta bytes per bucket")
+    print(
+        f"excluding Spark start-up  {summary['seconds']:.1f} s  "
+        f"{lines / summary['seconds']:,.0f} events/s"
+    )
+    print(
+        f"buckets                   {summary['buckets']}  "
+        f"{summary['bucket_bytes'] / max(summary['buckets'], 1):.1f} Delta bytes per bucket"
+    )
     return 0
 
 

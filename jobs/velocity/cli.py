@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -492,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Velocity's own progress lines (one per micro-batch) go to standard error.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("velocity").setLevel(logging.INFO)
     try:
         args = build_parser().parse_args(argv)
         # Loaded before any command runs, so a bad setting fails every command the same way.

@@ -24,6 +24,7 @@ ignores the replayed batch's own events; alert ids are deterministic.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ from velocity.spark.evaluate import (
 )
 from velocity.spark.ingest import parse_events, split_parsed, with_line_order, with_line_source
 
+log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
 # Names the data dir whose buckets Redis mirrors; gone after a flush, so a start rebuilds.
 MIRROR_MARKER = "velocity:mirror"
@@ -213,6 +215,21 @@ class StreamJob:
         return tables.read_table(self.spark, getattr(self.live, name))
 
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
+        """One micro-batch (the foreachBatch function); logs one JSON line when done."""
+        started = time.monotonic()
+        alerts = self._process(lines, batch_id)
+        log.info(
+            json.dumps(
+                {
+                    "batch": batch_id,
+                    "alerts": alerts,
+                    "seconds": round(time.monotonic() - started, 3),
+                    "finished": int(time.time() * 1000),
+                }
+            )
+        )
+
+    def _process(self, lines: DataFrame, batch_id: int) -> int:
         spark = self.spark
         settings = self.settings
         width_ms = settings.bucket_width_ms
@@ -257,7 +274,7 @@ class StreamJob:
                     if batch_id % settings.eviction_every_batches == 0:
                         self.evict(rules, int(newest[0]))
                 self._mirror_buckets(changed, rules, cutoff)
-                self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
+                return self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
             finally:
                 deltas.unpersist()
                 keyed.unpersist()
@@ -304,7 +321,8 @@ class StreamJob:
         rules: list[Rule],
         batch_id: int,
         decision_time: int,
-    ) -> None:
+    ) -> int:
+        """Record late events, decide the others; returns the number of alerts."""
         settings = self.settings
         width_ms = settings.bucket_width_ms
         newest_row = events.where(F.col("stream_batch") < batch_id).agg(F.max("eventTime")).first()
@@ -325,7 +343,7 @@ class StreamJob:
         bounds = targets.agg(F.min("eventTime"), F.max("eventTime")).first()
         if bounds is None or bounds[0] is None:
             self._append(self.spark.createDataFrame([], tables.ALERT_SCHEMA), "alerts", batch_id)
-            return
+            return 0
         first_time, last_time = int(bounds[0]), int(bounds[1])
         widest_ms = max(r.window_ms for r in rules)
         target_keys = targets.select("signature_id", "key").distinct()
@@ -355,6 +373,7 @@ class StreamJob:
             alerts.unpersist()
         records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"]))
         mirror.publish_alerts(self.redis, settings.redis_alert_stream, batch_id, records)
+        return len(records)
 
     def start(
         self, events_dir: Path, available_now: bool, max_files_per_trigger: int | None = None

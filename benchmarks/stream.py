@@ -43,17 +43,20 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(args.work_dir)
+    redis_url = "redis://:velocity-bench@127.0.0.1:6392/0"
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
+    subprocess.run([VELOCITY, "down"], check=False, env=env, stdout=subprocess.DEVNULL)
     shutil.rmtree(work, ignore_errors=True)
     events = work / "events"
     events.mkdir(parents=True)
-    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data")}
+    # Its own Redis server (port 6392), so the figures are not shared with a demo's keys.
     subprocess.run([VELOCITY, "up"], check=True, env=env, stdout=subprocess.DEVNULL)
 
     import redis
 
     from velocity.settings import load_settings
 
-    settings = load_settings(data_dir=work / "data")
+    settings = load_settings(data_dir=work / "data", redis_url=redis_url)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     client.delete(settings.redis_alert_stream)
     rules = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
@@ -101,23 +104,19 @@ def main() -> int:
         )
         files = sorted(p for p in events.glob("*.jsonl"))
         landed = {p.name: p.stat().st_mtime_ns / 1e6 for p in files}
-        # Wait for the job to take in every file, then for the batch in flight to commit.
-        deadline = time.monotonic() + 600
+        # Done when the last batch has committed and no new batch started for 20 s.
+        deadline = time.monotonic() + 900
+        last_offsets, quiet_since = -1, time.monotonic()
         while time.monotonic() < deadline:
             commits = sorted(int(p.name) for p in (checkpoint / "commits").glob("[0-9]*"))
             offsets = sorted(int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*"))
-            sources = checkpoint / "sources" / "0"
-            seen = (
-                sum(
-                    1 for p in sources.glob("*") for _ in p.read_text().splitlines() if "jsonl" in _
-                )
-                if sources.exists()
-                else 0
-            )
-            if commits and offsets and commits[-1] == offsets[-1] and seen >= len(files):
+            if offsets and offsets[-1] != last_offsets:
+                last_offsets, quiet_since = offsets[-1], time.monotonic()
+            if commits and commits[-1] == last_offsets and time.monotonic() - quiet_since > 20:
                 break
             time.sleep(1)
-        finished = time.time() * 1000
+        last_commit = checkpoint / "commits" / str(last_offsets)
+        finished = last_commit.stat().st_mtime_ns / 1e6
     finally:
         stream.terminate()
         stream.wait(timeout=60)

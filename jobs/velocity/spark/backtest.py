@@ -23,6 +23,7 @@ from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import bucket_aggregates, evaluate_alerts, keyed_events
 from velocity.spark.ingest import parse_events, read_event_lines, split_parsed
+from velocity.timing import StepTimer
 
 
 @dataclass
@@ -70,16 +71,8 @@ def run_backtest(
     decision_time: int | None = None,
 ) -> BacktestSummary:
     """Evaluate ``rules`` over every event under ``events_path`` and write tables and alerts."""
-    started = time.monotonic()
-    steps: dict[str, float] = {}
-    mark = started
-
-    def step(name: str) -> None:
-        nonlocal mark
-        now = time.monotonic()
-        steps[name] = round(now - mark, 2)
-        mark = now
-
+    timer = StepTimer()
+    step = timer.mark
     root = backtest_root(settings)
     decision_time = decision_time if decision_time is not None else int(time.time() * 1000)
     width_ms = settings.bucket_width_ms
@@ -132,6 +125,6 @@ def run_backtest(
     )
     summary.alerts_by_rule = {rule.rule_id: by_rule.get(rule.rule_id, 0) for rule in active}
     step("summary")
-    summary.step_seconds = steps
-    summary.seconds = time.monotonic() - started
+    summary.step_seconds = timer.steps
+    summary.seconds = timer.total
     return summary

@@ -48,6 +48,7 @@ from velocity.spark.evaluate import (
     state_rows,
 )
 from velocity.spark.ingest import parse_events, split_parsed, with_line_order, with_line_source
+from velocity.timing import StepTimer
 
 log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
@@ -151,6 +152,7 @@ class StreamJob:
         ensure_live_tables(spark, self.live)
         self.redis = mirror.connect(settings)
         mirror.load_functions(self.redis)
+        self._timer = StepTimer()
 
     def mirror_is_current(self) -> bool:
         """True when Redis holds this data dir's mirror (false after a flush or a new Redis)."""
@@ -216,14 +218,15 @@ class StreamJob:
 
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
         """One micro-batch (the foreachBatch function); logs one JSON line when done."""
-        started = time.monotonic()
+        self._timer = StepTimer()
         alerts = self._process(lines, batch_id)
         log.info(
             json.dumps(
                 {
                     "batch": batch_id,
                     "alerts": alerts,
-                    "seconds": round(time.monotonic() - started, 3),
+                    "seconds": round(self._timer.total, 3),
+                    "steps": self._timer.steps,
                     "finished": int(time.time() * 1000),
                 }
             )
@@ -249,6 +252,7 @@ class StreamJob:
             )
         finally:
             parsed.unpersist()
+        self._timer.mark("ingest")
 
         events = self._read("events")
         batch_events = events.where(F.col("stream_batch") == batch_id).persist()
@@ -257,11 +261,13 @@ class StreamJob:
             mirror.publish_rules(self.redis, rules, width_ms)
             signatures = list(rules_by_signature(rules))
             self._sync_signatures(signatures, rules, batch_id)
+            self._timer.mark("rules")
             keyed = keyed_events(batch_events, signatures).persist()
             deltas = bucket_aggregates(keyed, width_ms).persist()
             try:
                 with idempotent_dml(spark, f"{APP_ID}:buckets", batch_id):
                     merge_buckets(spark, self.live.buckets, deltas)
+                self._timer.mark("bucket-merge")
                 slots = deltas.select("signature_id", "key", "bucket_start")
                 changed = self._read("buckets").join(
                     slots, ["signature_id", "key", "bucket_start"], "left_semi"
@@ -274,6 +280,7 @@ class StreamJob:
                     if batch_id % settings.eviction_every_batches == 0:
                         self.evict(rules, int(newest[0]))
                 self._mirror_buckets(changed, rules, cutoff)
+                self._timer.mark("evict+mirror")
                 return self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
             finally:
                 deltas.unpersist()
@@ -338,6 +345,7 @@ class StreamJob:
             F.lit(batch_id).cast("long").alias("stream_batch"),
         )
         self._append(late, "late_events", batch_id)
+        self._timer.mark("late")
 
         targets = keyed.where(~late_condition)
         bounds = targets.agg(F.min("eventTime"), F.max("eventTime")).first()
@@ -367,12 +375,14 @@ class StreamJob:
         ).persist()
         try:
             self._append(alerts, "alerts", batch_id)
+            self._timer.mark("evaluate")
             # Alerts of one batch are few (they are decisions, not events): publish from here.
             records = [record_of_stored(r.asDict()) for r in alerts.collect()]
         finally:
             alerts.unpersist()
         records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"]))
         mirror.publish_alerts(self.redis, settings.redis_alert_stream, batch_id, records)
+        self._timer.mark("publish")
         return len(records)
 
     def start(

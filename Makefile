@@ -38,10 +38,13 @@ bench-stream: setup ## stream latency, throughput and Redis lookup latency (RATE
 	@$(VENV)/python -m benchmarks.stream --rate $(or $(RATE),1000) --seconds $(or $(SECONDS),60) \
 		--keys $(or $(KEYS),100000)
 
+bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
+	@$(VENV)/python -m benchmarks.window_compare
+
 down: ## stop the local Redis
 	@$(VENV)/velocity down
 
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test lint bench bench-stream down clean
+.PHONY: help setup demo backtest-demo test lint bench bench-stream bench-window down clean

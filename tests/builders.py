@@ -53,10 +53,21 @@ RULE_STATES: Final = ("ACTIVE", "PAUSE", "DELETE", "CONTROL")
 CONTROL_TYPES: Final = ("CLEAR_STATE_ALL", "DELETE_RULES_ALL", "EXPORT_RULES_CURRENT")
 # The fields SPEC §1 lets rules use.
 RULE_USABLE_FIELDS: Final = (
-    "payerId", "beneficiaryId", "paymentAmount", "paymentType", "ip", "deviceId", "action",
+    "payerId",
+    "beneficiaryId",
+    "paymentAmount",
+    "paymentType",
+    "ip",
+    "deviceId",
+    "action",
 )
 REQUIRED_EVENT_FIELDS: Final = (
-    "transactionId", "eventTime", "payerId", "beneficiaryId", "paymentAmount", "paymentType",
+    "transactionId",
+    "eventTime",
+    "payerId",
+    "beneficiaryId",
+    "paymentAmount",
+    "paymentType",
 )
 OPTIONAL_EVENT_FIELDS: Final = ("ip", "deviceId", "action")
 
@@ -239,8 +250,18 @@ PAYMENT_TYPES: Final[tuple[object, ...]] = ("CSH", "CRD")
 # Amounts as JSON would give them: ints, exact Decimals (JSON decimals) and numeric strings;
 # several spellings of the same value.
 AMOUNTS: Final[tuple[object, ...]] = (
-    0, 1, 2, 10, "1.5", Decimal("1.50"), "100.50", Decimal("100.5"), "0.00000001",
-    "33.33333333", 250000, "999999999999999999.99999999",
+    0,
+    1,
+    2,
+    10,
+    "1.5",
+    Decimal("1.50"),
+    "100.50",
+    Decimal("100.5"),
+    "0.00000001",
+    "33.33333333",
+    250000,
+    "999999999999999999.99999999",
 )
 FIELD_VALUES: Final[Mapping[str, tuple[object, ...]]] = {
     "payerId": PAYER_IDS,
@@ -283,8 +304,12 @@ def event_objs(
         "transactionId": (
             transaction_id
             if transaction_id is not None
-            else draw(st.one_of(st.integers(0, 10**9), st.text(min_size=1, max_size=8).filter(
-                lambda s: s.strip() != "")))
+            else draw(
+                st.one_of(
+                    st.integers(0, 10**9),
+                    st.text(min_size=1, max_size=8).filter(lambda s: s.strip() != ""),
+                )
+            )
         ),
         "eventTime": draw(times if times is not None else event_times()),
         "payerId": draw(st.sampled_from(PAYER_IDS)),
@@ -318,9 +343,9 @@ def event_obj_lists(
     return objs
 
 
-def events(min_size: int = 0, max_size: int = 25, span_minutes: int = 7) -> st.SearchStrategy[
-    list[Event]
-]:
+def events(
+    min_size: int = 0, max_size: int = 25, span_minutes: int = 7
+) -> st.SearchStrategy[list[Event]]:
     """Accepted, de-duplicated Events (as the engine receives them)."""
     return event_obj_lists(min_size, max_size, span_minutes).map(
         lambda objs: [accepted(obj) for obj in objs]
@@ -451,3 +476,21 @@ def shuffled(items: Sequence[Any]) -> st.SearchStrategy[list[Any]]:
     """``items`` in a random order."""
     return st.permutations(list(items))
 
+
+# The fields of a SPEC §4 alert record, written out here rather than taken from the code.
+SPEC_ALERT_FIELDS = {
+    "alertId",
+    "kind",
+    "ruleId",
+    "ruleVersion",
+    "transactionId",
+    "key",
+    "eventTime",
+    "aggregatorFunctionType",
+    "aggregateValue",
+    "limitOperatorType",
+    "limit",
+    "windowStart",
+    "windowEnd",
+    "decisionTime",
+}

@@ -13,9 +13,10 @@ Invariants callers rely on:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from velocity.decimals import exact_add
 
@@ -104,6 +105,18 @@ class BucketAggregate:
 
 
 EMPTY = BucketAggregate()
+
+
+def bucket_from_columns(row: Mapping[str, Any]) -> BucketAggregate:
+    """A stored bucket (a row of the buckets table, as a mapping) as the aggregate."""
+    return BucketAggregate(
+        row["event_count"],
+        row["value_count"],
+        row["value_sum"],
+        row["value_min"],
+        row["value_max"],
+        frozenset(row["distinct_values"] or ()),
+    )
 
 
 def merge_all(aggregates: Iterable[BucketAggregate]) -> BucketAggregate:

@@ -11,25 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import SPEC_ALERT_FIELDS
 from velocity.cli import sample_rules_path
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
-ALERT_FIELDS = {
-    "alertId",
-    "kind",
-    "ruleId",
-    "ruleVersion",
-    "transactionId",
-    "key",
-    "eventTime",
-    "aggregatorFunctionType",
-    "aggregateValue",
-    "limitOperatorType",
-    "limit",
-    "windowStart",
-    "windowEnd",
-    "decisionTime",
-}
 
 
 def run(*args: str, data_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -160,7 +145,7 @@ def test_rules_apply_is_all_or_nothing_and_backtest_uses_rules_in_force(tmp_path
     assert "quarantined" in backtest.stdout and str(out) in backtest.stdout
     alerts = [json.loads(line) for line in out.read_text().splitlines()]
     assert alerts, "the sample rules fire on generated spikes"
-    assert all(set(a) == ALERT_FIELDS for a in alerts)
+    assert all(set(a) == SPEC_ALERT_FIELDS for a in alerts)
     assert 4 not in {a["ruleId"] for a in alerts}, "a paused rule raises no alert"
     assert {a["ruleVersion"] for a in alerts} == {1}
 

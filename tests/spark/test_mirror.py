@@ -8,7 +8,8 @@ import os
 import pytest
 import redis
 
-from velocity.buckets import bucket_start, merge_all, window_start
+from tests.builders import SPEC_ALERT_FIELDS
+from velocity.buckets import bucket_from_columns, bucket_start, merge_all, window_start
 from velocity.delta import tables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import mirror
@@ -121,7 +122,7 @@ def test_lookup_equals_the_delta_buckets(spark, streamed: StreamJob) -> None:
     by_hash: dict[tuple[str, str], dict[int, object]] = {}
     for row in buckets:
         by_hash.setdefault((row["signature_id"], row["key"]), {})[row["bucket_start"]] = (
-            mirror.bucket_of_row(row.asDict())
+            bucket_from_columns(row.asDict())
         )
     checked = 0
     for rule in streamed.rule_store.in_force():
@@ -163,22 +164,7 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     assert published and sorted(a["alertId"] for a in published) == sorted(
         r["alertId"] for r in stored
     )
-    assert set(published[0]) == {
-        "alertId",
-        "kind",
-        "ruleId",
-        "ruleVersion",
-        "transactionId",
-        "key",
-        "eventTime",
-        "aggregatorFunctionType",
-        "aggregateValue",
-        "limitOperatorType",
-        "limit",
-        "windowStart",
-        "windowEnd",
-        "decisionTime",
-    }
+    assert set(published[0]) == SPEC_ALERT_FIELDS
     # The same batch published again (a replay after a crash) adds nothing.
     assert mirror.publish_alerts(client, stream, 0, published[:3]) == 0
     assert client.xlen(stream) == len(entries)

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import redis
 
-from velocity.buckets import BucketAggregate
+from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.errors import UnknownRuleError
 from velocity.redis.keys import (
     PREFIX,
@@ -58,18 +58,6 @@ def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:
     return (widest + settings.allowed_lateness_ms + settings.bucket_width_ms) // 1000 + 1
 
 
-def bucket_of_row(row: Mapping[str, Any]) -> BucketAggregate:
-    """A buckets-table row as the pure aggregate."""
-    return BucketAggregate(
-        row["event_count"],
-        row["value_count"],
-        row["value_sum"],
-        row["value_min"],
-        row["value_max"],
-        frozenset(row["distinct_values"] or ()),
-    )
-
-
 def write_bucket_rows(
     client: redis.Redis,
     rows: Iterable[Mapping[str, Any]],
@@ -85,7 +73,7 @@ def write_bucket_rows(
     pipe = client.pipeline(transaction=False)
     for row in rows:
         name = bucket_hash_key(row["signature_id"], row["key"])
-        pipe.hset(name, str(row["bucket_start"]), bucket_value(bucket_of_row(row)))
+        pipe.hset(name, str(row["bucket_start"]), bucket_value(bucket_from_columns(row)))
         pipe.expire(name, ttl_seconds)
         if evict_before is not None:
             pipe.fcall("velocity_evict", 1, name, str(evict_before))
@@ -192,7 +180,7 @@ def compare_buckets(
     by_hash: dict[tuple[str, str], dict[int, BucketAggregate]] = {}
     for row in rows:
         by_hash.setdefault((row["signature_id"], row["key"]), {})[row["bucket_start"]] = (
-            bucket_of_row(row)
+            bucket_from_columns(row)
         )
     for (signature_id, key), expected in by_hash.items():
         stored = read_hash(client, bucket_hash_key(signature_id, key))

@@ -22,12 +22,12 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from velocity.alerts import AlertKind, alert_record, rule_key
-from velocity.buckets import BucketAggregate
+from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, SUM_TYPE
 from velocity.rules import Rule, RuleSignature, rules_by_signature
 from velocity.schema import NUMERIC_FIELDS
 from velocity.spark.ingest import canonical_text
-from velocity.windows import KeyedEvent, evaluate_key_history, evaluate_with_buckets
+from velocity.windows import Decision, KeyedEvent, evaluate_key_history, evaluate_with_buckets
 
 KEYED_SCHEMA = StructType(
     [
@@ -110,6 +110,18 @@ def bucket_aggregates(keyed: DataFrame, width_ms: int) -> DataFrame:
     )
 
 
+def _alert_row(
+    decision: Decision, signature_id: str, key_values: Sequence[str], decision_time: int
+) -> dict[str, Any]:
+    """An ALERT_SCHEMA row (key as key/value pairs, for Arrow's map type)."""
+    record = alert_record(
+        decision, rule_key(decision.rule, key_values), decision_time, AlertKind.ALERT
+    )
+    record["signature_id"] = signature_id
+    record["key"] = list(record["key"].items())
+    return record
+
+
 def _alert_batches(
     batches: Iterator[pa.RecordBatch],
     rules: Mapping[str, Sequence[Rule]],
@@ -129,12 +141,7 @@ def _alert_batches(
         events = [KeyedEvent(t, tx, value, number) for _, _, t, tx, value, number in group]  # type: ignore[arg-type]
         key_values = json.loads(key)
         for decision in evaluate_key_history(events, rules[signature_id], width_ms):
-            record = alert_record(
-                decision, rule_key(decision.rule, key_values), decision_time, AlertKind.ALERT
-            )
-            record["signature_id"] = signature_id
-            record["key"] = list(record["key"].items())
-            out.append(record)
+            out.append(_alert_row(decision, signature_id, key_values, decision_time))
             if len(out) >= batch_rows:
                 yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
                 out = []
@@ -240,25 +247,13 @@ def _state_alert_batches(
         targets: list[KeyedEvent] = []
         for row in group:
             if row["row_kind"] == "B":
-                buckets[row["time"]] = BucketAggregate(
-                    row["event_count"],
-                    row["value_count"],
-                    row["value_sum"],
-                    row["value_min"],
-                    row["value_max"],
-                    frozenset(row["distinct_values"] or ()),
-                )
+                buckets[row["time"]] = bucket_from_columns(row)
                 continue
             event = KeyedEvent(row["time"], row["transactionId"], row["value"], row["number"])
             (own if row["row_kind"] == "E" else targets).append(event)
         key_values = json.loads(key)
         for decision in evaluate_with_buckets(buckets, own, targets, rules[signature_id], width_ms):
-            record = alert_record(
-                decision, rule_key(decision.rule, key_values), decision_time, AlertKind.ALERT
-            )
-            record["signature_id"] = signature_id
-            record["key"] = list(record["key"].items())
-            out.append(record)
+            out.append(_alert_row(decision, signature_id, key_values, decision_time))
     if out:
         yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
 

@@ -58,10 +58,12 @@ def kill_mid_batch(command: list[str], env: dict[str, str], checkpoint: Path) ->
             committed = {p.name for p in (checkpoint / "commits").glob("[0-9]*")}
             in_flight = started - committed
             if committed and in_flight and max(map(int, in_flight)) >= 2:
-                time.sleep(1.5)  # well inside the batch: its Delta commits are under way
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
-                return max(map(int, in_flight))
+                batch = max(map(int, in_flight))
+                time.sleep(0.5)  # inside the batch: its first Delta commits are under way
+                if not (checkpoint / "commits" / str(batch)).exists():
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=30)
+                    return batch
             if process.poll() is not None:
                 pytest.fail(f"stream ended (exit {process.returncode}) before it could be killed")
             time.sleep(0.2)

@@ -149,19 +149,34 @@ def _alert_batches(
         yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
 
 
+def _per_key(
+    rows: DataFrame,
+    rules: Iterable[Rule],
+    order: Sequence[str],
+    evaluate: Any,
+    width_ms: int,
+    decision_time: int,
+    partitions: int,
+) -> DataFrame:
+    """Run ``evaluate`` over ``rows`` with each (signature, key) contiguous in one partition,
+    sorted by ``order`` after the key; rows of signatures without a rule are dropped."""
+    grouped = {sig.signature_id: group for sig, group in rules_by_signature(rules).items()}
+    ordered = (
+        rows.where(F.col("signature_id").isin(list(grouped)))
+        .repartition(partitions, "signature_id", "key")
+        .sortWithinPartitions("signature_id", "key", *order)
+    )
+    run = partial(evaluate, rules=grouped, width_ms=width_ms, decision_time=decision_time)
+    return ordered.mapInArrow(run, ALERT_SCHEMA)
+
+
 def evaluate_alerts(
     keyed: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
 ) -> DataFrame:
     """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA)."""
-    grouped = {sig.signature_id: group for sig, group in rules_by_signature(rules).items()}
-    wanted = keyed.where(F.col("signature_id").isin(list(grouped)))
-    ordered = wanted.repartition(partitions, "signature_id", "key").sortWithinPartitions(
-        "signature_id", "key", "eventTime"
+    return _per_key(
+        keyed, rules, ["eventTime"], _alert_batches, width_ms, decision_time, partitions
     )
-    evaluate = partial(
-        _alert_batches, rules=grouped, width_ms=width_ms, decision_time=decision_time
-    )
-    return ordered.mapInArrow(evaluate, ALERT_SCHEMA)
 
 
 def empty_alerts(spark: SparkSession) -> DataFrame:
@@ -262,13 +277,4 @@ def evaluate_from_state(
     rows: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
 ) -> DataFrame:
     """Alerts of the "T" rows of ``rows`` (STATE_ROW_SCHEMA) under ``rules`` (ALERT_SCHEMA)."""
-    grouped = {sig.signature_id: group for sig, group in rules_by_signature(rules).items()}
-    ordered = (
-        rows.where(F.col("signature_id").isin(list(grouped)))
-        .repartition(partitions, "signature_id", "key")
-        .sortWithinPartitions("signature_id", "key")
-    )
-    evaluate = partial(
-        _state_alert_batches, rules=grouped, width_ms=width_ms, decision_time=decision_time
-    )
-    return ordered.mapInArrow(evaluate, ALERT_SCHEMA)
+    return _per_key(rows, rules, [], _state_alert_batches, width_ms, decision_time, partitions)

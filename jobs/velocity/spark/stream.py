@@ -272,16 +272,23 @@ class StreamJob:
                 changed = self._read("buckets").join(
                     slots, ["signature_id", "key", "bucket_start"], "left_semi"
                 )
-                newest = events.agg(F.max("eventTime")).first()
+                # One scan for both: the newest eventTime overall (eviction) and of the
+                # earlier batches (the watermark).
+                newest, newest_earlier = events.agg(
+                    F.max("eventTime"),
+                    F.max(F.when(F.col("stream_batch") < batch_id, F.col("eventTime"))),
+                ).first() or (None, None)
                 cutoff = None
-                if newest is not None and newest[0] is not None and rules:
+                if newest is not None and rules:
                     horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
-                    cutoff = int(newest[0]) - horizon_ms
+                    cutoff = int(newest) - horizon_ms
                     if batch_id % settings.eviction_every_batches == 0:
-                        self.evict(rules, int(newest[0]))
+                        self.evict(rules, int(newest))
                 self._mirror_buckets(changed, rules, cutoff)
                 self._timer.mark("evict+mirror")
-                return self._evaluate(events, batch_events, keyed, rules, batch_id, decision_time)
+                return self._evaluate(
+                    events, batch_events, keyed, rules, batch_id, decision_time, newest_earlier
+                )
             finally:
                 deltas.unpersist()
                 keyed.unpersist()
@@ -328,12 +335,14 @@ class StreamJob:
         rules: list[Rule],
         batch_id: int,
         decision_time: int,
+        newest_earlier: int | None,
     ) -> int:
-        """Record late events, decide the others; returns the number of alerts."""
+        """Record late events, decide the others; returns the number of alerts.
+
+        ``newest_earlier`` is the highest eventTime of the earlier batches (None: none).
+        """
         settings = self.settings
         width_ms = settings.bucket_width_ms
-        newest_row = events.where(F.col("stream_batch") < batch_id).agg(F.max("eventTime")).first()
-        newest_earlier = None if newest_row is None else newest_row[0]
         watermark = (
             None if newest_earlier is None else newest_earlier - settings.allowed_lateness_ms
         )

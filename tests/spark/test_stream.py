@@ -92,6 +92,10 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
             seed=21,
         ),
     )
+    # The file source orders new files by modification time; files written in the same
+    # millisecond would arrive in listing order, so give them their name order.
+    for order, path in enumerate(sorted(folder.glob("*.jsonl"))):
+        os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
     return folder
 
 

@@ -1,0 +1,210 @@
+"""The streaming job's health, judged from its status file (pure: no Spark, Redis or Airflow).
+
+``velocity stream`` keeps ``<data_dir>/status/stream.json`` current (see
+``velocity.spark.lifecycle``); this module turns one reading of it into a verdict.
+The clock and the process check are parameters, so every rule is testable.
+
+Verdicts, in the order they are decided:
+
+- ``absent``   no status file: the stream never ran with this data dir;
+- ``stopped``  the stream ended cleanly (stop request, --duration, available-now);
+- ``failed``   the query ended with an error (the status carries it);
+- ``dead``     STARTING/RUNNING, but its process is gone (only checkable on its host);
+- ``stalled``  STARTING/RUNNING with a heartbeat older than ``stale_after_ms``, or files
+               waiting longer than ``stale_after_ms`` while no batch finished for as long;
+- ``starting`` / ``running``: healthy.
+
+Only ``starting`` and ``running`` are healthy. A scheduler restarts on ``dead``,
+``stalled`` and ``failed``; ``stopped`` was asked for, so whether to restart it is policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+STARTING, RUNNING, STOPPED, FAILED = "STARTING", "RUNNING", "STOPPED", "FAILED"
+STATES = (STARTING, RUNNING, STOPPED, FAILED)
+LIVE_STATES = (STARTING, RUNNING)
+
+
+@dataclass(frozen=True)
+class Health:
+    """One verdict plus the figures it was drawn from (ms; None where unknown).
+
+    Field names are camelCase: they are the JSON that `velocity stream-status` prints.
+    """
+
+    healthy: bool
+    verdict: str
+    reason: str
+    state: str | None = None
+    checkedAt: int | None = None
+    heartbeatAgeMs: int | None = None
+    batch: int | None = None
+    batchesThisRun: int | None = None
+    batchAgeMs: int | None = None
+    numInputRows: int | None = None
+    inputRowsPerSecond: float | None = None
+    processedRowsPerSecond: float | None = None
+    lastBatchDurationMs: int | None = None
+    backlogFiles: int | None = None
+    lagMs: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    queryId: str | None = None
+    runId: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _float(status: Mapping[str, Any], name: str) -> float | None:
+    """A finite number from the status, else None (a hand-edited file may hold anything)."""
+    value = status.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _int(status: Mapping[str, Any], name: str) -> int | None:
+    value = status.get(name)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = _float(status, name)
+    return None if number is None else int(number)
+
+
+def _age(now_ms: int, then: int | None) -> int | None:
+    return None if then is None else max(0, now_ms - then)
+
+
+def _seconds(ms: int | None) -> str:
+    return "?" if ms is None else f"{ms / 1000:.0f} s"
+
+
+def stream_health(
+    status: Mapping[str, Any] | None,
+    now_ms: int,
+    stale_after_ms: int,
+    *,
+    local_host: str | None = None,
+    pid_alive: Callable[[int], bool] | None = None,
+) -> Health:
+    """The verdict on one reading of the status file at ``now_ms``.
+
+    ``local_host`` and ``pid_alive`` let a checker on the stream's own host call a
+    SIGKILLed stream dead at once (its file still says RUNNING); without them, or on
+    another host, a dead stream shows as ``stalled`` once its heartbeat is
+    ``stale_after_ms`` old. Never raises on odd content: a missing figure is None.
+    """
+    if status is None:
+        return Health(
+            healthy=False,
+            verdict="absent",
+            reason="not running: no status file (the stream has not run with this data dir; "
+            "`velocity stream --events DIR` starts it)",
+            checkedAt=now_ms,
+        )
+    state = status.get("state")
+    updated = _int(status, "updatedAt")
+    finished = _int(status, "batchFinishedAt")
+    started = _int(status, "startedAt")
+    backlog = _int(status, "backlogFiles")
+    oldest_waiting = _int(status, "oldestBacklogAt")
+    pid = _int(status, "pid")
+    host = status.get("host") if isinstance(status.get("host"), str) else None
+    error = status.get("error") if isinstance(status.get("error"), str) else None
+    lag = _age(now_ms, oldest_waiting) if backlog else (0 if backlog == 0 else None)
+    heartbeat_age = _age(now_ms, updated)
+    batch_age = _age(now_ms, finished)
+    figures: dict[str, Any] = {
+        "state": state if isinstance(state, str) else None,
+        "checkedAt": now_ms,
+        "heartbeatAgeMs": heartbeat_age,
+        "batch": _int(status, "batch"),
+        "batchesThisRun": _int(status, "batchesThisRun"),
+        "batchAgeMs": batch_age,
+        "numInputRows": _int(status, "numInputRows"),
+        "inputRowsPerSecond": _float(status, "inputRowsPerSecond"),
+        "processedRowsPerSecond": _float(status, "processedRowsPerSecond"),
+        "lastBatchDurationMs": _int(status, "lastBatchDurationMs"),
+        "backlogFiles": backlog,
+        "lagMs": lag,
+        "pid": pid,
+        "host": host,
+        "queryId": status.get("queryId") if isinstance(status.get("queryId"), str) else None,
+        "runId": status.get("runId") if isinstance(status.get("runId"), str) else None,
+        "error": error,
+    }
+
+    def verdict(healthy: bool, name: str, reason: str) -> Health:
+        return Health(healthy=healthy, verdict=name, reason=reason, **figures)
+
+    if state == STOPPED:
+        why = status.get("stopReason") or "stopped"
+        suffix = f"; error: {error}" if error else ""
+        return verdict(False, "stopped", f"not running: STOPPED ({why}){suffix}")
+    if state == FAILED:
+        return verdict(
+            False,
+            "failed",
+            f"not running: FAILED: {error or 'no error recorded'}; `velocity stream` "
+            "restarts it from its checkpoint",
+        )
+    if state not in LIVE_STATES:
+        return verdict(
+            False, "unknown", f"status file has state {state!r}, not one of {list(STATES)}"
+        )
+    where = f"pid {pid} on {host}"
+    if (
+        pid is not None
+        and pid_alive is not None
+        and local_host is not None
+        and host == local_host
+        and not pid_alive(pid)
+    ):
+        return verdict(
+            False,
+            "dead",
+            f"dead: status says {state} but {where} is gone (killed?); "
+            "`velocity stream` restarts it from its checkpoint",
+        )
+    if heartbeat_age is None or heartbeat_age > stale_after_ms:
+        return verdict(
+            False,
+            "stalled",
+            f"stalled or dead: {state} with no progress event for {_seconds(heartbeat_age)} "
+            f"(stale after {_seconds(stale_after_ms)}); {where}",
+        )
+    since_batch = batch_age if batch_age is not None else _age(now_ms, started)
+    if (
+        backlog
+        and lag is not None
+        and lag > stale_after_ms
+        and since_batch is not None
+        and since_batch > stale_after_ms
+    ):
+        return verdict(
+            False,
+            "stalled",
+            f"stalled: {backlog} files waiting, the oldest for {_seconds(lag)}, and no batch "
+            f"finished for {_seconds(since_batch)} (stale after {_seconds(stale_after_ms)})",
+        )
+    if state == STARTING:
+        return verdict(True, "starting", f"starting ({where})")
+    batches = figures["batchesThisRun"] or 0
+    last = (
+        f"last batch {figures['batch']} {_seconds(batch_age)} ago"
+        if batch_age is not None
+        else "no batch with data yet"
+    )
+    return verdict(
+        True,
+        "running",
+        f"running: {batches} batches with data this run, {last}, "
+        f"{backlog if backlog is not None else '?'} files waiting",
+    )

@@ -1,0 +1,186 @@
+"""The stream health verdict (pure): every rule, its boundary, and odd status content."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from velocity.health import LIVE_STATES, stream_health
+
+NOW = 1_767_225_600_000
+STALE = 120_000
+HOST = "worker-1"
+PID = 4242
+
+
+def status_obj(**changes: Any) -> dict[str, Any]:
+    """A fresh RUNNING status as `velocity stream` writes it; state only what differs."""
+    status: dict[str, Any] = {
+        "state": "RUNNING",
+        "pid": PID,
+        "host": HOST,
+        "eventsDir": "/data/events",
+        "queryId": "q-1",
+        "runId": "r-1",
+        "startedAt": NOW - 600_000,
+        "updatedAt": NOW - 5_000,
+        "batch": 7,
+        "batchFinishedAt": NOW - 20_000,
+        "batchesThisRun": 3,
+        "inputRowsPerSecond": 120.5,
+        "processedRowsPerSecond": 300.0,
+        "numInputRows": 1500,
+        "lastBatchDurationMs": 4_000,
+        "backlogFiles": 0,
+        "oldestBacklogAt": None,
+        "error": None,
+        "stopReason": None,
+    }
+    status.update(changes)
+    return status
+
+
+def alive(pid: int) -> bool:
+    return True
+
+
+def dead(pid: int) -> bool:
+    return False
+
+
+def test_no_status_file_is_not_running() -> None:
+    health = stream_health(None, NOW, STALE)
+    assert (health.healthy, health.verdict) == (False, "absent")
+    assert "no status file" in health.reason
+
+
+def test_fresh_running_stream_is_healthy_with_its_figures() -> None:
+    health = stream_health(status_obj(), NOW, STALE, local_host=HOST, pid_alive=alive)
+    assert (health.healthy, health.verdict, health.state) == (True, "running", "RUNNING")
+    assert health.heartbeatAgeMs == 5_000
+    assert health.batchAgeMs == 20_000
+    assert (health.batch, health.batchesThisRun, health.numInputRows) == (7, 3, 1500)
+    assert (health.inputRowsPerSecond, health.processedRowsPerSecond) == (120.5, 300.0)
+    assert (health.backlogFiles, health.lagMs) == (0, 0)
+    assert health.to_json()["checkedAt"] == NOW
+
+
+def test_stopped_says_why_and_is_not_running() -> None:
+    health = stream_health(
+        status_obj(state="STOPPED", stopReason="stop requested by ops@host"), NOW, STALE
+    )
+    assert (health.healthy, health.verdict) == (False, "stopped")
+    assert "STOPPED" in health.reason and "ops@host" in health.reason
+
+
+def test_failed_carries_the_error() -> None:
+    health = stream_health(status_obj(state="FAILED", error="Delta table gone"), NOW, STALE)
+    assert (health.healthy, health.verdict, health.error) == (False, "failed", "Delta table gone")
+    assert "Delta table gone" in health.reason
+
+
+def test_heartbeat_older_than_stale_after_is_stalled_at_the_boundary() -> None:
+    on_edge = stream_health(status_obj(updatedAt=NOW - STALE), NOW, STALE)
+    past = stream_health(status_obj(updatedAt=NOW - STALE - 1), NOW, STALE)
+    assert (on_edge.healthy, on_edge.verdict) == (True, "running")
+    assert (past.healthy, past.verdict) == (False, "stalled")
+    assert past.heartbeatAgeMs == STALE + 1
+
+
+def test_missing_heartbeat_is_stalled() -> None:
+    assert stream_health(status_obj(updatedAt=None), NOW, STALE).verdict == "stalled"
+
+
+def test_sigkilled_stream_on_this_host_is_dead_even_with_a_fresh_heartbeat() -> None:
+    health = stream_health(status_obj(), NOW, STALE, local_host=HOST, pid_alive=dead)
+    assert (health.healthy, health.verdict) == (False, "dead")
+    assert str(PID) in health.reason
+
+
+def test_pid_of_another_host_is_not_checked() -> None:
+    checked: list[int] = []
+
+    def spy(pid: int) -> bool:
+        checked.append(pid)
+        return False
+
+    health = stream_health(status_obj(), NOW, STALE, local_host="elsewhere", pid_alive=spy)
+    assert (health.healthy, checked) == (True, [])
+
+
+def test_dead_on_another_host_shows_once_the_heartbeat_is_stale() -> None:
+    health = stream_health(
+        status_obj(updatedAt=NOW - 10 * STALE), NOW, STALE, local_host="elsewhere", pid_alive=dead
+    )
+    assert (health.healthy, health.verdict) == (False, "stalled")
+
+
+def test_backlog_waiting_while_no_batch_finishes_is_stalled() -> None:
+    health = stream_health(
+        status_obj(backlogFiles=4, oldestBacklogAt=NOW - 300_000, batchFinishedAt=NOW - 400_000),
+        NOW,
+        STALE,
+    )
+    assert (health.healthy, health.verdict) == (False, "stalled")
+    assert (health.backlogFiles, health.lagMs) == (4, 300_000)
+    assert "4 files waiting" in health.reason
+
+
+def test_file_landing_after_a_long_idle_time_is_not_stalled() -> None:
+    health = stream_health(
+        status_obj(backlogFiles=1, oldestBacklogAt=NOW - 2_000, batchFinishedAt=NOW - 3_600_000),
+        NOW,
+        STALE,
+    )
+    assert (health.healthy, health.lagMs) == (True, 2_000)
+
+
+def test_backlog_with_batches_still_finishing_is_behind_but_healthy() -> None:
+    health = stream_health(
+        status_obj(backlogFiles=50, oldestBacklogAt=NOW - 600_000, batchFinishedAt=NOW - 10_000),
+        NOW,
+        STALE,
+    )
+    assert (health.healthy, health.lagMs) == (True, 600_000)
+
+
+def test_no_batch_yet_this_run_counts_from_the_start() -> None:
+    waiting = {"backlogFiles": 2, "oldestBacklogAt": NOW - 900_000, "batchFinishedAt": None}
+    long_ago = stream_health(status_obj(startedAt=NOW - 900_000, **waiting), NOW, STALE)
+    just_now = stream_health(status_obj(startedAt=NOW - 10_000, **waiting), NOW, STALE)
+    assert (long_ago.verdict, just_now.verdict) == ("stalled", "running")
+
+
+def test_starting_is_healthy_until_stale() -> None:
+    fresh = stream_health(status_obj(state="STARTING", updatedAt=NOW - 1_000), NOW, STALE)
+    stale = stream_health(status_obj(state="STARTING", updatedAt=NOW - 3 * STALE), NOW, STALE)
+    assert (fresh.healthy, fresh.verdict) == (True, "starting")
+    assert (stale.healthy, stale.verdict) == (False, "stalled")
+
+
+def test_unknown_state_is_not_healthy() -> None:
+    health = stream_health(status_obj(state="PAUSED"), NOW, STALE)
+    assert (health.healthy, health.verdict) == (False, "unknown")
+    assert "PAUSED" in health.reason
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+status_values = st.dictionaries(
+    st.sampled_from([*status_obj(), "extra"]),
+    json_scalars | st.sampled_from(["RUNNING", "STARTING", "STOPPED", "FAILED"]),
+)
+
+
+# Generation time swings on a shared, loaded machine; too_slow would make this flaky.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(status=status_values, now=st.integers(0, 2 * NOW), stale=st.integers(1, 10 * STALE))
+def test_any_status_content_gets_a_verdict_and_only_live_states_are_healthy(
+    status: dict[str, Any], now: int, stale: int
+) -> None:
+    health = stream_health(status, now, stale, local_host=HOST, pid_alive=alive)
+    assert health.reason
+    if health.healthy:
+        assert status.get("state") in LIVE_STATES
+        assert health.heartbeatAgeMs is not None and health.heartbeatAgeMs <= stale

@@ -75,3 +75,23 @@ def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
     record = {name: row[name] for name in ALERT_FIELDS}
     record["key"] = dict(row["key"])
     return record
+
+
+def amended(record: Mapping[str, Any], kind: AlertKind, decision_time: int) -> dict[str, Any]:
+    """A backfill's CORRECTION or RETRACTION of a decision (SPEC §3).
+
+    A CORRECTION carries the complete-data decision (its value and window); a RETRACTION
+    repeats the alert it takes back. The id is deterministic in (rule, version,
+    transaction, kind), so a rerun of the same backfill names the same alert.
+    """
+    if kind is AlertKind.ALERT:
+        raise ValueError("a backfill amends with CORRECTION or RETRACTION, not ALERT")
+    out = {name: record[name] for name in ALERT_FIELDS}
+    out["key"] = dict(record["key"])
+    out["kind"] = kind.value
+    out["alertId"] = alert_id(
+        record["ruleId"], record["ruleVersion"], record["transactionId"], kind
+    )
+    out["decisionTime"] = decision_time
+    return out
+

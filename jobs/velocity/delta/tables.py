@@ -33,6 +33,7 @@ ALERTS = "alerts"
 RULES = "rules"
 LATE_EVENTS = "late_events"
 SIGNATURES = "signatures"
+BACKFILLS = "backfills"
 
 # Where each line came from; (source_file, source_block, line_seq) orders lines by arrival.
 _SOURCE_FIELDS = [
@@ -82,6 +83,26 @@ SIGNATURE_SCHEMA = StructType(
     ]
 )
 
+# One row per finished backfill run: what it covered and the alerts it emitted (their
+# ids: a run that committed its alerts but died before publishing them is found by the
+# next run). ``late_through_batch``: the late events of stream batches up to this one
+# are covered (``velocity backfill --late``).
+BACKFILL_SCHEMA = StructType(
+    [
+        StructField("run_id", StringType(), False),
+        StructField("from_ms", LongType(), False),
+        StructField("to_ms", LongType(), False),
+        StructField("rule_ids", ArrayType(LongType(), False), False),
+        StructField("late_through_batch", LongType(), True),
+        StructField("events_evaluated", LongType(), False),
+        StructField("corrections", LongType(), False),
+        StructField("retractions", LongType(), False),
+        StructField("alert_ids", ArrayType(StringType(), False), False),
+        StructField("started_at", LongType(), False),
+        StructField("finished_at", LongType(), False),
+    ]
+)
+
 QUARANTINE_SCHEMA = StructType(
     [
         StructField("raw", StringType(), False),
@@ -107,18 +128,38 @@ PARSED_SCHEMA = StructType(
     ]
 )
 
+# The figures of one bucket (``velocity.buckets.BucketAggregate`` as columns).
+_BUCKET_FIGURES = [
+    StructField("event_count", LongType(), False),
+    StructField("value_count", LongType(), False),
+    StructField("value_sum", SUM_TYPE, True),
+    StructField("value_min", AMOUNT_TYPE, True),
+    StructField("value_max", AMOUNT_TYPE, True),
+    StructField("distinct_values", ArrayType(StringType(), False), False),
+]
+
+# One g-wide bucket inside a compacted bucket. Nullable throughout: Delta enforces NOT NULL
+# only on top-level columns, and a nested non-null field would only make writes fragile.
+BUCKET_PART_TYPE = StructType(
+    [
+        StructField(f.name, f.dataType, True)
+        for f in [StructField("bucket_start", LongType(), False), *_BUCKET_FIGURES]
+    ]
+)
+
+# A row is either one g-wide bucket (``bucket_width_ms`` = g, ``parts`` null) or a compacted
+# hour (``bucket_width_ms`` = 3 600 000): the hour's figures plus, in ``parts``, the g-wide
+# buckets it was made of, so a window edge inside the hour is still exact. A late event
+# that lands in a compacted hour adds a g-wide row next to it; readers merge both
+# (``velocity.spark.evaluate.minute_buckets``) and the next compaction folds it in.
 BUCKET_SCHEMA = StructType(
     [
         StructField("signature_id", StringType(), False),
         StructField("key", StringType(), False),
         StructField("bucket_start", LongType(), False),
         StructField("bucket_width_ms", LongType(), False),
-        StructField("event_count", LongType(), False),
-        StructField("value_count", LongType(), False),
-        StructField("value_sum", SUM_TYPE, True),
-        StructField("value_min", AMOUNT_TYPE, True),
-        StructField("value_max", AMOUNT_TYPE, True),
-        StructField("distinct_values", ArrayType(StringType(), False), False),
+        *_BUCKET_FIGURES,
+        StructField("parts", ArrayType(BUCKET_PART_TYPE, True), True),
     ]
 )
 
@@ -193,6 +234,16 @@ def append_once(df: DataFrame, path: Path, app_id: str, version: int) -> None:
 
 
 def create_if_missing(spark: SparkSession, path: Path, schema: StructType) -> None:
-    """An empty table with ``schema`` unless one is there already (safe to call repeatedly)."""
+    """An empty table with ``schema`` unless one is there already (safe to call repeatedly).
+
+    A table made by an earlier Velocity gets the nullable columns it lacks, so a data dir
+    survives an upgrade that adds one (as ``buckets.parts`` was).
+    """
     if not table_exists(spark, path):
         spark.createDataFrame([], schema).write.format("delta").mode("append").save(str(path))
+        return
+    present = set(read_table(spark, path).columns)
+    missing = [f for f in schema.fields if f.name not in present and f.nullable]
+    if missing:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")

@@ -11,6 +11,7 @@ Pure: names and values only, so the layout is tested byte for byte without a ser
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -90,3 +91,11 @@ def key_for_lookup(entry: Mapping[str, str], key_values: Mapping[str, str]) -> s
     if missing:
         raise KeyError(f"the key needs {names}; missing {missing}")
     return bucket_hash_key(entry["signatureId"], key_text([str(key_values[n]) for n in names]))
+
+
+def state_lock_key(data_dir: str) -> str:
+    """The lock that serialises writers of one data dir's bucket state (stream batches,
+    compaction, backfill rebuilds); named by a digest of the data dir, so two data dirs on
+    one Redis never block each other."""
+    digest = hashlib.sha256(data_dir.encode("utf-8")).hexdigest()[:16]
+    return f"{PREFIX}:lock:{{{digest}}}"

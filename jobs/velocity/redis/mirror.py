@@ -120,6 +120,28 @@ def publish_alerts(
     return int(added)  # type: ignore[arg-type]
 
 
+def publish_backfill(
+    client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]
+) -> int:
+    """Append a backfill's CORRECTION and RETRACTION records to the alert stream.
+
+    Unlike a micro-batch, a backfill publishes at least once (a rerun after a crash may
+    repeat an entry); consumers drop repeats by ``alertId``, which is deterministic.
+    """
+    if not alerts:
+        return 0
+    payload = [json.dumps(a, separators=(",", ":")) for a in alerts]
+    added = 0
+    for start in range(0, len(payload), _PIPELINE_CHUNK):
+        chunk = payload[start : start + _PIPELINE_CHUNK]
+        added += int(
+            client.fcall(  # type: ignore[arg-type]
+                "velocity_publish_backfill", 1, stream, str(ALERT_STREAM_MAXLEN), *chunk
+            )
+        )
+    return added
+
+
 def publish_rules(client: redis.Redis, rules: Sequence[Rule], bucket_ms: int) -> None:
     """Make ``velocity:rule:<id>`` describe exactly the given rules (others are removed)."""
     wanted = {rule_entry_key(r.rule_id): rule_entry(r, bucket_ms) for r in rules}

@@ -172,7 +172,39 @@ local function velocity_evict(keys, args)
   return dropped
 end
 
+-- FCALL velocity_publish_backfill 1 <alert stream> <maxlen> <alert json> ...
+-- Appends a backfill's corrections and retractions. Each entry repeats the batch of the
+-- stream's last entry, so velocity_publish still refuses a replay of that batch.
+local function velocity_publish_backfill(keys, args)
+  local maxlen = args[1]
+  local batch = "-1"
+  local last = redis.call("XREVRANGE", keys[1], "+", "-", "COUNT", 1)
+  if #last > 0 then
+    local entry = last[1][2]
+    for i = 1, #entry, 2 do
+      if entry[i] == "batch" then batch = entry[i + 1] end
+    end
+  end
+  for i = 2, #args do
+    redis.call("XADD", keys[1], "MAXLEN", "~", maxlen, "*", "alert", args[i], "batch", batch,
+               "backfill", "1")
+  end
+  return #args - 1
+end
+
+-- FCALL velocity_unlock 1 <lock key> <token>
+-- Releases a lock only for the holder that took it (its token), never someone else's.
+local function velocity_unlock(keys, args)
+  local held = redis.call("GET", keys[1])
+  if held and string.find(held, args[1], 1, true) then
+    return redis.call("DEL", keys[1])
+  end
+  return 0
+end
+
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
 redis.register_function("velocity_publish", velocity_publish)
 redis.register_function("velocity_evict", velocity_evict)
+redis.register_function("velocity_publish_backfill", velocity_publish_backfill)
+redis.register_function("velocity_unlock", velocity_unlock)

@@ -23,7 +23,7 @@ from pyspark.sql.types import ArrayType, LongType, StringType, StructField, Stru
 
 from velocity.alerts import AlertKind, alert_record, rule_key
 from velocity.buckets import BucketAggregate, bucket_from_columns
-from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, SUM_TYPE
+from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_PART_TYPE, SUM_TYPE
 from velocity.rules import Rule, RuleSignature, rules_by_signature
 from velocity.schema import NUMERIC_FIELDS
 from velocity.spark.ingest import canonical_text
@@ -82,6 +82,17 @@ def keyed_events(events: DataFrame, signatures: Iterable[RuleSignature]) -> Data
     return reduce(DataFrame.unionByName, parts)
 
 
+BUCKET_FIGURES = (
+    "event_count",
+    "value_count",
+    "value_sum",
+    "value_min",
+    "value_max",
+    "distinct_values",
+)
+HOUR_MS = 3_600_000
+
+
 def bucket_aggregates(keyed: DataFrame, width_ms: int) -> DataFrame:
     """Buckets per (signature, key, bucket start), as ``BucketAggregate`` defines them."""
     start = F.col("eventTime") - F.pmod(F.col("eventTime"), F.lit(width_ms))
@@ -100,12 +111,75 @@ def bucket_aggregates(keyed: DataFrame, width_ms: int) -> DataFrame:
             "key",
             "bucket_start",
             F.lit(width_ms).cast("long").alias("bucket_width_ms"),
-            "event_count",
-            "value_count",
-            "value_sum",
-            "value_min",
-            "value_max",
-            "distinct_values",
+            *BUCKET_FIGURES,
+            F.lit(None).cast(ArrayType(BUCKET_PART_TYPE, True)).alias("parts"),
+        )
+    )
+
+
+def _merged_figures() -> list[Column]:
+    """Aggregations that merge bucket rows as ``BucketAggregate.merge`` does."""
+    return [
+        F.sum("event_count").cast("long").alias("event_count"),
+        F.sum("value_count").cast("long").alias("value_count"),
+        F.sum("value_sum").cast(SUM_TYPE).alias("value_sum"),
+        F.min("value_min").alias("value_min"),
+        F.max("value_max").alias("value_max"),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list("distinct_values")))).alias(
+            "distinct_values"
+        ),
+    ]
+
+
+def minute_buckets(buckets: DataFrame, width_ms: int) -> DataFrame:
+    """The buckets table as g-wide buckets only: compacted hours expanded into their parts,
+    and a part and a later g-wide row of the same bucket merged into one.
+
+    Every reader that needs window edges (evaluation, the Redis mirror, reconcile, data
+    quality) reads through this, so compaction never changes what it sees.
+    """
+    plain = buckets.where(F.col("parts").isNull()).select(
+        "signature_id", "key", "bucket_start", *BUCKET_FIGURES
+    )
+    expanded = (
+        buckets.where(F.col("parts").isNotNull())
+        .select("signature_id", "key", F.explode("parts").alias("part"))
+        .select("signature_id", "key", "part.*")
+    )
+    return (
+        plain.unionByName(expanded)
+        .groupBy("signature_id", "key", "bucket_start")
+        .agg(*_merged_figures())
+        .select(
+            "signature_id",
+            "key",
+            "bucket_start",
+            F.lit(width_ms).cast("long").alias("bucket_width_ms"),
+            *BUCKET_FIGURES,
+        )
+    )
+
+
+def hour_buckets(minutes: DataFrame) -> DataFrame:
+    """Compacted hour rows (BUCKET_SCHEMA) of g-wide buckets (``minute_buckets``' shape):
+    each hour's merged figures plus its g-wide buckets, sorted by start, as ``parts``."""
+    hour = F.col("bucket_start") - F.pmod(F.col("bucket_start"), F.lit(HOUR_MS))
+    part = F.struct(F.col("bucket_start"), *[F.col(n) for n in BUCKET_FIGURES])
+    return (
+        minutes.groupBy("signature_id", "key", hour.alias("hour_start"))
+        .agg(
+            *_merged_figures(),
+            F.array_sort(F.collect_list(part))
+            .cast(ArrayType(BUCKET_PART_TYPE, True))
+            .alias("parts"),
+        )
+        .select(
+            "signature_id",
+            "key",
+            F.col("hour_start").alias("bucket_start"),
+            F.lit(HOUR_MS).cast("long").alias("bucket_width_ms"),
+            *BUCKET_FIGURES,
+            "parts",
         )
     )
 

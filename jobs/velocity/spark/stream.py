@@ -39,12 +39,14 @@ from velocity.alerts import record_of_stored
 from velocity.delta import tables
 from velocity.delta.rule_store import RuleStore
 from velocity.redis import mirror
+from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     bucket_aggregates,
     evaluate_from_state,
     keyed_events,
+    minute_buckets,
     state_rows,
 )
 from velocity.spark.ingest import parse_events, split_parsed, with_line_order, with_line_source
@@ -68,6 +70,7 @@ class LiveTables:
     alerts: Path
     signatures: Path
     rules: Path
+    backfills: Path
 
     @classmethod
     def of(cls, settings: Settings) -> LiveTables:
@@ -88,6 +91,7 @@ LIVE_SCHEMAS = {
     "alerts": tables.ALERT_SCHEMA,
     "signatures": tables.SIGNATURE_SCHEMA,
     "rules": tables.RULE_SCHEMA,
+    "backfills": tables.BACKFILL_SCHEMA,
 }
 
 
@@ -122,7 +126,9 @@ def merge_buckets(spark: SparkSession, path: Path, deltas: DataFrame) -> None:
         .alias("t")
         .merge(
             deltas.alias("s"),
-            "t.signature_id = s.signature_id AND t.key = s.key AND t.bucket_start = s.bucket_start",
+            # A compacted hour never matches: a late delta into it lands as a g-wide row.
+            "t.signature_id = s.signature_id AND t.key = s.key"
+            " AND t.bucket_start = s.bucket_start AND t.bucket_width_ms = s.bucket_width_ms",
         )
         .whenMatchedUpdate(
             set={
@@ -167,7 +173,7 @@ class StreamJob:
         mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
         buckets = self._buckets_in_horizon(rules)
         written = buckets.count()
-        self._mirror_buckets(buckets, rules)
+        self.mirror_buckets(buckets, rules)
         self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
         return written
 
@@ -184,16 +190,29 @@ class StreamJob:
         return written
 
     def _buckets_in_horizon(self, rules: list[Rule]) -> DataFrame:
-        """Buckets the mirror holds: within the widest window + lateness + one bucket of
-        the newest bucket (the "widest window" state of the Flink design)."""
-        buckets = self._read("buckets")
-        newest = buckets.agg(F.max("bucket_start")).first()
+        """g-wide buckets the mirror holds: within the widest window + lateness + one bucket
+        of the newest bucket (the "widest window" state of the Flink design)."""
+        buckets = self.read("buckets")
+        newest = buckets.agg(F.max(F.col("bucket_start") + F.col("bucket_width_ms"))).first()
         if newest is None or newest[0] is None or not rules:
-            return buckets.limit(0)
-        horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
-        return buckets.where(F.col("bucket_start") >= int(newest[0]) - horizon_ms)
+            return self.window_buckets(buckets.limit(0))
+        cutoff = int(newest[0]) - self.settings.bucket_width_ms
+        cutoff -= mirror.horizon_seconds(rules, self.settings) * 1000
+        return self.window_buckets(buckets, since=cutoff)
 
-    def _mirror_buckets(
+    def window_buckets(
+        self, buckets: DataFrame, since: int | None = None, keys: DataFrame | None = None
+    ) -> DataFrame:
+        """``buckets`` as g-wide buckets, only those starting at ``since`` or later and of
+        the (signature, key) pairs in ``keys``; rows are pruned before hours are expanded."""
+        if since is not None:
+            buckets = buckets.where(F.col("bucket_start") + F.col("bucket_width_ms") > since)
+        if keys is not None:
+            buckets = buckets.join(keys, ["signature_id", "key"], "left_semi")
+        minutes = minute_buckets(buckets, self.settings.bucket_width_ms)
+        return minutes if since is None else minutes.where(F.col("bucket_start") >= since)
+
+    def mirror_buckets(
         self, buckets: DataFrame, rules: list[Rule], evict_before: int | None = None
     ) -> None:
         ttl = mirror.horizon_seconds(rules, self.settings)
@@ -207,19 +226,23 @@ class StreamJob:
         shrinks when the widest rule goes. Idempotent.
         """
         cutoff = newest_event_time - mirror.horizon_seconds(rules, self.settings) * 1000
-        self.spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE bucket_start < {cutoff}")
+        # A compacted hour goes when its last g-wide bucket starts before the cutoff.
+        last_part = f"bucket_start + bucket_width_ms - {self.settings.bucket_width_ms}"
+        self.spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE {last_part} < {cutoff}")
         return cutoff
 
     def _append(self, df: DataFrame, name: str, batch_id: int) -> None:
         tables.append_once(df, getattr(self.live, name), f"{APP_ID}:{name}", batch_id)
 
-    def _read(self, name: str) -> DataFrame:
+    def read(self, name: str) -> DataFrame:
         return tables.read_table(self.spark, getattr(self.live, name))
 
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
         """One micro-batch (the foreachBatch function); logs one JSON line when done."""
         self._timer = StepTimer()
-        alerts = self._process(lines, batch_id)
+        with state_lock(self.redis, self.settings, f"stream batch {batch_id}"):
+            self._timer.mark("lock")
+            alerts = self._process(lines, batch_id)
         log.info(
             json.dumps(
                 {
@@ -242,7 +265,7 @@ class StreamJob:
         try:
             ingested = split_parsed(parsed)
             self._append(ingested.quarantine, "quarantine", batch_id)
-            earlier = self._read("events").where(F.col("stream_batch") != batch_id)
+            earlier = self.read("events").where(F.col("stream_batch") != batch_id)
             seen = earlier.select("transactionId")
             fresh = ingested.events.join(seen, "transactionId", "left_anti")
             repeated = ingested.events.join(seen, "transactionId", "left_semi")
@@ -254,7 +277,7 @@ class StreamJob:
             parsed.unpersist()
         self._timer.mark("ingest")
 
-        events = self._read("events")
+        events = self.read("events")
         batch_events = events.where(F.col("stream_batch") == batch_id).persist()
         try:
             rules = active_rules(self.rule_store.in_force())
@@ -269,9 +292,12 @@ class StreamJob:
                     merge_buckets(spark, self.live.buckets, deltas)
                 self._timer.mark("bucket-merge")
                 slots = deltas.select("signature_id", "key", "bucket_start")
-                changed = self._read("buckets").join(
-                    slots, ["signature_id", "key", "bucket_start"], "left_semi"
-                )
+                oldest_slot = deltas.agg(F.min("bucket_start")).first()
+                changed = self.window_buckets(
+                    self.read("buckets"),
+                    since=None if oldest_slot is None else oldest_slot[0],
+                    keys=slots.select("signature_id", "key").distinct(),
+                ).join(slots, ["signature_id", "key", "bucket_start"], "left_semi")
                 # One scan for both: the newest eventTime overall (eviction) and of the
                 # earlier batches (the watermark).
                 newest, newest_earlier = events.agg(
@@ -284,7 +310,7 @@ class StreamJob:
                     cutoff = int(newest) - horizon_ms
                     if batch_id % settings.eviction_every_batches == 0:
                         self.evict(rules, int(newest))
-                self._mirror_buckets(changed, rules, cutoff)
+                self.mirror_buckets(changed, rules, cutoff)
                 self._timer.mark("evict+mirror")
                 return self._evaluate(
                     events, batch_events, keyed, rules, batch_id, decision_time, newest_earlier
@@ -300,14 +326,14 @@ class StreamJob:
     ) -> None:
         """Build newly active signatures from the raw events; forget inactive ones."""
         spark = self.spark
-        built = {r["signature_id"] for r in self._read("signatures").collect()}
+        built = {r["signature_id"] for r in self.read("signatures").collect()}
         wanted = {s.signature_id: s for s in signatures}
         for gone in sorted(built - set(wanted)):
             spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
             spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
         for signature_id in sorted(set(wanted) - built):
             signature = wanted[signature_id]
-            history = self._read("events").where(F.col("stream_batch") < batch_id)
+            history = self.read("events").where(F.col("stream_batch") < batch_id)
             # A half-done earlier build (crash between the two commits) leaves buckets
             # without a signature row; start from nothing so nothing counts twice.
             spark.sql(
@@ -325,7 +351,7 @@ class StreamJob:
                 record, self.live.signatures, f"{APP_ID}:signature:{signature_id}", batch_id
             )
             built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
-            self._mirror_buckets(built_now, rules)
+            self.mirror_buckets(built_now, rules)
 
     def _evaluate(
         self,
@@ -364,11 +390,10 @@ class StreamJob:
         first_time, last_time = int(bounds[0]), int(bounds[1])
         widest_ms = max(r.window_ms for r in rules)
         target_keys = targets.select("signature_id", "key").distinct()
-        stored = (
-            self._read("buckets")
-            .where(F.col("bucket_start") >= first_time - widest_ms - width_ms)
-            .where(F.col("bucket_start") <= last_time)
-            .join(target_keys, ["signature_id", "key"], "left_semi")
+        stored = self.window_buckets(
+            self.read("buckets").where(F.col("bucket_start") <= last_time),
+            since=first_time - widest_ms - width_ms,
+            keys=target_keys,
         )
         own_from = first_time - first_time % width_ms
         recent = events.where(F.col("eventTime").between(own_from, last_time))

@@ -1,0 +1,70 @@
+"""The state lock: one writer at a time rewrites a data dir's buckets.
+
+The stream holds it for each micro-batch; compaction, OPTIMIZE of the buckets table,
+eviction and the backfill's bucket rebuild hold it for their commit. Delta's optimistic
+concurrency alone would turn a collision into a failed micro-batch (a stream restart),
+and a rewrite computed from a snapshot older than its commit could drop a concurrent
+delta; the lock rules out both. It lives in Redis because every Velocity process already
+reaches Redis; it is a lease (it expires) so a killed holder cannot block forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from velocity.errors import VelocityError
+from velocity.redis.keys import state_lock_key
+from velocity.settings import Settings
+
+# Longer than any micro-batch or compaction commit; a holder killed mid-way blocks the
+# others for at most this long.
+LEASE_MS = 30 * 60 * 1000
+
+
+class StateLockTimeout(VelocityError):
+    """The state lock stayed taken for longer than the caller would wait."""
+
+
+@contextmanager
+def state_lock(
+    client: redis.Redis,
+    settings: Settings,
+    holder: str,
+    wait_seconds: float = 900.0,
+    lease_ms: int = LEASE_MS,
+) -> Iterator[None]:
+    """Hold the data dir's state lock inside the block; waits for it up to ``wait_seconds``.
+
+    Raises ``StateLockTimeout`` naming the current holder when the wait runs out.
+    """
+    name = state_lock_key(str(settings.data_dir))
+    token = uuid.uuid4().hex
+    value = json.dumps(
+        {
+            "token": token,
+            "holder": holder,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": int(time.time() * 1000),
+        }
+    )
+    deadline = time.monotonic() + wait_seconds
+    while not client.set(name, value, nx=True, px=lease_ms):
+        if time.monotonic() >= deadline:
+            raise StateLockTimeout(
+                f"the state lock {name} of {settings.data_dir} is held by {client.get(name)}; "
+                "wait for that job to finish, or delete the key if its holder is gone"
+            )
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        client.fcall("velocity_unlock", 1, name, token)

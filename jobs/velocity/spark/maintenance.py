@@ -1,0 +1,240 @@
+"""Keeping the live state small and fast: compaction, OPTIMIZE, VACUUM, eviction, reconcile.
+
+Every step is idempotent (a second run changes nothing) and safe while the stream runs:
+the steps that rewrite buckets hold the state lock (``velocity.redis.lock``) that the
+stream holds for each micro-batch, and the other tables are only appended to by the
+stream, which never conflicts with OPTIMIZE or VACUUM.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from velocity.delta import tables
+from velocity.errors import UsageError
+from velocity.redis import mirror
+from velocity.redis.keys import PREFIX
+from velocity.redis.lock import state_lock
+from velocity.rules import active_rules
+from velocity.settings import Settings
+from velocity.spark.evaluate import HOUR_MS, hour_buckets, minute_buckets
+from velocity.spark.stream import LiveTables, StreamJob
+
+# Delta's own floor: VACUUM below 7 days can delete files a lagging reader still needs.
+MIN_VACUUM_RETENTION_HOURS = 168
+
+
+@dataclass
+class CompactionSummary:
+    sealed_before: int | None = None
+    hours_written: int = 0
+    rows_before: int = 0
+    rows_after: int = 0
+    files_before: int = 0
+    files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class TableFiles:
+    files_before: int = 0
+    files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+@dataclass
+class EvictionSummary:
+    cutoff: int | None = None
+    bucket_rows_before: int = 0
+    bucket_rows_after: int = 0
+    redis_buckets_dropped: int = 0
+    redis_hashes_dropped: int = 0
+
+
+@dataclass
+class ReconcileSummary:
+    checked: int = 0
+    missing: int = 0
+    different: int = 0
+    extra: int = 0
+    repaired: bool = False
+    clean_after: bool = True
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
+    """The highest accepted eventTime: the clock that seals buckets and sets the horizon."""
+    row = tables.read_table(spark, live.events).agg(F.max("eventTime")).first()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummary:
+    """Fold the sealed g-wide buckets into hour buckets (with their parts), in one commit.
+
+    Sealed: the whole hour lies below the watermark (newest eventTime − allowed lateness),
+    so only late events still reach it, and those land as g-wide rows that the next run
+    folds in. Readers expand hours back into their parts (``minute_buckets``), so lookups,
+    evaluation and backfill see exactly the same buckets before and after. Idempotent.
+    """
+    began = time.monotonic()
+    live = LiveTables.of(settings)
+    width = settings.bucket_width_ms
+    summary = CompactionSummary()
+    summary.bytes_before, summary.files_before = tables.table_size(spark, live.buckets)
+    client = mirror.connect(settings)
+    with state_lock(client, settings, "compaction"):
+        buckets = tables.read_table(spark, live.buckets)
+        summary.rows_before = summary.rows_after = buckets.count()
+        newest = newest_event_time(spark, live)
+        if newest is not None:
+            watermark = newest - settings.allowed_lateness_ms
+            sealed_before = watermark - watermark % HOUR_MS
+            summary.sealed_before = sealed_before
+            pending = buckets.where(
+                (F.col("bucket_width_ms") == width) & (F.col("bucket_start") < sealed_before)
+            )
+            oldest = pending.agg(F.min("bucket_start")).first()
+            if oldest is not None and oldest[0] is not None:
+                first_hour = int(oldest[0]) - int(oldest[0]) % HOUR_MS
+                span = f"bucket_start >= {first_hour} AND bucket_start < {sealed_before}"
+                in_span = buckets.where(span)
+                hours = hour_buckets(minute_buckets(in_span, width)).persist()
+                try:
+                    summary.hours_written = hours.count()
+                    (
+                        hours.write.format("delta")
+                        .mode("overwrite")
+                        .option("replaceWhere", span)
+                        .save(str(live.buckets))
+                    )
+                finally:
+                    hours.unpersist()
+                summary.rows_after = tables.read_table(spark, live.buckets).count()
+    client.close()
+    summary.bytes_after, summary.files_after = tables.table_size(spark, live.buckets)
+    summary.seconds = round(time.monotonic() - began, 3)
+    return summary
+
+
+def optimize_tables(spark: SparkSession, settings: Settings) -> dict[str, TableFiles]:
+    """OPTIMIZE (bin-packing) every live table; returns files and bytes before and after.
+
+    The buckets table is rewritten under the state lock (the stream MERGEs into it); the
+    others are append-only for the stream, and appends never conflict with OPTIMIZE.
+    """
+    live = LiveTables.of(settings)
+    result: dict[str, TableFiles] = {}
+    client = mirror.connect(settings)
+    for name in LiveTables.__dataclass_fields__:
+        path = getattr(live, name)
+        if not tables.table_exists(spark, path):
+            continue
+        figures = TableFiles()
+        figures.bytes_before, figures.files_before = tables.table_size(spark, path)
+        if name == "buckets":
+            with state_lock(client, settings, "optimize buckets"):
+                spark.sql(f"OPTIMIZE delta.`{path}`")
+        else:
+            spark.sql(f"OPTIMIZE delta.`{path}`")
+        figures.bytes_after, figures.files_after = tables.table_size(spark, path)
+        result[name] = figures
+    client.close()
+    return result
+
+
+def vacuum_tables(
+    spark: SparkSession, settings: Settings, retention_hours: int
+) -> dict[str, TableFiles]:
+    """VACUUM every live table, keeping files younger than ``retention_hours``.
+
+    Refuses less than 168 hours: below Delta's own floor a lagging reader (or a stream
+    restarted from an older checkpoint) could lose files it still needs.
+    """
+    if retention_hours < MIN_VACUUM_RETENTION_HOURS:
+        raise UsageError(
+            f"VACUUM retention {retention_hours} h is below the safe floor of "
+            f"{MIN_VACUUM_RETENTION_HOURS} h; give --retention-hours {MIN_VACUUM_RETENTION_HOURS}"
+            " or more"
+        )
+    live = LiveTables.of(settings)
+    result: dict[str, TableFiles] = {}
+    for name in LiveTables.__dataclass_fields__:
+        path = getattr(live, name)
+        if not tables.table_exists(spark, path):
+            continue
+        figures = TableFiles()
+        figures.bytes_before, figures.files_before = _files_on_disk(path)
+        spark.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS")
+        figures.bytes_after, figures.files_after = _files_on_disk(path)
+        result[name] = figures
+    return result
+
+
+def _files_on_disk(path: Any) -> tuple[int, int]:
+    """(bytes, files) of the data files under a table folder, referenced or not."""
+    files = [p for p in path.rglob("*.parquet") if "_delta_log" not in p.parts]
+    return sum(p.stat().st_size for p in files), len(files)
+
+
+def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
+    """Drop Delta buckets and Redis buckets outside the horizon, and the Redis hashes of
+    signatures no longer active. Idempotent.
+
+    The horizon is the stream's: the widest active window + allowed lateness + one bucket
+    behind the newest eventTime.
+    """
+    live = LiveTables.of(settings)
+    job = StreamJob(spark, settings)
+    summary = EvictionSummary()
+    rules = active_rules(job.rule_store.in_force())
+    newest = newest_event_time(spark, live)
+    summary.bucket_rows_before = summary.bucket_rows_after = tables.read_table(
+        spark, live.buckets
+    ).count()
+    if newest is None or not rules:
+        return summary
+    with state_lock(job.redis, settings, "eviction"):
+        summary.cutoff = job.evict(rules, newest)
+    summary.bucket_rows_after = tables.read_table(spark, live.buckets).count()
+    active_signatures = {r.signature.signature_id for r in rules}
+    pipe_names = list(job.redis.scan_iter(match=f"{PREFIX}:{{*}}:buckets", count=1000))
+    for name in pipe_names:
+        signature_id = name[len(PREFIX) + 2 :].split(":", 1)[0]
+        if signature_id not in active_signatures:
+            summary.redis_hashes_dropped += int(job.redis.delete(name))  # type: ignore[arg-type]
+            continue
+        dropped = job.redis.fcall("velocity_evict", 1, name, str(summary.cutoff))
+        summary.redis_buckets_dropped += int(dropped)  # type: ignore[arg-type]
+    return summary
+
+
+def reconcile_state(spark: SparkSession, settings: Settings, repair: bool) -> ReconcileSummary:
+    """Compare the Redis mirror with the Delta buckets; with ``repair``, rewrite Redis from
+    Delta and drop what only Redis had, then compare again."""
+    job = StreamJob(spark, settings)
+    drift = job.reconcile_mirror()
+    summary = ReconcileSummary(
+        checked=drift.checked,
+        missing=len(drift.missing),
+        different=len(drift.different),
+        extra=len(drift.extra),
+        clean_after=drift.clean,
+        details={
+            "missing": [list(s) for s in drift.missing[:5]],
+            "different": [list(s) for s in drift.different[:5]],
+            "extra": [list(s) for s in drift.extra[:5]],
+        },
+    )
+    if repair and not drift.clean:
+        job.repair_mirror(drift)
+        summary.repaired = True
+        summary.clean_after = job.reconcile_mirror().clean
+    return summary

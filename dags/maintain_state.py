@@ -1,0 +1,34 @@
+"""Hourly maintenance of Velocity's Delta tables and Redis mirror.
+
+What: compact sealed minute buckets into hour buckets, OPTIMIZE the tables, VACUUM
+files no version needs, evict buckets and Redis keys beyond every rule's window, and
+reconcile Redis against Delta, repairing drift. Each step is a `velocity maintain`
+command submitted through spark-submit; each is idempotent, so a rerun does nothing new.
+Why: the stream appends small files and buckets every micro-batch; without this, reads
+slow down, storage grows and Redis can drift from the state of record.
+Needs: the ``velocity_spark`` and ``velocity_default`` connections and the
+``velocity_spark`` pool (infra/airflow.sh creates them), Redis running.
+Scheduled at minute 15, away from check_quality (minute 45): two cores run one Spark
+batch job at a time.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import chain, dag
+
+from velocity_airflow import SPARK_BATCH_POOL
+from velocity_airflow.operators import VelocitySparkSubmitOperator
+from velocity_airflow.plans import MAINTENANCE_STEPS
+
+
+@dag(schedule="15 * * * *", catchup=False, max_active_runs=1, tags=["velocity", "maintenance"])
+def maintain_state() -> None:
+    chain(
+        *(
+            VelocitySparkSubmitOperator(task_id=name, command=list(args), pool=SPARK_BATCH_POOL)
+            for name, args in MAINTENANCE_STEPS
+        )
+    )
+
+
+maintain_state()

@@ -1,0 +1,246 @@
+"""What each Velocity task runs, decided without Airflow, Spark or Redis.
+
+Everything here is pure: the DAGs' parameters become ``velocity`` command lines,
+a command's stdout becomes its JSON summary, a health report becomes the stream
+DAG's next action, and a Spark master plus Velocity's settings become the
+environment of a spark-submit. The operators and hooks only carry these out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from velocity.errors import UsageError
+
+# `velocity maintain …` steps in the order maintain_state runs them: compact sealed
+# minute buckets first so OPTIMIZE rewrites fewer files, VACUUM what both left behind,
+# then evict and reconcile Redis against the compacted Delta state.
+MAINTENANCE_STEPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("compact", ("maintain", "compact")),
+    ("optimize", ("maintain", "optimize")),
+    ("vacuum", ("maintain", "vacuum")),
+    ("evict", ("maintain", "evict")),
+    ("reconcile", ("maintain", "reconcile", "--repair")),
+)
+
+QUALITY_SUITES: Final = ("all", "events", "quarantine", "buckets", "alerts")
+
+
+def parse_summary(stdout: str) -> dict[str, Any] | None:
+    """The command's JSON summary: the last stdout line that is a JSON object, else None.
+
+    Velocity commands print one JSON summary; lines before it (progress, banners) are
+    skipped, so a command that also prints text still yields its summary.
+    """
+    for line in reversed(stdout.splitlines()):
+        text = line.strip()
+        if not (text.startswith("{") and text.endswith("}")):
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _optional_int(name: str, value: object, minimum: int) -> int | None:
+    if value is None or value == "":
+        return None
+    # bool is an int in Python; a form never means True as a time or rule id.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{name} must be an integer ≥ {minimum} or empty, got {value!r}")
+    if value < minimum:
+        raise UsageError(f"{name} must be ≥ {minimum}, got {value}")
+    return value
+
+
+def stream_args(
+    events_dir: str, rules_file: str | None = None, duration_seconds: int | None = None
+) -> list[str]:
+    """``velocity stream`` for a folder of JSON lines; without a duration it runs until stopped."""
+    if not events_dir:
+        raise UsageError("events_dir is empty; name the folder of JSON lines the stream reads")
+    args = ["stream", "--events", events_dir]
+    if rules_file:
+        args += ["--rules", rules_file]
+    seconds = _optional_int("duration_seconds", duration_seconds, 1)
+    if seconds is not None:
+        args += ["--duration", str(seconds)]
+    return args
+
+
+def backfill_args(
+    from_ms: object = None, to_ms: object = None, rule_ids: object = None
+) -> list[str]:
+    """``velocity backfill`` for the backfill form: a time range, or ``--late`` when both are empty.
+
+    Raises UsageError naming the bad field: negative or non-integer times, only one end
+    of the range, ``from_ms`` after ``to_ms``, or rule ids that are not positive integers.
+    """
+    start = _optional_int("from_ms", from_ms, 0)
+    end = _optional_int("to_ms", to_ms, 0)
+    if (start is None) != (end is None):
+        raise UsageError(
+            f"give both from_ms and to_ms, or neither to backfill the recorded late events; "
+            f"got from_ms={from_ms!r}, to_ms={to_ms!r}"
+        )
+    if start is not None and end is not None and start > end:
+        raise UsageError(f"from_ms {start} is after to_ms {end}; swap them")
+    if start is None:
+        args = ["backfill", "--late"]
+    else:
+        args = ["backfill", "--from", str(start), "--to", str(end)]
+    if rule_ids is None or rule_ids == []:
+        return args
+    if not isinstance(rule_ids, list | tuple):
+        raise UsageError(f"rule_ids must be a list of positive integers, got {rule_ids!r}")
+    ids: list[int] = []
+    for index, value in enumerate(rule_ids):
+        rule_id = _optional_int(f"rule_ids[{index}]", value, 1)
+        if rule_id is None:
+            raise UsageError(f"rule_ids[{index}] is empty; remove it or give a rule id ≥ 1")
+        if rule_id not in ids:
+            ids.append(rule_id)
+    return [*args, "--rules", ",".join(str(i) for i in sorted(ids))]
+
+
+class StreamAction(StrEnum):
+    """What check_stream does after reading the stream's health."""
+
+    HEALTHY = "healthy"  # nothing to do
+    STOPPED_ON_REQUEST = "stopped_on_request"  # stop_stream stopped it; leave it stopped
+    STARTING = "starting"  # a run_stream run is under way but the stream reports nothing yet
+    RESTART = "restart"  # no stream runs: start one (it resumes from its checkpoint)
+    STOP_AND_RESTART = "stop_and_restart"  # a stream process is alive but stalled
+
+
+@dataclass(frozen=True)
+class StreamHealth:
+    """The stream's health as `velocity stream-status` reports it."""
+
+    healthy: bool
+    running: bool  # a stream process is alive (healthy or stalled)
+    reason: str
+    summary: Mapping[str, Any] = field(default_factory=dict)
+
+
+def stream_health(returncode: int, summary: Mapping[str, Any] | None) -> StreamHealth:
+    """Read `velocity stream-status`: exit 0 healthy, 1 not running or stalled, else an error.
+
+    ``running`` comes from the summary's ``running`` field when there is one; without it a
+    healthy stream counts as running and an unhealthy one as not.
+    """
+    if returncode not in (0, 1):
+        raise UsageError(
+            f"velocity stream-status exited {returncode} (expected 0 healthy or 1 unhealthy); "
+            "see the task log for its message"
+        )
+    data = dict(summary or {})
+    healthy = returncode == 0
+    running = data.get("running")
+    reason = data.get("reason") or data.get("status") or ("healthy" if healthy else "not running")
+    return StreamHealth(
+        healthy=healthy,
+        running=bool(running) if isinstance(running, bool) else healthy,
+        reason=str(reason),
+        summary=data,
+    )
+
+
+def decide_stream_action(
+    health: StreamHealth, *, active_runs: int, stop_requested: bool
+) -> StreamAction:
+    """check_stream's policy, first match wins.
+
+    healthy → nothing; stopped by stop_stream → leave it; alive but unhealthy (stalled)
+    → stop it, then start again; a run_stream run under way with no live process yet →
+    wait for the next check (it is starting, or it will fail and the next check restarts);
+    otherwise → start run_stream, which resumes from the checkpoint.
+    """
+    if health.healthy:
+        return StreamAction.HEALTHY
+    if stop_requested:
+        return StreamAction.STOPPED_ON_REQUEST
+    if health.running:
+        return StreamAction.STOP_AND_RESTART
+    if active_runs > 0:
+        return StreamAction.STARTING
+    return StreamAction.RESTART
+
+
+def velocity_env(extra: Mapping[str, Any], known: Collection[str]) -> dict[str, str]:
+    """``VELOCITY_<NAME>`` variables from a connection's extras named like Velocity settings.
+
+    Unknown names are refused (a typo such as ``datadir`` would otherwise be ignored and
+    the task would silently use the default data dir).
+    """
+    unknown = sorted(set(extra) - set(known))
+    if unknown:
+        raise UsageError(
+            f"connection extra names unknown Velocity settings {unknown}; "
+            f"use the settings' names: {sorted(known)}"
+        )
+    return {f"VELOCITY_{name.upper()}": str(value) for name, value in sorted(extra.items())}
+
+
+@dataclass(frozen=True)
+class SparkJob:
+    """One spark-submit of the velocity CLI: what SparkSubmitOperator is given."""
+
+    application: str
+    application_args: list[str]
+    env_vars: dict[str, str]
+    conf: dict[str, str]
+    jars: str
+
+
+def spark_job(
+    command: Sequence[str],
+    *,
+    master: str,
+    python: str,
+    cli_path: str,
+    settings_env: Mapping[str, str],
+    jars: Sequence[str],
+    driver_memory: str,
+    log4j_config: str | None = None,
+) -> SparkJob:
+    """The spark-submit of ``velocity <command>`` on ``master``.
+
+    The driver and the Python workers run ``python`` (the project's interpreter, with
+    the locked packages); VELOCITY_SPARK_MASTER repeats the master so that Velocity's
+    session builder, which sets ``.master`` from its settings, agrees with spark-submit.
+    The Delta JARs and the driver memory go to spark-submit itself: in client mode the
+    driver JVM is already running when the application builds its session.
+    """
+    if not command:
+        raise UsageError("empty velocity command; name a subcommand, e.g. ['maintain', 'compact']")
+    env = {
+        **settings_env,
+        "VELOCITY_SPARK_MASTER": master,
+        "PYSPARK_PYTHON": python,
+        "PYSPARK_DRIVER_PYTHON": python,
+        # spark-submit runs cli.py as a script, so Python would put jobs/velocity/ first
+        # on sys.path, where velocity's own delta/ and redis/ packages shadow the
+        # delta-spark and redis libraries. PYTHONSAFEPATH (3.11+) leaves it off.
+        "PYTHONSAFEPATH": "1",
+    }
+    if master.startswith("local"):
+        # One machine: bind Spark to loopback instead of guessing an interface.
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    conf = {"spark.driver.memory": driver_memory}
+    if log4j_config:
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j_config}"
+    return SparkJob(
+        application=cli_path,
+        application_args=[str(a) for a in command],
+        env_vars=env,
+        conf=conf,
+        jars=",".join(jars),
+    )

@@ -1,0 +1,181 @@
+"""The pure planning code of the Airflow plugins: command lines, summaries, stream policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from velocity.errors import UsageError
+from velocity.settings import Settings
+from velocity_airflow.plans import (
+    MAINTENANCE_STEPS,
+    StreamAction,
+    StreamHealth,
+    backfill_args,
+    decide_stream_action,
+    parse_summary,
+    spark_job,
+    stream_args,
+    stream_health,
+    velocity_env,
+)
+
+
+def test_backfill_without_a_range_backfills_the_late_events() -> None:
+    assert backfill_args() == ["backfill", "--late"]
+    assert backfill_args("", "", []) == ["backfill", "--late"]
+
+
+def test_backfill_range_and_rules_sorted_without_repeats() -> None:
+    assert backfill_args(0, 60_000, [3, 1, 3]) == [
+        "backfill",
+        "--from",
+        "0",
+        "--to",
+        "60000",
+        "--rules",
+        "1,3",
+    ]
+    assert backfill_args(5, 5) == ["backfill", "--from", "5", "--to", "5"]
+
+
+@pytest.mark.parametrize(
+    ("from_ms", "to_ms", "rule_ids", "names"),
+    [
+        (10, 5, None, "from_ms 10 is after to_ms 5"),
+        (10, None, None, "give both from_ms and to_ms"),
+        (None, 10, None, "give both from_ms and to_ms"),
+        (-1, 5, None, "from_ms must be ≥ 0, got -1"),
+        ("10", 20, None, "from_ms must be an integer"),
+        (True, 20, None, "from_ms must be an integer"),
+        (0, 10, [0], "rule_ids[0] must be ≥ 1, got 0"),
+        (0, 10, ["x"], "rule_ids[0] must be an integer"),
+        (0, 10, [None], "rule_ids[0] is empty"),
+        (0, 10, 7, "rule_ids must be a list"),
+    ],
+)
+def test_backfill_rejects_bad_forms_naming_the_field(
+    from_ms: object, to_ms: object, rule_ids: object, names: str
+) -> None:
+    with pytest.raises(UsageError) as raised:
+        backfill_args(from_ms, to_ms, rule_ids)
+    assert names in str(raised.value)
+
+
+def test_stream_args() -> None:
+    assert stream_args("/in") == ["stream", "--events", "/in"]
+    assert stream_args("/in", "r.json", 30) == [
+        "stream",
+        "--events",
+        "/in",
+        "--rules",
+        "r.json",
+        "--duration",
+        "30",
+    ]
+    with pytest.raises(UsageError, match="events_dir is empty"):
+        stream_args("")
+    with pytest.raises(UsageError, match="duration_seconds must be ≥ 1"):
+        stream_args("/in", None, 0)
+
+
+def test_maintenance_runs_every_step_once_in_order() -> None:
+    assert [name for name, _ in MAINTENANCE_STEPS] == [
+        "compact",
+        "optimize",
+        "vacuum",
+        "evict",
+        "reconcile",
+    ]
+    assert MAINTENANCE_STEPS[-1][1] == ("maintain", "reconcile", "--repair")
+
+
+def test_summary_is_the_last_json_object_line() -> None:
+    out = 'starting\n{"a": 1}\nnoise {not json}\n[1, 2]\n{"ok": true, "n": 2}\ntrailer\n'
+    assert parse_summary(out) == {"ok": True, "n": 2}
+    assert parse_summary("no json here\n[1]\n") is None
+    assert parse_summary("") is None
+
+
+def _health(healthy: bool, running: bool) -> StreamHealth:
+    return StreamHealth(healthy=healthy, running=running, reason="test")
+
+
+@pytest.mark.parametrize(
+    ("healthy", "running", "active", "stop_requested", "action"),
+    [
+        (True, True, 1, False, StreamAction.HEALTHY),
+        (True, True, 0, True, StreamAction.HEALTHY),
+        (False, False, 0, True, StreamAction.STOPPED_ON_REQUEST),
+        (False, True, 1, True, StreamAction.STOPPED_ON_REQUEST),
+        (False, True, 1, False, StreamAction.STOP_AND_RESTART),
+        (False, True, 0, False, StreamAction.STOP_AND_RESTART),
+        (False, False, 1, False, StreamAction.STARTING),
+        (False, False, 0, False, StreamAction.RESTART),
+    ],
+)
+def test_stream_policy(
+    healthy: bool, running: bool, active: int, stop_requested: bool, action: StreamAction
+) -> None:
+    decided = decide_stream_action(
+        _health(healthy, running), active_runs=active, stop_requested=stop_requested
+    )
+    assert decided is action
+
+
+def test_stream_health_from_exit_code_and_summary() -> None:
+    assert stream_health(0, {}).healthy and stream_health(0, {}).running
+    dead = stream_health(1, {"reason": "no status file"})
+    assert (dead.healthy, dead.running, dead.reason) == (False, False, "no status file")
+    stalled = stream_health(1, {"running": True, "reason": "stalled"})
+    assert (stalled.healthy, stalled.running) == (False, True)
+    with pytest.raises(UsageError, match="exited 2"):
+        stream_health(2, None)
+
+
+def test_velocity_env_from_connection_extras() -> None:
+    env = velocity_env({"data_dir": "/d", "bucket_seconds": 30}, Settings.model_fields)
+    assert env == {"VELOCITY_BUCKET_SECONDS": "30", "VELOCITY_DATA_DIR": "/d"}
+    with pytest.raises(UsageError, match=r"unknown Velocity settings \['datadir'\]"):
+        velocity_env({"datadir": "/d"}, Settings.model_fields)
+
+
+def test_spark_job_tells_velocity_the_master_spark_submit_uses() -> None:
+    job = spark_job(
+        ["maintain", "compact"],
+        master="local[2]",
+        python="/venv/bin/python",
+        cli_path="/src/velocity/cli.py",
+        settings_env={"VELOCITY_DATA_DIR": "/d"},
+        jars=["/j/delta-spark.jar", "/j/delta-storage.jar"],
+        driver_memory="1g",
+        log4j_config="/l/log4j2.properties",
+    )
+    assert job.application == "/src/velocity/cli.py"
+    assert job.application_args == ["maintain", "compact"]
+    assert job.env_vars == {
+        "VELOCITY_DATA_DIR": "/d",
+        "VELOCITY_SPARK_MASTER": "local[2]",
+        "PYSPARK_PYTHON": "/venv/bin/python",
+        "PYSPARK_DRIVER_PYTHON": "/venv/bin/python",
+        "PYTHONSAFEPATH": "1",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    assert job.conf == {
+        "spark.driver.memory": "1g",
+        "spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=file:/l/log4j2.properties",
+    }
+    assert job.jars == "/j/delta-spark.jar,/j/delta-storage.jar"
+    cluster = spark_job(
+        ["stream", "--events", "/in"],
+        master="spark://m:7077",
+        python="/p",
+        cli_path="/c",
+        settings_env={},
+        jars=[],
+        driver_memory="4g",
+    )
+    assert "SPARK_LOCAL_IP" not in cluster.env_vars
+    assert cluster.env_vars["VELOCITY_SPARK_MASTER"] == "spark://m:7077"
+    with pytest.raises(UsageError, match="empty velocity command"):
+        spark_job([], master="local", python="p", cli_path="c", settings_env={}, jars=[],
+                  driver_memory="1g")

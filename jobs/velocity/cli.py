@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -231,6 +233,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
+    """Run the stream until it ends, is asked to stop, or --duration passes.
+
+    Keeps ``<data_dir>/status/stream.json`` current and stops cleanly on
+    ``velocity stream-stop`` or SIGTERM (exit 0); a failed query exits 1 (status FAILED).
+    """
     settings = _settings(args)
     events_dir = Path(args.events)
     if not events_dir.is_dir():
@@ -238,26 +245,97 @@ def cmd_stream(args: argparse.Namespace) -> int:
             f"--events {args.events!r} is not a folder; give the folder events land in"
         )
     entries = _read_rules_file(args.rules) if args.rules else []
-    from velocity.spark.stream import StreamJob
+    from velocity.spark import lifecycle
 
-    job = StreamJob(_spark(settings, "velocity-stream"), settings)
-    if entries:
-        for change in job.rule_store.apply(entries).changes:
-            print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
-    query = job.start(events_dir, args.trigger == "available-now", args.max_files_per_trigger)
-    print(f"stream running over {events_dir} (data dir {settings.data_dir}); Ctrl-C stops it")
+    lifecycle.refuse_if_running(settings)
+    started_ms = lifecycle.now_ms()
+    stale = lifecycle.clear_stale_stop_request(settings.data_dir, started_ms)
+    if stale is not None:
+        print(f"removed a stop request left from before this start: {json.dumps(stale)}")
+    status = lifecycle.StreamStatus(settings.data_dir, events_dir.resolve(), started_ms)
+    status.starting()
+    terminate = _sigterm_flag()
     try:
-        if args.duration:
-            query.awaitTermination(args.duration)
-            query.stop()
-        else:
-            query.awaitTermination()
+        from velocity.spark.stream import StreamJob
+
+        spark = _spark(settings, "velocity-stream")
+        job = StreamJob(spark, settings)
+        if entries:
+            for change in job.rule_store.apply(entries).changes:
+                print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
+        lifecycle.attach_status_listener(spark, status, settings.stream_heartbeat_seconds)
+        query = job.start(events_dir, args.trigger == "available-now", args.max_files_per_trigger)
     except KeyboardInterrupt:
-        query.stop()
+        status.stopped("interrupted (Ctrl-C) while starting", final=True)
+        raise
+    except Exception as exc:
+        # Startup failed (bad Redis URL, Spark, Delta): say so in the status file too.
+        status.failed(f"startup failed: {exc}", final=True)
+        raise
+    print(
+        f"stream running over {events_dir} (data dir {settings.data_dir}); "
+        "`velocity stream-stop` or Ctrl-C stops it",
+        flush=True,
+    )
+    reason = lifecycle.supervise(
+        query,
+        status,
+        settings.data_dir,
+        duration_seconds=args.duration,
+        grace_seconds=settings.stream_stale_seconds,
+        terminate_requested=terminate.is_set,
+    )
     progress = query.recentProgress
     rows = sum(int(p["numInputRows"]) for p in progress)
-    print(f"stream stopped: {len(progress)} batches, {rows} lines read")
+    batches = sum(1 for p in progress if int(p["numInputRows"]) > 0)
+    print(f"stream stopped ({reason}): {batches} batches, {rows} lines read")
     return EXIT_OK
+
+
+def _sigterm_flag() -> threading.Event:
+    """An event set on SIGTERM, so a scheduler's kill stops the stream like stream-stop."""
+    flag = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: flag.set())
+    return flag
+
+
+def cmd_stream_status(args: argparse.Namespace) -> int:
+    from velocity.spark import lifecycle
+
+    health = lifecycle.check_health(_settings(args), args.stale_seconds)
+    print(json.dumps(health.to_json()))
+    return EXIT_OK if health.healthy else EXIT_FAILURE
+
+
+def cmd_stream_stop(args: argparse.Namespace) -> int:
+    from velocity.health import LIVE_STATES
+    from velocity.spark import lifecycle
+
+    settings = _settings(args)
+    health = lifecycle.check_health(settings)
+    if health.state not in LIVE_STATES or health.verdict == "dead":
+        print(f"no stream is running with data dir {settings.data_dir}: {health.reason}")
+        return EXIT_OK
+    request = lifecycle.request_stop(settings.data_dir, args.reason)
+    print(
+        f"stop requested ({request['requestedBy']}) for the stream, pid {health.pid} on "
+        f"{health.host}; it stops after its micro-batch in flight"
+    )
+    if not args.wait:
+        return EXIT_OK
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        health = lifecycle.check_health(settings)
+        if health.state not in LIVE_STATES or health.verdict == "dead":
+            print(f"stream {health.verdict}: {health.reason}")
+            return EXIT_OK
+        time.sleep(0.5)
+    print(
+        f"error: the stream is still {health.state} after {args.wait} s: {health.reason}",
+        file=sys.stderr,
+    )
+    return EXIT_FAILURE
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -460,6 +538,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stream.add_argument("--duration", type=float, help="stop after this many seconds")
     stream.set_defaults(run=cmd_stream)
+    stream_status = sub.add_parser(
+        "stream-status", help="the stream's health as JSON; exit 0 healthy, 1 not"
+    )
+    stream_status.add_argument(
+        "--stale-seconds",
+        type=int,
+        default=None,
+        help="heartbeat older than this is stalled (default VELOCITY_STREAM_STALE_SECONDS)",
+    )
+    stream_status.set_defaults(run=cmd_stream_status)
+    stream_stop = sub.add_parser(
+        "stream-stop", help="ask the running stream to stop after its micro-batch in flight"
+    )
+    stream_stop.add_argument("--reason", help="recorded in the request and the status file")
+    stream_stop.add_argument(
+        "--wait", type=float, default=0, help="wait up to this many seconds for it to stop"
+    )
+    stream_stop.set_defaults(run=cmd_stream_stop)
 
     watch = sub.add_parser("watch", help="print alerts live from the Redis alert stream")
     watch.add_argument("--duration", type=float, help="stop after this many seconds")

@@ -52,6 +52,17 @@ class Settings(BaseSettings):
         ge=1,
         description="The stream deletes Delta buckets older than the horizon every N batches.",
     )
+    stream_stale_seconds: int = Field(
+        default=120,
+        ge=1,
+        description="stream-status calls a RUNNING stream stalled when its heartbeat is older.",
+    )
+    stream_heartbeat_seconds: int = Field(
+        default=10,
+        ge=1,
+        description="An idle stream refreshes its status file this often "
+        "(spark.sql.streaming.noDataProgressEventInterval).",
+    )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_shuffle_partitions: int = Field(
         default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."

@@ -1,0 +1,258 @@
+"""Stream lifecycle through the real CLI: status file, stream-status, stream-stop, SIGKILL, resume.
+
+One test runs `velocity stream` twice as a subprocess (real Spark, Delta, redis-server):
+healthy with batches advancing and an idle heartbeat, SIGKILL -> dead, a stale stop
+request that must not stop the next start, restart -> healthy and resumed from the
+checkpoint (every event once), stream-stop -> exit 0 and STOPPED. The others need no Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from velocity.delta import tables
+from velocity.generate import GenerateOptions, generate_events
+from velocity.settings import Settings
+from velocity.spark import lifecycle
+from velocity.spark.stream import LiveTables
+
+VELOCITY = str(Path(sys.executable).parent / "velocity")
+EVENTS_PER_FILE = 50
+FIRST_WAVE, SECOND_WAVE = 1, 2
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [VELOCITY, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def health_of(env: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    done = cli(env, "stream-status")
+    return done.returncode, json.loads(done.stdout)
+
+
+def wait_for(
+    what: str, condition: Callable[[], Any], timeout: float, process: subprocess.Popen[str]
+) -> Any:
+    """Poll ``condition`` until truthy; fail naming ``what`` (and the stream's log)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process.poll() is not None:
+            pytest.fail(f"stream exited ({process.returncode}) while waiting for {what}")
+        time.sleep(0.5)
+    pytest.fail(f"no {what} within {timeout} s")
+
+
+def land(source: Path, events: Path) -> None:
+    """Land a file the way writers should: under a hidden name, then renamed, newer mtime."""
+    hidden = events / f".{source.name}"
+    shutil.copy(source, hidden)
+    stamp = time.time()
+    os.utime(hidden, (stamp, stamp))
+    hidden.rename(events / source.name)
+    time.sleep(0.01)  # distinct mtimes keep the landing order
+
+
+@contextmanager
+def stream_process(env: dict[str, str], events: Path, log: Path) -> Iterator[subprocess.Popen[str]]:
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [VELOCITY, "stream", "--events", str(events), "--max-files-per-trigger", "1"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+@pytest.mark.spark
+@pytest.mark.redis
+def test_status_stop_kill_and_resume_through_the_cli(
+    request: pytest.FixtureRequest, data_settings: Settings, tmp_path: Path
+) -> None:
+    held = tmp_path / "held"
+    generate_events(
+        held,
+        GenerateOptions(
+            events=EVENTS_PER_FILE * (FIRST_WAVE + SECOND_WAVE),
+            rate=5.0,
+            payers=10,
+            files=FIRST_WAVE + SECOND_WAVE,
+            late_fraction=0.0,
+            duplicate_fraction=0.0,
+            malformed_fraction=0.0,
+            seed=11,
+        ),
+    )
+    files = sorted(held.glob("*.jsonl"))
+    events = tmp_path / "events"
+    events.mkdir()
+    for source in files[:FIRST_WAVE]:
+        land(source, events)
+    data_dir = data_settings.data_dir
+    env = {
+        **os.environ,
+        "VELOCITY_DATA_DIR": str(data_dir),
+        "VELOCITY_REDIS_URL": data_settings.redis_url,
+        "VELOCITY_SPARK_MASTER": "local[2]",
+        "VELOCITY_SPARK_SHUFFLE_PARTITIONS": "2",
+        "VELOCITY_STREAM_HEARTBEAT_SECONDS": "2",
+    }
+
+    def status() -> dict[str, Any]:
+        return lifecycle.read_status(data_dir) or {}
+
+    # --- first run: healthy, batches advance, an idle stream keeps its heartbeat --------
+    with stream_process(env, events, tmp_path / "run1.log") as first:
+        wait_for("first batch", lambda: status().get("batch") is not None, 300, first)
+        code, health = health_of(env)
+        assert (code, health["verdict"], health["state"]) == (0, "running", "RUNNING"), health
+        assert health["pid"] == first.pid and health["batchesThisRun"] >= 1
+        # One file a batch; the next batch may already have picked its file.
+        assert 0 <= health["backlogFiles"] <= FIRST_WAVE - 1 - health["batch"], health
+        wait_for("first wave", lambda: status().get("backlogFiles") == 0, 180, first)
+        before = status()
+        land(files[FIRST_WAVE], events)
+        wait_for("next batch", lambda: status().get("batch", -1) > before["batch"], 180, first)
+        code, health = health_of(env)
+        assert code == 0 and health["batchesThisRun"] > before["batchesThisRun"], health
+        idle = wait_for("idle", lambda: status().get("backlogFiles") == 0 and status(), 60, first)
+
+        def heartbeat_without_batch() -> bool:
+            now = status()
+            return bool(now["updatedAt"] > idle["updatedAt"] and now["batch"] == idle["batch"])
+
+        wait_for("idle heartbeat", heartbeat_without_batch, 30, first)
+
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    code, health = health_of(env)
+    assert (code, health["verdict"], health["state"]) == (1, "dead", "RUNNING"), health
+
+    # Nothing runs: stream-stop says so and leaves no request behind.
+    stop = cli(env, "stream-stop")
+    assert stop.returncode == 0 and "no stream is running" in stop.stdout, stop
+    assert not lifecycle.stop_request_path(data_dir).exists()
+
+    # A request left from before the next start must not stop it.
+    stale_request = {"requestedAt": lifecycle.now_ms() - 3_600_000, "requestedBy": "yesterday"}
+    lifecycle.write_json_atomically(lifecycle.stop_request_path(data_dir), stale_request)
+    for source in files[FIRST_WAVE + 1 :]:
+        land(source, events)
+
+    # --- second run: resumes from the checkpoint, then stops on request ---------------------
+    with stream_process(env, events, tmp_path / "run2.log") as second:
+        wait_for(
+            "second run's status",
+            lambda: status().get("pid") == second.pid and status().get("state") == "RUNNING",
+            300,
+            second,
+        )
+        assert not lifecycle.stop_request_path(data_dir).exists()
+        wait_for(
+            "the rest",
+            lambda: status().get("backlogFiles") == 0 and status().get("batchesThisRun", 0) >= 1,
+            240,
+            second,
+        )
+        code, health = health_of(env)
+        assert (code, health["verdict"]) == (0, "running"), health
+        assert second.poll() is None
+
+        asked = time.monotonic()
+        stop = cli(env, "stream-stop", "--reason", "test", "--wait", "120", timeout=150)
+        assert stop.returncode == 0, stop
+        assert second.wait(timeout=30) == 0
+        assert time.monotonic() - asked < 120
+    final = status()
+    assert final["state"] == "STOPPED" and "stop requested" in final["stopReason"], final
+    assert final["stopRequest"]["reason"] == "test"
+    assert not lifecycle.stop_request_path(data_dir).exists()
+    code, health = health_of(env)
+    assert (code, health["verdict"]) == (1, "stopped"), health
+
+    # Every event counted once across the kill and the restart.
+    spark = request.getfixturevalue("spark")
+    stored = tables.read_table(spark, LiveTables.of(data_settings).events)
+    total = EVENTS_PER_FILE * len(files)
+    assert stored.count() == total
+    assert stored.select("transactionId").distinct().count() == total
+
+
+def test_stream_status_without_a_status_file_is_not_running(tmp_path: Path) -> None:
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(tmp_path / "data")}
+    code, health = health_of(env)
+    assert (code, health["verdict"], health["healthy"]) == (1, "absent", False)
+
+
+def test_stream_stop_with_no_stream_exits_0_and_writes_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    lifecycle.write_json_atomically(
+        lifecycle.status_path(data_dir),
+        {"state": "STOPPED", "stopReason": "done", "updatedAt": lifecycle.now_ms()},
+    )
+    stop = cli({**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}, "stream-stop")
+    assert stop.returncode == 0 and "no stream is running" in stop.stdout, stop
+    assert not lifecycle.stop_request_path(data_dir).exists()
+
+
+def test_only_a_stop_request_older_than_the_start_is_cleared(tmp_path: Path) -> None:
+    lifecycle.request_stop(tmp_path, "old")
+    started = lifecycle.now_ms() + 1
+    cleared = lifecycle.clear_stale_stop_request(tmp_path, started)
+    assert cleared is not None and cleared["reason"] == "old"
+    assert lifecycle.read_stop_request(tmp_path) is None
+
+    fresh = lifecycle.request_stop(tmp_path, "new")
+    assert lifecycle.clear_stale_stop_request(tmp_path, fresh["requestedAt"]) is None
+    kept = lifecycle.read_stop_request(tmp_path)
+    assert kept is not None and kept["reason"] == "new"
+
+
+def test_newest_processed_mtime_reads_the_newest_source_log(tmp_path: Path) -> None:
+    log_dir = tmp_path / "sources" / "0"
+    log_dir.mkdir(parents=True)
+
+    def entry(stamp: int, batch: int) -> str:
+        return json.dumps({"path": f"file:///e/{stamp}", "timestamp": stamp, "batchId": batch})
+
+    (log_dir / "8").write_text("v1\n" + entry(800, 8) + "\n")
+    (log_dir / "9.compact").write_text("v1\n" + "\n".join(entry(s, 9) for s in (5, 900, 7)))
+    (log_dir / "10").write_text("v1\n" + entry(1000, 10) + "\n" + entry(1001, 10) + "\n")
+    assert lifecycle.newest_processed_mtime(tmp_path) == 1001
+    (log_dir / "10").unlink()
+    assert lifecycle.newest_processed_mtime(tmp_path) == 900
+    assert lifecycle.newest_processed_mtime(tmp_path / "none") is None
+
+
+def test_backlog_counts_visible_files_newer_than_the_newest_processed(tmp_path: Path) -> None:
+    for name, stamp in (("a.jsonl", 100), ("b.jsonl", 200), ("c.jsonl", 300), (".d", 400)):
+        (tmp_path / name).write_text("{}\n")
+        os.utime(tmp_path / name, (stamp, stamp))
+    (tmp_path / "_e").write_text("{}\n")
+    assert lifecycle.backlog(tmp_path, 100_000) == (2, 200_000)
+    assert lifecycle.backlog(tmp_path, None) == (3, 100_000)
+    assert lifecycle.backlog(tmp_path, 300_000) == (0, None)

@@ -322,20 +322,39 @@ def cmd_stream_stop(args: argparse.Namespace) -> int:
         f"stop requested ({request['requestedBy']}) for the stream, pid {health.pid} on "
         f"{health.host}; it stops after its micro-batch in flight"
     )
-    if not args.wait:
-        return EXIT_OK
     deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
+    while True:
         health = lifecycle.check_health(settings)
         if health.state not in LIVE_STATES or health.verdict == "dead":
             print(f"stream {health.verdict}: {health.reason}")
             return EXIT_OK
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.5)
+    if not args.force:
+        if args.wait:
+            print(
+                f"error: the stream is still {health.state} after {args.wait} s: "
+                f"{health.reason}; --force kills it",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
+        return EXIT_OK
+    if health.pid is None or health.host != lifecycle.local_host():
+        print(
+            f"error: --force can only kill a stream on this host; it runs as pid {health.pid} "
+            f"on {health.host}: stop it there",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    if not lifecycle.kill_stream(health.pid):
+        print(f"error: pid {health.pid} survived SIGKILL for 30 s", file=sys.stderr)
+        return EXIT_FAILURE
     print(
-        f"error: the stream is still {health.state} after {args.wait} s: {health.reason}",
-        file=sys.stderr,
+        f"killed the stream (pid {health.pid}) after {args.wait} s; `velocity stream` "
+        "resumes from its checkpoint"
     )
-    return EXIT_FAILURE
+    return EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -554,6 +573,11 @@ def build_parser() -> argparse.ArgumentParser:
     stream_stop.add_argument("--reason", help="recorded in the request and the status file")
     stream_stop.add_argument(
         "--wait", type=float, default=0, help="wait up to this many seconds for it to stop"
+    )
+    stream_stop.add_argument(
+        "--force",
+        action="store_true",
+        help="SIGKILL it (this host only) if it has not stopped after --wait",
     )
     stream_stop.set_defaults(run=cmd_stream_stop)
 

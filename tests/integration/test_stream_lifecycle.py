@@ -256,3 +256,52 @@ def test_backlog_counts_visible_files_newer_than_the_newest_processed(tmp_path: 
     assert lifecycle.backlog(tmp_path, 100_000) == (2, 200_000)
     assert lifecycle.backlog(tmp_path, None) == (3, 100_000)
     assert lifecycle.backlog(tmp_path, 300_000) == (0, None)
+
+
+@contextmanager
+def fake_stream(data_dir: Path, heartbeat_age_ms: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process the status file names as the stream, heartbeat ``heartbeat_age_ms`` old."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    now = lifecycle.now_ms()
+    lifecycle.write_json_atomically(
+        lifecycle.status_path(data_dir),
+        {
+            "state": "RUNNING",
+            "pid": process.pid,
+            "host": lifecycle.local_host(),
+            "startedAt": now - heartbeat_age_ms,
+            "updatedAt": now - heartbeat_age_ms,
+            "backlogFiles": 0,
+        },
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("heartbeat_age_ms", [0, 3_600_000], ids=["healthy", "stalled"])
+def test_a_second_stream_refuses_while_the_first_process_lives(
+    tmp_path: Path, heartbeat_age_ms: int
+) -> None:
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}
+    with fake_stream(data_dir, heartbeat_age_ms) as process:
+        started = cli(env, "stream", "--events", str(tmp_path))
+        assert started.returncode == 1, started
+        assert f"data dir {data_dir}" in started.stderr and "stream-stop" in started.stderr
+        assert lifecycle.read_status(data_dir)["pid"] == process.pid  # untouched
+
+
+def test_stream_stop_force_kills_a_stream_that_ignores_the_request(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}
+    with fake_stream(data_dir, 0) as process:
+        polite = cli(env, "stream-stop", "--wait", "1")
+        assert polite.returncode == 1 and "--force" in polite.stderr, polite
+        forced = cli(env, "stream-stop", "--wait", "1", "--force")
+        assert forced.returncode == 0 and "killed" in forced.stdout, forced
+        assert process.wait(timeout=10) == -signal.SIGKILL
+    code, health = health_of(env)
+    assert (code, health["verdict"]) == (1, "dead"), health

@@ -23,6 +23,7 @@ import getpass
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -434,14 +435,44 @@ def attach_status_listener(
 
 
 def refuse_if_running(settings: Settings) -> None:
-    """Raise when a healthy stream already runs with this data dir (two would share a
-    checkpoint and corrupt it); a dead, stalled or stopped one may be replaced."""
+    """Raise when a stream may still run with this data dir: two would share one
+    checkpoint and corrupt it. That is a healthy one, or a stalled one whose process
+    is alive on this host; a dead, stopped or failed one may be replaced, and so may a
+    stalled one on another host (its pid cannot be checked from here)."""
     health = check_health(settings)
     if health.healthy:
         raise VelocityError(
             f"a stream already runs with data dir {settings.data_dir} ({health.reason}); "
             "stop it first with `velocity stream-stop --wait 300`"
         )
+    if (
+        health.verdict == "stalled"
+        and health.host == local_host()
+        and health.pid is not None
+        and process_alive(health.pid)
+    ):
+        raise VelocityError(
+            f"the stream of data dir {settings.data_dir} is stalled but its process is alive "
+            f"({health.reason}); end it with `velocity stream-stop --wait 60 --force`"
+        )
+
+
+def kill_stream(pid: int, wait_seconds: float = 30) -> bool:
+    """SIGKILL the stream's driver process (its Spark JVM exits with it); True once gone.
+
+    Safe for the data: every write of a micro-batch is idempotent, and the next start
+    replays the batch that was in flight.
+    """
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        if not process_alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _wait_for_batch_end(query: StreamingQuery, grace_seconds: float) -> bool:

@@ -477,6 +477,18 @@ def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
     return EXIT_FAILURE
 
 
+def cmd_quality_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every expectation passed, 1 when any failed; results are kept either way."""
+    from velocity.quality import format_summary, run_quality_checks
+
+    settings = _settings(args)
+    report = run_quality_checks(
+        _spark(settings, "velocity-quality"), settings, args.suite or ["all"], args.run_id
+    )
+    print(format_summary(report))
+    return EXIT_OK if report.success else EXIT_FAILURE
+
+
 # --- parser -------------------------------------------------------------------------------
 
 
@@ -609,6 +621,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reconcile.add_argument("--repair", action="store_true", help="rewrite Redis from Delta")
     reconcile.set_defaults(run=cmd_mirror_reconcile)
+
+    quality = sub.add_parser("quality", help="data-quality suites on the live tables")
+    quality_sub = quality.add_subparsers(
+        dest="quality_command", required=True, parser_class=_Parser
+    )
+    quality_check = quality_sub.add_parser(
+        "check", help="run the suites; exit 1 with a summary when an expectation fails"
+    )
+    quality_check.add_argument(
+        "--suite",
+        action="append",
+        choices=["all", "events", "quarantine", "buckets", "alerts"],
+        help="suite to run (repeatable; default all)",
+    )
+    quality_check.add_argument("--run-id", help="name of this run (default: time + random)")
+    quality_check.set_defaults(run=cmd_quality_check)
     return parser
 
 

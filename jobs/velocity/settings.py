@@ -63,6 +63,13 @@ class Settings(BaseSettings):
         description="An idle stream refreshes its status file this often "
         "(spark.sql.streaming.noDataProgressEventInterval).",
     )
+    quality_max_quarantine_rate: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="Data quality fails when quarantined lines exceed this share of all lines "
+        "(quarantine / (events + duplicates + quarantine)).",
+    )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_shuffle_partitions: int = Field(
         default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."

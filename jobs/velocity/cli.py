@@ -489,6 +489,64 @@ def cmd_quality_check(args: argparse.Namespace) -> int:
     return EXIT_OK if report.success else EXIT_FAILURE
 
 
+def _rule_ids(text: str | None) -> list[int] | None:
+    """``--rules 1,2,3`` as ids; None when not given."""
+    if not text:
+        return None
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise UsageError(f"--rules {text!r}: give rule ids separated by commas, e.g. 1,4") from exc
+    if not ids or any(i <= 0 for i in ids):
+        raise UsageError(f"--rules {text!r}: rule ids are positive integers, e.g. 1,4")
+    return ids
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from velocity.spark.backfill import Backfill
+
+    settings = _settings(args)
+    if args.late == (args.from_ms is not None or args.to_ms is not None):
+        raise UsageError("give either --from MS --to MS, or --late (the uncovered late events)")
+    if not args.late and (args.from_ms is None or args.to_ms is None):
+        raise UsageError("--from and --to go together: give both (epoch ms)")
+    backfill = Backfill(_spark(settings, "velocity-backfill"), settings)
+    through = None
+    if args.late:
+        pending = backfill.pending_late_range()
+        if pending is None:
+            print(json.dumps({"late_events": 0, "message": "no late events to backfill"}))
+            return EXIT_OK
+        args.from_ms, args.to_ms, through = pending
+    summary = backfill.run(args.from_ms, args.to_ms, _rule_ids(args.rules), through)
+    print(json.dumps(summary.to_json()))
+    return EXIT_OK
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from velocity.spark import maintenance
+
+    settings = _settings(args)
+    spark = _spark(settings, f"velocity-maintain-{args.step}")
+    result: Any
+    match args.step:
+        case "compact":
+            result = asdict(maintenance.compact_buckets(spark, settings))
+        case "optimize":
+            result = {k: asdict(v) for k, v in maintenance.optimize_tables(spark, settings).items()}
+        case "vacuum":
+            tables_done = maintenance.vacuum_tables(spark, settings, args.retention_hours)
+            result = {k: asdict(v) for k, v in tables_done.items()}
+        case "evict":
+            result = asdict(maintenance.evict_state(spark, settings))
+        case _:
+            summary = maintenance.reconcile_state(spark, settings, args.repair)
+            print(json.dumps(asdict(summary)))
+            return EXIT_OK if summary.clean_after else EXIT_FAILURE
+    print(json.dumps({"step": args.step, **result}))
+    return EXIT_OK
+
+
 # --- parser -------------------------------------------------------------------------------
 
 
@@ -621,6 +679,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reconcile.add_argument("--repair", action="store_true", help="rewrite Redis from Delta")
     reconcile.set_defaults(run=cmd_mirror_reconcile)
+
+    backfill = sub.add_parser(
+        "backfill", help="replay a time range: emit CORRECTION / RETRACTION alerts (SPEC §3)"
+    )
+    backfill.add_argument("--from", dest="from_ms", type=int, help="first eventTime (epoch ms)")
+    backfill.add_argument("--to", dest="to_ms", type=int, help="last eventTime (epoch ms)")
+    backfill.add_argument(
+        "--late", action="store_true", help="the range of the late events no backfill covered"
+    )
+    backfill.add_argument("--rules", help="only these rule ids, e.g. 1,4 (default: all ACTIVE)")
+    backfill.set_defaults(run=cmd_backfill)
+
+    maintain = sub.add_parser("maintain", help="compact, optimize, vacuum, evict, reconcile")
+    maintain_sub = maintain.add_subparsers(dest="step", required=True, parser_class=_Parser)
+    maintain_sub.add_parser(
+        "compact", help="fold sealed g-wide buckets into hour buckets"
+    ).set_defaults(run=cmd_maintain)
+    maintain_sub.add_parser("optimize", help="OPTIMIZE every live table").set_defaults(
+        run=cmd_maintain
+    )
+    vacuum = maintain_sub.add_parser("vacuum", help="VACUUM every live table")
+    vacuum.add_argument(
+        "--retention-hours", type=int, default=168, help="keep files younger (at least 168)"
+    )
+    vacuum.set_defaults(run=cmd_maintain)
+    maintain_sub.add_parser(
+        "evict", help="drop Delta and Redis buckets outside the horizon"
+    ).set_defaults(run=cmd_maintain)
+    reconcile_state = maintain_sub.add_parser(
+        "reconcile", help="compare Redis with Delta (exit 1 on drift left)"
+    )
+    reconcile_state.add_argument("--repair", action="store_true", help="rewrite Redis from Delta")
+    reconcile_state.set_defaults(run=cmd_maintain)
 
     quality = sub.add_parser("quality", help="data-quality suites on the live tables")
     quality_sub = quality.add_subparsers(

@@ -169,9 +169,7 @@ def hour_buckets(minutes: DataFrame) -> DataFrame:
         minutes.groupBy("signature_id", "key", hour.alias("hour_start"))
         .agg(
             *_merged_figures(),
-            F.array_sort(F.collect_list(part))
-            .cast(ArrayType(BUCKET_PART_TYPE, True))
-            .alias("parts"),
+            F.array_sort(F.collect_list(part)).alias("parts"),
         )
         .select(
             "signature_id",

@@ -9,6 +9,7 @@ stream, which never conflicts with OPTIMIZE or VACUUM.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,8 +125,11 @@ def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummar
     return summary
 
 
-def optimize_tables(spark: SparkSession, settings: Settings) -> dict[str, TableFiles]:
-    """OPTIMIZE (bin-packing) every live table; returns files and bytes before and after.
+def optimize_tables(
+    spark: SparkSession, settings: Settings, names: Sequence[str] | None = None
+) -> dict[str, TableFiles]:
+    """OPTIMIZE (bin-packing) every live table (or those ``names``); returns files and
+    bytes before and after.
 
     The buckets table is rewritten under the state lock (the stream MERGEs into it); the
     others are append-only for the stream, and appends never conflict with OPTIMIZE.
@@ -133,7 +137,7 @@ def optimize_tables(spark: SparkSession, settings: Settings) -> dict[str, TableF
     live = LiveTables.of(settings)
     result: dict[str, TableFiles] = {}
     client = mirror.connect(settings)
-    for name in LiveTables.__dataclass_fields__:
+    for name in names or list(LiveTables.__dataclass_fields__):
         path = getattr(live, name)
         if not tables.table_exists(spark, path):
             continue

@@ -222,8 +222,9 @@ class StreamJob:
         """Delete Delta buckets that start before the horizon; returns that cutoff.
 
         The horizon is the widest active window + allowed lateness + one bucket behind
-        the newest eventTime: no window of a non-late event reaches below it, and it
-        shrinks when the widest rule goes. Idempotent.
+        the newest eventTime already decided (``newest_event_time``; for the stream, that
+        of the earlier batches): no window of a non-late event still to come reaches
+        below it, and it shrinks when the widest rule goes. Idempotent.
         """
         cutoff = newest_event_time - mirror.horizon_seconds(rules, self.settings) * 1000
         # A compacted hour goes when its last g-wide bucket starts before the cutoff.
@@ -298,18 +299,20 @@ class StreamJob:
                     since=None if oldest_slot is None else oldest_slot[0],
                     keys=slots.select("signature_id", "key").distinct(),
                 ).join(slots, ["signature_id", "key", "bucket_start"], "left_semi")
-                # One scan for both: the newest eventTime overall (eviction) and of the
-                # earlier batches (the watermark).
-                newest, newest_earlier = events.agg(
-                    F.max("eventTime"),
-                    F.max(F.when(F.col("stream_batch") < batch_id, F.col("eventTime"))),
-                ).first() or (None, None)
+                # The newest eventTime of the earlier batches: the watermark's reference.
+                earlier_row = (
+                    events.where(F.col("stream_batch") < batch_id).agg(F.max("eventTime")).first()
+                )
+                newest_earlier = None if earlier_row is None else earlier_row[0]
+                # The horizon is measured from the newest eventTime of the *earlier*
+                # batches: this batch's oldest non-late event (>= that minus the lateness)
+                # still needs its whole window, so nothing it reads may go first.
                 cutoff = None
-                if newest is not None and rules:
+                if newest_earlier is not None and rules:
                     horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
-                    cutoff = int(newest) - horizon_ms
+                    cutoff = int(newest_earlier) - horizon_ms
                     if batch_id % settings.eviction_every_batches == 0:
-                        self.evict(rules, int(newest))
+                        self.evict(rules, int(newest_earlier))
                 self.mirror_buckets(changed, rules, cutoff)
                 self._timer.mark("evict+mirror")
                 return self._evaluate(

@@ -41,10 +41,20 @@ bench-stream: setup ## stream latency, throughput and Redis lookup latency (RATE
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare
 
+airflow: setup ## start Redis and Airflow standalone (UI on 127.0.0.1:8790) with the DAGs
+	@$(VENV)/velocity up
+	@bash infra/airflow.sh up
+
+airflow-down: ## stop Airflow standalone
+	@bash infra/airflow.sh down
+
+bench-backfill: setup ## backfill replay of a day of 1M events; compaction time and files
+	@$(VENV)/python -m benchmarks.backfill --events $(or $(EVENTS),1000000)
+
 down: ## stop the local Redis
 	@$(VENV)/velocity down
 
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test lint bench bench-stream bench-window down clean
+.PHONY: help setup demo backtest-demo test lint bench bench-stream bench-window bench-backfill down clean airflow airflow-down

@@ -1,0 +1,145 @@
+"""Backfill replay and compaction benchmark (not a test): `make bench-backfill`.
+
+A day of events (1M by default) is generated once (cached), backtested once to fill a
+live data dir the way a day of streaming would leave it — events with batch ids, the
+buckets written in many small commits (one per simulated micro-batch, as the stream's
+MERGEs leave them), and the alerts minus every 50th one (so the backfill has
+corrections to emit). Then it times, in one Spark session:
+
+- ``velocity backfill`` over the whole day: replay speed in events/s (evaluated events
+  over the run's wall time, lock waits included), and its steps;
+- ``velocity maintain compact``: time, bucket rows and Delta files before and after;
+- ``velocity maintain optimize`` on the buckets table: files before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VELOCITY = str(Path(sys.executable).parent / "velocity")
+REDIS_URL = "redis://:velocity-bench@127.0.0.1:6393/0"
+
+
+def _generate(events_dir: Path, events: int, keys: int) -> None:
+    if (events_dir / ".complete").exists():
+        return
+    shutil.rmtree(events_dir, ignore_errors=True)
+    started = time.monotonic()
+    subprocess.run(
+        [VELOCITY, "generate", "--out", str(events_dir), "--events", str(events),
+         "--keys", str(keys), "--rate", str(events / 86_400), "--files", "8",
+         "--spike-fraction", "0.01", "--late-fraction", "0", "--duplicate-fraction", "0.002",
+         "--malformed-fraction", "0.002", "--seed", "3"],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    (events_dir / ".complete").write_text("")
+    print(f"generated {events} events in {time.monotonic() - started:.1f} s", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events in the day")
+    parser.add_argument("--keys", type=int, default=100_000, help="distinct payers")
+    parser.add_argument("--commits", type=int, default=96, help="bucket commits to simulate")
+    parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-backfill"))
+    args = parser.parse_args()
+
+    from pyspark.sql import functions as F
+
+    from velocity.delta import tables
+    from velocity.redis.server import redis_up
+    from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
+    from velocity.settings import load_settings
+    from velocity.spark import maintenance
+    from velocity.spark.backfill import Backfill
+    from velocity.spark.backtest import backtest_root, run_backtest
+    from velocity.spark.session import build_spark
+    from velocity.spark.stream import LiveTables, StreamJob
+
+    work = Path(args.work_dir)
+    events_dir = work / f"events-{args.events}-{args.keys}"
+    _generate(events_dir, args.events, args.keys)
+    data_dir = work / "data"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    settings = load_settings(data_dir=data_dir, redis_url=REDIS_URL)
+    redis_up(settings)
+    spark = build_spark(settings, "velocity-bench-backfill")
+
+    sample = parse_rules((ROOT / "jobs/velocity/resources/sample_rules.json").read_text())
+    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
+    started = time.monotonic()
+    run_backtest(spark, settings, rules, str(events_dir), work / "complete.jsonl")
+    print(f"backtest (fills the day) {time.monotonic() - started:.1f} s", flush=True)
+
+    # A live data dir as a day of streaming leaves it.
+    job = StreamJob(spark, settings)
+    job.rule_store.apply(sample)
+    live = LiveTables.of(settings)
+    done = backtest_root(settings)
+    events = tables.read_table(spark, done / tables.EVENTS)
+    tables.overwrite_table(events.withColumn("stream_batch", F.lit(0).cast("long")), live.events)
+    alerts = tables.read_table(spark, done / tables.ALERTS)
+    kept = alerts.where(F.abs(F.hash("alertId")) % 50 != 0)
+    tables.overwrite_table(kept, live.alerts)
+    buckets = tables.read_table(spark, done / tables.BUCKETS)
+    first, last = buckets.agg(F.min("bucket_start"), F.max("bucket_start")).first()
+    step = (last - first) // args.commits + 1
+    tables.overwrite_table(spark.createDataFrame([], tables.BUCKET_SCHEMA), live.buckets)
+    for n in range(args.commits):
+        lo = first + n * step
+        buckets.where(F.col("bucket_start").between(lo, lo + step - 1)).write.format(
+            "delta"
+        ).mode("append").save(str(live.buckets))
+    signatures = rules_by_signature(active_rules(job.rule_store.in_force()))
+    spark.createDataFrame(
+        [(s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0) for s in signatures],
+        tables.SIGNATURE_SCHEMA,
+    ).write.format("delta").mode("append").save(str(live.signatures))
+    day = events.agg(F.min("eventTime"), F.max("eventTime")).first()
+
+    started = time.monotonic()
+    summary = Backfill(spark, settings).run(int(day[0]), int(day[1]))
+    seconds = time.monotonic() - started
+    print(
+        f"backfill of a day: {summary.events_evaluated} events in {seconds:.1f} s = "
+        f"{summary.events_evaluated / seconds:,.0f} events/s; {summary.corrections} "
+        f"corrections, {summary.retractions} retractions, {summary.buckets_rebuilt} buckets "
+        f"rebuilt; steps {summary.step_seconds}",
+        flush=True,
+    )
+
+    # Compaction is measured on the day as the stream left it (many small commits).
+    shutil.rmtree(live.buckets)
+    tables.overwrite_table(spark.createDataFrame([], tables.BUCKET_SCHEMA), live.buckets)
+    for n in range(args.commits):
+        lo = first + n * step
+        buckets.where(F.col("bucket_start").between(lo, lo + step - 1)).write.format(
+            "delta"
+        ).mode("append").save(str(live.buckets))
+    compaction = maintenance.compact_buckets(spark, settings)
+    print(
+        f"compaction: {compaction.seconds:.1f} s; bucket rows {compaction.rows_before:,} -> "
+        f"{compaction.rows_after:,}; Delta files {compaction.files_before} -> "
+        f"{compaction.files_after}; bytes {compaction.bytes_before:,} -> "
+        f"{compaction.bytes_after:,}",
+        flush=True,
+    )
+    optimized = maintenance.optimize_tables(spark, settings, ["buckets"])["buckets"]
+    print(
+        f"optimize buckets: files {optimized.files_before} -> {optimized.files_after}; bytes "
+        f"{optimized.bytes_before:,} -> {optimized.bytes_after:,}",
+        flush=True,
+    )
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

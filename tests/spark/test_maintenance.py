@@ -66,11 +66,15 @@ BUCKET_COLUMNS = ["signature_id", "key", "bucket_start", "event_count", "value_c
                   "value_sum", "value_min", "value_max", "distinct_values"]  # fmt: skip
 
 
+def as_tuple(row) -> tuple:
+    return tuple(tuple(v) if isinstance(v, list) else v for v in row)
+
+
 def bucket_rows(spark, settings: Settings) -> set[tuple]:
     """The live buckets as g-wide buckets (compaction expanded), comparable as a set."""
     stored = tables.read_table(spark, LiveTables.of(settings).buckets)
     expanded = minute_buckets(stored, settings.bucket_width_ms)
-    return {tuple(r) for r in expanded.select(*BUCKET_COLUMNS).collect()}
+    return {as_tuple(r) for r in expanded.select(*BUCKET_COLUMNS).collect()}
 
 
 def buckets_from_raw_events(spark, settings: Settings, since: int) -> set[tuple]:
@@ -80,7 +84,7 @@ def buckets_from_raw_events(spark, settings: Settings, since: int) -> set[tuple]
     built = bucket_aggregates(
         keyed_events(events, rules_by_signature(rules)), settings.bucket_width_ms
     ).where(F.col("bucket_start") >= since)
-    return {tuple(r) for r in built.select(*BUCKET_COLUMNS).collect()}
+    return {as_tuple(r) for r in built.select(*BUCKET_COLUMNS).collect()}
 
 
 def test_maintenance_during_a_live_stream_changes_no_result(

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, keyed_event, make_rule
-from velocity.alerts import AlertKind, alert_id, alert_record, rule_key
+from velocity.alerts import AlertKind, alert_id, alert_record, amended, rule_key
 from velocity.windows import Decision
 
 SPEC_FIELDS = {
@@ -142,3 +142,23 @@ def test_rule_key_of_a_global_rule_is_empty() -> None:
 def test_rule_key_rejects_a_key_of_the_wrong_length() -> None:
     with pytest.raises(ValueError):
         rule_key(make_rule(groupingKeyNames=["payerId"]), ("a", "b"))
+
+
+@pytest.mark.parametrize("kind", [AlertKind.CORRECTION, AlertKind.RETRACTION])
+def test_amended_record_keeps_the_decision_and_names_itself(kind: AlertKind) -> None:
+    fired = alert_record(_decision(), {"payerId": "25"}, decision_time=BASE_TIME + 1)
+    record = amended({**fired, "signature_id": "abc"}, kind, decision_time=BASE_TIME + 99)
+    assert set(record) == SPEC_FIELDS
+    assert record["kind"] == kind.value
+    assert record["alertId"] == alert_id(1, 3, "tx-9", kind) != fired["alertId"]
+    assert record["decisionTime"] == BASE_TIME + 99
+    unchanged = SPEC_FIELDS - {"kind", "alertId", "decisionTime"}
+    assert {f: record[f] for f in unchanged} == {f: fired[f] for f in unchanged}
+    record["key"]["payerId"] = "other"
+    assert fired["key"] == {"payerId": "25"}, "the key is a copy"
+
+
+def test_an_amendment_is_never_an_alert() -> None:
+    fired = alert_record(_decision(), {"payerId": "25"}, decision_time=0)
+    with pytest.raises(ValueError, match="CORRECTION or RETRACTION"):
+        amended(fired, AlertKind.ALERT, 0)

@@ -1,0 +1,81 @@
+"""The state lock on the real redis-server: one holder at a time, named when it blocks,
+released only by its own holder, and never shared between data dirs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from velocity.redis import mirror
+from velocity.redis.keys import state_lock_key
+from velocity.redis.lock import StateLockTimeout, state_lock
+from velocity.settings import Settings, load_settings
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def settings(redis_url: str, tmp_path: Path) -> Settings:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    mirror.load_functions(client)
+    return load_settings(data_dir=tmp_path / "data", redis_url=redis_url)
+
+
+def test_lock_key_is_a_cluster_hash_tag_of_the_data_dir() -> None:
+    assert state_lock_key("/var/lib/velocity") == "velocity:lock:{8479e586182f5e40}"
+    assert state_lock_key("/var/lib/velocity") != state_lock_key("/var/lib/velocity2")
+
+
+def test_one_holder_at_a_time(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    inside: list[str] = []
+    overlap = threading.Event()
+
+    def hold(name: str) -> None:
+        with state_lock(mirror.connect(settings), settings, name, wait_seconds=30):
+            if inside:
+                overlap.set()
+            inside.append(name)
+            time.sleep(0.3)
+            inside.remove(name)
+
+    workers = [threading.Thread(target=hold, args=(f"w{i}",)) for i in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not overlap.is_set()
+    assert client.get(state_lock_key(str(settings.data_dir))) is None, "released"
+
+
+def test_a_waiter_gives_up_naming_the_holder(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    with (
+        state_lock(client, settings, "compaction"),
+        pytest.raises(StateLockTimeout, match="compaction"),
+        state_lock(client, settings, "backfill", wait_seconds=0.5),
+    ):
+        pass
+
+
+def test_an_expired_holder_cannot_release_the_next_ones_lock(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    name = state_lock_key(str(settings.data_dir))
+    with state_lock(client, settings, "slow", lease_ms=200):
+        time.sleep(0.4)  # the lease ran out: another holder takes the lock
+        with state_lock(client, settings, "next", wait_seconds=1):
+            pass
+        client.set(name, '{"token": "someone-else"}')
+    assert client.get(name) == '{"token": "someone-else"}', "the slow holder left it alone"
+
+
+def test_two_data_dirs_do_not_block_each_other(settings: Settings, tmp_path: Path) -> None:
+    other = settings.model_copy(update={"data_dir": tmp_path / "other"})
+    client = mirror.connect(settings)
+    with state_lock(client, settings, "a"), state_lock(client, other, "b", wait_seconds=0.5):
+        pass

@@ -118,7 +118,7 @@ def test_cli_passes_on_consistent_tables_and_keeps_the_results(
 
     assert code == 0, "\n".join(out)
     assert out == [
-        "events: passed 10 of 10 expectations",
+        "events: passed 9 of 9 expectations",
         "quarantine: passed 2 of 2 expectations",
         "buckets: passed 5 of 5 expectations",
         "alerts: passed 4 of 4 expectations",
@@ -126,7 +126,7 @@ def test_cli_passes_on_consistent_tables_and_keeps_the_results(
     ]
     results_path = live_copy.table_path(QUALITY_RESULTS)
     rows = tables.read_table(spark, results_path).where(F.col("run_id") == "nightly-1").collect()
-    assert len(rows) == 21 and all(r["success"] for r in rows)
+    assert len(rows) == 20 and all(r["success"] for r in rows)
     rate = next(r for r in rows if r["expectation_type"] == "expect_column_max_to_be_between")
     assert 0 < json.loads(rate["observed_value_json"]) <= live_copy.quality_max_quarantine_rate
     for suite in ("events", "quarantine", "buckets", "alerts"):
@@ -235,7 +235,7 @@ def test_planted_defects_fail_their_suites_and_the_summary_names_them(
     assert isinstance(rate, float) and rate > live_copy.quality_max_quarantine_rate
     assert quarantine_failures["reason_code"].unexpected_values[0] == "bogus"
     for text in (
-        "events: FAILED, passed 6 of 10 expectations",
+        "events: FAILED, passed 5 of 9 expectations",
         "quarantine: FAILED, passed 0 of 2 expectations",
         "buckets: FAILED, passed 4 of 5 expectations",
         "alerts: FAILED, passed 3 of 4 expectations",
@@ -253,7 +253,7 @@ def test_planted_defects_fail_their_suites_and_the_summary_names_them(
         .where(F.col("run_id") == report.run_id)
         .collect()
     )
-    assert len(kept) == 21
+    assert len(kept) == 20
     assert sum(not r["success"] for r in kept) == len(failed)
     saved = json.loads((Path(report.results_dir or "") / "buckets.json").read_text())
     assert saved["success"] is False and saved["suite_name"] == "buckets"

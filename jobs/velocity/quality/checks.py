@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from velocity.delta import tables
+from velocity.errors import UsageError
 from velocity.quality.alert_values import alert_violation, rule_terms
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
@@ -94,8 +95,8 @@ def pin_snapshot(
 
 
 def events_frame(snapshot: Snapshot) -> DataFrame:
-    """The accepted events with ``amount_out_of_range``: text when the amount is outside
-    SPEC §1's [0, 10^18), compared as exact decimals (a double would call
+    """The accepted events with ``amount_out_of_range``: text when the amount is missing or
+    outside SPEC §1's [0, 10^18), compared as exact decimals (a double would call
     999999999999999999.5 equal to 10^18)."""
     events = snapshot.read("events")
     amount = F.col("paymentAmount")
@@ -103,10 +104,12 @@ def events_frame(snapshot: Snapshot) -> DataFrame:
     outside = (amount < F.lit(0)) | (amount >= upper)
     return events.select(
         *REQUIRED_EVENT_COLUMNS,
-        F.when(
+        F.when(amount.isNull(), F.format_string("tx %s: no paymentAmount", F.col("transactionId")))
+        .when(
             outside,
             F.format_string("tx %s: paymentAmount %s", F.col("transactionId"), amount),
-        ).alias("amount_out_of_range"),
+        )
+        .alias("amount_out_of_range"),
     )
 
 
@@ -244,7 +247,20 @@ def buckets_frame(snapshot: Snapshot, rules: Sequence[Rule], settings: Settings)
         if newest is not None and newest[0] is not None:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             horizon_start = int(newest[0]) - horizon_ms
-    stored = stored_minute_buckets(snapshot.read("buckets"), width_ms)
+    buckets = snapshot.read("buckets")
+    other = (
+        buckets.where(F.col("parts").isNull() & (F.col("bucket_width_ms") != width_ms))
+        .select("bucket_width_ms")
+        .first()
+    )
+    if other is not None:
+        # Every bucket would look wrong; say what is wrong once instead.
+        raise UsageError(
+            f"the buckets table holds {other[0] // 1000}-second buckets but "
+            f"VELOCITY_BUCKET_SECONDS is {settings.bucket_seconds}; "
+            "run the check with the stream's bucket width"
+        )
+    stored = stored_minute_buckets(buckets, width_ms)
     return bucket_recount(stored, events, signatures, width_ms, horizon_start)
 
 

@@ -57,7 +57,7 @@ def expected_text(expectation_type: str, kwargs: Mapping[str, Any]) -> str:
         case "expect_column_values_to_not_be_null":
             return "no nulls"
         case "expect_column_values_to_be_null":
-            return "no rows with a value (every value null)"
+            return "null in every row"
         case "expect_column_values_to_be_unique":
             return "every value unique"
         case "expect_column_values_to_be_in_set":

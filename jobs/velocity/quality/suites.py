@@ -31,9 +31,11 @@ ALERT_KINDS = ("ALERT", "CORRECTION", "RETRACTION")
 
 def events_suite() -> list[Any]:
     """SPEC §1 on the accepted events: what the parser guarantees must hold in the table."""
+    # A missing paymentAmount is reported by amount_out_of_range, with its transactionId.
     not_null = [
         gxe.ExpectColumnValuesToNotBeNull(column=name, description=f"{name} is required")
         for name in REQUIRED_EVENT_COLUMNS
+        if name != "paymentAmount"
     ]
     return [
         *not_null,
@@ -45,7 +47,7 @@ def events_suite() -> list[Any]:
         ),
         gxe.ExpectColumnValuesToBeNull(
             column="amount_out_of_range",
-            description="0 <= paymentAmount < 10^18, compared as exact decimals",
+            description="paymentAmount present and 0 <= paymentAmount < 10^18, as exact decimals",
         ),
         gxe.ExpectColumnValuesToBeInSet(
             column="paymentType",
@@ -156,7 +158,9 @@ def validate(
         )
         try:
             batch = definition.get_batch(batch_parameters={"dataframe": frame})
-            result = batch.validate(suite, result_format="SUMMARY")
+            # BASIC: counts and the first unexpected values, without SUMMARY's value counts
+            # (one more Spark job per expectation).
+            result = batch.validate(suite, result_format="BASIC")
         finally:
             frame.unpersist()
         results[name] = result.to_json_dict()

@@ -1,10 +1,12 @@
 """Check the streaming job's health every 5 minutes; restart it when it died or stalled.
 
-What: `velocity stream-status` reads the stream's progress (batches advancing, input
-rate, lag). Healthy → nothing. Dead → trigger run_stream, which resumes from the
-checkpoint. Alive but stalled → ask it to stop, wait until it is gone, then trigger
-run_stream. Stopped on purpose by stop_stream → leave it stopped. A run_stream run
-that is still starting is left alone until the next check.
+What: `velocity stream-status` judges the stream from its status file (batches
+advancing, input rate, lag). Healthy → nothing. Dead or failed → trigger run_stream,
+which resumes from the checkpoint. Stalled → ask it to stop (killed after 60 s if it
+does not; this host only), then trigger run_stream (the new run waits for the old one:
+run_stream allows one run at a time). Stopped on request (stop_stream, `velocity
+stream-stop`, a duration) → leave it stopped. Never started, or a run_stream run
+already queued or running → wait for the next check.
 Why: the stream is long-running; a crash or a stuck micro-batch must not go unnoticed
 for longer than one check interval.
 Needs: the ``velocity_default`` connection (data dir), the run_stream DAG unpaused
@@ -37,21 +39,19 @@ from airflow.sdk import Param, dag, task
 def check_stream() -> None:
     @task.branch
     def check_health(params: dict) -> list[str]:
-        """Decide the action from the stream's status, the stop request and run_stream's runs."""
-        from airflow.sdk import Variable, get_current_context
+        """Decide the action from the stream's verdict and run_stream's runs under way."""
+        from airflow.sdk import get_current_context
 
-        from velocity_airflow import STOP_REQUESTED_VARIABLE
         from velocity_airflow.hooks import VelocityHook
         from velocity_airflow.plans import StreamAction, decide_stream_action
 
         health = VelocityHook().stream_status(stale_seconds=params["stale_seconds"])
         ti = get_current_context()["ti"]
         active = ti.get_dr_count(dag_id="run_stream", states=["queued", "running"])
-        stop_requested = Variable.get(STOP_REQUESTED_VARIABLE, default=None) is not None
-        action = decide_stream_action(health, active_runs=active, stop_requested=stop_requested)
+        action = decide_stream_action(health, active_runs=active)
         print(
-            f"stream {health.reason}: {action.value} "
-            f"(run_stream runs under way: {active}, stop requested: {stop_requested})"
+            f"stream {health.verdict}: {health.reason} -> {action.value} "
+            f"(run_stream runs queued or running: {active})"
         )
         if action is StreamAction.RESTART:
             return ["restart_stream"]
@@ -61,16 +61,17 @@ def check_stream() -> None:
 
     @task
     def stop_stalled() -> None:
-        """Stop a stream that is alive but no longer advancing, and wait until it is gone."""
+        """Stop a stream that is alive but no longer advancing: gracefully if it still can,
+        else SIGKILL after 60 s (its checkpoint makes the restart exactly once)."""
         from velocity.errors import VelocityError
         from velocity_airflow.hooks import VelocityHook
 
-        hook = VelocityHook()
-        hook.stream_stop()
-        if not hook.wait_stream_stopped():
+        result = VelocityHook().stream_stop(60, reason="Airflow check_stream: stalled", force=True)
+        if result.returncode != 0:
             raise VelocityError(
-                "the stalled stream did not stop within 120 s; stop its process by hand "
-                "(its pid is in `velocity stream-status`) and the next check restarts it"
+                f"the stalled stream could not be stopped: {result.stderr.strip()}; stop it "
+                "where it runs (`velocity stream-status` shows pid and host), then the next "
+                "check restarts it"
             )
 
     restart = TriggerDagRunOperator(

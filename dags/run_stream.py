@@ -49,16 +49,11 @@ from velocity_airflow.operators import VelocitySparkSubmitOperator
 def run_stream() -> None:
     @task
     def plan_stream(params: dict) -> list[str]:
-        """The `velocity stream` arguments; clears an earlier stop request."""
-        from airflow.sdk import Variable
-
-        from velocity_airflow import STOP_REQUESTED_VARIABLE
+        """The `velocity stream` arguments, the events folder resolved against the data dir."""
         from velocity_airflow.hooks import VelocityHook
         from velocity_airflow.plans import stream_args
 
         events_dir = params["events_dir"] or str(VelocityHook().get_conn().data_dir / "events")
-        # A start is the opposite of a stop request: check_stream may restart it again.
-        Variable.delete(STOP_REQUESTED_VARIABLE)
         return stream_args(events_dir, params["rules_file"] or None, params["duration_seconds"])
 
     VelocitySparkSubmitOperator(task_id="stream", command=plan_stream())

@@ -16,6 +16,3 @@ SPARK_CONN_ID: Final = "velocity_spark"
 VELOCITY_CONN_ID: Final = "velocity_default"
 # One Spark batch job at a time beside the stream: two cores cannot run more.
 SPARK_BATCH_POOL: Final = "velocity_spark"
-# Set by stop_stream, cleared by run_stream: check_stream does not restart a stream
-# that an operator stopped on purpose.
-STOP_REQUESTED_VARIABLE: Final = "velocity_stream_stop_requested"

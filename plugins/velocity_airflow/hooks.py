@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,19 +115,19 @@ class VelocityHook(BaseHook):
         result = self.run(args, timeout=120)
         return stream_health(result.returncode, result.summary)
 
-    def stream_stop(self) -> CommandResult:
-        """Ask the running stream to stop gracefully (`velocity stream-stop`)."""
-        return self.run(["stream-stop"], timeout=120)
-
-    def wait_stream_stopped(self, timeout_seconds: float = 120, poll_seconds: float = 2) -> bool:
-        """Poll the stream's status until no stream process is alive; False on timeout."""
-        deadline = time.monotonic() + timeout_seconds
-        while True:
-            if not self.stream_status().running:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(poll_seconds)
+    def stream_stop(
+        self, wait_seconds: float = 120, reason: str | None = None, force: bool = False
+    ) -> CommandResult:
+        """Ask the running stream to stop after its micro-batch in flight (`velocity
+        stream-stop`) and wait up to ``wait_seconds``: exit 0 once it stopped (or none ran),
+        1 while it still runs. ``force`` SIGKILLs it after the wait (this host only); the
+        next start resumes from the checkpoint."""
+        args = ["stream-stop", "--wait", str(wait_seconds)]
+        if reason:
+            args += ["--reason", reason]
+        if force:
+            args.append("--force")
+        return self.run(args, timeout=wait_seconds + 90)
 
 
 def _load_with(env: dict[str, str]) -> Settings:

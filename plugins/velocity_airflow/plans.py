@@ -113,11 +113,16 @@ def backfill_args(
 class StreamAction(StrEnum):
     """What check_stream does after reading the stream's health."""
 
-    HEALTHY = "healthy"  # nothing to do
-    STOPPED_ON_REQUEST = "stopped_on_request"  # stop_stream stopped it; leave it stopped
-    STARTING = "starting"  # a run_stream run is under way but the stream reports nothing yet
-    RESTART = "restart"  # no stream runs: start one (it resumes from its checkpoint)
-    STOP_AND_RESTART = "stop_and_restart"  # a stream process is alive but stalled
+    HEALTHY = "healthy"  # starting or running: nothing to do
+    LEAVE_STOPPED = "leave_stopped"  # it stopped because it was asked to (stop_stream, --duration)
+    NOT_STARTED = "not_started"  # it never ran with this data dir: starting it is run_stream's job
+    STARTING = "starting"  # a run_stream run is queued or under way: wait for the next check
+    RESTART = "restart"  # dead or failed: start run_stream, which resumes from the checkpoint
+    STOP_AND_RESTART = "stop_and_restart"  # stalled: ask it to stop, then start run_stream
+
+
+# `velocity stream-status` verdicts (velocity.health) that mean a stream process may be alive.
+ALIVE_VERDICTS: Final = frozenset({"starting", "running", "stalled"})
 
 
 @dataclass(frozen=True)
@@ -125,53 +130,54 @@ class StreamHealth:
     """The stream's health as `velocity stream-status` reports it."""
 
     healthy: bool
-    running: bool  # a stream process is alive (healthy or stalled)
+    verdict: str
     reason: str
     summary: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def alive(self) -> bool:
+        return self.verdict in ALIVE_VERDICTS
+
 
 def stream_health(returncode: int, summary: Mapping[str, Any] | None) -> StreamHealth:
-    """Read `velocity stream-status`: exit 0 healthy, 1 not running or stalled, else an error.
-
-    ``running`` comes from the summary's ``running`` field when there is one; without it a
-    healthy stream counts as running and an unhealthy one as not.
-    """
-    if returncode not in (0, 1):
+    """Read `velocity stream-status`: exit 0 healthy, 1 not, with its JSON verdict and reason."""
+    if returncode not in (0, 1) or not summary or not isinstance(summary.get("verdict"), str):
         raise UsageError(
-            f"velocity stream-status exited {returncode} (expected 0 healthy or 1 unhealthy); "
-            "see the task log for its message"
+            f"velocity stream-status exited {returncode} without a JSON verdict "
+            f"(expected exit 0 or 1 and a JSON line with 'verdict'); got {summary!r}"
         )
-    data = dict(summary or {})
-    healthy = returncode == 0
-    running = data.get("running")
-    reason = data.get("reason") or data.get("status") or ("healthy" if healthy else "not running")
     return StreamHealth(
-        healthy=healthy,
-        running=bool(running) if isinstance(running, bool) else healthy,
-        reason=str(reason),
-        summary=data,
+        healthy=returncode == 0,
+        verdict=str(summary["verdict"]),
+        reason=str(summary.get("reason", "")),
+        summary=dict(summary),
     )
 
 
-def decide_stream_action(
-    health: StreamHealth, *, active_runs: int, stop_requested: bool
-) -> StreamAction:
-    """check_stream's policy, first match wins.
+def decide_stream_action(health: StreamHealth, *, active_runs: int) -> StreamAction:
+    """check_stream's policy, from the verdict and the run_stream runs queued or running.
 
-    healthy → nothing; stopped by stop_stream → leave it; alive but unhealthy (stalled)
-    → stop it, then start again; a run_stream run under way with no live process yet →
-    wait for the next check (it is starting, or it will fail and the next check restarts);
-    otherwise → start run_stream, which resumes from the checkpoint.
+    healthy → nothing. ``stopped`` → leave it: someone or something asked (stop_stream,
+    `velocity stream-stop`, a duration). ``stalled`` → stop it, then start again.
+    ``dead`` / ``failed`` → start run_stream (it resumes from the checkpoint) unless a
+    run is already queued or running, and ``absent`` → nothing (a stream that never ran
+    is started by run_stream, not by a health check). Any other verdict is an error.
     """
     if health.healthy:
         return StreamAction.HEALTHY
-    if stop_requested:
-        return StreamAction.STOPPED_ON_REQUEST
-    if health.running:
-        return StreamAction.STOP_AND_RESTART
-    if active_runs > 0:
-        return StreamAction.STARTING
-    return StreamAction.RESTART
+    match health.verdict:
+        case "stopped":
+            return StreamAction.LEAVE_STOPPED
+        case "stalled":
+            return StreamAction.STOP_AND_RESTART
+        case "dead" | "failed":
+            return StreamAction.STARTING if active_runs > 0 else StreamAction.RESTART
+        case "absent":
+            return StreamAction.STARTING if active_runs > 0 else StreamAction.NOT_STARTED
+    raise UsageError(
+        f"stream-status verdict {health.verdict!r} ({health.reason}) is not one check_stream "
+        "knows; look at <data dir>/status/stream.json"
+    )
 
 
 def velocity_env(extra: Mapping[str, Any], known: Collection[str]) -> dict[str, str]:

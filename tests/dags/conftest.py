@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +107,167 @@ def load_dag(dag_id: str) -> Any:
     return bag.dags[dag_id]
 
 
+def _value(state: object) -> str:
+    return str(getattr(state, "value", state))
+
+
 def run_dag(dag_id: str, conf: dict[str, Any] | None = None) -> tuple[str, dict[str, str]]:
     """``dag.test()`` one run of ``dag_id``: the run's state and each task's state."""
     dag = load_dag(dag_id)
     run = dag.test(run_conf=conf)
-    states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    return str(run.state), states
+    states = {ti.task_id: _value(ti.state) for ti in run.get_task_instances()}
+    return _value(run.state), states
+
+
+def wait_for(
+    what: str,
+    condition: Callable[[], Any],
+    timeout: float,
+    process: subprocess.Popen[str] | None = None,
+    log: Path | None = None,
+) -> Any:
+    """Poll ``condition`` until truthy; fail naming ``what`` and showing the log's tail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            break
+        time.sleep(1)
+    tail = "\n".join(log.read_text().splitlines()[-40:]) if log and log.exists() else ""
+    exited = f" (process exited {process.returncode})" if process and process.poll() else ""
+    pytest.fail(f"no {what} within {timeout} s{exited}\n{tail}")
+
+
+@dataclass
+class StreamedData:
+    """A data dir the stream has processed two waves of events into, through run_stream."""
+
+    settings: Settings
+    connection: str  # the velocity_default connection (AIRFLOW_CONN_VELOCITY_DEFAULT)
+    process: subprocess.Popen[str]  # `airflow dags test run_stream`, running the stream
+    log: Path
+    first_event_ms: int
+    last_event_ms: int
+
+
+def _land(source: Path, events: Path) -> None:
+    """Land a file as writers should: a hidden name, then renamed (name order = mtime order)."""
+    hidden = events / f".{source.name}"
+    shutil.copy(source, hidden)
+    hidden.rename(events / source.name)
+    time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def streamed(
+    airflow_home: Path, spark_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StreamedData]:
+    """run_stream started with `airflow dags test` (real spark-submit, Delta, redis-server) over
+    generated events: a first wave, then a second one with late events, each a micro-batch.
+
+    The stream is left running for the lifecycle test; ``stopped_stream`` stops it for the
+    tests that need the state at rest. Torn down by stream-stop, then by killing the group.
+    """
+    import redis
+
+    from velocity.generate import GenerateOptions, generate_events
+    from velocity.spark import lifecycle
+
+    redis.Redis.from_url(spark_settings.redis_url).flushall()
+    base = tmp_path_factory.mktemp("streamed")
+    settings = spark_settings.model_copy(update={"data_dir": base / "data"})
+    events = settings.data_dir / "events"
+    events.mkdir(parents=True)
+    common = {
+        "payers": 8,
+        "spike_fraction": 0.05,
+        "duplicate_fraction": 0.02,
+        "malformed_fraction": 0.02,
+        "seed": 5,
+    }
+    first = generate_events(
+        base / "wave1", GenerateOptions(events=120, rate=2.0, files=2, late_fraction=0.0, **common)
+    )
+    second = generate_events(
+        base / "wave2",
+        GenerateOptions(
+            events=60,
+            rate=2.0,
+            files=1,
+            start_ms=int(first.max_event_time or 0) + 60_000,
+            late_fraction=0.1,
+            prefix="later",
+            **common,
+        ),
+    )
+    connection = velocity_connection(settings)
+    env = {**os.environ, "AIRFLOW_CONN_VELOCITY_DEFAULT": connection}
+    conf = json.dumps({"rules_file": str(ROOT / "jobs/velocity/resources/sample_rules.json")})
+    log = base / "run_stream.log"
+    for source in sorted((base / "wave1").glob("*.jsonl")):
+        _land(source, events)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            ["airflow", "dags", "test", "run_stream", "--conf", conf],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def batches() -> int:
+        status = lifecycle.read_status(settings.data_dir) or {}
+        return int(status.get("batchesThisRun") or 0) if status.get("backlogFiles") == 0 else 0
+
+    try:
+        wait_for("first micro-batch of run_stream", lambda: batches() >= 1, 300, process, log)
+        for source in sorted((base / "wave2").glob("*.jsonl")):
+            _land(source, events)
+        wait_for("second micro-batch of run_stream", lambda: batches() >= 2, 180, process, log)
+        yield StreamedData(
+            settings=settings,
+            connection=connection,
+            process=process,
+            log=log,
+            first_event_ms=min(int(s.min_event_time or 0) for s in (first, second)),
+            last_event_ms=max(int(s.max_event_time or 0) for s in (first, second)),
+        )
+    finally:
+        if process.poll() is None:
+            subprocess.run(
+                [sys.executable, "-m", "velocity.cli", "stream-stop", "--wait", "60"],
+                env={**os.environ, "VELOCITY_DATA_DIR": str(settings.data_dir)},
+                capture_output=True,
+                check=False,
+            )
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+@pytest.fixture
+def streamed_conn(streamed: StreamedData, monkeypatch: pytest.MonkeyPatch) -> StreamedData:
+    """The streamed data dir as this test's velocity_default connection."""
+    monkeypatch.setenv("AIRFLOW_CONN_VELOCITY_DEFAULT", streamed.connection)
+    return streamed
+
+
+@pytest.fixture
+def stopped_stream(streamed_conn: StreamedData) -> StreamedData:
+    """The streamed data dir with the stream stopped (run_stream's run finished)."""
+    if streamed_conn.process.poll() is None:
+        subprocess.run(
+            [sys.executable, "-m", "velocity.cli", "stream-stop", "--wait", "90"],
+            env={**os.environ, "VELOCITY_DATA_DIR": str(streamed_conn.settings.data_dir)},
+            capture_output=True,
+            check=False,
+        )
+        streamed_conn.process.wait(timeout=120)
+    return streamed_conn

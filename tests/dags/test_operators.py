@@ -27,7 +27,9 @@ def test_spark_submit_command_local(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     from velocity_airflow.operators import VelocitySparkSubmitOperator
 
     _velocity_connection(
-        monkeypatch, data_dir=str(tmp_path), redis_url="redis://:pw@127.0.0.1:1/0",
+        monkeypatch,
+        data_dir=str(tmp_path),
+        redis_url="redis://:pw@127.0.0.1:1/0",
         spark_driver_memory="1g",
     )
     operator = VelocitySparkSubmitOperator(task_id="compact", command=["maintain", "compact"])
@@ -82,7 +84,11 @@ def test_spark_submit_command_cluster_master_from_the_connection(
     )
     command = operator.spark_submit_command()
 
-    assert command[:3] == ["/opt/velocity/bin/spark-submit", "--master", "spark://spark-master:7077"]
+    assert command[:3] == [
+        "/opt/velocity/bin/spark-submit",
+        "--master",
+        "spark://spark-master:7077",
+    ]
     assert command[-3:] == [str(ROOT / "jobs" / "velocity" / "cli.py"), "backfill", "--late"]
     assert "spark.executor.memory=2g" in command
     assert operator.env_vars["VELOCITY_SPARK_MASTER"] == "spark://spark-master:7077"

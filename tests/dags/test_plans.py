@@ -96,40 +96,47 @@ def test_summary_is_the_last_json_object_line() -> None:
     assert parse_summary("") is None
 
 
-def _health(healthy: bool, running: bool) -> StreamHealth:
-    return StreamHealth(healthy=healthy, running=running, reason="test")
+def _health(healthy: bool, verdict: str) -> StreamHealth:
+    return StreamHealth(healthy=healthy, verdict=verdict, reason="test")
 
 
 @pytest.mark.parametrize(
-    ("healthy", "running", "active", "stop_requested", "action"),
+    ("healthy", "verdict", "active", "action"),
     [
-        (True, True, 1, False, StreamAction.HEALTHY),
-        (True, True, 0, True, StreamAction.HEALTHY),
-        (False, False, 0, True, StreamAction.STOPPED_ON_REQUEST),
-        (False, True, 1, True, StreamAction.STOPPED_ON_REQUEST),
-        (False, True, 1, False, StreamAction.STOP_AND_RESTART),
-        (False, True, 0, False, StreamAction.STOP_AND_RESTART),
-        (False, False, 1, False, StreamAction.STARTING),
-        (False, False, 0, False, StreamAction.RESTART),
+        (True, "running", 1, StreamAction.HEALTHY),
+        (True, "starting", 0, StreamAction.HEALTHY),
+        (False, "stopped", 0, StreamAction.LEAVE_STOPPED),
+        (False, "stopped", 1, StreamAction.LEAVE_STOPPED),
+        (False, "stalled", 0, StreamAction.STOP_AND_RESTART),
+        (False, "stalled", 1, StreamAction.STOP_AND_RESTART),
+        (False, "dead", 0, StreamAction.RESTART),
+        (False, "failed", 0, StreamAction.RESTART),
+        (False, "dead", 1, StreamAction.STARTING),
+        (False, "failed", 2, StreamAction.STARTING),
+        (False, "absent", 0, StreamAction.NOT_STARTED),
+        (False, "absent", 1, StreamAction.STARTING),
     ],
 )
-def test_stream_policy(
-    healthy: bool, running: bool, active: int, stop_requested: bool, action: StreamAction
-) -> None:
-    decided = decide_stream_action(
-        _health(healthy, running), active_runs=active, stop_requested=stop_requested
-    )
-    assert decided is action
+def test_stream_policy(healthy: bool, verdict: str, active: int, action: StreamAction) -> None:
+    assert decide_stream_action(_health(healthy, verdict), active_runs=active) is action
+
+
+def test_stream_policy_refuses_an_unknown_verdict() -> None:
+    with pytest.raises(UsageError, match="'unknown'"):
+        decide_stream_action(_health(False, "unknown"), active_runs=0)
 
 
 def test_stream_health_from_exit_code_and_summary() -> None:
-    assert stream_health(0, {}).healthy and stream_health(0, {}).running
-    dead = stream_health(1, {"reason": "no status file"})
-    assert (dead.healthy, dead.running, dead.reason) == (False, False, "no status file")
-    stalled = stream_health(1, {"running": True, "reason": "stalled"})
-    assert (stalled.healthy, stalled.running) == (False, True)
+    running = stream_health(0, {"healthy": True, "verdict": "running", "reason": "ok"})
+    assert (running.healthy, running.alive, running.verdict) == (True, True, "running")
+    stalled = stream_health(1, {"healthy": False, "verdict": "stalled", "reason": "no batch"})
+    assert (stalled.healthy, stalled.alive, stalled.reason) == (False, True, "no batch")
+    dead = stream_health(1, {"healthy": False, "verdict": "dead", "reason": "pid gone"})
+    assert (dead.healthy, dead.alive) == (False, False)
     with pytest.raises(UsageError, match="exited 2"):
         stream_health(2, None)
+    with pytest.raises(UsageError, match="without a JSON verdict"):
+        stream_health(1, {"reason": "no verdict"})
 
 
 def test_velocity_env_from_connection_extras() -> None:
@@ -177,5 +184,12 @@ def test_spark_job_tells_velocity_the_master_spark_submit_uses() -> None:
     assert "SPARK_LOCAL_IP" not in cluster.env_vars
     assert cluster.env_vars["VELOCITY_SPARK_MASTER"] == "spark://m:7077"
     with pytest.raises(UsageError, match="empty velocity command"):
-        spark_job([], master="local", python="p", cli_path="c", settings_env={}, jars=[],
-                  driver_memory="1g")
+        spark_job(
+            [],
+            master="local",
+            python="p",
+            cli_path="c",
+            settings_env={},
+            jars=[],
+            driver_memory="1g",
+        )

@@ -14,7 +14,14 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from velocity.settings import Settings, load_settings
 from velocity_airflow import VELOCITY_CONN_ID
-from velocity_airflow.plans import StreamHealth, parse_summary, stream_health, velocity_env
+from velocity_airflow.plans import (
+    StreamHealth,
+    parse_summary,
+    stream_health,
+    stream_status_args,
+    stream_stop_args,
+    velocity_env,
+)
 
 
 @dataclass(frozen=True)
@@ -109,10 +116,7 @@ class VelocityHook(BaseHook):
 
     def stream_status(self, stale_seconds: int | None = None) -> StreamHealth:
         """The running stream's health (`velocity stream-status`)."""
-        args = ["stream-status"]
-        if stale_seconds is not None:
-            args += ["--stale-seconds", str(stale_seconds)]
-        result = self.run(args, timeout=120)
+        result = self.run(stream_status_args(stale_seconds), timeout=120)
         return stream_health(result.returncode, result.summary)
 
     def stream_stop(
@@ -122,12 +126,7 @@ class VelocityHook(BaseHook):
         stream-stop`) and wait up to ``wait_seconds``: exit 0 once it stopped (or none ran),
         1 while it still runs. ``force`` SIGKILLs it after the wait (this host only); the
         next start resumes from the checkpoint."""
-        args = ["stream-stop", "--wait", str(wait_seconds)]
-        if reason:
-            args += ["--reason", reason]
-        if force:
-            args.append("--force")
-        return self.run(args, timeout=wait_seconds + 90)
+        return self.run(stream_stop_args(wait_seconds, reason, force), timeout=wait_seconds + 90)
 
 
 def _load_with(env: dict[str, str]) -> Settings:

@@ -75,6 +75,24 @@ def stream_args(
     return args
 
 
+def stream_status_args(stale_seconds: int | None = None) -> list[str]:
+    """``velocity stream-status``, optionally with its own staleness limit."""
+    seconds = _optional_int("stale_seconds", stale_seconds, 1)
+    return (
+        ["stream-status"] if seconds is None else ["stream-status", "--stale-seconds", str(seconds)]
+    )
+
+
+def stream_stop_args(
+    wait_seconds: float, reason: str | None = None, force: bool = False
+) -> list[str]:
+    """``velocity stream-stop`` that waits ``wait_seconds`` for the stream to stop."""
+    args = ["stream-stop", "--wait", str(wait_seconds)]
+    if reason:
+        args += ["--reason", reason]
+    return [*args, "--force"] if force else args
+
+
 def backfill_args(
     from_ms: object = None, to_ms: object = None, rule_ids: object = None
 ) -> list[str]:

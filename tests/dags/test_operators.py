@@ -139,3 +139,37 @@ def test_hook_runs_a_command_with_its_settings(
     assert result.summary is not None and result.summary["lines"] == 12
     bad = VelocityHook().run(["rules", "validate", str(tmp_path / "missing.json")])
     assert bad.returncode != 0
+
+
+def test_a_failed_command_fails_the_task_with_its_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What check_quality relies on: exit 1 fails the task and the error ends with the
+    command's own summary. A stand-in spark-submit prints like velocity and exits 1."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from velocity_airflow.operators import VelocitySparkSubmitOperator
+
+    _velocity_connection(monkeypatch, data_dir=str(tmp_path / "data"))
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "args: $*"\n'
+        'echo "quality FAILED: 1 of 9 expectations failed"\n'
+        'echo "  quarantine: rate 0.31 above 0.05"\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    operator = VelocitySparkSubmitOperator(
+        task_id="quality",
+        command=["quality", "check", "--suite", "all"],
+        spark_binary=str(fake),
+    )
+    with pytest.raises(AirflowException) as raised:
+        operator.execute(context={})  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert "Error code is: 1" in message
+    assert "quality FAILED: 1 of 9 expectations failed" in message
+    assert "quarantine: rate 0.31 above 0.05" in message
+    assert "quality check --suite all" in message

@@ -8,6 +8,7 @@ from velocity.errors import UsageError
 from velocity.settings import Settings
 from velocity_airflow.plans import (
     MAINTENANCE_STEPS,
+    QUALITY_SUITES,
     StreamAction,
     StreamHealth,
     backfill_args,
@@ -16,6 +17,8 @@ from velocity_airflow.plans import (
     spark_job,
     stream_args,
     stream_health,
+    stream_status_args,
+    stream_stop_args,
     velocity_env,
 )
 
@@ -193,3 +196,38 @@ def test_spark_job_tells_velocity_the_master_spark_submit_uses() -> None:
             jars=[],
             driver_memory="1g",
         )
+
+
+def test_stream_status_and_stop_args() -> None:
+    assert stream_status_args() == ["stream-status"]
+    assert stream_status_args(30) == ["stream-status", "--stale-seconds", "30"]
+    assert stream_stop_args(60) == ["stream-stop", "--wait", "60"]
+    assert stream_stop_args(60, "stalled", force=True) == [
+        "stream-stop",
+        "--wait",
+        "60",
+        "--reason",
+        "stalled",
+        "--force",
+    ]
+
+
+PLANNED_COMMANDS = [
+    *(list(args) for _, args in MAINTENANCE_STEPS),
+    *(["quality", "check", "--suite", suite] for suite in QUALITY_SUITES),
+    backfill_args(),
+    backfill_args(0, 60_000, [4, 1]),
+    stream_args("/in", "rules.json", 30),
+    stream_status_args(30),
+    stream_stop_args(120, "Airflow stop_stream", force=True),
+]
+
+
+@pytest.mark.parametrize("args", PLANNED_COMMANDS, ids=" ".join)
+def test_every_planned_command_is_one_velocity_accepts(args: list[str]) -> None:
+    """The DAGs' command lines against the real CLI parser: a renamed flag fails here, not
+    at 3 a.m. in a scheduled run."""
+    from velocity.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert callable(parsed.run)

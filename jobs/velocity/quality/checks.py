@@ -176,28 +176,18 @@ def bucket_recount(
     """Stored g-wide buckets of ``signatures`` side by side with the same buckets recomputed
     from the raw events, with ``recount_mismatch`` naming every figure that differs.
 
-    Eviction drops old buckets, so a signature is compared from its oldest stored bucket
-    or from ``horizon_start`` (the oldest bucket the stream must keep), whichever is
-    earlier: a bucket missing after that point is a defect, one before it was evicted.
-    Rows carry the stored figures (null where the table lacks the bucket).
+    Only buckets starting at ``horizon_start`` or later are compared (all when None): the
+    stream keeps every bucket from there on, so one missing there is a defect, while older
+    ones may be evicted, and a very late event may briefly re-create a partial bucket
+    below the horizon until the next eviction. Rows carry the stored figures (null where
+    the table lacks the bucket).
     """
-    spark = events.sparkSession
     ids = [s.signature_id for s in signatures]
     mine = stored.where(F.col("signature_id").isin(ids))
     recount = bucket_aggregates(keyed_events(events, signatures), width_ms)
-    oldest = mine.groupBy("signature_id").agg(F.min("bucket_start").alias("oldest"))
-    starts = (
-        spark.createDataFrame([(i,) for i in ids], "signature_id string")
-        .join(oldest, "signature_id", "left")
-        .select(
-            "signature_id",
-            # least() skips nulls: no stored bucket -> the horizon alone; no horizon -> oldest.
-            F.least(F.col("oldest"), F.lit(horizon_start).cast("long")).alias("compare_from"),
-        )
-    )
-    recount = recount.join(starts, "signature_id").where(
-        F.col("compare_from").isNull() | (F.col("bucket_start") >= F.col("compare_from"))
-    )
+    if horizon_start is not None:
+        mine = mine.where(F.col("bucket_start") >= horizon_start)
+        recount = recount.where(F.col("bucket_start") >= horizon_start)
     slot = ["signature_id", "key", "bucket_start"]
     joined = mine.alias("s").join(recount.alias("e"), slot, "full_outer")
     differences = _figure_differences("s", "e")
@@ -243,6 +233,7 @@ def buckets_frame(snapshot: Snapshot, rules: Sequence[Rule], settings: Settings)
     events = snapshot.read("events")
     horizon_start = None
     if signatures:
+        # The stream evicts behind the newest eventTime it has decided, never beyond this.
         newest = events.agg(F.max("eventTime")).first()
         if newest is not None and newest[0] is not None:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000

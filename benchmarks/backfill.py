@@ -91,15 +91,25 @@ def main() -> int:
     buckets = tables.read_table(spark, done / tables.BUCKETS)
     first, last = buckets.agg(F.min("bucket_start"), F.max("bucket_start")).first()
     step = (last - first) // args.commits + 1
-    tables.overwrite_table(spark.createDataFrame([], tables.BUCKET_SCHEMA), live.buckets)
-    for n in range(args.commits):
-        lo = first + n * step
-        buckets.where(F.col("bucket_start").between(lo, lo + step - 1)).write.format(
-            "delta"
-        ).mode("append").save(str(live.buckets))
-    signatures = rules_by_signature(active_rules(job.rule_store.in_force()))
+
+    def write_buckets_as_the_stream_does() -> None:
+        """The day's buckets in ``--commits`` appends, one per slice of time."""
+        shutil.rmtree(live.buckets, ignore_errors=True)
+        tables.overwrite_table(spark.createDataFrame([], tables.BUCKET_SCHEMA), live.buckets)
+        for n in range(args.commits):
+            lo = first + n * step
+            buckets.where(F.col("bucket_start").between(lo, lo + step - 1)).write.format(
+                "delta"
+            ).mode("append").save(str(live.buckets))
+
+    write_buckets_as_the_stream_does()
+    in_force = active_rules(job.rule_store.in_force())
+    widest = max(r.window_ms for r in in_force)
     spark.createDataFrame(
-        [(s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0) for s in signatures],
+        [
+            (s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0, widest)
+            for s in rules_by_signature(in_force)
+        ],
         tables.SIGNATURE_SCHEMA,
     ).write.format("delta").mode("append").save(str(live.signatures))
     day = events.agg(F.min("eventTime"), F.max("eventTime")).first()
@@ -116,13 +126,7 @@ def main() -> int:
     )
 
     # Compaction is measured on the day as the stream left it (many small commits).
-    shutil.rmtree(live.buckets)
-    tables.overwrite_table(spark.createDataFrame([], tables.BUCKET_SCHEMA), live.buckets)
-    for n in range(args.commits):
-        lo = first + n * step
-        buckets.where(F.col("bucket_start").between(lo, lo + step - 1)).write.format(
-            "delta"
-        ).mode("append").save(str(live.buckets))
+    write_buckets_as_the_stream_does()
     compaction = maintenance.compact_buckets(spark, settings)
     print(
         f"compaction: {compaction.seconds:.1f} s; bucket rows {compaction.rows_before:,} -> "

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Final
 
 from hypothesis import strategies as st
 
 from velocity.buckets import ALLOWED_BUCKET_SECONDS
+from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import Rule, RuleEntry, RuleSignature, parse_rule
 from velocity.schema import FIELDS_BY_NAME, Event, Rejection, parse_event_object
 from velocity.windows import KeyedEvent
@@ -494,3 +497,15 @@ SPEC_ALERT_FIELDS = {
     "windowEnd",
     "decisionTime",
 }
+
+
+def generated_in_arrival_order(folder: Path, options: GenerateOptions) -> Path:
+    """``velocity generate`` into ``folder``, each file's modification time in name order.
+
+    The file source orders new files by modification time; files written in the same
+    millisecond would arrive in directory-listing order, not the generator's.
+    """
+    generate_events(folder, options)
+    for order, path in enumerate(sorted(folder.glob("*.jsonl"))):
+        os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
+    return folder

@@ -4,16 +4,16 @@ that saw late events equal the complete-data result (SPEC §3), and a rerun amen
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.builders import generated_in_arrival_order
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.errors import UsageError
-from velocity.generate import GenerateOptions, generate_events
+from velocity.generate import GenerateOptions
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.backfill import Backfill
@@ -35,7 +35,7 @@ def effective_alerts(spark, settings: Settings) -> dict[tuple[int, str], int]:
 def late_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Events with late arrivals (10–60 min behind), duplicates and malformed lines."""
     folder = tmp_path_factory.mktemp("backfill-events")
-    generate_events(
+    return generated_in_arrival_order(
         folder,
         GenerateOptions(
             events=2400,
@@ -49,10 +49,6 @@ def late_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
             seed=33,
         ),
     )
-    # Name order is arrival order: the stream's first arrivals are the backtest's.
-    for order, path in enumerate(sorted(folder.glob("*.jsonl"))):
-        os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
-    return folder
 
 
 def test_backfill_makes_the_stream_equal_the_complete_data_result(

@@ -188,14 +188,16 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
 
     row = tables.read_table(spark, LiveTables.of(streamed.settings).buckets).first()
     name = bucket_hash_key(row["signature_id"], row["key"])
+    stray = row["bucket_start"] + 1  # inside the horizon; no such bucket in Delta
     client.hset(name, str(row["bucket_start"]), "[999,0,null,null,null,[]]")
-    client.hset(name, "1", "[1,0,null,null,null,[]]")
+    client.hset(name, str(stray), "[1,0,null,null,null,[]]")
+    client.hset(name, "1", "[1,0,null,null,null,[]]")  # below the horizon: expires, no drift
     drift = streamed.reconcile_mirror()
     assert drift.different == [(row["signature_id"], row["key"], row["bucket_start"])]
-    assert drift.extra == [(row["signature_id"], row["key"], 1)]
+    assert drift.extra == [(row["signature_id"], row["key"], stray)]
     client.delete(name)
     assert len(streamed.reconcile_mirror().missing) >= 1
 
-    client.hset(name, "1", "[1,0,null,null,null,[]]")
+    client.hset(name, str(stray), "[1,0,null,null,null,[]]")
     streamed.repair_mirror(streamed.reconcile_mirror())
     assert streamed.reconcile_mirror().clean

@@ -68,7 +68,10 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     store.apply(parse_rules(sample_rules_path().read_text()))
     rules = active_rules(store.in_force())
     signatures = list(rules_by_signature(rules))
-    built = [(s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0) for s in signatures]
+    widest = max(r.window_ms for r in rules)
+    built = [
+        (s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0, widest) for s in signatures
+    ]
     tables.overwrite_table(spark.createDataFrame(built, tables.SIGNATURE_SCHEMA), live.signatures)
 
     keyed = keyed_events(events, signatures)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import generated_in_arrival_order
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
-from velocity.generate import GenerateOptions, generate_events
+from velocity.generate import GenerateOptions
 from velocity.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.schema import Event, parse_event_line
 from velocity.settings import Settings
@@ -78,7 +79,7 @@ def backtest_pairs(spark, settings: Settings, rules: list[Rule], events: Path, o
 def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Per-key increasing eventTimes (no late events), with duplicates and malformed lines."""
     folder = tmp_path_factory.mktemp("stream-events")
-    generate_events(
+    return generated_in_arrival_order(
         folder,
         GenerateOptions(
             events=2500,
@@ -92,11 +93,6 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
             seed=21,
         ),
     )
-    # The file source orders new files by modification time; files written in the same
-    # millisecond would arrive in listing order, so give them their name order.
-    for order, path in enumerate(sorted(folder.glob("*.jsonl"))):
-        os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
-    return folder
 
 
 def test_stream_equals_backtest_and_a_rerun_adds_nothing(
@@ -218,3 +214,20 @@ def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(
             touched += 1
             assert min(starts) >= cutoff, name
     assert touched > 0
+
+    # A wider rule on the same signature: its buckets are rebuilt from the raw events, so
+    # its windows hold the history eviction had dropped (SPEC §2).
+    wider = {**narrow, "ruleId": 3, "windowMinutes": 60}
+    job.rule_store.apply(parse_rules(json.dumps([wider])))
+    land(files[4], arriving, 4)
+    run_available_now(job, arriving)
+    assert oldest_bucket() < cutoff - 5 * 60_000, "the evicted history is back"
+    streamed = alert_pairs(spark, live.alerts)
+    batch5 = {e.transaction_id for e in first_arrivals(files)} - {
+        e.transaction_id for e in first_arrivals(files[:4])
+    }
+    rule3 = [r.with_version(1) for r in parse_rules(json.dumps([wider])) if isinstance(r, Rule)]
+    expected = backtest_pairs(spark, settings, rule3, in_order_events, tmp_path / "bt3.jsonl")
+    assert {p: v for p, v in streamed.items() if p[0] == 3} == {
+        p: v for p, v in expected.items() if p[1] in batch5
+    }

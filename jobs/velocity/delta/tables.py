@@ -80,6 +80,9 @@ SIGNATURE_SCHEMA = StructType(
         StructField("signature_id", StringType(), False),
         StructField("signature_json", StringType(), False),
         StructField("built_batch", LongType(), False),
+        # The widest window whose history these buckets hold: the narrowest widest-active-
+        # window since the build, as eviction keeps no more. A wider rule rebuilds them.
+        StructField("kept_window_ms", LongType(), True),
     ]
 )
 

@@ -297,19 +297,7 @@ def state_rows(buckets: DataFrame, own_events: DataFrame, targets: DataFrame) ->
         "value": F.col("value"),
         "number": F.col("number"),
     }
-    bucket_columns = {
-        name: F.col(name)
-        for name in (
-            "signature_id",
-            "key",
-            "event_count",
-            "value_count",
-            "value_sum",
-            "value_min",
-            "value_max",
-            "distinct_values",
-        )
-    }
+    bucket_columns = {name: F.col(name) for name in ("signature_id", "key", *BUCKET_FIGURES)}
     return (
         shaped(buckets, "B", {**bucket_columns, "time": F.col("bucket_start")})
         .unionByName(shaped(own_events, "E", event_columns))

@@ -181,7 +181,9 @@ class StreamJob:
         """Compare Redis with the Delta buckets inside the horizon (reads only)."""
         rules = active_rules(self.rule_store.in_force())
         rows = self._buckets_in_horizon(rules).orderBy("signature_id", "key")
-        return mirror.compare_buckets(self.redis, (r.asDict() for r in rows.toLocalIterator()))
+        return mirror.compare_buckets(
+            self.redis, (r.asDict() for r in rows.toLocalIterator()), self.horizon_cutoff(rules)
+        )
 
     def repair_mirror(self, drift: mirror.Drift) -> int:
         """Rewrite Redis from Delta and drop the buckets only Redis had; returns buckets written."""
@@ -190,15 +192,22 @@ class StreamJob:
         return written
 
     def _buckets_in_horizon(self, rules: list[Rule]) -> DataFrame:
-        """g-wide buckets the mirror holds: within the widest window + lateness + one bucket
-        of the newest bucket (the "widest window" state of the Flink design)."""
+        """g-wide buckets the mirror holds: those starting within the widest window +
+        lateness + one bucket of the newest eventTime (the "widest window" state of the
+        Flink design) — the cutoff every eviction of Delta and Redis uses, at its latest."""
         buckets = self.read("buckets")
-        newest = buckets.agg(F.max(F.col("bucket_start") + F.col("bucket_width_ms"))).first()
-        if newest is None or newest[0] is None or not rules:
+        cutoff = self.horizon_cutoff(rules)
+        if cutoff is None:
             return self.window_buckets(buckets.limit(0))
-        cutoff = int(newest[0]) - self.settings.bucket_width_ms
-        cutoff -= mirror.horizon_seconds(rules, self.settings) * 1000
         return self.window_buckets(buckets, since=cutoff)
+
+    def horizon_cutoff(self, rules: list[Rule]) -> int | None:
+        """The oldest bucket start the state keeps: newest eventTime − horizon (None: no
+        events or no rules)."""
+        newest = self.read("events").agg(F.max("eventTime")).first()
+        if newest is None or newest[0] is None or not rules:
+            return None
+        return int(newest[0]) - mirror.horizon_seconds(rules, self.settings) * 1000
 
     def window_buckets(
         self, buckets: DataFrame, since: int | None = None, keys: DataFrame | None = None
@@ -327,34 +336,53 @@ class StreamJob:
     def _sync_signatures(
         self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int
     ) -> None:
-        """Build newly active signatures from the raw events; forget inactive ones."""
+        """Build newly active signatures from the raw events; forget inactive ones.
+
+        A signature is also rebuilt when the widest active window grows past the history
+        its buckets kept (eviction dropped the rest), so a wider rule sees its whole
+        window (SPEC §2).
+        """
         spark = self.spark
-        built = {r["signature_id"] for r in self.read("signatures").collect()}
+        widest = max((r.window_ms for r in rules), default=0)
+        kept = {r["signature_id"]: r["kept_window_ms"] for r in self.read("signatures").collect()}
         wanted = {s.signature_id: s for s in signatures}
-        for gone in sorted(built - set(wanted)):
+        for gone in sorted(set(kept) - set(wanted)):
             spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
             spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
-        for signature_id in sorted(set(wanted) - built):
-            signature = wanted[signature_id]
-            history = self.read("events").where(F.col("stream_batch") < batch_id)
-            # A half-done earlier build (crash between the two commits) leaves buckets
-            # without a signature row; start from nothing so nothing counts twice.
-            spark.sql(
-                f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{signature_id}'"
-            )
-            deltas = bucket_aggregates(
-                keyed_events(history, [signature]), self.settings.bucket_width_ms
-            )
-            merge_buckets(spark, self.live.buckets, deltas)
-            record = spark.createDataFrame(
-                [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id)],
-                tables.SIGNATURE_SCHEMA,
-            )
-            tables.append_once(
-                record, self.live.signatures, f"{APP_ID}:signature:{signature_id}", batch_id
-            )
-            built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
-            self.mirror_buckets(built_now, rules)
+        short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
+        for signature_id in sorted((set(wanted) - set(kept)) | short):
+            self._build_signature(wanted[signature_id], rules, widest, batch_id)
+        # Eviction will keep only the narrower history from now on: remember it.
+        spark.sql(
+            f"UPDATE delta.`{self.live.signatures}` SET kept_window_ms = {widest} "
+            f"WHERE kept_window_ms > {widest}"
+        )
+
+    def _build_signature(
+        self, signature: RuleSignature, rules: list[Rule], widest: int, batch_id: int
+    ) -> None:
+        """(Re)build one signature's buckets from the raw events of the earlier batches
+        inside the horizon, then record it. Idempotent: a half-done build (a crash between
+        its commits) is started again from nothing, so nothing counts twice."""
+        spark, signature_id = self.spark, signature.signature_id
+        history = self.read("events").where(F.col("stream_batch") < batch_id)
+        newest = history.agg(F.max("eventTime")).first()
+        if newest is not None and newest[0] is not None:
+            horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
+            history = history.where(F.col("eventTime") >= int(newest[0]) - horizon_ms)
+        for table in (self.live.signatures, self.live.buckets):
+            spark.sql(f"DELETE FROM delta.`{table}` WHERE signature_id = '{signature_id}'")
+        deltas = bucket_aggregates(
+            keyed_events(history, [signature]), self.settings.bucket_width_ms
+        )
+        merge_buckets(spark, self.live.buckets, deltas)
+        record = spark.createDataFrame(
+            [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id, widest)],
+            tables.SIGNATURE_SCHEMA,
+        )
+        record.write.format("delta").mode("append").save(str(self.live.signatures))
+        built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
+        self.mirror_buckets(built_now, rules)
 
     def _evaluate(
         self,

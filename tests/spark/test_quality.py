@@ -78,7 +78,7 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     tables.create_if_missing(spark, live.buckets, tables.BUCKET_SCHEMA)
     first = keyed.where(F.col("eventTime") < second_batch)
     merge_buckets(spark, live.buckets, bucket_aggregates(first, width_ms))
-    hours = hour_buckets(minute_buckets(tables.read_table(spark, live.buckets), width_ms))
+    hours = hour_buckets(minute_buckets(tables.read_table(spark, live.buckets), width_ms), width_ms)
     tables.overwrite_table(hours.localCheckpoint(), live.buckets)
     second = keyed.where(F.col("eventTime") >= second_batch)
     merge_buckets(spark, live.buckets, bucket_aggregates(second, width_ms))

@@ -160,24 +160,29 @@ def minute_buckets(buckets: DataFrame, width_ms: int) -> DataFrame:
     )
 
 
-def hour_buckets(minutes: DataFrame) -> DataFrame:
-    """Compacted hour rows (BUCKET_SCHEMA) of g-wide buckets (``minute_buckets``' shape):
-    each hour's merged figures plus its g-wide buckets, sorted by start, as ``parts``."""
+def hour_buckets(minutes: DataFrame, width_ms: int) -> DataFrame:
+    """Compacted rows (BUCKET_SCHEMA) of g-wide buckets (``minute_buckets``' shape): per
+    (signature, key, hour) with two or more g-wide buckets, the hour's merged figures plus
+    its g-wide buckets, sorted by start, as ``parts``; an hour with a single g-wide bucket
+    stays that bucket (an hour row would only repeat its figures)."""
     hour = F.col("bucket_start") - F.pmod(F.col("bucket_start"), F.lit(HOUR_MS))
     part = F.struct(F.col("bucket_start"), *[F.col(n) for n in BUCKET_FIGURES])
+    single = F.size("parts") == 1
     return (
         minutes.groupBy("signature_id", "key", hour.alias("hour_start"))
-        .agg(
-            *_merged_figures(),
-            F.array_sort(F.collect_list(part)).alias("parts"),
-        )
+        .agg(*_merged_figures(), F.array_sort(F.collect_list(part)).alias("parts"))
         .select(
             "signature_id",
             "key",
-            F.col("hour_start").alias("bucket_start"),
-            F.lit(HOUR_MS).cast("long").alias("bucket_width_ms"),
+            F.when(single, F.col("parts")[0]["bucket_start"])
+            .otherwise(F.col("hour_start"))
+            .alias("bucket_start"),
+            F.when(single, F.lit(width_ms))
+            .otherwise(F.lit(HOUR_MS))
+            .cast("long")
+            .alias("bucket_width_ms"),
             *BUCKET_FIGURES,
-            "parts",
+            F.when(single, F.lit(None)).otherwise(F.col("parts")).alias("parts"),
         )
     )
 

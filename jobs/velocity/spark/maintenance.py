@@ -99,17 +99,25 @@ def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummar
             watermark = newest - settings.allowed_lateness_ms
             sealed_before = watermark - watermark % HOUR_MS
             summary.sealed_before = sealed_before
-            pending = buckets.where(
-                (F.col("bucket_width_ms") == width) & (F.col("bucket_start") < sealed_before)
+            # An hour needs folding when it holds more than one row (g-wide buckets, or an
+            # hour row and the late deltas beside it); one row is already as small as it gets.
+            hour = F.col("bucket_start") - F.pmod(F.col("bucket_start"), F.lit(HOUR_MS))
+            pending = (
+                buckets.where(F.col("bucket_start") < sealed_before)
+                .groupBy("signature_id", "key", hour.alias("hour_start"))
+                .count()
+                .where(F.col("count") > 1)
             )
-            oldest = pending.agg(F.min("bucket_start")).first()
+            oldest = pending.agg(F.min("hour_start")).first()
             if oldest is not None and oldest[0] is not None:
-                first_hour = int(oldest[0]) - int(oldest[0]) % HOUR_MS
+                first_hour = int(oldest[0])
                 span = f"bucket_start >= {first_hour} AND bucket_start < {sealed_before}"
                 in_span = buckets.where(span)
-                hours = hour_buckets(minute_buckets(in_span, width)).persist()
+                hours = hour_buckets(minute_buckets(in_span, width), width).persist()
                 try:
-                    summary.hours_written = hours.count()
+                    summary.hours_written = hours.where(
+                        F.col("bucket_width_ms") == HOUR_MS
+                    ).count()
                     (
                         hours.write.format("delta")
                         .mode("overwrite")

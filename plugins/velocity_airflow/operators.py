@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from velocity.errors import VelocityError
 from velocity_airflow import SPARK_CONN_ID, VELOCITY_CONN_ID
 from velocity_airflow.hooks import VelocityHook
 from velocity_airflow.plans import spark_job
@@ -22,9 +23,9 @@ def _cli_path() -> str:
     """jobs/velocity/cli.py of the installed velocity package, found without importing it."""
     spec = importlib.util.find_spec("velocity.cli")
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(
-            "velocity is not installed in this interpreter; run `make setup` and start "
-            "Airflow from the project's .venv"
+        raise VelocityError(
+            f"velocity is not installed in {sys.executable}; run `make setup` and start "
+            "Airflow from the project's .venv (infra/airflow.sh does)"
         )
     return spec.origin
 

@@ -24,8 +24,9 @@ def _verdict(settings: Settings) -> str:
     return lifecycle.check_health(settings).verdict
 
 
-def test_run_check_and_stop_the_stream(streamed_conn: StreamedData) -> None:
-    # run_stream's task is running the stream: the fixture saw its first two micro-batches.
+def test_run_check_and_stop_the_stream(running_stream: StreamedData) -> None:
+    # run_stream's task is running the stream (the fixtures saw its micro-batches).
+    streamed_conn = running_stream
     assert streamed_conn.process.poll() is None
     assert _verdict(streamed_conn.settings) == "running"
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.conftest import free_port
-from tests.dags.conftest import AIRFLOW_SH, StreamedData
+from tests.dags.conftest import AIRFLOW_SH, FAST_JVM, StreamedData
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.redis]
 
@@ -45,6 +45,7 @@ def test_backfill_triggered_through_the_rest_api(
         VELOCITY_REDIS_URL=stopped_stream.settings.redis_url,
         VELOCITY_SPARK_SHUFFLE_PARTITIONS="2",
         VELOCITY_SPARK_DRIVER_MEMORY="1g",
+        **FAST_JVM,
     )
     log = home / "standalone.log"
     try:

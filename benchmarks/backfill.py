@@ -54,7 +54,7 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from velocity.delta import tables
-    from velocity.redis.server import redis_up
+    from velocity.redis.server import redis_down, redis_up
     from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
     from velocity.spark import maintenance
@@ -67,8 +67,9 @@ def main() -> int:
     events_dir = work / f"events-{args.events}-{args.keys}"
     _generate(events_dir, args.events, args.keys)
     data_dir = work / "data"
-    shutil.rmtree(data_dir, ignore_errors=True)
     settings = load_settings(data_dir=data_dir, redis_url=REDIS_URL)
+    redis_down(settings)  # a previous run's server keeps its files in the data dir
+    shutil.rmtree(data_dir, ignore_errors=True)
     redis_up(settings)
     spark = build_spark(settings, "velocity-bench-backfill")
 
@@ -142,6 +143,7 @@ def main() -> int:
         flush=True,
     )
     spark.stop()
+    redis_down(settings)
     return 0
 
 

@@ -96,8 +96,9 @@ print(json.dumps({
 }, indent=2))
 EOF
   airflow connections import "${home}/connections.json" >>"${home}/setup.log" 2>&1
-  airflow pools set velocity_spark 1 "one Spark batch job at a time beside the stream" \
-    >>"${home}/setup.log" 2>&1
+  airflow pools get velocity_spark >>"${home}/setup.log" 2>&1 ||
+    airflow pools set velocity_spark 1 "one Spark batch job at a time beside the stream" \
+      >>"${home}/setup.log" 2>&1
 }
 
 up() {

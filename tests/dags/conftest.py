@@ -9,6 +9,7 @@ the Velocity one per test (its data dir is the test's own).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -61,6 +62,8 @@ def velocity_connection(settings: Settings) -> str:
 
 
 _HOME = Path(tempfile.mkdtemp(prefix="velocity-airflow-tests-"))
+# Removed at exit too: a run that never uses the airflow_home fixture still created it.
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 os.environ.update(airflow_environment(_HOME, free_port()))
 os.environ["AIRFLOW_CONN_VELOCITY_SPARK"] = SPARK_CONNECTION
 if "airflow" in sys.modules:  # pragma: no cover - a guard, not a branch tests take

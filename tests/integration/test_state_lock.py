@@ -79,3 +79,11 @@ def test_two_data_dirs_do_not_block_each_other(settings: Settings, tmp_path: Pat
     client = mirror.connect(settings)
     with state_lock(client, settings, "a"), state_lock(client, other, "b", wait_seconds=0.5):
         pass
+
+
+def test_a_holder_releases_even_when_redis_lost_its_functions(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    with pytest.raises(RuntimeError), state_lock(client, settings, "compaction"):
+        client.function_flush()
+        raise RuntimeError("the step failed")
+    assert client.get(state_lock_key(str(settings.data_dir))) is None

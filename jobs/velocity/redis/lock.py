@@ -22,6 +22,7 @@ import redis
 
 from velocity.errors import VelocityError
 from velocity.redis.keys import state_lock_key
+from velocity.redis.mirror import load_functions
 from velocity.settings import Settings
 
 # Longer than any micro-batch or compaction commit; a holder killed mid-way blocks the
@@ -67,4 +68,10 @@ def state_lock(
     try:
         yield
     finally:
-        client.fcall("velocity_unlock", 1, name, token)
+        try:
+            client.fcall("velocity_unlock", 1, name, token)
+        except redis.ResponseError:
+            # The functions are gone (a flushed or new Redis): load them and release, so
+            # a failed holder never leaves the lock to its lease.
+            load_functions(client)
+            client.fcall("velocity_unlock", 1, name, token)

@@ -63,15 +63,28 @@ def test_a_waiter_gives_up_naming_the_holder(settings: Settings) -> None:
         pass
 
 
-def test_an_expired_holder_cannot_release_the_next_ones_lock(settings: Settings) -> None:
+def test_a_working_holder_keeps_its_lock_past_the_lease(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    with state_lock(client, settings, "long batch", lease_ms=300):
+        time.sleep(1.0)  # three leases long: renewed meanwhile
+        with (
+            pytest.raises(StateLockTimeout, match="long batch"),
+            state_lock(client, settings, "compaction", wait_seconds=0.3),
+        ):
+            pass
+
+
+def test_a_holder_whose_lease_ran_out_touches_nobody_elses_lock(settings: Settings) -> None:
     client = mirror.connect(settings)
     name = state_lock_key(str(settings.data_dir))
-    with state_lock(client, settings, "slow", lease_ms=200):
-        time.sleep(0.4)  # the lease ran out: another holder takes the lock
+    with state_lock(client, settings, "killed", lease_ms=300):
+        client.delete(name)  # as if its lease ran out while it hung
         with state_lock(client, settings, "next", wait_seconds=1):
             pass
         client.set(name, '{"token": "someone-else"}')
-    assert client.get(name) == '{"token": "someone-else"}', "the slow holder left it alone"
+        time.sleep(0.3)  # a renewal in between must not extend someone else's lock
+        assert client.pttl(name) == -1
+    assert client.get(name) == '{"token": "someone-else"}', "the old holder left it alone"
 
 
 def test_two_data_dirs_do_not_block_each_other(settings: Settings, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ eviction and the backfill's bucket rebuild hold it for their commit. Delta's opt
 concurrency alone would turn a collision into a failed micro-batch (a stream restart),
 and a rewrite computed from a snapshot older than its commit could drop a concurrent
 delta; the lock rules out both. It lives in Redis because every Velocity process already
-reaches Redis; it is a lease (it expires) so a killed holder cannot block forever.
+reaches Redis; it is a lease, renewed while its holder works, so a killed holder blocks the others
+for at most the lease (30 s).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,9 +27,9 @@ from velocity.redis.keys import state_lock_key
 from velocity.redis.mirror import load_functions
 from velocity.settings import Settings
 
-# Longer than any micro-batch or compaction commit; a holder killed mid-way blocks the
-# others for at most this long.
-LEASE_MS = 30 * 60 * 1000
+# A holder renews its lease every third of it while it works, so a holder killed mid-way
+# (SIGKILL, a lost machine) blocks the others for at most this long.
+LEASE_MS = 30 * 1000
 
 
 class StateLockTimeout(VelocityError):
@@ -65,9 +67,22 @@ def state_lock(
                 "wait for that job to finish, or delete the key if its holder is gone"
             )
         time.sleep(0.2)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(lease_ms / 3000):
+            try:
+                client.fcall("velocity_renew", 1, name, token, str(lease_ms))
+            except redis.RedisError:
+                continue  # the next renewal tries again; the lease has two more thirds
+
+    renewer = threading.Thread(target=renew, name=f"state-lock-{holder}", daemon=True)
+    renewer.start()
     try:
         yield
     finally:
+        stop.set()
+        renewer.join()
         try:
             client.fcall("velocity_unlock", 1, name, token)
         except redis.ResponseError:

@@ -202,9 +202,20 @@ local function velocity_unlock(keys, args)
   return 0
 end
 
+-- FCALL velocity_renew 1 <lock key> <token> <lease ms>
+-- Extends a lock's lease only for the holder that took it; 0 when it is no longer held.
+local function velocity_renew(keys, args)
+  local held = redis.call("GET", keys[1])
+  if held and string.find(held, args[1], 1, true) then
+    return redis.call("PEXPIRE", keys[1], args[2])
+  end
+  return 0
+end
+
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
 redis.register_function("velocity_publish", velocity_publish)
 redis.register_function("velocity_evict", velocity_evict)
 redis.register_function("velocity_publish_backfill", velocity_publish_backfill)
 redis.register_function("velocity_unlock", velocity_unlock)
+redis.register_function("velocity_renew", velocity_renew)

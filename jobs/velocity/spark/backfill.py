@@ -37,7 +37,7 @@ from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, bucket_aggregates, evaluate_alerts, keyed_events
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import LiveTables, StreamJob, newest_event_time
 from velocity.timing import StepTimer
 
 APP_ID = "velocity-backfill"
@@ -111,10 +111,10 @@ class Backfill:
             return None
         rules = active_rules(self.job.rule_store.in_force())
         widest = max((r.window_ms for r in rules), default=0)
-        newest = read("events").agg(F.max("eventTime")).first()
+        newest = newest_event_time(self.spark, self.live)
         to_ms = int(row[1]) + widest
-        if newest is not None and newest[0] is not None:
-            to_ms = min(to_ms, int(newest[0]))
+        if newest is not None:
+            to_ms = min(to_ms, newest)
         return int(row[0]), to_ms, int(row[2])
 
     def run(
@@ -199,11 +199,10 @@ class Backfill:
         width = self.settings.bucket_width_ms
         built = {r["signature_id"] for r in self.job.read("signatures").collect()}
         signatures = [s for s in rules_by_signature(rules) if s.signature_id in built]
-        newest = self.job.read("events").agg(F.max("eventTime")).first()
-        if not signatures or newest is None or newest[0] is None:
-            return 0
         in_force = active_rules(self.job.rule_store.in_force())
-        horizon_from = int(newest[0]) - mirror.horizon_seconds(in_force, self.settings) * 1000
+        horizon_from = self.job.horizon_cutoff(in_force)
+        if not signatures or horizon_from is None:
+            return 0
         lower = max(history_from, horizon_from)
         lower += -lower % HOUR_MS  # up to a whole hour: a compacted hour is replaced whole
         upper = to_ms - to_ms % HOUR_MS + HOUR_MS

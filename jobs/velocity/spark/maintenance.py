@@ -24,7 +24,7 @@ from velocity.redis.lock import state_lock
 from velocity.rules import active_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, hour_buckets, minute_buckets
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import LiveTables, StreamJob, newest_event_time
 
 # Delta's own floor: VACUUM below 7 days can delete files a lagging reader still needs.
 MIN_VACUUM_RETENTION_HOURS = 168
@@ -69,12 +69,6 @@ class ReconcileSummary:
     repaired: bool = False
     clean_after: bool = True
     details: dict[str, Any] = field(default_factory=dict)
-
-
-def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
-    """The highest accepted eventTime: the clock that seals buckets and sets the horizon."""
-    row = tables.read_table(spark, live.events).agg(F.max("eventTime")).first()
-    return None if row is None or row[0] is None else int(row[0])
 
 
 def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummary:

@@ -95,6 +95,12 @@ LIVE_SCHEMAS = {
 }
 
 
+def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
+    """The highest accepted eventTime: the clock that seals buckets and sets the horizon."""
+    row = tables.read_table(spark, live.events).agg(F.max("eventTime")).first()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
     """Create every live table that is missing (idempotent)."""
     for name, schema in LIVE_SCHEMAS.items():
@@ -204,10 +210,10 @@ class StreamJob:
     def horizon_cutoff(self, rules: list[Rule]) -> int | None:
         """The oldest bucket start the state keeps: newest eventTime − horizon (None: no
         events or no rules)."""
-        newest = self.read("events").agg(F.max("eventTime")).first()
-        if newest is None or newest[0] is None or not rules:
+        newest = newest_event_time(self.spark, self.live)
+        if newest is None or not rules:
             return None
-        return int(newest[0]) - mirror.horizon_seconds(rules, self.settings) * 1000
+        return newest - mirror.horizon_seconds(rules, self.settings) * 1000
 
     def window_buckets(
         self, buckets: DataFrame, since: int | None = None, keys: DataFrame | None = None

@@ -94,4 +94,3 @@ def amended(record: Mapping[str, Any], kind: AlertKind, decision_time: int) -> d
     )
     out["decisionTime"] = decision_time
     return out
-

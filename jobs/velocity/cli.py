@@ -277,14 +277,17 @@ def cmd_stream(args: argparse.Namespace) -> int:
         "`velocity stream-stop` or Ctrl-C stops it",
         flush=True,
     )
-    reason = lifecycle.supervise(
-        query,
-        status,
-        settings.data_dir,
-        duration_seconds=args.duration,
-        grace_seconds=settings.stream_stale_seconds,
-        terminate_requested=terminate.is_set,
-    )
+    try:
+        reason = lifecycle.supervise(
+            query,
+            status,
+            settings.data_dir,
+            duration_seconds=args.duration,
+            grace_seconds=settings.stream_stale_seconds,
+            terminate_requested=terminate.is_set,
+        )
+    finally:
+        job.close()  # the committed batches still spooled reach Delta
     progress = query.recentProgress
     rows = sum(int(p["numInputRows"]) for p in progress)
     batches = sum(1 for p in progress if int(p["numInputRows"]) > 0)

@@ -52,6 +52,24 @@ class Settings(BaseSettings):
         ge=1,
         description="The stream deletes Delta buckets older than the horizon every N batches.",
     )
+    dedup_horizon_seconds: int = Field(
+        default=7 * 24 * 3600,
+        ge=1,
+        description="The stream drops an event whose transactionId it accepted this long ago "
+        "or less (kept in Redis, ~100 bytes per accepted event).",
+    )
+    write_behind_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        description="The stream appends its decided batches to the Delta tables at most this "
+        "long after it committed them to Redis (0: at every micro-batch).",
+    )
+    hot_keys_max: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="The stream keeps at most this many (signature, key) states in memory; "
+        "the least recently used are read back from Redis when they come again.",
+    )
     stream_stale_seconds: int = Field(
         default=120,
         ge=1,

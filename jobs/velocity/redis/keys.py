@@ -7,6 +7,13 @@ Pure: names and values only, so the layout is tested byte for byte without a ser
   (signature, key) in one cluster slot and spreads keys over slots.
 - ``velocity:rule:<ruleId>`` — hash describing a rule in force: what a client needs to
   name the bucket hash and call ``velocity_window``.
+- ``velocity:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the
+  last micro-batch committed to Redis) and ``newest`` (the newest accepted eventTime).
+- ``velocity:seen:{<data dir digest>}:<transactionId>`` — an accepted transactionId,
+  kept for the de-duplication horizon (its value: the batch that accepted it).
+- ``velocity:buckets-epoch`` — bumped by every writer of bucket hashes other than the
+  stream (rebuild, repair, backfill, eviction), so the stream drops its in-memory copy.
+- ``velocity:mirror`` — the data dir whose buckets Redis holds; gone after a flush.
 """
 
 from __future__ import annotations
@@ -32,29 +39,47 @@ def rule_entry_key(rule_id: int) -> str:
     return f"{PREFIX}:rule:{rule_id}"
 
 
+BUCKETS_EPOCH = f"{PREFIX}:buckets-epoch"
+MIRROR_MARKER = f"{PREFIX}:mirror"
+
+
+def _data_dir_tag(data_dir: str) -> str:
+    return hashlib.sha256(data_dir.encode("utf-8")).hexdigest()[:16]
+
+
+def stream_progress_key(data_dir: str) -> str:
+    return f"{PREFIX}:stream:{{{_data_dir_tag(data_dir)}}}"
+
+
+def seen_key_prefix(data_dir: str) -> str:
+    """``seen_key_prefix(d) + transactionId`` names an accepted transactionId of data dir d."""
+    return f"{PREFIX}:seen:{{{_data_dir_tag(data_dir)}}}:"
+
+
 def _decimal_or_none(value: Decimal | None) -> str | None:
     return None if value is None else format_decimal(value)
 
 
-def bucket_value(aggregate: BucketAggregate) -> str:
-    """``[event_count, value_count, sum, min, max, [distinct…]]``, decimals as strings."""
-    return json.dumps(
-        [
-            aggregate.count,
-            aggregate.value_count,
-            _decimal_or_none(aggregate.total),
-            _decimal_or_none(aggregate.minimum),
-            _decimal_or_none(aggregate.maximum),
-            sorted(aggregate.distinct),
-        ],
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+def bucket_value(aggregate: BucketAggregate, last_time: int | None = None) -> str:
+    """``[event_count, value_count, sum, min, max, [distinct…]]``, decimals as strings, and
+    the newest eventTime counted when known (the stream writes it; readers may ignore it)."""
+    figures: list[object] = [
+        aggregate.count,
+        aggregate.value_count,
+        _decimal_or_none(aggregate.total),
+        _decimal_or_none(aggregate.minimum),
+        _decimal_or_none(aggregate.maximum),
+        sorted(aggregate.distinct),
+    ]
+    if last_time is not None:
+        figures.append(last_time)
+    return json.dumps(figures, separators=(",", ":"), ensure_ascii=False)
 
 
-def parse_bucket_value(text: str) -> BucketAggregate:
-    count, value_count, total, minimum, maximum, distinct = json.loads(text)
-    return BucketAggregate(
+def parse_bucket(text: str) -> tuple[BucketAggregate, int | None]:
+    """A bucket value as its aggregate and its newest eventTime (None when not recorded)."""
+    count, value_count, total, minimum, maximum, distinct, *last = json.loads(text)
+    aggregate = BucketAggregate(
         count,
         value_count,
         None if total is None else Decimal(total),
@@ -62,6 +87,11 @@ def parse_bucket_value(text: str) -> BucketAggregate:
         None if maximum is None else Decimal(maximum),
         frozenset(distinct),
     )
+    return aggregate, (last[0] if last else None)
+
+
+def parse_bucket_value(text: str) -> BucketAggregate:
+    return parse_bucket(text)[0]
 
 
 def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
@@ -97,5 +127,4 @@ def state_lock_key(data_dir: str) -> str:
     """The lock that serialises writers of one data dir's bucket state (stream batches,
     compaction, backfill rebuilds); named by a digest of the data dir, so two data dirs on
     one Redis never block each other."""
-    digest = hashlib.sha256(data_dir.encode("utf-8")).hexdigest()[:16]
-    return f"{PREFIX}:lock:{{{digest}}}"
+    return f"{PREFIX}:lock:{{{_data_dir_tag(data_dir)}}}"

@@ -17,16 +17,21 @@ import redis
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.errors import UnknownRuleError
 from velocity.redis.keys import (
+    BUCKETS_EPOCH,
     PREFIX,
     bucket_hash_key,
     bucket_value,
     key_for_lookup,
+    parse_bucket,
     parse_bucket_value,
     rule_entry,
     rule_entry_key,
+    seen_key_prefix,
+    stream_progress_key,
 )
 from velocity.rules import Rule
 from velocity.settings import Settings
+from velocity.stream_batch import KeyState, SignatureKey
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
@@ -71,6 +76,7 @@ def write_bucket_rows(
     """
     written = 0
     pipe = client.pipeline(transaction=False)
+    pipe.incr(BUCKETS_EPOCH)  # the stream's in-memory copy is stale from here on
     for row in rows:
         name = bucket_hash_key(row["signature_id"], row["key"])
         pipe.hset(name, str(row["bucket_start"]), bucket_value(bucket_from_columns(row)))
@@ -102,6 +108,7 @@ def bucket_rows_writer(
 def remove_buckets(client: redis.Redis, slots: Iterable[tuple[str, str, int]]) -> None:
     """HDEL the given (signature, key, bucket start) fields."""
     pipe = client.pipeline(transaction=False)
+    pipe.incr(BUCKETS_EPOCH)
     for signature_id, key, start in slots:
         pipe.hdel(bucket_hash_key(signature_id, key), str(start))
     pipe.execute()
@@ -120,9 +127,7 @@ def publish_alerts(
     return int(added)  # type: ignore[arg-type]
 
 
-def publish_backfill(
-    client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]
-) -> int:
+def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]) -> int:
     """Append a backfill's CORRECTION and RETRACTION records to the alert stream.
 
     Unlike a micro-batch, a backfill publishes at least once (a rerun after a crash may
@@ -220,3 +225,115 @@ def compare_buckets(
         extra = (s for s in set(got) - set(expected) if since is None or s >= since)
         drift.extra.extend((signature_id, key, s) for s in sorted(extra))
     return drift
+
+
+# --- the stream's hot state: one read and one atomic commit per micro-batch --------------
+
+
+@dataclass
+class StreamRead:
+    """What a micro-batch reads from Redis before deciding, in one round trip."""
+
+    committed_batch: int | None  # the last batch committed to Redis
+    newest_event_time: int | None  # the newest accepted eventTime of the committed batches
+    epoch: str  # BUCKETS_EPOCH: changes when anyone but the stream rewrote buckets
+    mirror_of: str  # the data dir Redis holds the buckets of ("" after a flush)
+    seen: set[str]  # transactionIds accepted by earlier batches (of those asked)
+    states: dict[SignatureKey, KeyState]  # the asked (signature, key)s that Redis holds
+
+
+def committed_batch(client: redis.Redis, settings: Settings) -> int | None:
+    """The last micro-batch the stream committed to Redis (None: none, or Redis lost it)."""
+    value = client.hget(stream_progress_key(str(settings.data_dir)), "batch")
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def read_stream_state(
+    client: redis.Redis,
+    settings: Settings,
+    transaction_ids: Sequence[str],
+    slots: Sequence[SignatureKey],
+) -> StreamRead:
+    """The stream's progress, the seen transactionIds among ``transaction_ids`` and the
+    buckets of ``slots``, as one Function call (velocity_stream_read)."""
+    data_dir = str(settings.data_dir)
+    seen_prefix = seen_key_prefix(data_dir)
+    names = [bucket_hash_key(sig, key) for sig, key in slots]
+    request = json.dumps(
+        {"h": names, "s": [seen_prefix + tx for tx in transaction_ids]},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    reply = json.loads(
+        client.fcall_ro("velocity_stream_read", 1, stream_progress_key(data_dir), request)  # type: ignore[arg-type]
+    )
+    progress = reply["p"] or {}
+    hashes = reply["h"] or {}
+    states: dict[SignatureKey, KeyState] = {}
+    for slot, name in zip(slots, names, strict=True):
+        fields = hashes.get(name)
+        if not fields:
+            continue
+        state = KeyState()
+        for start_text, value in fields.items():
+            start = int(start_text)
+            state.buckets[start], state.last_times[start] = parse_bucket(value)
+        states[slot] = state
+    seen_indices = reply["s"] or []
+    return StreamRead(
+        committed_batch=int(progress["batch"]) if "batch" in progress else None,
+        newest_event_time=int(progress["newest"]) if progress.get("newest") else None,
+        epoch=str(reply["e"]),
+        mirror_of=str(reply["m"]),
+        seen={transaction_ids[i - 1] for i in seen_indices},
+        states=states,
+    )
+
+
+def commit_stream_batch(
+    client: redis.Redis,
+    settings: Settings,
+    batch_id: int,
+    newest_event_time: int | None,
+    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
+    dropped: Iterable[tuple[str, str, int]],
+    accepted: Iterable[str],
+    alerts: Sequence[Mapping[str, Any]],
+    bucket_ttl_seconds: int,
+) -> int:
+    """Commit one micro-batch to Redis atomically (velocity_stream_commit): the changed
+    buckets' absolute values, the dropped buckets, the accepted transactionIds, the alerts
+    and the progress. Returns the alerts published, or -1 when the batch was committed
+    before (a replay: nothing written)."""
+    data_dir = str(settings.data_dir)
+    seen_prefix = seen_key_prefix(data_dir)
+    buckets = []
+    for (sig, key), (state, starts) in changed.items():
+        name = bucket_hash_key(sig, key)
+        for start in starts:
+            if start in state.buckets:
+                value = bucket_value(state.buckets[start], state.last_times.get(start))
+                buckets.append((name, str(start), value))
+    changes = json.dumps(
+        {
+            "b": buckets,
+            "d": [(bucket_hash_key(sig, key), str(start)) for sig, key, start in dropped],
+            "s": [seen_prefix + tx for tx in accepted],
+            "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    result = client.fcall(
+        "velocity_stream_commit",
+        2,
+        stream_progress_key(data_dir),
+        settings.redis_alert_stream,
+        str(batch_id),
+        "" if newest_event_time is None else str(newest_event_time),
+        str(bucket_ttl_seconds * 1000),
+        str(settings.dedup_horizon_seconds * 1000),
+        str(ALERT_STREAM_MAXLEN),
+        changes,
+    )
+    return int(result)  # type: ignore[arg-type]

@@ -212,6 +212,74 @@ local function velocity_renew(keys, args)
   return 0
 end
 
+-- FCALL_RO velocity_stream_read 1 <progress hash> <request json>
+-- The read half of a micro-batch, in one round trip: the stream's progress (last committed
+-- batch, newest eventTime), the buckets epoch, the mirror marker, which of the named
+-- transactionId keys exist, and the named bucket hashes whole.
+-- request = {"h": [bucket hash, ...], "s": [seen key, ...]}
+-- reply = {"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen],
+--          "h": {hash: {start: value}}} (empty hashes left out)
+local function velocity_stream_read(keys, args)
+  local request = cjson.decode(args[1])
+  local progress = {}
+  local fields = redis.call("HGETALL", keys[1])
+  for i = 1, #fields, 2 do progress[fields[i]] = fields[i + 1] end
+  local seen = {}
+  for i, name in ipairs(request["s"]) do
+    if redis.call("EXISTS", name) == 1 then seen[#seen + 1] = i end
+  end
+  local hashes = {}
+  for _, name in ipairs(request["h"]) do
+    local buckets = redis.call("HGETALL", name)
+    if #buckets > 0 then
+      local map = {}
+      for i = 1, #buckets, 2 do map[buckets[i]] = buckets[i + 1] end
+      hashes[name] = map
+    end
+  end
+  return cjson.encode({
+    p = progress,
+    e = redis.call("GET", "velocity:buckets-epoch") or "0",
+    m = redis.call("GET", "velocity:mirror") or "",
+    s = seen,
+    h = hashes,
+  })
+end
+
+-- FCALL velocity_stream_commit 2 <progress hash> <alert stream> <batch> <newest eventTime>
+--   <bucket ttl ms> <seen ttl ms> <alert maxlen> <changes json>
+-- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
+-- hash's TTL), the buckets dropped below the horizon, the accepted transactionIds, the
+-- alerts on the stream, and the progress. A batch not newer than the progress was
+-- committed already: nothing is written and -1 returned (a replay changes nothing twice).
+-- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
+--            "s": [seen key, ...], "a": [alert json, ...]}
+local function velocity_stream_commit(keys, args)
+  local batch = tonumber(args[1])
+  local last = redis.call("HGET", keys[1], "batch")
+  if last and tonumber(last) >= batch then return -1 end
+  local changes = cjson.decode(args[6])
+  local touched = {}
+  for _, b in ipairs(changes["b"]) do
+    redis.call("HSET", b[1], b[2], b[3])
+    touched[b[1]] = true
+  end
+  for _, d in ipairs(changes["d"]) do
+    redis.call("HDEL", d[1], d[2])
+  end
+  for name in pairs(touched) do
+    redis.call("PEXPIRE", name, args[3])
+  end
+  for _, name in ipairs(changes["s"]) do
+    redis.call("SET", name, args[1], "PX", args[4])
+  end
+  for _, alert in ipairs(changes["a"]) do
+    redis.call("XADD", keys[2], "MAXLEN", "~", args[5], "*", "alert", alert, "batch", args[1])
+  end
+  redis.call("HSET", keys[1], "batch", args[1], "newest", args[2])
+  return #changes["a"]
+end
+
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
 redis.register_function("velocity_publish", velocity_publish)
@@ -219,3 +287,6 @@ redis.register_function("velocity_evict", velocity_evict)
 redis.register_function("velocity_publish_backfill", velocity_publish_backfill)
 redis.register_function("velocity_unlock", velocity_unlock)
 redis.register_function("velocity_renew", velocity_renew)
+redis.register_function{function_name = "velocity_stream_read", callback = velocity_stream_read,
+                        flags = {"no-writes"}}
+redis.register_function("velocity_stream_commit", velocity_stream_commit)

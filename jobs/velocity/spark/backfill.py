@@ -104,9 +104,7 @@ class Backfill:
         covered = read("backfills").agg(F.max("late_through_batch")).first()
         through = -1 if covered is None or covered[0] is None else int(covered[0])
         pending = read("late_events").where(F.col("stream_batch") > through)
-        row = pending.agg(
-            F.min("eventTime"), F.max("eventTime"), F.max("stream_batch")
-        ).first()
+        row = pending.agg(F.min("eventTime"), F.max("eventTime"), F.max("stream_batch")).first()
         if row is None or row[0] is None:
             return None
         rules = active_rules(self.job.rule_store.in_force())
@@ -249,9 +247,7 @@ class Backfill:
             .where(in_scope)
         )
         net = emitted.groupBy(*_DECISION_KEYS).agg(
-            F.sum(F.when(F.col("kind") == AlertKind.RETRACTION.value, -1).otherwise(1)).alias(
-                "net"
-            )
+            F.sum(F.when(F.col("kind") == AlertKind.RETRACTION.value, -1).otherwise(1)).alias("net")
         )
         in_effect = net.where(F.col("net") > 0).select(*_DECISION_KEYS)
         missing = decisions.join(in_effect, _DECISION_KEYS, "left_anti")
@@ -271,8 +267,7 @@ class Backfill:
             for r in missing.collect()
         ]
         records += [
-            amended(record_of_stored(r), AlertKind.RETRACTION, decided_at)
-            for r in latest.values()
+            amended(record_of_stored(r), AlertKind.RETRACTION, decided_at) for r in latest.values()
         ]
         signature_of = {r.rule_id: r.signature.signature_id for r in rules}
         for record in records:

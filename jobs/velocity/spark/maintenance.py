@@ -109,9 +109,7 @@ def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummar
                 in_span = buckets.where(span)
                 hours = hour_buckets(minute_buckets(in_span, width), width).persist()
                 try:
-                    summary.hours_written = hours.where(
-                        F.col("bucket_width_ms") == HOUR_MS
-                    ).count()
+                    summary.hours_written = hours.where(F.col("bucket_width_ms") == HOUR_MS).count()
                     (
                         hours.write.format("delta")
                         .mode("overwrite")

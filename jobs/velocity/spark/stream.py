@@ -1,61 +1,71 @@
-"""`velocity stream`: per-event evaluation over a folder of JSON lines, Delta as state of record.
+"""`velocity stream`: per-event decisions in memory, Redis as the hot state, Delta behind.
 
-Each micro-batch (``process_batch``), in this order:
+Each micro-batch (``process_batch``), holding the data dir's state lock:
 
-1. parse the new lines; quarantine the bad ones;
-2. drop duplicates: within the batch the first arrival wins, and any transactionId
-   already in the events table from an earlier batch;
-3. append the accepted events (with their batch id) to the events table;
-4. read the rules in force (so rule changes reach the next batch without a restart);
-   build the buckets of any newly active signature from the raw events, and drop those
-   of signatures no longer active;
-5. merge the batch's bucket deltas into the buckets table;
-6. record late events (older than the watermark: the highest eventTime of earlier
-   batches minus the allowed lateness) — they are in the buckets, but not evaluated;
-7. evaluate every other new event from the stored buckets plus its own bucket's raw
-   events, and append the alerts.
+1. take the new lines as Arrow once and parse them (the pure ``velocity.schema`` parser);
+2. read, in one Redis call, the stream's progress, which of the batch's transactionIds
+   earlier batches accepted, and the buckets of the batch's (signature, key)s that this
+   process does not hold in memory already;
+3. decide in memory (``velocity.stream_batch``): first arrivals win, late events count
+   without a decision, every other event's window is its key's whole buckets below its
+   own bucket plus its own bucket's events up to its time;
+4. spool the batch's rows for Delta (``velocity.delta.write_behind``), then commit the
+   changed buckets, the accepted transactionIds, the alerts and the progress to Redis in
+   one atomic Function call;
+5. a flush appends the spooled batches to the Delta tables: at every batch with the
+   available-now trigger, else from a background thread within ``write_behind_seconds``.
 
-Exactly once: every Delta write of a batch carries a transaction id
-(``txnAppId`` = this job and table, ``txnVersion`` = the batch id), so a batch
-replayed after a crash rewrites nothing that already committed; the de-duplication
-ignores the replayed batch's own events; alert ids are deterministic.
+Rules are re-read when the rules table has a new version; a signature that becomes
+active (or needs a wider history) is built from the Delta events first (SPEC §2).
+
+Exactly once: the Redis commit refuses a batch it has already committed, so a replay
+after a crash finds its rows spooled (or flushed) and only finishes the flush; Delta
+appends carry ``txnAppId``/``txnVersion``; alert ids are deterministic.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from velocity.alerts import record_of_stored
-from velocity.delta import tables
+from velocity.alerts import alert_record, rule_key
+from velocity.delta import batch_rows, tables
 from velocity.delta.rule_store import RuleStore
+from velocity.delta.write_behind import Spool
 from velocity.redis import mirror
+from velocity.redis.keys import MIRROR_MARKER, seen_key_prefix, stream_progress_key
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
+from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings
-from velocity.spark.evaluate import (
-    bucket_aggregates,
-    evaluate_from_state,
-    keyed_events,
-    minute_buckets,
-    state_rows,
+from velocity.spark.evaluate import bucket_aggregates, keyed_events, minute_buckets
+from velocity.spark.ingest import with_line_source
+from velocity.stream_batch import (
+    BucketSlot,
+    HotBuckets,
+    SignatureKey,
+    admit,
+    decide,
+    history_needed,
+    key_groups,
 )
-from velocity.spark.ingest import parse_events, split_parsed, with_line_order, with_line_source
 from velocity.timing import StepTimer
+from velocity.windows import Decision, KeyedEvent
 
 log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
-# Names the data dir whose buckets Redis mirrors; gone after a flush, so a start rebuilds.
-MIRROR_MARKER = "velocity:mirror"
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,55 @@ def merge_buckets(spark: SparkSession, path: Path, deltas: DataFrame) -> None:
     )
 
 
+def last_committed_batch(settings: Settings) -> int | None:
+    """The newest micro-batch the stream's checkpoint records as done (None: none yet)."""
+    commits = settings.data_dir / "checkpoints" / "stream" / "commits"
+    done = [int(p.name) for p in commits.glob("[0-9]*")] if commits.is_dir() else []
+    return max(done, default=None)
+
+
+class SharedStateLock:
+    """The data dir's state lock, held while any thread of this stream works: the micro-batch
+    and the write-behind flush run side by side, and other writers wait for both."""
+
+    def __init__(self, client: object, settings: Settings) -> None:
+        self._client = client
+        self._settings = settings
+        self._mutex = threading.Lock()
+        self._holders = 0
+        self._stack: ExitStack | None = None
+
+    @contextmanager
+    def held(self, holder: str) -> Iterator[None]:
+        with self._mutex:
+            if self._holders == 0:
+                stack = ExitStack()
+                stack.enter_context(state_lock(self._client, self._settings, holder))  # type: ignore[arg-type]
+                self._stack = stack
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._holders -= 1
+                if self._holders == 0 and self._stack is not None:
+                    self._stack.close()
+                    self._stack = None
+
+
+def batch_lines(table: pa.Table) -> list[batch_rows.Line]:
+    """The batch's non-blank lines in arrival order (file name, block, position), parsed."""
+    raws = table.column("raw").to_pylist()
+    files = table.column("source_file").to_pylist()
+    blocks = table.column("source_block").to_pylist()
+    order = sorted(range(len(raws)), key=lambda i: (files[i], blocks[i], i))
+    return [
+        batch_rows.Line(raws[i], files[i], blocks[i], seq, parse_event_line(raws[i]))
+        for seq, i in enumerate(order)
+        if raws[i] is not None and not is_blank(raws[i])
+    ]
+
+
 class StreamJob:
     """The streaming job over one data dir; ``process_batch`` is its foreachBatch function."""
 
@@ -164,38 +223,103 @@ class StreamJob:
         ensure_live_tables(spark, self.live)
         self.redis = mirror.connect(settings)
         mirror.load_functions(self.redis)
-        self._timer = StepTimer()
+        self.spool = Spool(settings)
+        self.hot = HotBuckets(settings.hot_keys_max)
+        self._lock = SharedStateLock(self.redis, settings)
+        self._rules: list[Rule] = []
+        self._rules_version: int | None = None
+        self._epoch: str | None = None
+        self._committed: int | None = None  # newest batch this process committed to Redis
+        self._flush_each_batch = settings.write_behind_seconds == 0
+        self._flush_mutex = threading.Lock()
+        self._last_flush = time.monotonic()
+        self._evicted_group = -1
+        self._flusher_stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._flusher_error: BaseException | None = None
+
+    # --- the state of record (Delta) and its mirror --------------------------------------
 
     def mirror_is_current(self) -> bool:
-        """True when Redis holds this data dir's mirror (false after a flush or a new Redis)."""
+        """True when Redis holds this data dir's state (false after a flush or a new Redis)."""
         return self.redis.get(MIRROR_MARKER) == str(self.settings.data_dir)
 
-    def rebuild_mirror(self) -> int:
-        """Refill Redis from Delta: rules in force and every bucket inside the horizon.
+    def rebuild_mirror(self, through: int | None = None) -> int:
+        """Refill Redis from Delta: rules in force, every bucket inside the horizon, the
+        accepted transactionIds inside the de-duplication horizon, and the stream's progress.
 
-        Idempotent (absolute values); returns the number of buckets written.
+        Flushes the spooled batches up to ``through`` first (None: the checkpoint's last
+        committed batch), so Delta holds everything Redis held. Idempotent (absolute
+        values); returns the number of buckets written.
         """
+        if through is None:
+            through = last_committed_batch(self.settings)
+        with self._flush_mutex:
+            self.spool.flush(self.spark, through)
         rules = active_rules(self.rule_store.in_force())
         mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
         buckets = self._buckets_in_horizon(rules)
         written = buckets.count()
         self.mirror_buckets(buckets, rules)
+        self._mirror_accepted()
+        progress = {"batch": -1 if through is None else through}
+        newest = newest_event_time(self.spark, self.live)
+        self.redis.hset(
+            stream_progress_key(str(self.settings.data_dir)),
+            mapping={**progress, "newest": "" if newest is None else newest},
+        )
         self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
+        self.hot.forget()
         return written
 
+    def _mirror_accepted(self) -> None:
+        """SET the accepted transactionIds of the de-duplication horizon, each for what is
+        left of it (by when it was ingested)."""
+        horizon_ms = self.settings.dedup_horizon_seconds * 1000
+        now = int(time.time() * 1000)
+        recent = self.read("events").where(F.col("ingest_time") > now - horizon_ms)
+        prefix = seen_key_prefix(str(self.settings.data_dir))
+        settings = self.settings
+
+        def write(rows: Iterator[object]) -> None:
+            client = mirror.connect(settings)
+            pipe = client.pipeline(transaction=False)
+            for count, row in enumerate(rows, 1):
+                left = row["ingest_time"] + horizon_ms - now  # type: ignore[index]
+                pipe.set(prefix + row["transactionId"], str(row["stream_batch"]), px=left)  # type: ignore[index]
+                if count % 1000 == 0:
+                    pipe.execute()
+            pipe.execute()
+            client.close()
+
+        recent.select("transactionId", "ingest_time", "stream_batch").foreachPartition(write)
+
     def reconcile_mirror(self) -> mirror.Drift:
-        """Compare Redis with the Delta buckets inside the horizon (reads only)."""
-        rules = active_rules(self.rule_store.in_force())
-        rows = self._buckets_in_horizon(rules).orderBy("signature_id", "key")
-        return mirror.compare_buckets(
-            self.redis, (r.asDict() for r in rows.toLocalIterator()), self.horizon_cutoff(rules)
-        )
+        """Compare Redis with the Delta buckets inside the horizon (reads only), after the
+        spooled batches are flushed so that Delta holds what Redis holds."""
+        with state_lock(self.redis, self.settings, "reconcile"):
+            self.flush_spooled()
+            rules = active_rules(self.rule_store.in_force())
+            rows = self._buckets_in_horizon(rules).orderBy("signature_id", "key")
+            return mirror.compare_buckets(
+                self.redis,
+                (r.asDict() for r in rows.toLocalIterator()),
+                self.horizon_cutoff(rules),
+            )
 
     def repair_mirror(self, drift: mirror.Drift) -> int:
         """Rewrite Redis from Delta and drop the buckets only Redis had; returns buckets written."""
         written = self.rebuild_mirror()
         mirror.remove_buckets(self.redis, drift.extra)
         return written
+
+    def flush_spooled(self) -> None:
+        """Append every batch the stream committed but has not written to Delta yet (hold
+        the state lock: then no batch is half committed)."""
+        progress = mirror.committed_batch(self.redis, self.settings)
+        committed = [last_committed_batch(self.settings), progress]
+        with self._flush_mutex:
+            self.spool.flush(self.spark, max((b for b in committed if b is not None), default=None))
 
     def _buckets_in_horizon(self, rules: list[Rule]) -> DataFrame:
         """g-wide buckets the mirror holds: those starting within the widest window +
@@ -247,97 +371,188 @@ class StreamJob:
         self.spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE {last_part} < {cutoff}")
         return cutoff
 
-    def _append(self, df: DataFrame, name: str, batch_id: int) -> None:
-        tables.append_once(df, getattr(self.live, name), f"{APP_ID}:{name}", batch_id)
-
     def read(self, name: str) -> DataFrame:
         return tables.read_table(self.spark, getattr(self.live, name))
 
+    # --- the hot path ------------------------------------------------------------------
+
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
         """One micro-batch (the foreachBatch function); logs one JSON line when done."""
-        self._timer = StepTimer()
-        with state_lock(self.redis, self.settings, f"stream batch {batch_id}"):
-            self._timer.mark("lock")
-            alerts = self._process(lines, batch_id)
+        timer = StepTimer()
+        parsed = batch_lines(lines.toArrow())
+        timer.mark("read+parse")
+        with self._lock.held(f"stream batch {batch_id}"):
+            timer.mark("lock")
+            alerts = self._process(parsed, batch_id, timer)
+        if self._flush_each_batch:
+            self._flush(batch_id)
+            timer.mark("flush")
         log.info(
             json.dumps(
                 {
                     "batch": batch_id,
+                    "lines": len(parsed),
                     "alerts": alerts,
-                    "seconds": round(self._timer.total, 3),
-                    "steps": self._timer.steps,
+                    "hot_keys": len(self.hot),
+                    "seconds": round(timer.total, 3),
+                    "steps": timer.steps,
                     "finished": int(time.time() * 1000),
                 }
             )
         )
 
-    def _process(self, lines: DataFrame, batch_id: int) -> int:
-        spark = self.spark
+    def _process(self, lines: list[batch_rows.Line], batch_id: int, timer: StepTimer) -> int:
         settings = self.settings
         width_ms = settings.bucket_width_ms
         decision_time = int(time.time() * 1000)
+        rules = self._rules_in_force(batch_id)
+        timer.mark("rules")
+        signatures = list(rules_by_signature(rules))
+        events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
+        transaction_ids = list(dict.fromkeys(e.transaction_id for e in events))
+        # Every (signature, key) the batch may touch; duplicates only make it a superset.
+        slots = list(key_groups(events, signatures))
+        read = self._read_state(transaction_ids, slots, batch_id)
+        timer.mark("redis-read")
+        if read.committed_batch is not None and read.committed_batch >= batch_id:
+            # Committed before a crash: its rows are spooled (or flushed) already.
+            self._committed = batch_id
+            return 0
+        self.spool.discard_from(batch_id)
 
-        parsed = parse_events(with_line_order(lines)).persist()
-        try:
-            ingested = split_parsed(parsed)
-            self._append(ingested.quarantine, "quarantine", batch_id)
-            earlier = self.read("events").where(F.col("stream_batch") != batch_id)
-            seen = earlier.select("transactionId")
-            fresh = ingested.events.join(seen, "transactionId", "left_anti")
-            repeated = ingested.events.join(seen, "transactionId", "left_semi")
-            self._append(ingested.duplicates.unionByName(repeated), "duplicates", batch_id)
-            self._append(
-                fresh.withColumn("stream_batch", F.lit(batch_id).cast("long")), "events", batch_id
+        admitted = admit(events, read.seen, read.newest_event_time, settings.allowed_lateness_ms)
+        groups = key_groups(admitted.accepted, signatures)
+        states = self.hot.states(groups)
+        needed = history_needed(groups, states, admitted.late, width_ms)
+        history = self._own_bucket_history(needed, signatures, batch_id) if needed else {}
+        decided = decide(groups, states, rules, admitted.late, width_ms, history)
+        timer.mark("decide")
+
+        cutoff = None
+        if read.newest_event_time is not None and rules:
+            horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
+            cutoff = read.newest_event_time - horizon_ms
+        dropped: list[BucketSlot] = [
+            (slot[0], slot[1], start)
+            for slot, state in decided.buckets.items()
+            for start in state.buckets
+            if cutoff is not None and start < cutoff
+        ]
+        records = self._alert_records(decided.decisions, decision_time)
+        late = [e for e in admitted.accepted if e.transaction_id in admitted.late]
+        ingest_time = int(time.time() * 1000)
+        accepted_ids = {id(e) for e in admitted.accepted}
+        valid = [ln for ln in lines if isinstance(ln.parsed, Event)]
+        self.spool.write(
+            batch_id,
+            {
+                "events": batch_rows.event_rows(
+                    "events",
+                    [ln for ln in valid if id(ln.parsed) in accepted_ids],
+                    ingest_time,
+                    batch_id,
+                ),
+                "duplicates": batch_rows.event_rows(
+                    "duplicates",
+                    [ln for ln in valid if id(ln.parsed) not in accepted_ids],
+                    ingest_time,
+                ),
+                "quarantine": batch_rows.quarantine_rows(
+                    [ln for ln in lines if not isinstance(ln.parsed, Event)], ingest_time
+                ),
+                "late_events": batch_rows.late_rows(late, admitted.watermark, batch_id),
+                "buckets": batch_rows.bucket_rows(decided.deltas, width_ms),
+                "alerts": batch_rows.alert_rows(
+                    (r for r, _ in records), [sig for _, sig in records]
+                ),
+            },
+            {"newest_before": read.newest_event_time, "newest": admitted.newest_event_time},
+        )
+        timer.mark("spool")
+        mirror.commit_stream_batch(
+            self.redis,
+            settings,
+            batch_id,
+            admitted.newest_event_time,
+            {slot: (decided.buckets[slot], starts) for slot, starts in decided.changed.items()},
+            dropped,
+            [e.transaction_id for e in admitted.accepted],
+            [r for r, _ in records],
+            mirror.horizon_seconds(rules, settings),
+        )
+        self.hot.apply(decided.buckets, cutoff)
+        self._committed = batch_id
+        timer.mark("redis-commit")
+        return len(records)
+
+    def _alert_records(
+        self, decisions: Sequence[tuple[Decision, str, tuple[str, ...]]], decision_time: int
+    ) -> list[tuple[dict[str, Any], str]]:
+        """SPEC §4 records of the batch's decisions (with their signature), in the order
+        they are published: eventTime, ruleId, transactionId."""
+        records = [
+            (alert_record(d, rule_key(d.rule, key_values), decision_time), signature_id)
+            for d, signature_id, key_values in decisions
+        ]
+        records.sort(key=lambda r: (r[0]["eventTime"], r[0]["ruleId"], r[0]["transactionId"]))
+        return records
+
+    def _read_state(
+        self, transaction_ids: list[str], slots: list[SignatureKey], batch_id: int
+    ) -> mirror.StreamRead:
+        """The Redis half of a batch's input; refills Redis first when it lost this data
+        dir's state, and drops the in-memory buckets when another writer changed Redis."""
+        read = mirror.read_stream_state(
+            self.redis, self.settings, transaction_ids, self.hot.missing(slots)
+        )
+        if read.mirror_of != str(self.settings.data_dir):
+            log.warning(
+                "Redis lost the state of %s: rebuilding it from Delta", self.settings.data_dir
             )
-        finally:
-            parsed.unpersist()
-        self._timer.mark("ingest")
+            self.rebuild_mirror(batch_id - 1)
+            self._epoch = None
+        if read.epoch != self._epoch or read.mirror_of != str(self.settings.data_dir):
+            self.hot.forget()
+            read = mirror.read_stream_state(self.redis, self.settings, transaction_ids, slots)
+            self._epoch = read.epoch
+        for slot, state in read.states.items():
+            self.hot.put(slot, state)
+        return read
 
-        events = self.read("events")
-        batch_events = events.where(F.col("stream_batch") == batch_id).persist()
-        try:
+    def _own_bucket_history(
+        self, needed: set[BucketSlot], signatures: list[RuleSignature], batch_id: int
+    ) -> dict[BucketSlot, list[KeyedEvent]]:
+        """The earlier batches' raw events of ``needed`` own buckets, from Delta (rare: an
+        event arrived after a later event of its own bucket)."""
+        with self._flush_mutex:
+            self.spool.flush(self.spark, batch_id - 1)
+        width = self.settings.bucket_width_ms
+        lower = min(start for _, _, start in needed)
+        upper = max(start for _, _, start in needed) + width - 1
+        wanted = {s for s in signatures if s.signature_id in {sig for sig, _, _ in needed}}
+        earlier = self.read("events").where(
+            (F.col("stream_batch") < batch_id) & F.col("eventTime").between(lower, upper)
+        )
+        history: dict[BucketSlot, list[KeyedEvent]] = {slot: [] for slot in needed}
+        for row in keyed_events(earlier, wanted).toLocalIterator():
+            slot = (row["signature_id"], row["key"], row["eventTime"] - row["eventTime"] % width)
+            if slot in history:
+                history[slot].append(
+                    KeyedEvent(row["eventTime"], row["transactionId"], row["value"], row["number"])
+                )
+        return history
+
+    def _rules_in_force(self, batch_id: int) -> list[Rule]:
+        """The active rules, read again only when the rules table has a new version; a
+        change publishes them to Redis and builds the signatures that need it."""
+        version = tables.table_version(self.spark, self.live.rules)
+        if version != self._rules_version:
             rules = active_rules(self.rule_store.in_force())
-            mirror.publish_rules(self.redis, rules, width_ms)
+            mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
             signatures = list(rules_by_signature(rules))
             self._sync_signatures(signatures, rules, batch_id)
-            self._timer.mark("rules")
-            keyed = keyed_events(batch_events, signatures).persist()
-            deltas = bucket_aggregates(keyed, width_ms).persist()
-            try:
-                with idempotent_dml(spark, f"{APP_ID}:buckets", batch_id):
-                    merge_buckets(spark, self.live.buckets, deltas)
-                self._timer.mark("bucket-merge")
-                slots = deltas.select("signature_id", "key", "bucket_start")
-                oldest_slot = deltas.agg(F.min("bucket_start")).first()
-                changed = self.window_buckets(
-                    self.read("buckets"),
-                    since=None if oldest_slot is None else oldest_slot[0],
-                    keys=slots.select("signature_id", "key").distinct(),
-                ).join(slots, ["signature_id", "key", "bucket_start"], "left_semi")
-                # The newest eventTime of the earlier batches: the watermark's reference.
-                earlier_row = (
-                    events.where(F.col("stream_batch") < batch_id).agg(F.max("eventTime")).first()
-                )
-                newest_earlier = None if earlier_row is None else earlier_row[0]
-                # The horizon is measured from the newest eventTime of the *earlier*
-                # batches: this batch's oldest non-late event (>= that minus the lateness)
-                # still needs its whole window, so nothing it reads may go first.
-                cutoff = None
-                if newest_earlier is not None and rules:
-                    horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
-                    cutoff = int(newest_earlier) - horizon_ms
-                    if batch_id % settings.eviction_every_batches == 0:
-                        self.evict(rules, int(newest_earlier))
-                self.mirror_buckets(changed, rules, cutoff)
-                self._timer.mark("evict+mirror")
-                return self._evaluate(
-                    events, batch_events, keyed, rules, batch_id, decision_time, newest_earlier
-                )
-            finally:
-                deltas.unpersist()
-                keyed.unpersist()
-        finally:
-            batch_events.unpersist()
+            self._rules, self._rules_version = rules, version
+        return self._rules
 
     def _sync_signatures(
         self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int
@@ -355,8 +570,14 @@ class StreamJob:
         for gone in sorted(set(kept) - set(wanted)):
             spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
             spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
+        self.hot.forget(set(kept) - set(wanted))
         short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
-        for signature_id in sorted((set(wanted) - set(kept)) | short):
+        build = sorted((set(wanted) - set(kept)) | short)
+        if build:
+            # The build reads every earlier batch from Delta: flush what is spooled first.
+            with self._flush_mutex:
+                self.spool.flush(spark, batch_id - 1)
+        for signature_id in build:
             self._build_signature(wanted[signature_id], rules, widest, batch_id)
         # Eviction will keep only the narrower history from now on: remember it.
         spark.sql(
@@ -368,8 +589,8 @@ class StreamJob:
         self, signature: RuleSignature, rules: list[Rule], widest: int, batch_id: int
     ) -> None:
         """(Re)build one signature's buckets from the raw events of the earlier batches
-        inside the horizon, then record it. Idempotent: a half-done build (a crash between
-        its commits) is started again from nothing, so nothing counts twice."""
+        inside the horizon, refill its Redis hashes, then record it. Idempotent: a
+        half-done build (a crash between its steps) is started again from nothing."""
         spark, signature_id = self.spark, signature.signature_id
         history = self.read("events").where(F.col("stream_batch") < batch_id)
         newest = history.agg(F.max("eventTime")).first()
@@ -381,90 +602,68 @@ class StreamJob:
         deltas = bucket_aggregates(
             keyed_events(history, [signature]), self.settings.bucket_width_ms
         )
-        merge_buckets(spark, self.live.buckets, deltas)
+        deltas.write.format("delta").mode("append").save(str(self.live.buckets))
+        built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
+        self.mirror_buckets(built_now, rules)
+        self.hot.forget([signature_id])
         record = spark.createDataFrame(
             [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id, widest)],
             tables.SIGNATURE_SCHEMA,
         )
         record.write.format("delta").mode("append").save(str(self.live.signatures))
-        built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
-        self.mirror_buckets(built_now, rules)
 
-    def _evaluate(
-        self,
-        events: DataFrame,
-        batch_events: DataFrame,
-        keyed: DataFrame,
-        rules: list[Rule],
-        batch_id: int,
-        decision_time: int,
-        newest_earlier: int | None,
-    ) -> int:
-        """Record late events, decide the others; returns the number of alerts.
+    # --- write-behind ------------------------------------------------------------------
 
-        ``newest_earlier`` is the highest eventTime of the earlier batches (None: none).
-        """
-        settings = self.settings
-        width_ms = settings.bucket_width_ms
-        watermark = (
-            None if newest_earlier is None else newest_earlier - settings.allowed_lateness_ms
-        )
-        late_condition = F.lit(False) if watermark is None else F.col("eventTime") < watermark
-        late = batch_events.where(late_condition).select(
-            "transactionId",
-            "eventTime",
-            F.lit(watermark).cast("long").alias("watermark"),
-            F.lit(batch_id).cast("long").alias("stream_batch"),
-        )
-        self._append(late, "late_events", batch_id)
-        self._timer.mark("late")
+    def _flush(self, through: int | None) -> None:
+        """Append the spooled batches up to ``through`` to Delta (under the state lock), and
+        evict the Delta buckets below the horizon every ``eviction_every_batches``."""
+        with self._lock.held("stream write-behind"), self._flush_mutex:
+            group = [b for b in self.spool.batches() if through is not None and b <= through]
+            metas = [self.spool.meta(b) for b in group[-1:]]
+            self.spool.flush(self.spark, through)
+            self._last_flush = time.monotonic()
+            if not group or not self._rules:
+                return
+            every = self.settings.eviction_every_batches
+            due = group[-1] // every
+            newest_before = metas[0].get("newest_before")
+            if due > self._evicted_group and newest_before is not None:
+                self.evict(self._rules, int(newest_before))  # type: ignore[call-overload]
+                self._evicted_group = due
 
-        targets = keyed.where(~late_condition)
-        bounds = targets.agg(F.min("eventTime"), F.max("eventTime")).first()
-        if bounds is None or bounds[0] is None:
-            self._append(self.spark.createDataFrame([], tables.ALERT_SCHEMA), "alerts", batch_id)
-            return 0
-        first_time, last_time = int(bounds[0]), int(bounds[1])
-        widest_ms = max(r.window_ms for r in rules)
-        target_keys = targets.select("signature_id", "key").distinct()
-        stored = self.window_buckets(
-            self.read("buckets").where(F.col("bucket_start") <= last_time),
-            since=first_time - widest_ms - width_ms,
-            keys=target_keys,
-        )
-        own_from = first_time - first_time % width_ms
-        recent = events.where(F.col("eventTime").between(own_from, last_time))
-        own_events = keyed_events(recent, rules_by_signature(rules)).join(
-            target_keys, ["signature_id", "key"], "left_semi"
-        )
-        alerts = evaluate_from_state(
-            state_rows(stored, own_events, targets),
-            rules,
-            width_ms,
-            decision_time,
-            settings.spark_shuffle_partitions,
-        ).persist()
-        try:
-            self._append(alerts, "alerts", batch_id)
-            self._timer.mark("evaluate")
-            # Alerts of one batch are few (they are decisions, not events): publish from here.
-            records = [record_of_stored(r.asDict()) for r in alerts.collect()]
-        finally:
-            alerts.unpersist()
-        records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"]))
-        mirror.publish_alerts(self.redis, settings.redis_alert_stream, batch_id, records)
-        self._timer.mark("publish")
-        return len(records)
+    def _write_behind(self) -> None:
+        """The background flusher: every half ``write_behind_seconds``, flush what is
+        committed, so a batch reaches Delta within about that bound."""
+        period = max(0.5, self.settings.write_behind_seconds / 2)
+        while not self._flusher_stop.wait(period):
+            try:
+                self._flush(self._committed)
+            except BaseException as exc:  # surfaced by close(); the stream keeps deciding
+                log.exception("write-behind flush failed; will retry")
+                self._flusher_error = exc
+
+    def close(self) -> None:
+        """Stop the background flusher and flush every committed batch. Idempotent."""
+        if self._flusher is not None:
+            self._flusher_stop.set()
+            self._flusher.join()
+            self._flusher = None
+        self._flush(max((b for b in (self._committed, last_committed_batch(self.settings))
+                         if b is not None), default=None))  # fmt: skip
 
     def start(
         self, events_dir: Path, available_now: bool, max_files_per_trigger: int | None = None
     ) -> StreamingQuery:
         """Start the query over ``events_dir``; its checkpoint lives in the data dir.
 
-        Refills the Redis mirror from Delta first when Redis does not hold it.
+        Refills Redis from Delta first when Redis does not hold this data dir's state.
+        With the available-now trigger every batch is flushed to Delta before the next;
+        otherwise a background thread writes Delta behind (``close`` flushes the rest).
         """
-        if not self.mirror_is_current():
-            self.rebuild_mirror()
+        with self._lock.held("stream start"):
+            if not self.mirror_is_current():
+                self.rebuild_mirror()
+        self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
         reader = self.spark.readStream.format("text")
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
@@ -479,4 +678,11 @@ class StreamJob:
             if available_now
             else writer.trigger(processingTime="0 seconds")
         )
-        return writer.start()
+        query = writer.start()
+        if not self._flush_each_batch and self._flusher is None:
+            self._flusher_stop.clear()
+            self._flusher = threading.Thread(
+                target=self._write_behind, name="velocity-write-behind", daemon=True
+            )
+            self._flusher.start()
+        return query

@@ -1,0 +1,138 @@
+"""Delta written behind the stream: each micro-batch's results spooled, appended in groups.
+
+The stream decides a batch in memory and commits it to Redis; Delta, the state of
+record, receives the same results a little later (setting ``write_behind_seconds``).
+Each batch's rows go first to a spool folder on the data dir (``<data_dir>/spool/stream/
+<batch>/<table>.parquet``, made whole by one rename), *before* the batch commits to
+Redis. A flush appends every spooled batch up to a committed one to the live tables, one
+append per table, and then removes them.
+
+Exactly once:
+- a flush first records its group (``flushing.json``), then appends each table with
+  ``txnAppId`` = ``velocity-stream:<table>`` and ``txnVersion`` = the group's last batch:
+  a flush that died part-way is redone with the same group, so Delta skips the tables
+  that committed and appends the rest;
+- a spooled batch newer than the last committed one is a stale attempt of a batch that
+  Spark will replay; the stream discards it before replaying.
+
+Callers hold the data dir's state lock around ``flush``, so the backfill, maintenance and
+data quality can flush what the stream has spooled and see every committed batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from velocity.delta import tables
+from velocity.settings import Settings
+
+APP_ID = "velocity-stream"
+# The live tables a micro-batch writes, and their schemas.
+SPOOLED_TABLES: Mapping[str, StructType] = {
+    "events": tables.LIVE_EVENT_SCHEMA,
+    "quarantine": tables.QUARANTINE_SCHEMA,
+    "duplicates": tables.EVENT_SCHEMA,
+    "late_events": tables.LATE_EVENT_SCHEMA,
+    "buckets": tables.BUCKET_SCHEMA,
+    "alerts": tables.ALERT_SCHEMA,
+}
+ARROW_SCHEMAS: Mapping[str, pa.Schema] = {
+    name: to_arrow_schema(schema) for name, schema in SPOOLED_TABLES.items()
+}
+_INTENT = "flushing.json"
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """What one flush appended: the batches and the rows per table."""
+
+    batches: list[int]
+    rows: dict[str, int]
+
+
+class Spool:
+    """The spooled micro-batches of one data dir's stream."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.root = settings.data_dir / "spool" / "stream"
+        self.settings = settings
+
+    def _folder(self, batch_id: int) -> Path:
+        return self.root / f"{batch_id:012d}"
+
+    def batches(self) -> list[int]:
+        """Spooled batch ids, oldest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
+
+    def write(
+        self, batch_id: int, rows: Mapping[str, pa.Table], meta: Mapping[str, object]
+    ) -> None:
+        """Spool one batch's rows (every table of ``SPOOLED_TABLES``), all or nothing."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".{batch_id:012d}.{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        for name in SPOOLED_TABLES:
+            pq.write_table(rows[name], staging / f"{name}.parquet", compression="none")
+        (staging / "meta.json").write_text(json.dumps(meta))
+        target = self._folder(batch_id)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+
+    def meta(self, batch_id: int) -> dict[str, object]:
+        return dict(json.loads((self._folder(batch_id) / "meta.json").read_text()))
+
+    def read(self, batch_id: int, name: str) -> pa.Table:
+        return pq.read_table(self._folder(batch_id) / f"{name}.parquet", schema=ARROW_SCHEMAS[name])
+
+    def discard_from(self, batch_id: int) -> list[int]:
+        """Remove spooled batches ``batch_id`` and later (attempts that never committed)."""
+        stale = [b for b in self.batches() if b >= batch_id]
+        for b in stale:
+            shutil.rmtree(self._folder(b), ignore_errors=True)
+        return stale
+
+    def _intent(self) -> list[int] | None:
+        path = self.root / _INTENT
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def flush(self, spark: SparkSession, through: int | None) -> Flushed:
+        """Append the spooled batches up to ``through`` (and any unfinished flush) to Delta.
+
+        Idempotent, and safe to repeat after a crash at any point. Hold the state lock.
+        """
+        group = self._intent()
+        if group is None:
+            group = [b for b in self.batches() if through is not None and b <= through]
+            if not group:
+                return Flushed([], {})
+            intent = self.root / f".{_INTENT}"
+            intent.write_text(json.dumps(group))
+            intent.rename(self.root / _INTENT)
+        present = [b for b in group if self._folder(b).is_dir()]
+        rows: dict[str, int] = {}
+        for name, schema in SPOOLED_TABLES.items():
+            parts = [self.read(b, name) for b in present]
+            table = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
+            rows[name] = table.num_rows
+            if table.num_rows:
+                frame = spark.createDataFrame(table, schema=schema)
+                path = self.settings.table_path(getattr(tables, name.upper()))
+                tables.append_once(frame, path, f"{APP_ID}:{name}", max(group))
+        for b in group:
+            shutil.rmtree(self._folder(b), ignore_errors=True)
+        (self.root / _INTENT).unlink()
+        return Flushed(group, rows)

@@ -34,9 +34,15 @@ lint: setup ## ruff and mypy
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket
 	@$(VENV)/python -m benchmarks.backtest
 
-bench-stream: setup ## stream latency, throughput and Redis lookup latency (RATE=, SECONDS=, KEYS=)
-	@$(VENV)/python -m benchmarks.stream --rate $(or $(RATE),1000) --seconds $(or $(SECONDS),60) \
-		--keys $(or $(KEYS),100000)
+bench-stream: setup ## stream latency (alert in Redis - file landed) and throughput; old vs new design
+	@if [ -n "$(RATE)" ]; then \
+		$(VENV)/python -m benchmarks.stream --rate $(RATE) --seconds $(or $(SECONDS),300) \
+			--keys $(or $(KEYS),100000) --design $(or $(DESIGN),new); \
+	else \
+		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --design both && \
+		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 300 --keys 100000 && \
+		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 1000000; \
+	fi
 
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare

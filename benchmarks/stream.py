@@ -1,175 +1,337 @@
 """Streaming benchmark (not a test): `make bench-stream` or `python -m benchmarks.stream`.
 
-Starts the local Redis, a fresh data dir with the 8 sample rules (4 signatures), the
-streaming job, and the generator writing one file a second at ``--rate`` events/s over
-``--keys`` payers for ``--seconds``. Then prints:
-- latency from an event's file landing (its modification time) to its alert's entry in
-  the Redis stream (the entry id's time): p50 / p99 / max over every alert;
-- the sustained throughput (events accepted / wall time from the first file landing to
-  the last batch committed) and the micro-batch durations;
-- Redis lookup latency p50 / p99 of `velocity_window` for 24 h windows (rule 1), from a
-  client on this machine, one round trip each.
+Measured from outside the job, as a fraud team would see it:
+
+- the events are generated once (in eventTime order, 8 sample rules, ``--keys`` payers)
+  into a staging folder, and their complete-data alerts computed by `velocity backtest`:
+  for in-order events these are exactly the alerts the stream must publish;
+- a lander copies one file a second into the stream's folder at ``--rate`` events/s
+  (copy, then rename: a file lands whole) and notes when each landed;
+- latency of an alert = its entry time in the Redis stream ``velocity:alerts`` minus the
+  landing of its event's file. Every expected alert counts; one never published counts
+  as infinitely late (so p99 is infinite when more than 1% never arrive);
+- the stream's process tree is sampled for its peak RSS; Redis reports its memory.
+
+``--design new`` runs this checkout's stream; ``--design old`` runs the design of an
+earlier commit (``--old-ref``, the Delta-MERGE-per-batch stream) from a git worktree,
+with the same packages, JARs and data. ``--design both`` runs both on the same files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-VELOCITY = str(Path(sys.executable).parent / "velocity")
+PYTHON = sys.executable
+RULES = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
+# The last commit of the Delta-MERGE-per-batch stream (before the in-memory hot path).
+OLD_REF = "4b5e5b0"
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.inf
+
+
+def velocity(
+    *args: str, env: dict[str, str], check: bool = True, **kwargs: object
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [PYTHON, "-m", "velocity.cli", *args],
+        env=env,
+        check=check,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+@dataclass
+class Dataset:
+    staging: Path
+    files: list[Path]
+    tx_file: dict[str, str]
+    expected: set[tuple[int, str]]
+    events: int
+
+
+def make_dataset(work: Path, rate: int, seconds: int, keys: int, env: dict[str, str]) -> Dataset:
+    """Generate ``seconds`` files of ``rate`` in-order events and their expected alerts."""
+    staging = work / "staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    start = int(time.time() * 1000)
+    velocity(
+        "generate", "--out", str(staging), "--events", str(rate * seconds), "--rate", str(rate),
+        "--keys", str(keys), "--files", str(seconds), "--start", str(start),
+        "--spike-fraction", "0.01", "--late-fraction", "0", "--duplicate-fraction", "0",
+        "--malformed-fraction", "0", "--seed", "3",
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    files = sorted(staging.glob("*.jsonl"))
+    tx_file = {}
+    for path in files:
+        for line in path.read_text().splitlines():
+            tx_file[str(json.loads(line)["transactionId"])] = path.name
+    reference = work / "expected.jsonl"
+    velocity(
+        "backtest", "--rules", str(RULES), "--events", str(staging), "--out", str(reference),
+        env={**env, "VELOCITY_DATA_DIR": str(work / "backtest")}, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    expected = {(a["ruleId"], a["transactionId"]) for a in map(json.loads, reference.open())}
+    return Dataset(staging, files, tx_file, expected, len(tx_file))
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """``root_pid`` and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+@dataclass
+class Run:
+    design: str
+    rate: int
+    seconds: int
+    keys: int
+    latencies: list[float] = field(default_factory=list)
+    missing: int = 0
+    published: int = 0
+    peak_rss_mb: float = 0.0
+    redis_mb: float = 0.0
+    bucket_hashes: int = 0
+    batches: int = 0
+    batch_p50: float = 0.0
+    batch_max: float = 0.0
+    processed_per_s: float = 0.0
+    hot_keys: int = 0
+    lookups: str = ""
+
+    def summary(self) -> dict[str, object]:
+        def s(ms: float) -> float | str:
+            return "inf" if math.isinf(ms) else round(ms / 1000, 2)
+
+        return {
+            "design": self.design,
+            "rate": self.rate,
+            "seconds": self.seconds,
+            "keys": self.keys,
+            "expected_alerts": len(self.latencies),
+            "never_published": self.missing,
+            "p50_s": s(percentile(self.latencies, 0.5)),
+            "p99_s": s(percentile(self.latencies, 0.99)),
+            "max_s": s(max(self.latencies, default=math.inf)),
+            "processed_events_per_s": round(self.processed_per_s),
+            "micro_batches": self.batches,
+            "batch_p50_s": round(self.batch_p50, 2),
+            "batch_max_s": round(self.batch_max, 2),
+            "peak_rss_mb": round(self.peak_rss_mb),
+            "redis_used_mb": round(self.redis_mb),
+            "bucket_hashes": self.bucket_hashes,
+            "hot_keys": self.hot_keys,
+            "lookups": self.lookups,
+        }
+
+
+def run_design(
+    design: str, data: Dataset, rate: int, seconds: int, keys: int, work: Path, port: int
+) -> Run:
+    import redis
+
+    run = Run(design, rate, seconds, keys)
+    home = work / design
+    shutil.rmtree(home, ignore_errors=True)
+    events = home / "events"
+    events.mkdir(parents=True)
+    redis_url = f"redis://:velocity-bench@127.0.0.1:{port}/0"
+    env = {
+        **os.environ,
+        "VELOCITY_DATA_DIR": str(home / "data"),
+        "VELOCITY_REDIS_URL": redis_url,
+        "VELOCITY_JARS_DIR": str(ROOT / ".cache" / "jars"),
+    }
+    if design == "old":
+        tree = work / "old-tree"
+        if not tree.exists():
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), OLD_REF],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        env["PYTHONPATH"] = str(tree / "jobs")
+    velocity("down", env=env, check=False, stdout=subprocess.DEVNULL)
+    velocity("up", env=env, stdout=subprocess.DEVNULL)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.flushall()
+    log = home / "stream.log"
+    stream = subprocess.Popen(
+        [PYTHON, "-m", "velocity.cli", "stream", "--events", str(events), "--rules", str(RULES)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        start_new_session=True,
+    )
+    landed: dict[str, float] = {}
+    peak = [0.0]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(1.0):
+            peak[0] = max(peak[0], rss_mb(process_tree(stream.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        # Ready: the rules are applied and the query has started (its checkpoint exists).
+        checkpoint = home / "data" / "checkpoints" / "stream"
+        deadline = time.monotonic() + 300
+        while not (checkpoint / "metadata").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)
+        started = time.monotonic()
+        for index, source in enumerate(data.files):
+            pause = started + index * (seconds / len(data.files)) - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            hidden = events / f".{source.name}"
+            shutil.copyfile(source, hidden)
+            os.rename(hidden, events / source.name)
+            landed[source.name] = time.time() * 1000
+        # Wait for the expected alerts; anything later than this counts as never.
+        wait_until = time.monotonic() + max(60.0, seconds * 0.5)
+        while time.monotonic() < wait_until:
+            if client.xlen("velocity:alerts") >= len(data.expected):
+                break
+            time.sleep(1)
+        time.sleep(2)
+    finally:
+        sampling.set()
+        os.killpg(stream.pid, 15)
+        try:
+            stream.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(stream.pid, 9)
+    run.peak_rss_mb = peak[0]
+
+    first_seen: dict[tuple[int, str], float] = {}
+    for entry_id, fields in client.xrange("velocity:alerts"):
+        alert = json.loads(fields["alert"])
+        pair = (alert["ruleId"], alert["transactionId"])
+        first_seen.setdefault(pair, float(entry_id.split("-")[0]))
+    run.published = len(first_seen)
+    for pair in data.expected:
+        if pair in first_seen:
+            run.latencies.append(first_seen[pair] - landed[data.tx_file[pair[1]]])
+        else:
+            run.latencies.append(math.inf)
+            run.missing += 1
+    info = client.info("memory")
+    run.redis_mb = int(info["used_memory"]) / 2**20
+    run.bucket_hashes = sum(1 for _ in client.scan_iter(match="velocity:{*}:buckets", count=5000))
+
+    batch_seconds, lines, finished = [], 0, 0
+    for text in log.read_text().splitlines():
+        if "velocity.stream" in text and '"batch"' in text:
+            record = json.loads(text[text.index("{") :])
+            batch_seconds.append(record["seconds"])
+            lines += record.get("lines", 0)
+            finished = max(finished, record["finished"])
+            run.hot_keys = max(run.hot_keys, record.get("hot_keys", 0))
+    if batch_seconds:
+        run.batches = len(batch_seconds)
+        run.batch_p50 = statistics.median(batch_seconds)
+        run.batch_max = max(batch_seconds)
+    first_landing = min(landed.values())
+    if finished > first_landing:
+        run.processed_per_s = data.events / ((finished - first_landing) / 1000)
+    run.lookups = lookup_latency(client, 2000)
+    velocity("down", env=env, check=False, stdout=subprocess.DEVNULL)
+    return run
+
+
+def lookup_latency(client: Any, lookups: int) -> str:
+    """Redis window lookups (rule 1, 24 h SUM), one round trip each, from this machine."""
+    entry = client.hgetall("velocity:rule:1")
+    names = list(client.scan_iter(match=f"velocity:{{{entry['signatureId']}:*", count=5000))
+    random.seed(1)
+    timings = []
+    for name in (random.choice(names) for _ in range(lookups)):
+        began = time.perf_counter()
+        client.fcall("velocity_window", 1, name, "SUM", entry["windowMs"], entry["bucketMs"])
+        timings.append((time.perf_counter() - began) * 1000)
+    return (
+        f"lookup velocity_window (SUM, 24 h, {len(names)} keys): "
+        f"p50 {statistics.median(timings):.3f} ms, p99 {percentile(timings, 0.99):.3f} ms"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=int, default=1000, help="events per second")
+    parser.add_argument("--rate", type=int, default=1000, help="events per second offered")
+    parser.add_argument("--seconds", type=int, default=300, help="how long files land")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct payers")
-    parser.add_argument("--seconds", type=int, default=60, help="how long the generator runs")
+    parser.add_argument("--design", choices=["new", "old", "both"], default="new")
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
-    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--port", type=int, default=6392, help="the benchmark's own Redis")
     args = parser.parse_args()
 
-    work = Path(args.work_dir)
-    redis_url = "redis://:velocity-bench@127.0.0.1:6392/0"
-    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
-    subprocess.run([VELOCITY, "down"], check=False, env=env, stdout=subprocess.DEVNULL)
-    shutil.rmtree(work, ignore_errors=True)
-    events = work / "events"
-    events.mkdir(parents=True)
-    # Its own Redis server (port 6392), so the figures are not shared with a demo's keys.
-    subprocess.run([VELOCITY, "up"], check=True, env=env, stdout=subprocess.DEVNULL)
-
-    import redis
-
-    from velocity.settings import load_settings
-
-    settings = load_settings(data_dir=work / "data", redis_url=redis_url)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    client.delete(settings.redis_alert_stream)
-    rules = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
-    stream = subprocess.Popen(
-        [VELOCITY, "stream", "--events", str(events), "--rules", str(rules)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(work / "stream.log", "w"),  # noqa: SIM115
-    )
-    checkpoint = work / "data" / "checkpoints" / "stream"
-    try:
-        deadline = time.monotonic() + 120
-        while not (checkpoint / "metadata").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(5)
-        subprocess.run(
-            [
-                VELOCITY,
-                "generate",
-                "--out",
-                str(events),
-                "--follow",
-                "--rate",
-                str(args.rate),
-                "--keys",
-                str(args.keys),
-                "--duration",
-                str(args.seconds),
-                "--events",
-                str(args.rate * (args.seconds + 5)),
-                "--spike-fraction",
-                "0.01",
-                "--late-fraction",
-                "0",
-                "--duplicate-fraction",
-                "0",
-                "--malformed-fraction",
-                "0",
-                "--seed",
-                "3",
-            ],
-            check=True,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-        files = sorted(p for p in events.glob("*.jsonl"))
-        landed = {p.name: p.stat().st_mtime_ns / 1e6 for p in files}
-        # Done when the last batch has committed and no new batch started for 20 s.
-        deadline = time.monotonic() + 900
-        last_offsets, quiet_since = -1, time.monotonic()
-        while time.monotonic() < deadline:
-            commits = sorted(int(p.name) for p in (checkpoint / "commits").glob("[0-9]*"))
-            offsets = sorted(int(p.name) for p in (checkpoint / "offsets").glob("[0-9]*"))
-            if offsets and offsets[-1] != last_offsets:
-                last_offsets, quiet_since = offsets[-1], time.monotonic()
-            if commits and commits[-1] == last_offsets and time.monotonic() - quiet_since > 20:
-                break
-            time.sleep(1)
-        last_commit = checkpoint / "commits" / str(last_offsets)
-        finished = last_commit.stat().st_mtime_ns / 1e6
-    finally:
-        stream.terminate()
-        stream.wait(timeout=60)
-
-    tx_file: dict[str, str] = {}
-    for path in files:
-        for line in path.read_text().splitlines():
-            tx_file[str(json.loads(line)["transactionId"])] = path.name
-    latencies = []
-    for entry_id, fields in client.xrange(settings.redis_alert_stream):
-        alert = json.loads(fields["alert"])
-        published = int(entry_id.split("-")[0])
-        latencies.append(published - landed[tx_file[alert["transactionId"]]])
-
-    batch_seconds = []
-    for line in (work / "stream.log").read_text().splitlines():
-        if "velocity.stream" in line and '"batch"' in line:
-            batch_seconds.append(json.loads(line[line.index("{") :])["seconds"])
-    events_total = len(tx_file)
-    first_landing = min(landed.values())
+    work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "gen")}
+    began = time.monotonic()
+    data = make_dataset(work, args.rate, args.seconds, args.keys, env)
     print(
-        f"rate {args.rate}/s for {args.seconds} s over {args.keys} payers; 8 rules, "
-        f"4 signatures; {events_total} events in {len(files)} files"
+        f"{data.events} in-order events in {len(data.files)} files ({args.rate}/s for "
+        f"{args.seconds} s, {args.keys} payers, 8 rules); {len(data.expected)} expected "
+        f"alerts (velocity backtest, {time.monotonic() - began:.0f} s)",
+        flush=True,
     )
-    if latencies:
-        print(
-            f"file landed -> alert in Redis: p50 {percentile(latencies, 0.5) / 1000:.2f} s, "
-            f"p99 {percentile(latencies, 0.99) / 1000:.2f} s, max {max(latencies) / 1000:.2f} s "
-            f"over {len(latencies)} alerts"
-        )
-    print(
-        f"sustained: {events_total / ((finished - first_landing) / 1000):,.0f} events/s "
-        f"(first file landed -> last batch committed)"
-    )
-    if batch_seconds:
-        print(
-            f"micro-batches: {len(batch_seconds)}, duration p50 "
-            f"{statistics.median(batch_seconds):.1f} s, max {max(batch_seconds):.1f} s"
-        )
-
-    entry = client.hgetall("velocity:rule:1")
-    names = [k for k in client.scan_iter(match=f"velocity:{{{entry['signatureId']}:*", count=5000)]
-    random.seed(1)
-    sample = [random.choice(names) for _ in range(args.lookups)]
-    timings = []
-    for name in sample:
-        started = time.perf_counter()
-        client.fcall("velocity_window", 1, name, "SUM", entry["windowMs"], entry["bucketMs"])
-        timings.append((time.perf_counter() - started) * 1000)
-    print(
-        f"lookup velocity_window (SUM, 24 h, {len(names)} keys): "
-        f"p50 {statistics.median(timings):.3f} ms, p99 {percentile(timings, 0.99):.3f} ms"
-    )
+    designs = ["old", "new"] if args.design == "both" else [args.design]
+    results = []
+    for design in designs:
+        run = run_design(design, data, args.rate, args.seconds, args.keys, work, args.port)
+        results.append(run.summary())
+        print(json.dumps(results[-1]), flush=True)
+    if len(results) == 2:
+        old, new = results
+        ratio = {
+            k: (f"{old[k] / new[k]:.1f}x" if isinstance(old[k], float | int) and new[k] else "-")
+            for k in ("p50_s", "p99_s", "batch_p50_s")
+        }
+        print(f"old / new: {json.dumps(ratio)}")
     return 0
 
 

@@ -29,9 +29,8 @@ import json
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 
-from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
+from velocity.buckets import EMPTY, BucketAggregate, bucket_start, merge_all, window_start
 from velocity.rules import Rule, RuleSignature, key_text, rules_by_signature
 from velocity.schema import FIELDS_BY_NAME, Event
 from velocity.windows import Decision, KeyedEvent, aggregate_value, fires
@@ -97,31 +96,44 @@ def admit(
     return Admitted(accepted, duplicates, late, watermark, newest)
 
 
-def keyed_event(event: Event, signature: RuleSignature) -> KeyedEvent:
-    """The event as ``signature`` sees it: its field's canonical value (and Decimal)."""
-    name = signature.aggregate_field
-    value = None if name is None else event.value(name)
-    number = None
-    if name is not None and value is not None and FIELDS_BY_NAME[name].numeric:
-        number = Decimal(value)
-    return KeyedEvent(event.event_time, event.transaction_id, value, number)
-
-
 def key_groups(
     events: Iterable[Event], signatures: Iterable[RuleSignature]
 ) -> dict[SignatureKey, list[KeyedEvent]]:
-    """Per (signature, key), the events that pass its filter and have its key, in order."""
+    """Per (signature, key), the events that pass its filter and have its key, in order,
+    as the signature sees them: its field's canonical value (and, numeric, the amount)."""
     groups: dict[SignatureKey, list[KeyedEvent]] = {}
-    signatures = list(signatures)
+    texts: dict[tuple[str | None, ...], str] = {}  # key_text is JSON: made once per key
+    plans = [
+        (
+            s.signature_id,
+            s.filter,
+            s.grouping_keys,
+            s.aggregate_field,
+            s.aggregate_field is not None and FIELDS_BY_NAME[s.aggregate_field].numeric,
+        )
+        for s in signatures
+    ]
     for event in events:
-        for signature in signatures:
-            if not signature.passes_filter(event.values):
+        values = event.values
+        for signature_id, filters, names, field_name, numeric in plans:
+            if filters and not all(values.get(n) in allowed for n, allowed in filters):
                 continue
-            key = signature.key_of(event.values)
-            if key is None:
-                continue
-            slot = (signature.signature_id, key_text(key))
-            groups.setdefault(slot, []).append(keyed_event(event, signature))
+            key = tuple(values.get(n) for n in names)
+            if None in key:
+                continue  # a missing grouping field: not this signature's event
+            text = texts.get(key)
+            if text is None:
+                text = texts[key] = key_text(key)  # type: ignore[arg-type]  # no None left
+            value = None if field_name is None else values.get(field_name)
+            # The only numeric field is the amount, parsed already (equal to its value).
+            number = event.amount if numeric and value is not None else None
+            keyed = KeyedEvent(event.event_time, event.transaction_id, value, number)
+            slot = (signature_id, text)
+            group = groups.get(slot)
+            if group is None:
+                groups[slot] = [keyed]
+            else:
+                group.append(keyed)
     return groups
 
 
@@ -160,22 +172,20 @@ class Decided:
     deltas: dict[BucketSlot, BucketAggregate]  # this batch's events alone, per bucket
 
 
-def _add_events(state: KeyState, events: Iterable[KeyedEvent], width_ms: int) -> list[int]:
-    """Count ``events`` into ``state`` (in place); returns the bucket starts they changed."""
-    changed: dict[int, None] = {}
+def _bucketed(
+    events: Iterable[KeyedEvent], width_ms: int
+) -> dict[int, tuple[BucketAggregate, int]]:
+    """Events per bucket start: their aggregate and newest eventTime."""
+    out: dict[int, tuple[BucketAggregate, int]] = {}
     for event in events:
-        start = bucket_start(event.event_time, width_ms)
+        start = event.event_time - event.event_time % width_ms
         one = BucketAggregate.of_event(event.value, event.number)
-        current = state.buckets.get(start)
+        current = out.get(start)
         if current is None:
-            state.buckets[start] = one
-            state.last_times[start] = event.event_time
+            out[start] = (one, event.event_time)
         else:
-            state.buckets[start] = current.merge(one)
-            last = state.last_times.get(start)  # None: unknown, and stays so
-            state.last_times[start] = None if last is None else max(last, event.event_time)
-        changed[start] = None
-    return list(changed)
+            out[start] = (current[0].merge(one), max(current[1], event.event_time))
+    return out
 
 
 def decide(
@@ -191,68 +201,103 @@ def decide(
     ``history`` holds, for each slot ``history_needed`` named, the raw events of earlier
     batches in that bucket (any order). Decisions come per key in eventTime order.
     """
-    by_signature = {s.signature_id: group for s, group in rules_by_signature(rules).items()}
+    by_signature: dict[str, dict[int, list[Rule]]] = {}
+    for signature, group in rules_by_signature(rules).items():
+        windows = by_signature[signature.signature_id] = {}
+        for rule in group:
+            windows.setdefault(rule.window_ms, []).append(rule)
     history = history or {}
     out = Decided({}, {}, [], {})
-    for (signature_id, key), events in groups.items():
-        signature_rules = by_signature.get(signature_id)
-        if not signature_rules:
+    empty = KeyState()
+    for slot, events in groups.items():
+        windows = by_signature.get(slot[0])
+        if not windows:
             continue
-        before = states.get((signature_id, key)) or KeyState()
+        before = states.get(slot) or empty
         after = KeyState(dict(before.buckets), dict(before.last_times))
-        out.changed[(signature_id, key)] = _add_events(after, events, width_ms)
-        out.buckets[(signature_id, key)] = after
-        alone = KeyState()
-        _add_events(alone, events, width_ms)
-        for start, aggregate in alone.buckets.items():
-            out.deltas[(signature_id, key, start)] = aggregate
-        targets = [e for e in events if e.transaction_id not in late]
+        added = _bucketed(events, width_ms)
+        for start, (aggregate, newest) in added.items():
+            out.deltas[(slot[0], slot[1], start)] = aggregate
+            current = after.buckets.get(start)
+            if current is None:
+                after.buckets[start] = aggregate
+                after.last_times[start] = newest
+            else:
+                after.buckets[start] = current.merge(aggregate)
+                last = after.last_times.get(start)  # None: unknown, and stays so
+                after.last_times[start] = None if last is None else max(last, newest)
+        out.changed[slot] = list(added)
+        out.buckets[slot] = after
+        targets = [e for e in events if e.transaction_id not in late] if late else events
         if not targets:
             continue
-        key_values = tuple(_key_values(key))
-        for decision in _decide_key(
-            signature_id, key, before, after, events, targets, signature_rules, width_ms, history
+        only = events[0]
+        if (
+            len(events) == 1
+            and (*slot, only.event_time - only.event_time % width_ms) not in history
         ):
-            out.decisions.append((decision, signature_id, key_values))
+            # The common case, a key's only event in the batch: its own bucket counts whole
+            # (``history_needed`` vouched that the earlier events there are not later).
+            decisions = _decide_only_event(after, only, windows, width_ms)
+        else:
+            decisions = _decide_key(
+                slot, before, after, events, targets, windows, width_ms, history
+            )
+        key_values: tuple[str, ...] | None = None
+        for decision in decisions:
+            if key_values is None:
+                key_values = tuple(str(v) for v in json.loads(slot[1]))
+            out.decisions.append((decision, slot[0], key_values))
     return out
 
 
-def _key_values(key: str) -> list[str]:
-    return [str(v) for v in json.loads(key)]
+def _decide_only_event(
+    after: KeyState, event: KeyedEvent, windows: Mapping[int, Sequence[Rule]], width_ms: int
+) -> Iterable[Decision]:
+    """Decisions of a key's only event in the batch: its own bucket in ``after`` holds
+    exactly the events up to its time."""
+    own = event.event_time - event.event_time % width_ms
+    for window_ms, group in windows.items():
+        lower = window_start(event.event_time, window_ms, width_ms)
+        window = after.buckets[own]
+        for start, aggregate in after.buckets.items():
+            if lower <= start < own:
+                window = window.merge(aggregate)
+        for rule in group:
+            value = aggregate_value(window, rule.aggregator)
+            if fires(rule, value):
+                yield Decision(rule, event, value, lower)  # type: ignore[arg-type]
 
 
 def _decide_key(
-    signature_id: str,
-    key: str,
+    slot: SignatureKey,
     before: KeyState,
     after: KeyState,
     batch_events: Sequence[KeyedEvent],
     targets: Sequence[KeyedEvent],
-    rules: Sequence[Rule],
+    windows: Mapping[int, Sequence[Rule]],
     width_ms: int,
     history: Mapping[BucketSlot, Sequence[KeyedEvent]],
 ) -> Iterable[Decision]:
     """Decisions of one key: windows from ``after``'s whole buckets below each target's own
     bucket, plus the own bucket's events up to the target's time."""
     starts = sorted(after.buckets)
-    by_window: dict[int, list[Rule]] = {}
-    for rule in rules:
-        by_window.setdefault(rule.window_ms, []).append(rule)
-    # Per own bucket: the earlier batches' part counted whole (``base``) or event by event
-    # (``earlier``), and this batch's events, each in eventTime order.
+    # Per own bucket, events in eventTime order: the earlier batches' part counted whole
+    # (``base``) unless the history gives it event by event, then this batch's events.
     own_events: dict[int, list[KeyedEvent]] = {}
     for event in batch_events:
-        own_events.setdefault(bucket_start(event.event_time, width_ms), []).append(event)
+        own_events.setdefault(event.event_time - event.event_time % width_ms, []).append(event)
     whole_cache: dict[tuple[int, int], BucketAggregate] = {}
     running: dict[int, tuple[BucketAggregate, int, list[KeyedEvent]]] = {}
-    for target in sorted(targets, key=lambda e: e.event_time):
-        own = bucket_start(target.event_time, width_ms)
+    ordered = targets if len(targets) == 1 else sorted(targets, key=lambda e: e.event_time)
+    for target in ordered:
+        own = target.event_time - target.event_time % width_ms
         if own not in running:
-            slot = (signature_id, key, own)
-            if slot in history:
-                base, pending = BucketAggregate(), [*history[slot], *own_events[own]]
+            earlier = history.get((slot[0], slot[1], own))
+            if earlier is not None:
+                base, pending = EMPTY, [*earlier, *own_events[own]]
             else:
-                base, pending = before.buckets.get(own, BucketAggregate()), list(own_events[own])
+                base, pending = before.buckets.get(own, EMPTY), list(own_events[own])
             pending.sort(key=lambda e: e.event_time)
             running[own] = (base, 0, pending)
         partial, index, pending = running[own]
@@ -261,13 +306,13 @@ def _decide_key(
             partial = partial.merge(BucketAggregate.of_event(event.value, event.number))
             index += 1
         running[own] = (partial, index, pending)
-        for window_ms, group in by_window.items():
+        for window_ms, group in windows.items():
             lower = window_start(target.event_time, window_ms, width_ms)
             whole = whole_cache.get((window_ms, own))
             if whole is None:
                 span = starts[bisect_left(starts, lower) : bisect_left(starts, own)]
                 whole = whole_cache[(window_ms, own)] = merge_all(after.buckets[s] for s in span)
-            window = whole.merge(partial)
+            window = whole.merge(partial) if whole.count else partial
             for rule in group:
                 value = aggregate_value(window, rule.aggregator)
                 if fires(rule, value):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
 from itertools import groupby
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
 from velocity.decimals import exact_add, exact_subtract, format_decimal
@@ -31,8 +31,7 @@ AVG_DISPLAY_PLACES = 8
 AggregateValue = Decimal | Fraction
 
 
-@dataclass(frozen=True, slots=True)
-class KeyedEvent:
+class KeyedEvent(NamedTuple):
     """One accepted event as a signature sees it: its time, identity and field value."""
 
     event_time: int

@@ -90,7 +90,10 @@ def buckets_from_raw_events(spark, settings: Settings, since: int) -> set[tuple]
 def test_maintenance_during_a_live_stream_changes_no_result(
     spark, data_settings: Settings, hours_of_events: Path, tmp_path: Path
 ) -> None:
-    settings = data_settings.model_copy(update={"eviction_every_batches": 3})
+    # Delta written behind within a second, so maintenance works on a table that grows.
+    settings = data_settings.model_copy(
+        update={"eviction_every_batches": 3, "write_behind_seconds": 1.0}
+    )
     arriving = tmp_path / "arriving"
     arriving.mkdir()
     job = StreamJob(spark, settings)
@@ -130,6 +133,7 @@ def test_maintenance_during_a_live_stream_changes_no_result(
     finally:
         caught_up.set()
         query.stop()
+        job.close()  # the batches still spooled for Delta are written
         worker.join(timeout=900)
     assert not errors, errors
     assert any(r.startswith("compact ") and r != "compact 0" for r in runs), runs

@@ -65,11 +65,6 @@ class BackfillSummary:
         return asdict(self)
 
 
-def _table_version(spark: SparkSession, path: Any) -> int:
-    row = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()
-    return 0 if row is None else int(row["version"])
-
-
 def _read_at(spark: SparkSession, path: Any, version: int) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(str(path))
 
@@ -100,6 +95,8 @@ class Backfill:
         """(from, to, through batch) covering the late events no backfill has covered yet:
         from the oldest of them to the newest plus the widest active window (every window
         they touched), capped at the newest eventTime. None when there are none."""
+        with state_lock(self.job.redis, self.settings, "backfill (late events written behind)"):
+            self.job.flush_spooled()
         read = self.job.read
         covered = read("backfills").agg(F.max("late_through_batch")).first()
         through = -1 if covered is None or covered[0] is None else int(covered[0])
@@ -150,8 +147,11 @@ class Backfill:
         history_from = max(0, bucket_start(from_ms - widest, width))
 
         # 1. A consistent view: no micro-batch is half-committed while the lock is held.
+        # The stream writes Delta behind: what it committed but has not written yet is
+        # flushed first, under the lock, so Delta holds every decided batch.
         with state_lock(self.job.redis, settings, f"backfill {summary.run_id} (pin)"):
-            events_version = _table_version(spark, self.live.events)
+            self.job.flush_spooled()
+            events_version = tables.table_version(spark, self.live.events)
         timer.mark("pin")
 
         # 2. The complete-data decisions of the range (the backtest's engine).
@@ -172,6 +172,7 @@ class Backfill:
 
             # 3. Rebuild, amend, publish, record: one writer at a time.
             with state_lock(self.job.redis, settings, f"backfill {summary.run_id}"):
+                self.job.flush_spooled()
                 summary.buckets_rebuilt = self._rebuild_buckets(rules, history_from, to_ms)
                 timer.mark("rebuild-buckets")
                 records = self._amendments(decisions, rules, from_ms, to_ms, decided_at)

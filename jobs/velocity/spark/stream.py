@@ -411,8 +411,8 @@ class StreamJob:
         events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
         transaction_ids = list(dict.fromkeys(e.transaction_id for e in events))
         # Every (signature, key) the batch may touch; duplicates only make it a superset.
-        slots = list(key_groups(events, signatures))
-        read = self._read_state(transaction_ids, slots, batch_id)
+        arrived = key_groups(events, signatures)
+        read = self._read_state(transaction_ids, list(arrived), batch_id)
         timer.mark("redis-read")
         if read.committed_batch is not None and read.committed_batch >= batch_id:
             # Committed before a crash: its rows are spooled (or flushed) already.
@@ -421,7 +421,8 @@ class StreamJob:
         self.spool.discard_from(batch_id)
 
         admitted = admit(events, read.seen, read.newest_event_time, settings.allowed_lateness_ms)
-        groups = key_groups(admitted.accepted, signatures)
+        # Duplicates are rare: key the accepted events again only when there were some.
+        groups = key_groups(admitted.accepted, signatures) if admitted.duplicates else arrived
         states = self.hot.states(groups)
         needed = history_needed(groups, states, admitted.late, width_ms)
         history = self._own_bucket_history(needed, signatures, batch_id) if needed else {}
@@ -663,6 +664,9 @@ class StreamJob:
         with self._lock.held("stream start"):
             if not self.mirror_is_current():
                 self.rebuild_mirror()
+            # Rules and their signatures' history in place before the first batch arrives.
+            committed = last_committed_batch(self.settings)
+            self._rules_in_force(0 if committed is None else committed + 1)
         self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
         reader = self.spark.readStream.format("text")
         if max_files_per_trigger:

@@ -74,7 +74,7 @@ class BucketAggregate(NamedTuple):
     tuple, which the stream's hot path builds per event far faster than a dataclass).
     """
 
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # shadows tuple.count: the field is meant
     value_count: int = 0
     total: Decimal | None = None
     minimum: Decimal | None = None

@@ -203,9 +203,9 @@ def decide(
     """
     by_signature: dict[str, dict[int, list[Rule]]] = {}
     for signature, group in rules_by_signature(rules).items():
-        windows = by_signature[signature.signature_id] = {}
+        by_window = by_signature[signature.signature_id] = {}
         for rule in group:
-            windows.setdefault(rule.window_ms, []).append(rule)
+            by_window.setdefault(rule.window_ms, []).append(rule)
     history = history or {}
     out = Decided({}, {}, [], {})
     empty = KeyState()

@@ -233,7 +233,6 @@ class StreamJob:
         self._flush_each_batch = settings.write_behind_seconds == 0
         self._flush_mutex = threading.Lock()
         self._last_flush = time.monotonic()
-        self._evicted_group = -1
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flusher_error: BaseException | None = None
@@ -385,7 +384,7 @@ class StreamJob:
             timer.mark("lock")
             alerts = self._process(parsed, batch_id, timer)
         if self._flush_each_batch:
-            self._flush(batch_id)
+            self.flush(batch_id)
             timer.mark("flush")
         log.info(
             json.dumps(
@@ -615,9 +614,11 @@ class StreamJob:
 
     # --- write-behind ------------------------------------------------------------------
 
-    def _flush(self, through: int | None) -> None:
-        """Append the spooled batches up to ``through`` to Delta (under the state lock), and
-        evict the Delta buckets below the horizon every ``eviction_every_batches``."""
+    def flush(self, through: int | None = None) -> None:
+        """Append the spooled batches up to ``through`` (None: every batch this process
+        committed) to Delta under the state lock, and evict the Delta buckets below the
+        horizon every ``eviction_every_batches``."""
+        through = self._committed if through is None else through
         with self._lock.held("stream write-behind"), self._flush_mutex:
             group = [b for b in self.spool.batches() if through is not None and b <= through]
             metas = [self.spool.meta(b) for b in group[-1:]]
@@ -625,12 +626,11 @@ class StreamJob:
             self._last_flush = time.monotonic()
             if not group or not self._rules:
                 return
+            # Every N-th batch, as the batches' own eviction did before the write-behind.
             every = self.settings.eviction_every_batches
-            due = group[-1] // every
             newest_before = metas[0].get("newest_before")
-            if due > self._evicted_group and newest_before is not None:
+            if newest_before is not None and any(b % every == 0 for b in group):
                 self.evict(self._rules, int(newest_before))  # type: ignore[call-overload]
-                self._evicted_group = due
 
     def _write_behind(self) -> None:
         """The background flusher: every half ``write_behind_seconds``, flush what is
@@ -638,7 +638,7 @@ class StreamJob:
         period = max(0.5, self.settings.write_behind_seconds / 2)
         while not self._flusher_stop.wait(period):
             try:
-                self._flush(self._committed)
+                self.flush(self._committed)
             except BaseException as exc:  # surfaced by close(); the stream keeps deciding
                 log.exception("write-behind flush failed; will retry")
                 self._flusher_error = exc
@@ -649,7 +649,7 @@ class StreamJob:
             self._flusher_stop.set()
             self._flusher.join()
             self._flusher = None
-        self._flush(max((b for b in (self._committed, last_committed_batch(self.settings))
+        self.flush(max((b for b in (self._committed, last_committed_batch(self.settings))
                          if b is not None), default=None))  # fmt: skip
 
     def start(

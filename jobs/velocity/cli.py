@@ -245,17 +245,18 @@ def cmd_stream(args: argparse.Namespace) -> int:
             f"--events {args.events!r} is not a folder; give the folder events land in"
         )
     entries = _read_rules_file(args.rules) if args.rules else []
-    from velocity.spark import lifecycle
+    from velocity import stream_control
 
-    lifecycle.refuse_if_running(settings)
-    started_ms = lifecycle.now_ms()
-    stale = lifecycle.clear_stale_stop_request(settings.data_dir, started_ms)
+    stream_control.refuse_if_running(settings)
+    started_ms = stream_control.now_ms()
+    stale = stream_control.clear_stale_stop_request(settings.data_dir, started_ms)
     if stale is not None:
         print(f"removed a stop request left from before this start: {json.dumps(stale)}")
-    status = lifecycle.StreamStatus(settings.data_dir, events_dir.resolve(), started_ms)
+    status = stream_control.StreamStatus(settings.data_dir, events_dir.resolve(), started_ms)
     status.starting()
     terminate = _sigterm_flag()
     try:
+        from velocity.spark import lifecycle
         from velocity.spark.stream import StreamJob
 
         spark = _spark(settings, "velocity-stream")
@@ -304,30 +305,30 @@ def _sigterm_flag() -> threading.Event:
 
 
 def cmd_stream_status(args: argparse.Namespace) -> int:
-    from velocity.spark import lifecycle
+    from velocity import stream_control
 
-    health = lifecycle.check_health(_settings(args), args.stale_seconds)
+    health = stream_control.check_health(_settings(args), args.stale_seconds)
     print(json.dumps(health.to_json()))
     return EXIT_OK if health.healthy else EXIT_FAILURE
 
 
 def cmd_stream_stop(args: argparse.Namespace) -> int:
+    from velocity import stream_control
     from velocity.health import LIVE_STATES
-    from velocity.spark import lifecycle
 
     settings = _settings(args)
-    health = lifecycle.check_health(settings)
+    health = stream_control.check_health(settings)
     if health.state not in LIVE_STATES or health.verdict == "dead":
         print(f"no stream is running with data dir {settings.data_dir}: {health.reason}")
         return EXIT_OK
-    request = lifecycle.request_stop(settings.data_dir, args.reason)
+    request = stream_control.request_stop(settings.data_dir, args.reason)
     print(
         f"stop requested ({request['requestedBy']}) for the stream, pid {health.pid} on "
         f"{health.host}; it stops after its micro-batch in flight"
     )
     deadline = time.monotonic() + args.wait
     while True:
-        health = lifecycle.check_health(settings)
+        health = stream_control.check_health(settings)
         if health.state not in LIVE_STATES or health.verdict == "dead":
             print(f"stream {health.verdict}: {health.reason}")
             return EXIT_OK
@@ -343,14 +344,14 @@ def cmd_stream_stop(args: argparse.Namespace) -> int:
             )
             return EXIT_FAILURE
         return EXIT_OK
-    if health.pid is None or health.host != lifecycle.local_host():
+    if health.pid is None or health.host != stream_control.local_host():
         print(
             f"error: --force can only kill a stream on this host; it runs as pid {health.pid} "
             f"on {health.host}: stop it there",
             file=sys.stderr,
         )
         return EXIT_FAILURE
-    if not lifecycle.kill_stream(health.pid):
+    if not stream_control.kill_stream(health.pid):
         print(f"error: pid {health.pid} survived SIGKILL for 30 s", file=sys.stderr)
         return EXIT_FAILURE
     print(

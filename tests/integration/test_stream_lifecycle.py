@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from velocity import stream_control
 from velocity.delta import tables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.settings import Settings
-from velocity.spark import lifecycle
 from velocity.spark.stream import LiveTables
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
@@ -123,7 +123,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
     }
 
     def status() -> dict[str, Any]:
-        return lifecycle.read_status(data_dir) or {}
+        return stream_control.read_status(data_dir) or {}
 
     # --- first run: healthy, batches advance, an idle stream keeps its heartbeat --------
     with stream_process(env, events, tmp_path / "run1.log") as first:
@@ -155,11 +155,11 @@ def test_status_stop_kill_and_resume_through_the_cli(
     # Nothing runs: stream-stop says so and leaves no request behind.
     stop = cli(env, "stream-stop")
     assert stop.returncode == 0 and "no stream is running" in stop.stdout, stop
-    assert not lifecycle.stop_request_path(data_dir).exists()
+    assert not stream_control.stop_request_path(data_dir).exists()
 
     # A request left from before the next start must not stop it.
-    stale_request = {"requestedAt": lifecycle.now_ms() - 3_600_000, "requestedBy": "yesterday"}
-    lifecycle.write_json_atomically(lifecycle.stop_request_path(data_dir), stale_request)
+    stale_request = {"requestedAt": stream_control.now_ms() - 3_600_000, "requestedBy": "yesterday"}
+    stream_control.write_json_atomically(stream_control.stop_request_path(data_dir), stale_request)
     for source in files[FIRST_WAVE + 1 :]:
         land(source, events)
 
@@ -171,7 +171,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
             300,
             second,
         )
-        assert not lifecycle.stop_request_path(data_dir).exists()
+        assert not stream_control.stop_request_path(data_dir).exists()
         wait_for(
             "the rest",
             lambda: status().get("backlogFiles") == 0 and status().get("batchesThisRun", 0) >= 1,
@@ -190,7 +190,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
     final = status()
     assert final["state"] == "STOPPED" and "stop requested" in final["stopReason"], final
     assert final["stopRequest"]["reason"] == "test"
-    assert not lifecycle.stop_request_path(data_dir).exists()
+    assert not stream_control.stop_request_path(data_dir).exists()
     code, health = health_of(env)
     assert (code, health["verdict"]) == (1, "stopped"), health
 
@@ -210,25 +210,25 @@ def test_stream_status_without_a_status_file_is_not_running(tmp_path: Path) -> N
 
 def test_stream_stop_with_no_stream_exits_0_and_writes_nothing(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    lifecycle.write_json_atomically(
-        lifecycle.status_path(data_dir),
-        {"state": "STOPPED", "stopReason": "done", "updatedAt": lifecycle.now_ms()},
+    stream_control.write_json_atomically(
+        stream_control.status_path(data_dir),
+        {"state": "STOPPED", "stopReason": "done", "updatedAt": stream_control.now_ms()},
     )
     stop = cli({**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}, "stream-stop")
     assert stop.returncode == 0 and "no stream is running" in stop.stdout, stop
-    assert not lifecycle.stop_request_path(data_dir).exists()
+    assert not stream_control.stop_request_path(data_dir).exists()
 
 
 def test_only_a_stop_request_older_than_the_start_is_cleared(tmp_path: Path) -> None:
-    lifecycle.request_stop(tmp_path, "old")
-    started = lifecycle.now_ms() + 1
-    cleared = lifecycle.clear_stale_stop_request(tmp_path, started)
+    stream_control.request_stop(tmp_path, "old")
+    started = stream_control.now_ms() + 1
+    cleared = stream_control.clear_stale_stop_request(tmp_path, started)
     assert cleared is not None and cleared["reason"] == "old"
-    assert lifecycle.read_stop_request(tmp_path) is None
+    assert stream_control.read_stop_request(tmp_path) is None
 
-    fresh = lifecycle.request_stop(tmp_path, "new")
-    assert lifecycle.clear_stale_stop_request(tmp_path, fresh["requestedAt"]) is None
-    kept = lifecycle.read_stop_request(tmp_path)
+    fresh = stream_control.request_stop(tmp_path, "new")
+    assert stream_control.clear_stale_stop_request(tmp_path, fresh["requestedAt"]) is None
+    kept = stream_control.read_stop_request(tmp_path)
     assert kept is not None and kept["reason"] == "new"
 
 
@@ -242,10 +242,10 @@ def test_newest_processed_mtime_reads_the_newest_source_log(tmp_path: Path) -> N
     (log_dir / "8").write_text("v1\n" + entry(800, 8) + "\n")
     (log_dir / "9.compact").write_text("v1\n" + "\n".join(entry(s, 9) for s in (5, 900, 7)))
     (log_dir / "10").write_text("v1\n" + entry(1000, 10) + "\n" + entry(1001, 10) + "\n")
-    assert lifecycle.newest_processed_mtime(tmp_path) == 1001
+    assert stream_control.newest_processed_mtime(tmp_path) == 1001
     (log_dir / "10").unlink()
-    assert lifecycle.newest_processed_mtime(tmp_path) == 900
-    assert lifecycle.newest_processed_mtime(tmp_path / "none") is None
+    assert stream_control.newest_processed_mtime(tmp_path) == 900
+    assert stream_control.newest_processed_mtime(tmp_path / "none") is None
 
 
 def test_backlog_counts_visible_files_newer_than_the_newest_processed(tmp_path: Path) -> None:
@@ -253,22 +253,22 @@ def test_backlog_counts_visible_files_newer_than_the_newest_processed(tmp_path: 
         (tmp_path / name).write_text("{}\n")
         os.utime(tmp_path / name, (stamp, stamp))
     (tmp_path / "_e").write_text("{}\n")
-    assert lifecycle.backlog(tmp_path, 100_000) == (2, 200_000)
-    assert lifecycle.backlog(tmp_path, None) == (3, 100_000)
-    assert lifecycle.backlog(tmp_path, 300_000) == (0, None)
+    assert stream_control.backlog(tmp_path, 100_000) == (2, 200_000)
+    assert stream_control.backlog(tmp_path, None) == (3, 100_000)
+    assert stream_control.backlog(tmp_path, 300_000) == (0, None)
 
 
 @contextmanager
 def fake_stream(data_dir: Path, heartbeat_age_ms: int) -> Iterator[subprocess.Popen[bytes]]:
     """A live process the status file names as the stream, heartbeat ``heartbeat_age_ms`` old."""
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    now = lifecycle.now_ms()
-    lifecycle.write_json_atomically(
-        lifecycle.status_path(data_dir),
+    now = stream_control.now_ms()
+    stream_control.write_json_atomically(
+        stream_control.status_path(data_dir),
         {
             "state": "RUNNING",
             "pid": process.pid,
-            "host": lifecycle.local_host(),
+            "host": stream_control.local_host(),
             "startedAt": now - heartbeat_age_ms,
             "updatedAt": now - heartbeat_age_ms,
             "backlogFiles": 0,
@@ -291,7 +291,7 @@ def test_a_second_stream_refuses_while_the_first_process_lives(
         started = cli(env, "stream", "--events", str(tmp_path))
         assert started.returncode == 1, started
         assert f"data dir {data_dir}" in started.stderr and "stream-stop" in started.stderr
-        assert lifecycle.read_status(data_dir)["pid"] == process.pid  # untouched
+        assert stream_control.read_status(data_dir)["pid"] == process.pid  # untouched
 
 
 def test_stream_stop_force_kills_a_stream_that_ignores_the_request(tmp_path: Path) -> None:

@@ -184,3 +184,19 @@ def test_any_status_content_gets_a_verdict_and_only_live_states_are_healthy(
     if health.healthy:
         assert status.get("state") in LIVE_STATES
         assert health.heartbeatAgeMs is not None and health.heartbeatAgeMs <= stale
+
+
+def test_stream_status_and_stop_import_no_spark() -> None:
+    """`velocity stream-status` and `stream-stop` answer at once: their protocol module and
+    the CLI import no pyspark (a fresh interpreter, so nothing else loaded it first)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, velocity.cli, velocity.stream_control; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

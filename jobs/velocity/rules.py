@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from enum import StrEnum
@@ -66,20 +67,17 @@ class Operator(StrEnum):
 
     def holds(self, left: Decimal | Fraction, right: Decimal | Fraction) -> bool:
         """``left OP right``, exact (Fractions compare exactly with Decimals)."""
-        match self:
-            case Operator.EQUAL:
-                return left == right
-            case Operator.NOT_EQUAL:
-                return left != right
-            case Operator.GREATER_EQUAL:
-                return left >= right
-            case Operator.LESS_EQUAL:
-                return left <= right
-            case Operator.GREATER:
-                return left > right
-            case Operator.LESS:
-                return left < right
-        raise AssertionError(self)  # unreachable: match is exhaustive
+        return bool(_COMPARISONS[self](left, right))
+
+
+_COMPARISONS: Mapping[Operator, Callable[[Any, Any], Any]] = {
+    Operator.EQUAL: operator.eq,
+    Operator.NOT_EQUAL: operator.ne,
+    Operator.GREATER_EQUAL: operator.ge,
+    Operator.LESS_EQUAL: operator.le,
+    Operator.GREATER: operator.gt,
+    Operator.LESS: operator.lt,
+}
 
 
 _OPERATOR_SPELLINGS: Mapping[str, Operator] = {

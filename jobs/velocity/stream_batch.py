@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from velocity.buckets import EMPTY, BucketAggregate, bucket_start, merge_all, window_start
 from velocity.rules import Rule, RuleSignature, key_text, rules_by_signature
 from velocity.schema import FIELDS_BY_NAME, Event
-from velocity.windows import Decision, KeyedEvent, aggregate_value, fires
+from velocity.windows import Decision, KeyedEvent, fired_value
 
 SignatureKey = tuple[str, str]  # (signature_id, key text)
 BucketSlot = tuple[str, str, int]  # (signature_id, key text, bucket start)
@@ -264,9 +264,9 @@ def _decide_only_event(
             if lower <= start < own:
                 window = window.merge(aggregate)
         for rule in group:
-            value = aggregate_value(window, rule.aggregator)
-            if fires(rule, value):
-                yield Decision(rule, event, value, lower)  # type: ignore[arg-type]
+            value = fired_value(window, rule)
+            if value is not None:
+                yield Decision(rule, event, value, lower)
 
 
 def _decide_key(
@@ -314,9 +314,9 @@ def _decide_key(
                 whole = whole_cache[(window_ms, own)] = merge_all(after.buckets[s] for s in span)
             window = whole.merge(partial) if whole.count else partial
             for rule in group:
-                value = aggregate_value(window, rule.aggregator)
-                if fires(rule, value):
-                    yield Decision(rule, target, value, lower)  # type: ignore[arg-type]
+                value = fired_value(window, rule)
+                if value is not None:
+                    yield Decision(rule, target, value, lower)
 
 
 class HotBuckets:

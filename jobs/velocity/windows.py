@@ -22,7 +22,7 @@ from itertools import groupby
 from typing import NamedTuple, Protocol
 
 from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
-from velocity.decimals import exact_add, exact_subtract, format_decimal
+from velocity.decimals import EXACT, exact_add, exact_subtract, format_decimal
 from velocity.rules import Aggregator, Rule
 
 # AVG is compared exactly (as a fraction) and shown with this many decimal places.
@@ -90,6 +90,23 @@ def aggregate_value(aggregate: WindowFigures, aggregator: Aggregator) -> Aggrega
 def fires(rule: Rule, value: AggregateValue | None) -> bool:
     """``aggregate OP limit``; a window without a value never fires."""
     return value is not None and rule.operator.holds(value, rule.limit)
+
+
+def fired_value(window: WindowFigures, rule: Rule) -> AggregateValue | None:
+    """The rule's aggregate of ``window`` when ``aggregate OP limit`` holds, else None.
+
+    AVG is judged as ``total OP limit × count`` (exact, count > 0), so the exact quotient
+    is made only for a window that fires.
+    """
+    if rule.aggregator is Aggregator.AVG:
+        total, count = window.total, window.value_count
+        if total is None or count == 0:
+            return None
+        if not rule.operator.holds(total, EXACT.multiply(rule.limit, Decimal(count))):
+            return None
+        return Fraction(total) / count
+    value = aggregate_value(window, rule.aggregator)
+    return value if fires(rule, value) else None
 
 
 def format_aggregate(value: AggregateValue) -> str:
@@ -237,10 +254,10 @@ def evaluate_key_history(
             lower = window_start(event_time, window_ms, width_ms)
             window.advance(lower, index)
             for rule in group:
-                value = aggregate_value(window, rule.aggregator)
-                if fires(rule, value):
+                value = fired_value(window, rule)
+                if value is not None:
                     for event in tied:
-                        yield Decision(rule, event, value, lower)  # type: ignore[arg-type]
+                        yield Decision(rule, event, value, lower)
 
 
 def evaluate_with_buckets(
@@ -281,6 +298,6 @@ def evaluate_with_buckets(
                 whole = whole_cache[(window_ms, own)] = merge_all(buckets[s] for s in span)
             window = whole.merge(partial)
             for rule in group:
-                value = aggregate_value(window, rule.aggregator)
-                if fires(rule, value):
-                    yield Decision(rule, target, value, lower)  # type: ignore[arg-type]
+                value = fired_value(window, rule)
+                if value is not None:
+                    yield Decision(rule, target, value, lower)

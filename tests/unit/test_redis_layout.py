@@ -1,0 +1,54 @@
+"""The Redis bucket value, byte for byte (README "Reading aggregates from Redis")."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from velocity.buckets import BucketAggregate, merge_all
+from velocity.decimals import format_decimal
+from velocity.redis.keys import bucket_value, parse_bucket
+
+pytestmark = pytest.mark.timeout(120)
+
+amounts = st.decimals(min_value=0, max_value=10**18 - 1, places=8, allow_nan=False)
+values = st.one_of(st.none(), st.sampled_from(["10.0.0.1", "ü-ip", 'q"uote', "7"]))
+
+
+@st.composite
+def aggregates(draw: st.DrawFn) -> BucketAggregate:
+    parts = [
+        BucketAggregate.of_event(value, draw(amounts) if value is not None else None)
+        for value in draw(st.lists(values, min_size=1, max_size=5))
+    ]
+    return merge_all(parts)
+
+
+@given(aggregate=aggregates(), last_time=st.one_of(st.none(), st.integers(0, 2**62)))
+def test_bucket_value_is_the_documented_json_and_reads_back(aggregate, last_time) -> None:
+    def text(value: Decimal | None) -> str | None:
+        return None if value is None else format_decimal(value)
+
+    documented = [
+        aggregate.count,
+        aggregate.value_count,
+        text(aggregate.total),
+        text(aggregate.minimum),
+        text(aggregate.maximum),
+        sorted(aggregate.distinct),
+    ]
+    if last_time is not None:
+        documented.append(last_time)
+    written = bucket_value(aggregate, last_time)
+    assert written == json.dumps(documented, separators=(",", ":"), ensure_ascii=False)
+    assert parse_bucket(written) == (aggregate, last_time)
+
+
+def test_a_bucket_of_one_payment() -> None:
+    one = BucketAggregate.of_event("12.5", Decimal("12.50"))
+    assert bucket_value(one, 1767225600000) == '[1,1,"12.5","12.5","12.5",["12.5"],1767225600000]'
+    assert bucket_value(BucketAggregate(2)) == "[2,0,null,null,null,[]]"

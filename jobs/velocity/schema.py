@@ -228,6 +228,7 @@ def parse_event_object(obj: object) -> Event | Rejection:
             RejectReason.NOT_OBJECT, f"expected a JSON object, got {type(obj).__name__}"
         )
     values: dict[str, str | None] = {}
+    event_time, amount = 0, Decimal(0)
     try:
         for spec in EVENT_FIELDS:
             raw = obj.get(spec.name)
@@ -237,10 +238,14 @@ def parse_event_object(obj: object) -> Event | Rejection:
                         RejectReason.MISSING_FIELD, f"{spec.name} is missing, null or empty"
                     )
                 values[spec.name] = None
-                continue
-            values[spec.name] = _canonical(spec, raw)
-        event_time = _event_time(obj["eventTime"])
-        amount = parse_amount(obj["paymentAmount"])
+            elif spec.kind is FieldKind.AMOUNT:  # required: exactly one, the payment amount
+                amount = parse_amount(raw, spec.name)
+                values[spec.name] = format_decimal(amount)
+            elif spec.kind is FieldKind.TIME:  # required: exactly one, the eventTime
+                event_time = _event_time(raw)
+                values[spec.name] = str(event_time)
+            else:
+                values[spec.name] = _canonical(spec, raw)
     except _BadValue as exc:
         return Rejection(exc.code, exc.message)
     transaction_id = values["transactionId"]

@@ -13,7 +13,7 @@ from velocity.buckets import bucket_from_columns, bucket_start, merge_all, windo
 from velocity.delta import tables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import mirror
-from velocity.redis.keys import bucket_hash_key, rule_entry_key
+from velocity.redis.keys import bucket_hash_key, rule_entry_key, seen_key_prefix
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
@@ -169,9 +169,15 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
         r["alertId"] for r in stored
     )
     assert set(published[0]) == SPEC_ALERT_FIELDS
-    # The same batch published again (a replay after a crash) adds nothing.
-    assert mirror.publish_alerts(client, stream, 0, published[:3]) == 0
+    # A batch committed again (a replay after a crash) writes nothing: no alert, no bucket.
+    buckets = {name: client.hgetall(name) for name in client.scan_iter("velocity:{*}:buckets")}
+    replay = mirror.commit_stream_batch(
+        client, streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60
+    )
+    assert replay == -1
     assert client.xlen(stream) == len(entries)
+    assert not client.exists(seen_key_prefix(str(streamed.settings.data_dir)) + "tx-replayed")
+    assert buckets == {name: client.hgetall(name) for name in buckets}
 
 
 def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:

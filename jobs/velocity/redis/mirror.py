@@ -114,24 +114,12 @@ def remove_buckets(client: redis.Redis, slots: Iterable[tuple[str, str, int]]) -
     pipe.execute()
 
 
-def publish_alerts(
-    client: redis.Redis, stream: str, batch_id: int, alerts: Sequence[Mapping[str, Any]]
-) -> int:
-    """Append one batch's alerts to the stream once (a replayed batch adds nothing)."""
-    if not alerts:
-        return 0
-    payload = [json.dumps(a, separators=(",", ":")) for a in alerts]
-    added = client.fcall(
-        "velocity_publish", 1, stream, str(batch_id), str(ALERT_STREAM_MAXLEN), *payload
-    )
-    return int(added)  # type: ignore[arg-type]
-
-
 def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]) -> int:
     """Append a backfill's CORRECTION and RETRACTION records to the alert stream.
 
-    Unlike a micro-batch, a backfill publishes at least once (a rerun after a crash may
-    repeat an entry); consumers drop repeats by ``alertId``, which is deterministic.
+    Unlike a micro-batch (``commit_stream_batch``), a backfill publishes at least once (a
+    rerun after a crash may repeat an entry); consumers drop repeats by ``alertId``, which
+    is deterministic.
     """
     if not alerts:
         return 0

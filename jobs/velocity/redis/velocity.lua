@@ -138,25 +138,6 @@ local function velocity_window(keys, args)
   })
 end
 
--- FCALL velocity_publish 1 <alert stream> <batch> <maxlen> <alert json> ...
--- Appends the alerts of one micro-batch once: a batch not newer than the stream's last
--- entry was published already (the whole call is atomic), so a replay adds nothing.
-local function velocity_publish(keys, args)
-  local batch = tonumber(args[1])
-  local maxlen = args[2]
-  local last = redis.call("XREVRANGE", keys[1], "+", "-", "COUNT", 1)
-  if #last > 0 then
-    local entry = last[1][2]
-    for i = 1, #entry, 2 do
-      if entry[i] == "batch" and tonumber(entry[i + 1]) >= batch then return 0 end
-    end
-  end
-  for i = 3, #args do
-    redis.call("XADD", keys[1], "MAXLEN", "~", maxlen, "*", "alert", args[i], "batch", args[1])
-  end
-  return #args - 2
-end
-
 -- FCALL velocity_evict 1 <bucket hash> <cutoff ms>
 -- Drops the buckets that start before the cutoff; returns how many were dropped.
 local function velocity_evict(keys, args)
@@ -174,7 +155,7 @@ end
 
 -- FCALL velocity_publish_backfill 1 <alert stream> <maxlen> <alert json> ...
 -- Appends a backfill's corrections and retractions. Each entry repeats the batch of the
--- stream's last entry, so velocity_publish still refuses a replay of that batch.
+-- stream's last entry (a consumer reading by batch sees it after that batch).
 local function velocity_publish_backfill(keys, args)
   local maxlen = args[1]
   local batch = "-1"
@@ -282,7 +263,6 @@ end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
-redis.register_function("velocity_publish", velocity_publish)
 redis.register_function("velocity_evict", velocity_evict)
 redis.register_function("velocity_publish_backfill", velocity_publish_backfill)
 redis.register_function("velocity_unlock", velocity_unlock)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -116,52 +116,6 @@ def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
     """Create every live table that is missing (idempotent)."""
     for name, schema in LIVE_SCHEMAS.items():
         tables.create_if_missing(spark, getattr(live, name), schema)
-
-
-@contextmanager
-def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
-    """MERGE/UPDATE/DELETE inside are skipped by Delta if (app_id, version) already committed."""
-    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
-    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
-    try:
-        yield
-    finally:
-        spark.conf.unset("spark.databricks.delta.write.txnAppId")
-        spark.conf.unset("spark.databricks.delta.write.txnVersion")
-
-
-def merge_buckets(spark: SparkSession, path: Path, deltas: DataFrame) -> None:
-    """Add bucket deltas to the stored buckets (counts add, extremes widen, sets unite)."""
-    from delta.tables import DeltaTable
-
-    def added(column: str) -> Column:
-        t, s = F.col(f"t.{column}"), F.col(f"s.{column}")
-        return F.when(t.isNull(), s).when(s.isNull(), t).otherwise(t + s)
-
-    (
-        DeltaTable.forPath(spark, str(path))
-        .alias("t")
-        .merge(
-            deltas.alias("s"),
-            # A compacted hour never matches: a late delta into it lands as a g-wide row.
-            "t.signature_id = s.signature_id AND t.key = s.key"
-            " AND t.bucket_start = s.bucket_start AND t.bucket_width_ms = s.bucket_width_ms",
-        )
-        .whenMatchedUpdate(
-            set={
-                "event_count": F.col("t.event_count") + F.col("s.event_count"),
-                "value_count": F.col("t.value_count") + F.col("s.value_count"),
-                "value_sum": added("value_sum").cast(tables.SUM_TYPE),
-                "value_min": F.least("t.value_min", "s.value_min"),
-                "value_max": F.greatest("t.value_max", "s.value_max"),
-                "distinct_values": F.array_sort(
-                    F.array_union("t.distinct_values", "s.distinct_values")
-                ),
-            }
-        )
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
 
 
 def last_committed_batch(settings: Settings) -> int | None:

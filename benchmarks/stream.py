@@ -276,7 +276,8 @@ def run_design(
         run.batch_max = max(batch_seconds)
     first_landing = min(landed.values())
     if finished > first_landing:
-        run.processed_per_s = data.events / ((finished - first_landing) / 1000)
+        # Lines decided by the last logged batch, over the time since the first landing.
+        run.processed_per_s = lines / ((finished - first_landing) / 1000)
     run.lookups = lookup_latency(client, 2000)
     velocity("down", env=env, check=False, stdout=subprocess.DEVNULL)
     return run

@@ -87,7 +87,8 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
     assert set(after) == set(complete)
     assert all(n == 1 for n in after.values()), "each decision in effect exactly once"
     amendments = [
-        r.asDict() for r in tables.read_table(spark, live.alerts).where("kind != 'ALERT'").collect()
+        r.asDict()
+        for r in tables.read_table(spark, live.alerts).where("kind != 'ALERT'").collect()
     ]
     assert len(amendments) == summary.corrections + summary.retractions
     for amendment in amendments:

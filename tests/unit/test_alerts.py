@@ -16,20 +16,9 @@ from velocity.alerts import AlertKind, alert_id, alert_record, amended, rule_key
 from velocity.windows import Decision
 
 SPEC_FIELDS = {
-    "alertId",
-    "kind",
-    "ruleId",
-    "ruleVersion",
-    "transactionId",
-    "key",
-    "eventTime",
-    "aggregatorFunctionType",
-    "aggregateValue",
-    "limitOperatorType",
-    "limit",
-    "windowStart",
-    "windowEnd",
-    "decisionTime",
+    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
+    "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
+    "windowEnd", "decisionTime",
 }
 
 
@@ -69,7 +58,7 @@ def test_alert_id_differs_when_any_part_differs(
     ],
 )
 def test_alert_id_is_distinct_across_rule_version_transaction_and_kind(
-    other: tuple[int, int, str, AlertKind],
+    other: tuple[int, int, str, AlertKind]
 ) -> None:
     assert alert_id(*other) != alert_id(1, 3, "tx-9", AlertKind.ALERT)
 
@@ -113,11 +102,8 @@ def test_record_defaults_to_alert_and_is_plain_json() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [
-        (Decimal("250000.50"), "250000.5"),
-        (Fraction(1, 3), "0.33333333"),
-        (Decimal("1E+6"), "1000000"),
-    ],
+    [(Decimal("250000.50"), "250000.5"), (Fraction(1, 3), "0.33333333"),
+     (Decimal("1E+6"), "1000000")],
 )
 def test_aggregate_value_and_limit_are_decimal_strings(
     value: Decimal | Fraction, text: str

@@ -359,14 +359,8 @@ def test_canonical_value(field: str, raw: object, expected: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("field", "raw"),
-    [
-        ("payerId", {}),
-        ("payerId", [1]),
-        ("payerId", True),
-        ("paymentType", "XYZ"),
-        ("paymentAmount", "-1"),
-        ("paymentAmount", "abc"),
-    ],
+    [("payerId", {}), ("payerId", [1]), ("payerId", True), ("paymentType", "XYZ"),
+     ("paymentAmount", "-1"), ("paymentAmount", "abc")],
 )
 def test_canonical_value_of_a_wrong_value_raises_value_error(field: str, raw: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -396,13 +390,8 @@ def test_rejection_str_leads_with_its_stable_code() -> None:
     rejection = reject_line(event_line(paymentType="XYZ"))
     assert str(rejection).startswith("unknown_enum: ")
     assert {r.value for r in RejectReason} >= {
-        "not_json",
-        "not_object",
-        "missing_field",
-        "wrong_type",
-        "amount_out_of_range",
-        "amount_precision",
-        "unknown_enum",
+        "not_json", "not_object", "missing_field", "wrong_type",
+        "amount_out_of_range", "amount_precision", "unknown_enum",
     }
 
 
@@ -423,17 +412,12 @@ def test_every_generated_valid_event_is_accepted_as_line_and_object(obj: dict[st
 
 
 _json_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(10**20), 10**20),
-    st.text(max_size=10),
+    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.text(max_size=10),
     st.floats(allow_nan=True, allow_infinity=True),
 )
 _json_values = st.recursive(
-    _json_scalars,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
+    _json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.text(max_size=5), inner, max_size=3), max_leaves=8
 )
 
 

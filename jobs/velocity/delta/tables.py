@@ -199,6 +199,20 @@ RULE_SCHEMA = StructType(
 )
 
 
+# The live system's tables (``<data_dir>/tables/<name>``) and their schemas.
+LIVE_SCHEMAS: dict[str, StructType] = {
+    EVENTS: LIVE_EVENT_SCHEMA,
+    QUARANTINE: QUARANTINE_SCHEMA,
+    DUPLICATES: EVENT_SCHEMA,
+    LATE_EVENTS: LATE_EVENT_SCHEMA,
+    BUCKETS: BUCKET_SCHEMA,
+    ALERTS: ALERT_SCHEMA,
+    SIGNATURES: SIGNATURE_SCHEMA,
+    RULES: RULE_SCHEMA,
+    BACKFILLS: BACKFILL_SCHEMA,
+}
+
+
 def table_exists(spark: SparkSession, path: Path) -> bool:
     from delta.tables import DeltaTable  # the Delta Python API needs a live session
 

@@ -40,12 +40,15 @@ from velocity.settings import Settings
 APP_ID = "velocity-stream"
 # The live tables a micro-batch writes, and their schemas.
 SPOOLED_TABLES: Mapping[str, StructType] = {
-    "events": tables.LIVE_EVENT_SCHEMA,
-    "quarantine": tables.QUARANTINE_SCHEMA,
-    "duplicates": tables.EVENT_SCHEMA,
-    "late_events": tables.LATE_EVENT_SCHEMA,
-    "buckets": tables.BUCKET_SCHEMA,
-    "alerts": tables.ALERT_SCHEMA,
+    name: tables.LIVE_SCHEMAS[name]
+    for name in (
+        tables.EVENTS,
+        tables.QUARANTINE,
+        tables.DUPLICATES,
+        tables.LATE_EVENTS,
+        tables.BUCKETS,
+        tables.ALERTS,
+    )
 }
 ARROW_SCHEMAS: Mapping[str, pa.Schema] = {
     name: to_arrow_schema(schema) for name, schema in SPOOLED_TABLES.items()

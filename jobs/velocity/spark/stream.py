@@ -62,6 +62,7 @@ from velocity.stream_batch import (
     history_needed,
     key_groups,
 )
+from velocity.stream_control import QUERY_NAME, checkpoint_dir
 from velocity.timing import StepTimer
 from velocity.windows import Decision, KeyedEvent
 
@@ -93,19 +94,6 @@ class LiveTables:
         )
 
 
-LIVE_SCHEMAS = {
-    "events": tables.LIVE_EVENT_SCHEMA,
-    "quarantine": tables.QUARANTINE_SCHEMA,
-    "duplicates": tables.EVENT_SCHEMA,
-    "late_events": tables.LATE_EVENT_SCHEMA,
-    "buckets": tables.BUCKET_SCHEMA,
-    "alerts": tables.ALERT_SCHEMA,
-    "signatures": tables.SIGNATURE_SCHEMA,
-    "rules": tables.RULE_SCHEMA,
-    "backfills": tables.BACKFILL_SCHEMA,
-}
-
-
 def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
     """The highest accepted eventTime: the clock that seals buckets and sets the horizon."""
     row = tables.read_table(spark, live.events).agg(F.max("eventTime")).first()
@@ -114,13 +102,13 @@ def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
 
 def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
     """Create every live table that is missing (idempotent)."""
-    for name, schema in LIVE_SCHEMAS.items():
+    for name, schema in tables.LIVE_SCHEMAS.items():
         tables.create_if_missing(spark, getattr(live, name), schema)
 
 
 def last_committed_batch(settings: Settings) -> int | None:
     """The newest micro-batch the stream's checkpoint records as done (None: none yet)."""
-    commits = settings.data_dir / "checkpoints" / "stream" / "commits"
+    commits = checkpoint_dir(settings.data_dir) / "commits"
     done = [int(p.name) for p in commits.glob("[0-9]*")] if commits.is_dir() else []
     return max(done, default=None)
 
@@ -633,8 +621,8 @@ class StreamJob:
         lines = with_line_source(reader.load(str(events_dir)))
         writer = (
             lines.writeStream.foreachBatch(self.process_batch)
-            .option("checkpointLocation", str(self.settings.data_dir / "checkpoints" / "stream"))
-            .queryName("velocity-stream")
+            .option("checkpointLocation", str(checkpoint_dir(self.settings.data_dir)))
+            .queryName(QUERY_NAME)
         )
         writer = (
             writer.trigger(availableNow=True)

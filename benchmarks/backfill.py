@@ -54,6 +54,7 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from velocity.delta import tables
+    from velocity.delta.live import LiveTables
     from velocity.redis.server import redis_down, redis_up
     from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
@@ -61,7 +62,7 @@ def main() -> int:
     from velocity.spark.backfill import Backfill
     from velocity.spark.backtest import backtest_root, run_backtest
     from velocity.spark.session import build_spark
-    from velocity.spark.stream import LiveTables, StreamJob
+    from velocity.spark.stream import StreamJob
 
     work = Path(args.work_dir)
     events_dir = work / f"events-{args.events}-{args.keys}"

@@ -446,21 +446,25 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _stream_job(settings: Settings) -> Any:
-    from velocity.spark.stream import StreamJob
+def _redis_state(settings: Settings) -> Any:
+    from velocity.delta.live import LiveState
+    from velocity.redis import mirror
+    from velocity.spark.redis_state import RedisState
 
-    return StreamJob(_spark(settings, "velocity-mirror"), settings)
+    client = mirror.connect(settings)
+    mirror.load_functions(client)
+    return RedisState(LiveState(_spark(settings, "velocity-mirror"), settings), client)
 
 
 def cmd_mirror_rebuild(args: argparse.Namespace) -> int:
-    written = _stream_job(_settings(args)).rebuild_mirror()
+    written = _redis_state(_settings(args)).rebuild()
     print(f"mirror rebuilt from Delta: {written} buckets written to Redis")
     return EXIT_OK
 
 
 def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
-    job = _stream_job(_settings(args))
-    drift = job.reconcile_mirror()
+    redis_state = _redis_state(_settings(args))
+    drift = redis_state.reconcile()
     print(
         f"checked {drift.checked} buckets: {len(drift.missing)} missing in Redis, "
         f"{len(drift.different)} different, {len(drift.extra)} only in Redis"
@@ -475,7 +479,7 @@ def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
     if drift.clean:
         return EXIT_OK
     if args.repair:
-        written = job.repair_mirror(drift)
+        written = redis_state.repair(drift)
         print(f"repaired: {written} buckets rewritten from Delta, {len(drift.extra)} removed")
         return EXIT_OK
     return EXIT_FAILURE

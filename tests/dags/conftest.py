@@ -193,8 +193,8 @@ def streamed(
     """
     import redis
 
+    from velocity import stream_control
     from velocity.generate import GenerateOptions, generate_events
-    from velocity.spark import lifecycle
 
     redis.Redis.from_url(spark_settings.redis_url).flushall()
     base = tmp_path_factory.mktemp("streamed")
@@ -237,7 +237,7 @@ def streamed(
     )
 
     def batches() -> int:
-        status = lifecycle.read_status(settings.data_dir) or {}
+        status = stream_control.read_status(settings.data_dir) or {}
         return int(status.get("batchesThisRun") or 0) if status.get("backlogFiles") == 0 else 0
 
     try:
@@ -285,13 +285,13 @@ def streamed_conn(streamed: StreamedData, monkeypatch: pytest.MonkeyPatch) -> St
 def running_stream(streamed_conn: StreamedData) -> StreamedData:
     """The streamed data dir with run_stream running: started again (resuming from the
     checkpoint) when an earlier test stopped it."""
-    from velocity.spark import lifecycle
+    from velocity import stream_control
 
     if streamed_conn.process.poll() is not None:
         streamed_conn.process = _start_run_stream(streamed_conn.connection, streamed_conn.log)
         wait_for(
             "run_stream running again",
-            lambda: lifecycle.check_health(streamed_conn.settings).verdict == "running",
+            lambda: stream_control.check_health(streamed_conn.settings).verdict == "running",
             300,
             streamed_conn.process,
             streamed_conn.log,

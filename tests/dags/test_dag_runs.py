@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.redis]
 
 
 def _verdict(settings: Settings) -> str:
-    from velocity.spark import lifecycle
+    from velocity import stream_control
 
-    return lifecycle.check_health(settings).verdict
+    return stream_control.check_health(settings).verdict
 
 
 def test_run_check_and_stop_the_stream(running_stream: StreamedData) -> None:
@@ -58,18 +58,18 @@ def test_check_stream_restarts_a_dead_stream(airflow_home: Path, velocity_conn: 
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
-    from velocity.spark import lifecycle
+    from velocity import stream_control
 
     # The status file a SIGKILLed stream leaves behind: RUNNING, but its process is gone.
     gone = subprocess.Popen(["true"])
     gone.wait()
-    now = lifecycle.now_ms()
-    lifecycle.write_json_atomically(
-        lifecycle.status_path(velocity_conn.data_dir),
+    now = stream_control.now_ms()
+    stream_control.write_json_atomically(
+        stream_control.status_path(velocity_conn.data_dir),
         {
             "state": "RUNNING",
             "pid": gone.pid,
-            "host": lifecycle.local_host(),
+            "host": stream_control.local_host(),
             "startedAt": now - 60_000,
             "updatedAt": now,
         },

@@ -15,12 +15,13 @@ import redis
 
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest
 from velocity.spark.evaluate import minute_buckets
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import StreamJob
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis]
 
@@ -149,4 +150,4 @@ def test_sigkill_mid_batch_then_restart_equals_uninterrupted(
         for _, fields in client.xrange(data_settings.redis_alert_stream)
     ]
     assert sorted(published) == [r[0] for r in rows(live.alerts, ["alertId"])]
-    assert StreamJob(spark, data_settings).reconcile_mirror().clean
+    assert StreamJob(spark, data_settings).mirror.reconcile().clean

@@ -24,9 +24,9 @@ import pytest
 
 from velocity import stream_control
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.settings import Settings
-from velocity.spark.stream import LiveTables
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
 EVENTS_PER_FILE = 50

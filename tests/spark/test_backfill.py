@@ -12,13 +12,14 @@ import pytest
 from tests.builders import generated_in_arrival_order
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.backfill import Backfill
 from velocity.spark.backtest import run_backtest
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import StreamJob
 
 pytestmark = pytest.mark.spark
 
@@ -111,7 +112,7 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
 
 def test_backfill_rejects_a_bad_range_and_unknown_rules(spark, data_settings: Settings) -> None:
     backfill = Backfill(spark, data_settings)
-    backfill.job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+    backfill.state.rule_store.apply(parse_rules(sample_rules_path().read_text()))
     with pytest.raises(UsageError, match="not a time range"):
         backfill.run(10, 5)
     with pytest.raises(UsageError, match=r"\[99\]"):

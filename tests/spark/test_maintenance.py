@@ -14,6 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
@@ -21,7 +22,7 @@ from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backtest import run_backtest
 from velocity.spark.evaluate import HOUR_MS, bucket_aggregates, keyed_events, minute_buckets
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import StreamJob
 
 pytestmark = pytest.mark.spark
 
@@ -167,7 +168,7 @@ def test_maintenance_during_a_live_stream_changes_no_result(
     assert kept == buckets_from_raw_events(spark, settings, oldest)
     first_event = tables.read_table(spark, live.events).agg(F.min("eventTime")).first()[0]
     assert oldest >= first_event + HOUR_MS, "eviction dropped the first hour"
-    assert job.reconcile_mirror().clean
+    assert job.mirror.reconcile().clean
 
     # Idempotent: compacting again writes nothing new and changes no bucket.
     again = maintenance.compact_buckets(spark, settings)
@@ -210,7 +211,7 @@ def test_a_late_event_in_a_compacted_hour_counts_once_and_compaction_folds_it(
     assert bucket_rows(spark, data_settings) == buckets_from_raw_events(
         spark, data_settings, oldest
     )
-    assert job.reconcile_mirror().clean
+    assert job.mirror.reconcile().clean
 
     folded = maintenance.compact_buckets(spark, data_settings)
     assert folded.hours_written > 0 and folded.rows_after < folded.rows_before

@@ -11,13 +11,14 @@ import redis
 from tests.builders import SPEC_ALERT_FIELDS
 from velocity.buckets import bucket_from_columns, bucket_start, merge_all, window_start
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import mirror
 from velocity.redis.keys import bucket_hash_key, rule_entry_key, seen_key_prefix
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import StreamJob
 from velocity.windows import aggregate_value, format_aggregate
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis]
@@ -182,18 +183,18 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
 
 def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     client: redis.Redis = streamed.redis
-    assert streamed.reconcile_mirror().clean
-    checked = streamed.reconcile_mirror().checked
+    assert streamed.mirror.reconcile().clean
+    checked = streamed.mirror.reconcile().checked
     assert checked > 0
 
     client.flushall()
-    assert not streamed.mirror_is_current()
+    assert not streamed.mirror.is_current()
     mirror.load_functions(client)
     query = streamed.start(streamed.events_dir, available_now=True)  # type: ignore[attr-defined]
     query.awaitTermination()
-    assert streamed.mirror_is_current()
+    assert streamed.mirror.is_current()
     assert client.exists(rule_entry_key(1))
-    drift = streamed.reconcile_mirror()
+    drift = streamed.mirror.reconcile()
     assert drift.clean and drift.checked == checked
 
     row = tables.read_table(spark, LiveTables.of(streamed.settings).buckets).first()
@@ -202,12 +203,12 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     client.hset(name, str(row["bucket_start"]), "[999,0,null,null,null,[]]")
     client.hset(name, str(stray), "[1,0,null,null,null,[]]")
     client.hset(name, "1", "[1,0,null,null,null,[]]")  # below the horizon: expires, no drift
-    drift = streamed.reconcile_mirror()
+    drift = streamed.mirror.reconcile()
     assert drift.different == [(row["signature_id"], row["key"], row["bucket_start"])]
     assert drift.extra == [(row["signature_id"], row["key"], stray)]
     client.delete(name)
-    assert len(streamed.reconcile_mirror().missing) >= 1
+    assert len(streamed.mirror.reconcile().missing) >= 1
 
     client.hset(name, str(stray), "[1,0,null,null,null,[]]")
-    streamed.repair_mirror(streamed.reconcile_mirror())
-    assert streamed.reconcile_mirror().clean
+    streamed.mirror.repair(streamed.mirror.reconcile())
+    assert streamed.mirror.reconcile().clean

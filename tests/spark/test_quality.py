@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from velocity.cli import main, sample_rules_path
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.delta.rule_store import RuleStore
 from velocity.generate import GenerateOptions, generate_events
 from velocity.quality import format_summary, run_quality_checks
@@ -28,7 +29,6 @@ from velocity.spark.evaluate import (
     minute_buckets,
 )
 from velocity.spark.ingest import parse_events, read_event_lines, split_parsed
-from velocity.spark.stream import LiveTables
 
 pytestmark = pytest.mark.spark
 

@@ -12,12 +12,13 @@ import pytest
 from tests.builders import generated_in_arrival_order
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions
 from velocity.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.schema import Event, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
-from velocity.spark.stream import LiveTables, StreamJob
+from velocity.spark.stream import StreamJob
 
 pytestmark = pytest.mark.spark
 

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from velocity.delta import tables
+from velocity.delta.live import LiveTables
 from velocity.delta.tables import LIVE_SCHEMAS
 from velocity.errors import UsageError
 from velocity.quality.alert_values import alert_violation, rule_terms
@@ -29,7 +30,6 @@ from velocity.rules import Rule, RuleSignature, rules_by_signature
 from velocity.schema import EVENT_FIELDS, MAX_AMOUNT
 from velocity.settings import Settings
 from velocity.spark.evaluate import BUCKET_FIGURES, bucket_aggregates, keyed_events, minute_buckets
-from velocity.spark.stream import LiveTables
 
 QUALITY_RESULTS = "quality_results"
 QUALITY_RESULT_SCHEMA = StructType(

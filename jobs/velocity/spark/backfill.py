@@ -31,13 +31,14 @@ from pyspark.sql import functions as F
 from velocity.alerts import AlertKind, amended, record_of_stored
 from velocity.buckets import bucket_start
 from velocity.delta import tables
+from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, bucket_aggregates, evaluate_alerts, keyed_events
-from velocity.spark.stream import LiveTables, StreamJob, newest_event_time
+from velocity.spark.redis_state import RedisState
 from velocity.timing import StepTimer
 
 APP_ID = "velocity-backfill"
@@ -75,11 +76,14 @@ class Backfill:
     def __init__(self, spark: SparkSession, settings: Settings) -> None:
         self.spark = spark
         self.settings = settings
-        self.job = StreamJob(spark, settings)
-        self.live: LiveTables = self.job.live
+        self.state = LiveState(spark, settings)
+        self.live: LiveTables = self.state.live
+        self.redis = mirror.connect(settings)
+        mirror.load_functions(self.redis)
+        self.mirror = RedisState(self.state, self.redis)
 
     def _rules(self, rule_ids: list[int] | None) -> list[Rule]:
-        rules = active_rules(self.job.rule_store.in_force())
+        rules = active_rules(self.state.rule_store.in_force())
         if not rule_ids:
             return rules
         by_id = {r.rule_id: r for r in rules}
@@ -95,16 +99,16 @@ class Backfill:
         """(from, to, through batch) covering the late events no backfill has covered yet:
         from the oldest of them to the newest plus the widest active window (every window
         they touched), capped at the newest eventTime. None when there are none."""
-        with state_lock(self.job.redis, self.settings, "backfill (late events written behind)"):
-            self.job.flush_spooled()
-        read = self.job.read
+        with state_lock(self.redis, self.settings, "backfill (late events written behind)"):
+            self.mirror.flush_spooled()
+        read = self.state.read
         covered = read("backfills").agg(F.max("late_through_batch")).first()
         through = -1 if covered is None or covered[0] is None else int(covered[0])
         pending = read("late_events").where(F.col("stream_batch") > through)
         row = pending.agg(F.min("eventTime"), F.max("eventTime"), F.max("stream_batch")).first()
         if row is None or row[0] is None:
             return None
-        rules = active_rules(self.job.rule_store.in_force())
+        rules = active_rules(self.state.rule_store.in_force())
         widest = max((r.window_ms for r in rules), default=0)
         newest = newest_event_time(self.spark, self.live)
         to_ms = int(row[1]) + widest
@@ -149,8 +153,8 @@ class Backfill:
         # 1. A consistent view: no micro-batch is half-committed while the lock is held.
         # The stream writes Delta behind: what it committed but has not written yet is
         # flushed first, under the lock, so Delta holds every decided batch.
-        with state_lock(self.job.redis, settings, f"backfill {summary.run_id} (pin)"):
-            self.job.flush_spooled()
+        with state_lock(self.redis, settings, f"backfill {summary.run_id} (pin)"):
+            self.mirror.flush_spooled()
             events_version = tables.table_version(spark, self.live.events)
         timer.mark("pin")
 
@@ -171,8 +175,8 @@ class Backfill:
             timer.mark("evaluate")
 
             # 3. Rebuild, amend, publish, record: one writer at a time.
-            with state_lock(self.job.redis, settings, f"backfill {summary.run_id}"):
-                self.job.flush_spooled()
+            with state_lock(self.redis, settings, f"backfill {summary.run_id}"):
+                self.mirror.flush_spooled()
                 summary.buckets_rebuilt = self._rebuild_buckets(rules, history_from, to_ms)
                 timer.mark("rebuild-buckets")
                 records = self._amendments(decisions, rules, from_ms, to_ms, decided_at)
@@ -180,7 +184,7 @@ class Backfill:
                 summary.retractions = len(records) - summary.corrections
                 if records:
                     self._append_alerts(records)
-                    mirror.publish_backfill(self.job.redis, settings.redis_alert_stream, records)
+                    mirror.publish_backfill(self.redis, settings.redis_alert_stream, records)
                 timer.mark("amend+publish")
                 self._record(summary, [r["alertId"] for r in records], started)
         finally:
@@ -196,10 +200,10 @@ class Backfill:
         by the horizon, so evicted history is not brought back; signatures the stream has
         not built yet are left to its build from history."""
         width = self.settings.bucket_width_ms
-        built = {r["signature_id"] for r in self.job.read("signatures").collect()}
+        built = {r["signature_id"] for r in self.state.read("signatures").collect()}
         signatures = [s for s in rules_by_signature(rules) if s.signature_id in built]
-        in_force = active_rules(self.job.rule_store.in_force())
-        horizon_from = self.job.horizon_cutoff(in_force)
+        in_force = active_rules(self.state.rule_store.in_force())
+        horizon_from = self.state.horizon_cutoff(in_force)
         if not signatures or horizon_from is None:
             return 0
         lower = max(history_from, horizon_from)
@@ -209,7 +213,7 @@ class Backfill:
             return 0
         ids = ", ".join(f"'{s.signature_id}'" for s in signatures)
         span = f"signature_id IN ({ids}) AND bucket_start >= {lower} AND bucket_start < {upper}"
-        raw = self.job.read("events").where(F.col("eventTime").between(lower, upper - 1))
+        raw = self.state.read("events").where(F.col("eventTime").between(lower, upper - 1))
         rebuilt = bucket_aggregates(keyed_events(raw, signatures), width).persist()
         try:
             count = rebuilt.count()
@@ -219,8 +223,8 @@ class Backfill:
                 .option("replaceWhere", span)
                 .save(str(self.live.buckets))
             )
-            self.job.mirror_buckets(
-                self.job.window_buckets(self.job.read("buckets").where(span), since=lower),
+            self.mirror.write_buckets(
+                self.state.window_buckets(self.state.read("buckets").where(span), since=lower),
                 in_force,
             )
         finally:
@@ -243,7 +247,7 @@ class Backfill:
                 (F.col("ruleId") == rule.rule_id) & (F.col("ruleVersion") == rule.version)
             )
         emitted = (
-            self.job.read("alerts")
+            self.state.read("alerts")
             .where(F.col("eventTime").between(from_ms, to_ms))
             .where(in_scope)
         )
@@ -300,9 +304,9 @@ class Backfill:
     def _publish_unrecorded(self, started: int) -> int:
         """Publish the amendments of a run that committed them but died before it recorded
         itself (so before or while publishing): at least once, ids unchanged."""
-        recorded = self.job.read("backfills").select(F.explode("alert_ids").alias("alertId"))
+        recorded = self.state.read("backfills").select(F.explode("alert_ids").alias("alertId"))
         orphans = (
-            self.job.read("alerts")
+            self.state.read("alerts")
             .where(F.col("kind") != AlertKind.ALERT.value)
             .join(recorded, "alertId", "left_anti")
             .collect()
@@ -311,7 +315,7 @@ class Backfill:
             return 0
         records = [record_of_stored(r.asDict()) for r in orphans]
         records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"], a["kind"]))
-        mirror.publish_backfill(self.job.redis, self.settings.redis_alert_stream, records)
+        mirror.publish_backfill(self.redis, self.settings.redis_alert_stream, records)
         recovery = BackfillSummary(run_id=f"republish-{uuid.uuid4().hex}", from_ms=0, to_ms=0)
         self._record(recovery, [r["alertId"] for r in records], started)
         return len(records)

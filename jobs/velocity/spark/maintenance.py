@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from velocity.delta import tables
+from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
 from velocity.redis import mirror
 from velocity.redis.keys import PREFIX
@@ -24,7 +25,7 @@ from velocity.redis.lock import state_lock
 from velocity.rules import active_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, hour_buckets, minute_buckets
-from velocity.spark.stream import LiveTables, StreamJob, newest_event_time
+from velocity.spark.redis_state import RedisState
 
 # Delta's own floor: VACUUM below 7 days can delete files a lagging reader still needs.
 MIN_VACUUM_RETENTION_HOURS = 168
@@ -195,27 +196,29 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
     The horizon is the stream's: the widest active window + allowed lateness + one bucket
     behind the newest eventTime.
     """
-    live = LiveTables.of(settings)
-    job = StreamJob(spark, settings)
+    state = LiveState(spark, settings)
+    live = state.live
+    client = mirror.connect(settings)
+    mirror.load_functions(client)
     summary = EvictionSummary()
-    rules = active_rules(job.rule_store.in_force())
+    rules = active_rules(state.rule_store.in_force())
     newest = newest_event_time(spark, live)
     summary.bucket_rows_before = summary.bucket_rows_after = tables.read_table(
         spark, live.buckets
     ).count()
     if newest is None or not rules:
         return summary
-    with state_lock(job.redis, settings, "eviction"):
-        summary.cutoff = job.evict(rules, newest)
+    with state_lock(client, settings, "eviction"):
+        summary.cutoff = state.evict(rules, newest)
     summary.bucket_rows_after = tables.read_table(spark, live.buckets).count()
     active_signatures = {r.signature.signature_id for r in rules}
-    pipe_names = list(job.redis.scan_iter(match=f"{PREFIX}:{{*}}:buckets", count=1000))
+    pipe_names = list(client.scan_iter(match=f"{PREFIX}:{{*}}:buckets", count=1000))
     for name in pipe_names:
         signature_id = name[len(PREFIX) + 2 :].split(":", 1)[0]
         if signature_id not in active_signatures:
-            summary.redis_hashes_dropped += int(job.redis.delete(name))  # type: ignore[arg-type]
+            summary.redis_hashes_dropped += int(client.delete(name))  # type: ignore[arg-type]
             continue
-        dropped = job.redis.fcall("velocity_evict", 1, name, str(summary.cutoff))
+        dropped = client.fcall("velocity_evict", 1, name, str(summary.cutoff))
         summary.redis_buckets_dropped += int(dropped)  # type: ignore[arg-type]
     return summary
 
@@ -223,8 +226,10 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
 def reconcile_state(spark: SparkSession, settings: Settings, repair: bool) -> ReconcileSummary:
     """Compare the Redis mirror with the Delta buckets; with ``repair``, rewrite Redis from
     Delta and drop what only Redis had, then compare again."""
-    job = StreamJob(spark, settings)
-    drift = job.reconcile_mirror()
+    client = mirror.connect(settings)
+    mirror.load_functions(client)
+    redis_state = RedisState(LiveState(spark, settings), client)
+    drift = redis_state.reconcile()
     summary = ReconcileSummary(
         checked=drift.checked,
         missing=len(drift.missing),
@@ -238,7 +243,7 @@ def reconcile_state(spark: SparkSession, settings: Settings, repair: bool) -> Re
         },
     )
     if repair and not drift.clean:
-        job.repair_mirror(drift)
+        redis_state.repair(drift)
         summary.repaired = True
-        summary.clean_after = job.reconcile_mirror().clean
+        summary.clean_after = redis_state.reconcile().clean
     return summary

@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +42,15 @@ from pyspark.sql.streaming import StreamingQuery
 
 from velocity.alerts import alert_record, rule_key
 from velocity.delta import batch_rows, tables
-from velocity.delta.rule_store import RuleStore
-from velocity.delta.write_behind import Spool
+from velocity.delta.live import LiveState, last_committed_batch
 from velocity.redis import mirror
-from velocity.redis.keys import MIRROR_MARKER, seen_key_prefix, stream_progress_key
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings
-from velocity.spark.evaluate import bucket_aggregates, keyed_events, minute_buckets
+from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import with_line_source
+from velocity.spark.redis_state import RedisState
 from velocity.stream_batch import (
     BucketSlot,
     HotBuckets,
@@ -68,49 +66,6 @@ from velocity.windows import Decision, KeyedEvent
 
 log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
-
-
-@dataclass(frozen=True)
-class LiveTables:
-    """Where the live system's tables are, under ``<data_dir>/tables``."""
-
-    events: Path
-    quarantine: Path
-    duplicates: Path
-    late_events: Path
-    buckets: Path
-    alerts: Path
-    signatures: Path
-    rules: Path
-    backfills: Path
-
-    @classmethod
-    def of(cls, settings: Settings) -> LiveTables:
-        return cls(
-            **{
-                name: settings.table_path(getattr(tables, name.upper()))
-                for name in cls.__dataclass_fields__
-            }
-        )
-
-
-def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
-    """The highest accepted eventTime: the clock that seals buckets and sets the horizon."""
-    row = tables.read_table(spark, live.events).agg(F.max("eventTime")).first()
-    return None if row is None or row[0] is None else int(row[0])
-
-
-def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
-    """Create every live table that is missing (idempotent)."""
-    for name, schema in tables.LIVE_SCHEMAS.items():
-        tables.create_if_missing(spark, getattr(live, name), schema)
-
-
-def last_committed_batch(settings: Settings) -> int | None:
-    """The newest micro-batch the stream's checkpoint records as done (None: none yet)."""
-    commits = checkpoint_dir(settings.data_dir) / "commits"
-    done = [int(p.name) for p in commits.glob("[0-9]*")] if commits.is_dir() else []
-    return max(done, default=None)
 
 
 class SharedStateLock:
@@ -161,12 +116,13 @@ class StreamJob:
     def __init__(self, spark: SparkSession, settings: Settings) -> None:
         self.spark = spark
         self.settings = settings
-        self.live = LiveTables.of(settings)
-        self.rule_store = RuleStore(spark, self.live.rules)
-        ensure_live_tables(spark, self.live)
+        self.state = LiveState(spark, settings)
+        self.live = self.state.live
+        self.rule_store = self.state.rule_store
+        self.spool = self.state.spool
         self.redis = mirror.connect(settings)
         mirror.load_functions(self.redis)
-        self.spool = Spool(settings)
+        self.mirror = RedisState(self.state, self.redis)
         self.hot = HotBuckets(settings.hot_keys_max)
         self._lock = SharedStateLock(self.redis, settings)
         self._rules: list[Rule] = []
@@ -174,147 +130,10 @@ class StreamJob:
         self._epoch: str | None = None
         self._committed: int | None = None  # newest batch this process committed to Redis
         self._flush_each_batch = settings.write_behind_seconds == 0
-        self._flush_mutex = threading.Lock()
         self._last_flush = time.monotonic()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flusher_error: BaseException | None = None
-
-    # --- the state of record (Delta) and its mirror --------------------------------------
-
-    def mirror_is_current(self) -> bool:
-        """True when Redis holds this data dir's state (false after a flush or a new Redis)."""
-        return self.redis.get(MIRROR_MARKER) == str(self.settings.data_dir)
-
-    def rebuild_mirror(self, through: int | None = None) -> int:
-        """Refill Redis from Delta: rules in force, every bucket inside the horizon, the
-        accepted transactionIds inside the de-duplication horizon, and the stream's progress.
-
-        Flushes the spooled batches up to ``through`` first (None: the checkpoint's last
-        committed batch), so Delta holds everything Redis held. Idempotent (absolute
-        values); returns the number of buckets written.
-        """
-        if through is None:
-            through = last_committed_batch(self.settings)
-        with self._flush_mutex:
-            self.spool.flush(self.spark, through)
-        rules = active_rules(self.rule_store.in_force())
-        mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
-        buckets = self._buckets_in_horizon(rules)
-        written = buckets.count()
-        self.mirror_buckets(buckets, rules)
-        self._mirror_accepted()
-        progress = {"batch": -1 if through is None else through}
-        newest = newest_event_time(self.spark, self.live)
-        self.redis.hset(
-            stream_progress_key(str(self.settings.data_dir)),
-            mapping={**progress, "newest": "" if newest is None else newest},
-        )
-        self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
-        self.hot.forget()
-        return written
-
-    def _mirror_accepted(self) -> None:
-        """SET the accepted transactionIds of the de-duplication horizon, each for what is
-        left of it (by when it was ingested)."""
-        horizon_ms = self.settings.dedup_horizon_seconds * 1000
-        now = int(time.time() * 1000)
-        recent = self.read("events").where(F.col("ingest_time") > now - horizon_ms)
-        prefix = seen_key_prefix(str(self.settings.data_dir))
-        settings = self.settings
-
-        def write(rows: Iterator[object]) -> None:
-            client = mirror.connect(settings)
-            pipe = client.pipeline(transaction=False)
-            for count, row in enumerate(rows, 1):
-                left = row["ingest_time"] + horizon_ms - now  # type: ignore[index]
-                pipe.set(prefix + row["transactionId"], str(row["stream_batch"]), px=left)  # type: ignore[index]
-                if count % 1000 == 0:
-                    pipe.execute()
-            pipe.execute()
-            client.close()
-
-        recent.select("transactionId", "ingest_time", "stream_batch").foreachPartition(write)
-
-    def reconcile_mirror(self) -> mirror.Drift:
-        """Compare Redis with the Delta buckets inside the horizon (reads only), after the
-        spooled batches are flushed so that Delta holds what Redis holds."""
-        with state_lock(self.redis, self.settings, "reconcile"):
-            self.flush_spooled()
-            rules = active_rules(self.rule_store.in_force())
-            rows = self._buckets_in_horizon(rules).orderBy("signature_id", "key")
-            return mirror.compare_buckets(
-                self.redis,
-                (r.asDict() for r in rows.toLocalIterator()),
-                self.horizon_cutoff(rules),
-            )
-
-    def repair_mirror(self, drift: mirror.Drift) -> int:
-        """Rewrite Redis from Delta and drop the buckets only Redis had; returns buckets written."""
-        written = self.rebuild_mirror()
-        mirror.remove_buckets(self.redis, drift.extra)
-        return written
-
-    def flush_spooled(self) -> None:
-        """Append every batch the stream committed but has not written to Delta yet (hold
-        the state lock: then no batch is half committed)."""
-        progress = mirror.committed_batch(self.redis, self.settings)
-        committed = [last_committed_batch(self.settings), progress]
-        with self._flush_mutex:
-            self.spool.flush(self.spark, max((b for b in committed if b is not None), default=None))
-
-    def _buckets_in_horizon(self, rules: list[Rule]) -> DataFrame:
-        """g-wide buckets the mirror holds: those starting within the widest window +
-        lateness + one bucket of the newest eventTime (the "widest window" state of the
-        Flink design) — the cutoff every eviction of Delta and Redis uses, at its latest."""
-        buckets = self.read("buckets")
-        cutoff = self.horizon_cutoff(rules)
-        if cutoff is None:
-            return self.window_buckets(buckets.limit(0))
-        return self.window_buckets(buckets, since=cutoff)
-
-    def horizon_cutoff(self, rules: list[Rule]) -> int | None:
-        """The oldest bucket start the state keeps: newest eventTime − horizon (None: no
-        events or no rules)."""
-        newest = newest_event_time(self.spark, self.live)
-        if newest is None or not rules:
-            return None
-        return newest - mirror.horizon_seconds(rules, self.settings) * 1000
-
-    def window_buckets(
-        self, buckets: DataFrame, since: int | None = None, keys: DataFrame | None = None
-    ) -> DataFrame:
-        """``buckets`` as g-wide buckets, only those starting at ``since`` or later and of
-        the (signature, key) pairs in ``keys``; rows are pruned before hours are expanded."""
-        if since is not None:
-            buckets = buckets.where(F.col("bucket_start") + F.col("bucket_width_ms") > since)
-        if keys is not None:
-            buckets = buckets.join(keys, ["signature_id", "key"], "left_semi")
-        minutes = minute_buckets(buckets, self.settings.bucket_width_ms)
-        return minutes if since is None else minutes.where(F.col("bucket_start") >= since)
-
-    def mirror_buckets(
-        self, buckets: DataFrame, rules: list[Rule], evict_before: int | None = None
-    ) -> None:
-        ttl = mirror.horizon_seconds(rules, self.settings)
-        buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl, evict_before))
-
-    def evict(self, rules: list[Rule], newest_event_time: int) -> int:
-        """Delete Delta buckets that start before the horizon; returns that cutoff.
-
-        The horizon is the widest active window + allowed lateness + one bucket behind
-        the newest eventTime already decided (``newest_event_time``; for the stream, that
-        of the earlier batches): no window of a non-late event still to come reaches
-        below it, and it shrinks when the widest rule goes. Idempotent.
-        """
-        cutoff = newest_event_time - mirror.horizon_seconds(rules, self.settings) * 1000
-        # A compacted hour goes when its last g-wide bucket starts before the cutoff.
-        last_part = f"bucket_start + bucket_width_ms - {self.settings.bucket_width_ms}"
-        self.spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE {last_part} < {cutoff}")
-        return cutoff
-
-    def read(self, name: str) -> DataFrame:
-        return tables.read_table(self.spark, getattr(self.live, name))
 
     # --- the hot path ------------------------------------------------------------------
 
@@ -452,7 +271,8 @@ class StreamJob:
             log.warning(
                 "Redis lost the state of %s: rebuilding it from Delta", self.settings.data_dir
             )
-            self.rebuild_mirror(batch_id - 1)
+            self.mirror.rebuild(batch_id - 1)
+            self.hot.forget()
             self._epoch = None
         if read.epoch != self._epoch or read.mirror_of != str(self.settings.data_dir):
             self.hot.forget()
@@ -467,13 +287,12 @@ class StreamJob:
     ) -> dict[BucketSlot, list[KeyedEvent]]:
         """The earlier batches' raw events of ``needed`` own buckets, from Delta (rare: an
         event arrived after a later event of its own bucket)."""
-        with self._flush_mutex:
-            self.spool.flush(self.spark, batch_id - 1)
+        self.state.flush_spool(batch_id - 1)
         width = self.settings.bucket_width_ms
         lower = min(start for _, _, start in needed)
         upper = max(start for _, _, start in needed) + width - 1
         wanted = {s for s in signatures if s.signature_id in {sig for sig, _, _ in needed}}
-        earlier = self.read("events").where(
+        earlier = self.state.read("events").where(
             (F.col("stream_batch") < batch_id) & F.col("eventTime").between(lower, upper)
         )
         history: dict[BucketSlot, list[KeyedEvent]] = {slot: [] for slot in needed}
@@ -508,7 +327,9 @@ class StreamJob:
         """
         spark = self.spark
         widest = max((r.window_ms for r in rules), default=0)
-        kept = {r["signature_id"]: r["kept_window_ms"] for r in self.read("signatures").collect()}
+        kept = {
+            r["signature_id"]: r["kept_window_ms"] for r in self.state.read("signatures").collect()
+        }
         wanted = {s.signature_id: s for s in signatures}
         for gone in sorted(set(kept) - set(wanted)):
             spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
@@ -518,8 +339,7 @@ class StreamJob:
         build = sorted((set(wanted) - set(kept)) | short)
         if build:
             # The build reads every earlier batch from Delta: flush what is spooled first.
-            with self._flush_mutex:
-                self.spool.flush(spark, batch_id - 1)
+            self.state.flush_spool(batch_id - 1)
         for signature_id in build:
             self._build_signature(wanted[signature_id], rules, widest, batch_id)
         # Eviction will keep only the narrower history from now on: remember it.
@@ -535,7 +355,7 @@ class StreamJob:
         inside the horizon, refill its Redis hashes, then record it. Idempotent: a
         half-done build (a crash between its steps) is started again from nothing."""
         spark, signature_id = self.spark, signature.signature_id
-        history = self.read("events").where(F.col("stream_batch") < batch_id)
+        history = self.state.read("events").where(F.col("stream_batch") < batch_id)
         newest = history.agg(F.max("eventTime")).first()
         if newest is not None and newest[0] is not None:
             horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
@@ -546,8 +366,10 @@ class StreamJob:
             keyed_events(history, [signature]), self.settings.bucket_width_ms
         )
         deltas.write.format("delta").mode("append").save(str(self.live.buckets))
-        built_now = self._buckets_in_horizon(rules).where(F.col("signature_id") == signature_id)
-        self.mirror_buckets(built_now, rules)
+        built_now = self.state.buckets_in_horizon(rules).where(
+            F.col("signature_id") == signature_id
+        )
+        self.mirror.write_buckets(built_now, rules)
         self.hot.forget([signature_id])
         record = spark.createDataFrame(
             [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id, widest)],
@@ -562,10 +384,10 @@ class StreamJob:
         committed) to Delta under the state lock, and evict the Delta buckets below the
         horizon every ``eviction_every_batches``."""
         through = self._committed if through is None else through
-        with self._lock.held("stream write-behind"), self._flush_mutex:
+        with self._lock.held("stream write-behind"):
             group = [b for b in self.spool.batches() if through is not None and b <= through]
             metas = [self.spool.meta(b) for b in group[-1:]]
-            self.spool.flush(self.spark, through)
+            self.state.flush_spool(through)
             self._last_flush = time.monotonic()
             if not group or not self._rules:
                 return
@@ -573,7 +395,7 @@ class StreamJob:
             every = self.settings.eviction_every_batches
             newest_before = metas[0].get("newest_before")
             if newest_before is not None and any(b % every == 0 for b in group):
-                self.evict(self._rules, int(newest_before))  # type: ignore[call-overload]
+                self.state.evict(self._rules, int(newest_before))  # type: ignore[call-overload]
 
     def _write_behind(self) -> None:
         """The background flusher: every half ``write_behind_seconds``, flush what is
@@ -609,8 +431,9 @@ class StreamJob:
         # (measured: deciding 52 → 29 µs an event). Nothing here forms cycles to wait for.
         gc.set_threshold(200_000, 50, 1000)
         with self._lock.held("stream start"):
-            if not self.mirror_is_current():
-                self.rebuild_mirror()
+            if not self.mirror.is_current():
+                self.mirror.rebuild()
+                self.hot.forget()
             # Rules and their signatures' history in place before the first batch arrives.
             committed = last_committed_batch(self.settings)
             self._rules_in_force(0 if committed is None else committed + 1)

@@ -1,0 +1,121 @@
+"""Redis as the copy of the Delta state: refilled from it, checked and repaired against it.
+
+Redis holds the stream's hot buckets, the accepted transactionIds and the stream's
+progress; Delta plus the stream's spool holds every committed batch. This is the one
+place that moves state from Delta to Redis (the stream's own batches go through
+``velocity.redis.mirror.commit_stream_batch``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from velocity.delta.live import LiveState, last_committed_batch
+from velocity.redis import mirror
+from velocity.redis.keys import MIRROR_MARKER, seen_key_prefix, stream_progress_key
+from velocity.redis.lock import state_lock
+from velocity.rules import Rule, active_rules
+
+
+class RedisState:
+    """Redis as the copy of ``state`` (one data dir's live tables)."""
+
+    def __init__(self, state: LiveState, client: redis.Redis) -> None:
+        self.state = state
+        self.settings = state.settings
+        self.redis = client
+
+    def is_current(self) -> bool:
+        """True when Redis holds this data dir's state (false after a flush or a new Redis)."""
+        return self.redis.get(MIRROR_MARKER) == str(self.settings.data_dir)
+
+    def flush_spooled(self) -> None:
+        """Append every batch the stream committed but has not written to Delta yet (hold
+        the state lock: then no batch is half committed)."""
+        committed = [
+            last_committed_batch(self.settings),
+            mirror.committed_batch(self.redis, self.settings),
+        ]
+        self.state.flush_spool(max((b for b in committed if b is not None), default=None))
+
+    def rebuild(self, through: int | None = None) -> int:
+        """Refill Redis from Delta: rules in force, every bucket inside the horizon, the
+        accepted transactionIds inside the de-duplication horizon, and the stream's progress.
+
+        Flushes the spooled batches up to ``through`` first (None: the checkpoint's last
+        committed batch), so Delta holds everything Redis held. Idempotent (absolute
+        values); returns the number of buckets written.
+        """
+        if through is None:
+            through = last_committed_batch(self.settings)
+        self.state.flush_spool(through)
+        rules = active_rules(self.state.rule_store.in_force())
+        mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
+        buckets = self.state.buckets_in_horizon(rules)
+        written = buckets.count()
+        self.write_buckets(buckets, rules)
+        self._write_accepted()
+        newest = self.state.newest_event_time()
+        self.redis.hset(
+            stream_progress_key(str(self.settings.data_dir)),
+            mapping={
+                "batch": -1 if through is None else through,
+                "newest": "" if newest is None else newest,
+            },
+        )
+        self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
+        return written
+
+    def _write_accepted(self) -> None:
+        """SET the accepted transactionIds of the de-duplication horizon, each for what is
+        left of it (by when it was ingested)."""
+        horizon_ms = self.settings.dedup_horizon_seconds * 1000
+        now = int(time.time() * 1000)
+        recent = self.state.read("events").where(F.col("ingest_time") > now - horizon_ms)
+        prefix = seen_key_prefix(str(self.settings.data_dir))
+        settings = self.settings
+
+        def write(rows: Iterator[Any]) -> None:
+            client = mirror.connect(settings)
+            pipe = client.pipeline(transaction=False)
+            for count, row in enumerate(rows, 1):
+                left = row["ingest_time"] + horizon_ms - now
+                pipe.set(prefix + row["transactionId"], str(row["stream_batch"]), px=left)
+                if count % 1000 == 0:
+                    pipe.execute()
+            pipe.execute()
+            client.close()
+
+        recent.select("transactionId", "ingest_time", "stream_batch").foreachPartition(write)
+
+    def write_buckets(
+        self, buckets: DataFrame, rules: list[Rule], evict_before: int | None = None
+    ) -> None:
+        """Write g-wide bucket rows' absolute values (each Spark task writes its own)."""
+        ttl = mirror.horizon_seconds(rules, self.settings)
+        buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl, evict_before))
+
+    def reconcile(self) -> mirror.Drift:
+        """Compare Redis with the Delta buckets inside the horizon (reads only), after the
+        spooled batches are flushed so that Delta holds what Redis holds."""
+        with state_lock(self.redis, self.settings, "reconcile"):
+            self.flush_spooled()
+            rules = active_rules(self.state.rule_store.in_force())
+            rows = self.state.buckets_in_horizon(rules).orderBy("signature_id", "key")
+            return mirror.compare_buckets(
+                self.redis,
+                (r.asDict() for r in rows.toLocalIterator()),
+                self.state.horizon_cutoff(rules),
+            )
+
+    def repair(self, drift: mirror.Drift) -> int:
+        """Rewrite Redis from Delta and drop the buckets only Redis had; returns buckets written."""
+        written = self.rebuild()
+        mirror.remove_buckets(self.redis, drift.extra)
+        return written

@@ -340,6 +340,8 @@ class HotBuckets:
         return {s: self._states[s] for s in slots if s in self._states}
 
     def put(self, slot: SignatureKey, state: KeyState) -> None:
+        """Hold ``state`` (read from Redis); never drops a key: a batch's keys stay until
+        it commits (``apply`` keeps the size)."""
         self._states.pop(slot, None)  # re-inserted last: the most recently used
         self._states[slot] = state
 

@@ -66,6 +66,8 @@ from velocity.windows import Decision, KeyedEvent
 
 log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
+# How often a batch drops the in-memory keys that have nothing left inside the horizon.
+SWEEP_SECONDS = 60.0
 
 
 class SharedStateLock:
@@ -131,6 +133,7 @@ class StreamJob:
         self._committed: int | None = None  # newest batch this process committed to Redis
         self._flush_each_batch = settings.write_behind_seconds == 0
         self._last_flush = time.monotonic()
+        self._swept = time.monotonic()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flusher_error: BaseException | None = None
@@ -243,6 +246,10 @@ class StreamJob:
             mirror.horizon_seconds(rules, settings),
         )
         self.hot.apply(decided.buckets, cutoff)
+        if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
+            # Keys idle past the horizon: their Redis hashes expire, their memory goes too.
+            self.hot.sweep(cutoff)
+            self._swept = time.monotonic()
         self._committed = batch_id
         timer.mark("redis-commit")
         return len(records)

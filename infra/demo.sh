@@ -19,10 +19,15 @@ echo "streaming for ${seconds}s: ${rate} events/s over ${keys} payers, alerts be
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
 trap cleanup EXIT
-# The stream starts first (Spark takes a few seconds); the generator lands a file a second.
+# The stream starts first; the generator lands a file a second once the stream runs (Spark,
+# the tables and the rules' history take half a minute on two cores the first time).
 $velocity stream --events "$live" --duration "$((seconds + 30))" > data/demo/stream.log 2>&1 &
 pids+=($!)
-sleep 15
+for _ in $(seq 1 240); do
+  $velocity stream-status 2>/dev/null | grep -q '"verdict": "running"' && break
+  kill -0 "${pids[0]}" 2>/dev/null || { echo "the stream ended; see data/demo/stream.log" >&2; exit 1; }
+  sleep 1
+done
 $velocity generate --out "$live" --follow --rate "$rate" --keys "$keys" --duration "$seconds" \
   --spike-fraction 0.02 --late-fraction 0.005 --duplicate-fraction 0.005 \
   --malformed-fraction 0.005 --events 100000000 > data/demo/generate.log &

@@ -132,7 +132,9 @@ class Spool:
             table = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
             rows[name] = table.num_rows
             if table.num_rows:
-                frame = spark.createDataFrame(table, schema=schema)
+                # One chunk: PySpark 4.1.1's createDataFrame(pyarrow.Table) drops the rows
+                # after an empty chunk (an empty batch's part), silently.
+                frame = spark.createDataFrame(table.combine_chunks(), schema=schema)
                 path = self.settings.table_path(getattr(tables, name.upper()))
                 tables.append_once(frame, path, f"{APP_ID}:{name}", max(group))
         for b in group:

@@ -134,6 +134,7 @@ class StreamJob:
         self._flush_each_batch = settings.write_behind_seconds == 0
         self._last_flush = time.monotonic()
         self._swept = time.monotonic()
+        self._flushing = threading.Lock()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flusher_error: BaseException | None = None
@@ -391,7 +392,9 @@ class StreamJob:
         committed) to Delta under the state lock, and evict the Delta buckets below the
         horizon every ``eviction_every_batches``."""
         through = self._committed if through is None else through
-        with self._lock.held("stream write-behind"):
+        # One flush (and its eviction) at a time: the write-behind thread, close() and a
+        # caller's flush() would otherwise run two DELETEs on the buckets table at once.
+        with self._lock.held("stream write-behind"), self._flushing:
             group = [b for b in self.spool.batches() if through is not None and b <= through]
             metas = [self.spool.meta(b) for b in group[-1:]]
             self.state.flush_spool(through)

@@ -319,6 +319,14 @@ def _decide_key(
                     yield Decision(rule, target, value, lower)
 
 
+def below_horizon(states: Mapping[SignatureKey, KeyState], cutoff: int | None) -> list[BucketSlot]:
+    """The (signature, key, start) of every bucket in ``states`` that starts before
+    ``cutoff`` (None: no horizon yet, nothing)."""
+    if cutoff is None:
+        return []
+    return [(sig, key, s) for (sig, key), st in states.items() for s in st.buckets if s < cutoff]
+
+
 class HotBuckets:
     """The stream's in-memory copy of the (signature, key) states it has read or written.
 
@@ -345,23 +353,15 @@ class HotBuckets:
         self._states.pop(slot, None)  # re-inserted last: the most recently used
         self._states[slot] = state
 
-    def apply(
-        self, changed: Mapping[SignatureKey, KeyState], cutoff: int | None
-    ) -> list[BucketSlot]:
-        """Take a committed batch's new states, dropping their buckets below ``cutoff``;
-        returns the dropped (signature, key, start) slots."""
-        dropped: list[BucketSlot] = []
+    def apply(self, changed: Mapping[SignatureKey, KeyState], cutoff: int | None) -> None:
+        """Take a committed batch's new states, without their buckets below ``cutoff``."""
         for slot, state in changed.items():
-            if cutoff is not None:
-                old = [s for s in state.buckets if s < cutoff]
-                dropped.extend((slot[0], slot[1], s) for s in old)
-                if old:
-                    state = state.without_before(cutoff)
+            if cutoff is not None and any(s < cutoff for s in state.buckets):
+                state = state.without_before(cutoff)
             self.put(slot, state)
         if len(self._states) > self.max_keys:
             for slot in list(self._states)[: len(self._states) - self.max_keys // 2]:
                 del self._states[slot]
-        return dropped
 
     def forget(self, signature_ids: Iterable[str] | None = None) -> None:
         """Drop every key (None) or the keys of the given signatures."""

@@ -56,6 +56,7 @@ from velocity.stream_batch import (
     HotBuckets,
     SignatureKey,
     admit,
+    below_horizon,
     decide,
     history_needed,
     key_groups,
@@ -132,12 +133,10 @@ class StreamJob:
         self._epoch: str | None = None
         self._committed: int | None = None  # newest batch this process committed to Redis
         self._flush_each_batch = settings.write_behind_seconds == 0
-        self._last_flush = time.monotonic()
         self._swept = time.monotonic()
         self._flushing = threading.Lock()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._flusher_error: BaseException | None = None
 
     # --- the hot path ------------------------------------------------------------------
 
@@ -198,12 +197,7 @@ class StreamJob:
         if read.newest_event_time is not None and rules:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             cutoff = read.newest_event_time - horizon_ms
-        dropped: list[BucketSlot] = [
-            (slot[0], slot[1], start)
-            for slot, state in decided.buckets.items()
-            for start in state.buckets
-            if cutoff is not None and start < cutoff
-        ]
+        dropped = below_horizon(decided.buckets, cutoff)
         records = self._alert_records(decided.decisions, decision_time)
         late = [e for e in admitted.accepted if e.transaction_id in admitted.late]
         ingest_time = int(time.time() * 1000)
@@ -398,7 +392,6 @@ class StreamJob:
             group = [b for b in self.spool.batches() if through is not None and b <= through]
             metas = [self.spool.meta(b) for b in group[-1:]]
             self.state.flush_spool(through)
-            self._last_flush = time.monotonic()
             if not group or not self._rules:
                 return
             # Every N-th batch, as the batches' own eviction did before the write-behind.
@@ -414,9 +407,8 @@ class StreamJob:
         while not self._flusher_stop.wait(period):
             try:
                 self.flush(self._committed)
-            except BaseException as exc:  # surfaced by close(); the stream keeps deciding
+            except Exception:  # logged; the stream keeps deciding, the next round retries
                 log.exception("write-behind flush failed; will retry")
-                self._flusher_error = exc
 
     def close(self) -> None:
         """Stop the background flusher and flush every committed batch. Idempotent."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 
 EXACT = Context(prec=80, traps=[Inexact, InvalidOperation, Overflow])
 
@@ -35,6 +36,12 @@ def decimal_places(value: Decimal) -> int:
     return -exponent if isinstance(exponent, int) and exponent < 0 else 0
 
 
+def json_string(text: str) -> str:
+    """``text`` as a JSON string, exactly as ``json.dumps(text, ensure_ascii=False)``
+    writes it (the same C encoder, without the call's overhead)."""
+    return encode_basestring(text)  # type: ignore[no-any-return]
+
+
 def dumps_json(value: object) -> str:
     """Compact JSON in which a ``Decimal`` is a JSON number with exactly its digits.
 
@@ -45,7 +52,7 @@ def dumps_json(value: object) -> str:
         return format_decimal(value)
     if isinstance(value, Mapping):
         items = (
-            f"{json.dumps(str(k), ensure_ascii=False)}:{dumps_json(v)}" for k, v in value.items()
+            f"{json_string(str(k))}:{dumps_json(v)}" for k, v in value.items()
         )
         return "{" + ",".join(items) + "}"
     if isinstance(value, (list, tuple)):

@@ -24,7 +24,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from velocity.decimals import decimal_places
+from velocity.decimals import decimal_places, json_string
 from velocity.errors import FieldProblem, InvalidRuleError
 from velocity.schema import (
     NUMERIC_FIELDS,
@@ -134,8 +134,10 @@ class RuleSignature:
 
 
 def key_text(key: Sequence[str]) -> str:
-    """The one string form of a key, used in tables and Redis: a compact JSON array."""
-    return json.dumps(list(key), separators=(",", ":"), ensure_ascii=False)
+    """The one string form of a key, used in tables and Redis: a compact JSON array
+    (``json.dumps(list(key), separators=(",", ":"), ensure_ascii=False)``, made with its
+    string encoder directly: the stream makes one per key of every batch)."""
+    return "[" + ",".join(map(json_string, key)) + "]"
 
 
 @dataclass(frozen=True)

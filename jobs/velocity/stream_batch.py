@@ -256,12 +256,17 @@ def _decide_only_event(
 ) -> Iterable[Decision]:
     """Decisions of a key's only event in the batch: its own bucket in ``after`` holds
     exactly the events up to its time."""
-    own = event.event_time - event.event_time % width_ms
+    time = event.event_time
+    own = time - time % width_ms
+    buckets = after.buckets
+    own_aggregate = buckets[own]
+    earlier = [(s, a) for s, a in buckets.items() if s < own] if len(buckets) > 1 else []
     for window_ms, group in windows.items():
-        lower = window_start(event.event_time, window_ms, width_ms)
-        window = after.buckets[own]
-        for start, aggregate in after.buckets.items():
-            if lower <= start < own:
+        lower = time - window_ms
+        lower -= lower % width_ms  # window_start, inline: once per event and window
+        window = own_aggregate
+        for start, aggregate in earlier:
+            if start >= lower:
                 window = window.merge(aggregate)
         for rule in group:
             value = fired_value(window, rule)

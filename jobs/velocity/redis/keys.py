@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 
 from velocity.buckets import BucketAggregate
-from velocity.decimals import format_decimal
+from velocity.decimals import format_decimal, json_string
 from velocity.rules import Rule, key_text
 
 PREFIX = "velocity"
@@ -66,11 +66,7 @@ def bucket_value(aggregate: BucketAggregate, last_time: int | None = None) -> st
     total = _json_decimal(aggregate.total)
     minimum = total if aggregate.minimum is aggregate.total else _json_decimal(aggregate.minimum)
     maximum = total if aggregate.maximum is aggregate.total else _json_decimal(aggregate.maximum)
-    distinct = (
-        json.dumps(sorted(aggregate.distinct), separators=(",", ":"), ensure_ascii=False)
-        if aggregate.distinct
-        else "[]"
-    )
+    distinct = "[" + ",".join(map(json_string, sorted(aggregate.distinct))) + "]"
     last = "" if last_time is None else f",{last_time}"
     return (
         f"[{aggregate.count},{aggregate.value_count},{total},{minimum},{maximum},{distinct}{last}]"

@@ -151,6 +151,7 @@ class StreamJob:
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
+        gc.freeze()  # see ``start``: what a batch kept is not rescanned by later batches
         log.info(
             json.dumps(
                 {
@@ -428,10 +429,11 @@ class StreamJob:
         With the available-now trigger every batch is flushed to Delta before the next;
         otherwise a background thread writes Delta behind (``close`` flushes the rest).
         """
-        # The driver now holds millions of long-lived objects (the hot buckets): at the
-        # default thresholds the cyclic collector rescans them many times a batch
-        # (measured: deciding 52 → 29 µs an event). Nothing here forms cycles to wait for.
-        gc.set_threshold(200_000, 50, 1000)
+        # The driver holds millions of long-lived objects (the hot buckets). Each batch
+        # freezes what survived it (``gc.freeze``), so the cyclic collector only ever
+        # scans the young objects of the batch at hand, and rarely (measured at 20,000
+        # events a batch: 138 → 118 µs an event, the same as with the collector off).
+        gc.set_threshold(1_000_000, 1000, 1000)
         with self._lock.held("stream start"):
             if not self.mirror.is_current():
                 self.mirror.rebuild()

@@ -44,6 +44,9 @@ bench-stream: setup ## stream latency (alert in Redis - file landed) and through
 		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 1000000; \
 	fi
 
+bench-stream-steps: setup ## per-event cost of each stream step without Spark (real Redis)
+	@$(VENV)/python -m benchmarks.stream_steps
+
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare
 

@@ -21,10 +21,15 @@ class AlertKind(StrEnum):
     RETRACTION = "RETRACTION"
 
 
-def alert_id(rule_id: int, rule_version: int, transaction_id: str, kind: AlertKind) -> str:
-    """Deterministic in (ruleId, ruleVersion, transactionId, kind): a replay yields the same id."""
+def alert_id(
+    rule_id: int, rule_version: int, transaction_id: str, kind: AlertKind, run_id: str = ""
+) -> str:
+    """Deterministic in (ruleId, ruleVersion, transactionId, kind) and, for a backfill's
+    amendment, its run: a replay yields the same id, and a decision amended again by a
+    later run gets new ids (a consumer that de-duplicates by alertId keeps both)."""
+    run = f"|{run_id}" if run_id else ""
     return str(
-        uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}")
+        uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}{run}")
     )
 
 
@@ -77,12 +82,14 @@ def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
     return record
 
 
-def amended(record: Mapping[str, Any], kind: AlertKind, decision_time: int) -> dict[str, Any]:
+def amended(
+    record: Mapping[str, Any], kind: AlertKind, decision_time: int, run_id: str
+) -> dict[str, Any]:
     """A backfill's CORRECTION or RETRACTION of a decision (SPEC §3).
 
     A CORRECTION carries the complete-data decision (its value and window); a RETRACTION
     repeats the alert it takes back. The id is deterministic in (rule, version,
-    transaction, kind), so a rerun of the same backfill names the same alert.
+    transaction, kind, backfill run), so the run's recovery republishes the same ids.
     """
     if kind is AlertKind.ALERT:
         raise ValueError("a backfill amends with CORRECTION or RETRACTION, not ALERT")
@@ -90,7 +97,7 @@ def amended(record: Mapping[str, Any], kind: AlertKind, decision_time: int) -> d
     out["key"] = dict(record["key"])
     out["kind"] = kind.value
     out["alertId"] = alert_id(
-        record["ruleId"], record["ruleVersion"], record["transactionId"], kind
+        record["ruleId"], record["ruleVersion"], record["transactionId"], kind, run_id
     )
     out["decisionTime"] = decision_time
     return out

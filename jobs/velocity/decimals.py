@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 
 EXACT = Context(prec=80, traps=[Inexact, InvalidOperation, Overflow])
 
@@ -39,7 +39,7 @@ def decimal_places(value: Decimal) -> int:
 def json_string(text: str) -> str:
     """``text`` as a JSON string, exactly as ``json.dumps(text, ensure_ascii=False)``
     writes it (the same C encoder, without the call's overhead)."""
-    return encode_basestring(text)  # type: ignore[no-any-return]
+    return encode_basestring(text)
 
 
 def dumps_json(value: object) -> str:
@@ -51,9 +51,7 @@ def dumps_json(value: object) -> str:
     if isinstance(value, Decimal):
         return format_decimal(value)
     if isinstance(value, Mapping):
-        items = (
-            f"{json_string(str(k))}:{dumps_json(v)}" for k, v in value.items()
-        )
+        items = (f"{json_string(str(k))}:{dumps_json(v)}" for k, v in value.items())
         return "{" + ",".join(items) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(dumps_json(v) for v in value) + "]"

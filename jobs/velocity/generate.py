@@ -14,7 +14,8 @@ What callers rely on:
 - Categories are disjoint and sum to the lines written: ``valid`` (first occurrence of a
   transactionId, schema-valid; it includes ``spikes`` and ``late``), ``duplicates`` (schema-valid,
   repeating the transactionId of an earlier valid line) and ``malformed`` (rejected by
-  ``velocity.schema.parse_event_line`` with the reason counted in ``malformed_by_reason``).
+  ``velocity.schema.parse_event_line``, or a year or more ahead of the events before it so
+  ``velocity.arrival`` quarantines it, with the reason counted in ``malformed_by_reason``).
 - Spike events are the only events with an amount of at least ``SPIKE_MIN_AMOUNT``: bursts of
   3 to 8 payments from one payer to one beneficiary within two minutes.
 - Files land atomically: each is written under a hidden temporary name in the same folder, then
@@ -282,6 +283,7 @@ _MALFORMED: tuple[tuple[str, RejectReason], ...] = (
     ("amount_out_of_range", RejectReason.AMOUNT_OUT_OF_RANGE),
     ("amount_too_many_decimals", RejectReason.AMOUNT_PRECISION),
     ("unknown_payment_type", RejectReason.UNKNOWN_ENUM),
+    ("far_future_event_time", RejectReason.FUTURE_EVENT_TIME),
 )
 _REQUIRED = (
     "transactionId",
@@ -546,6 +548,9 @@ class _LineSource:
                 (f'"{base}"', f"{base}.5", f"{base / 1000:.3f}e3", "true", '"2026-01-01T00:00:00Z"')
             )
             return _join(_set(fields, "eventTime", value))
+        if name == "far_future_event_time":  # a year or more ahead: past any max_future
+            ahead = _YEAR_MS * (1 + int(rng.random() * 30))
+            return _join(_set(fields, "eventTime", str(self._floor(base) + ahead)))
         if name == "negative_event_time":
             return _join(_set(fields, "eventTime", f"-{1 + int(rng.random() * base)}"))
         target, value = {
@@ -569,6 +574,9 @@ class _LineSource:
             "unknown_payment_type": lambda: ("paymentType", pick(('"WIRE"', '"BTC"', '"CHQ"'))),
         }[name]()
         return _join(_set(fields, target, value))
+
+
+_YEAR_MS = 366 * 24 * 3600 * 1000
 
 
 def _set(fields: _Fields, name: str, value: str) -> _Fields:

@@ -87,6 +87,7 @@ class RejectReason(StrEnum):
     AMOUNT_PRECISION = "amount_precision"
     UNKNOWN_ENUM = "unknown_enum"
     TIME_OUT_OF_RANGE = "time_out_of_range"
+    FUTURE_EVENT_TIME = "future_event_time"  # set in arrival order (velocity.arrival)
 
 
 @dataclass(frozen=True)

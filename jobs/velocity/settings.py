@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     allowed_lateness_seconds: int = Field(
         default=300, ge=0, description="Watermark = highest eventTime seen minus this."
     )
+    max_future_seconds: int = Field(
+        default=24 * 3600,
+        ge=1,
+        description="An event more than this far ahead of the newest accepted eventTime (and, "
+        "in the stream, of the clock) is quarantined as future_event_time.",
+    )
     eviction_every_batches: int = Field(
         default=10,
         ge=1,
@@ -117,6 +123,10 @@ class Settings(BaseSettings):
     @property
     def allowed_lateness_ms(self) -> int:
         return self.allowed_lateness_seconds * 1000
+
+    @property
+    def max_future_ms(self) -> int:
+        return self.max_future_seconds * 1000
 
     @cached_property
     def redis_address(self) -> tuple[str, int, str | None]:

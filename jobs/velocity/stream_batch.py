@@ -3,8 +3,9 @@
 The stream keeps every (signature, key)'s g-wide buckets hot (``KeyState``) and decides a
 micro-batch in three steps, all here and free of Spark and Redis:
 
-1. ``admit``: the first arrival of each transactionId wins, against the batch itself and
-   the transactionIds accepted by earlier batches; the rest are duplicates. An accepted
+1. ``admit``: an event far ahead of the newest accepted eventTime or the clock is
+   quarantined; the first arrival of each transactionId wins, against the batch itself
+   and the transactionIds accepted by earlier batches; the rest are duplicates. An accepted
    event older than the watermark (newest eventTime of the earlier batches minus the
    allowed lateness) is late: it goes into the buckets but is not decided (SPEC §3).
 2. ``key_groups``: the accepted events fanned out per active signature to their key.
@@ -30,9 +31,10 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from velocity.arrival import Arrivals, Verdict
 from velocity.buckets import EMPTY, BucketAggregate, bucket_start, merge_all, window_start
 from velocity.rules import Rule, RuleSignature, key_text, rules_by_signature
-from velocity.schema import FIELDS_BY_NAME, Event
+from velocity.schema import FIELDS_BY_NAME, Event, Rejection
 from velocity.windows import Decision, KeyedEvent, fired_value
 
 SignatureKey = tuple[str, str]  # (signature_id, key text)
@@ -59,13 +61,15 @@ class KeyState:
 
 @dataclass(frozen=True)
 class Admitted:
-    """A batch's accepted events split from its duplicates, with the late ones marked."""
+    """A batch's accepted events split from its duplicates and far-future events, with
+    the late ones marked."""
 
     accepted: list[Event]  # arrival order
     duplicates: list[int]  # indices into the batch's events
     late: set[str]  # transactionIds of accepted events older than the watermark
     watermark: int | None
-    newest_event_time: int | None  # over the earlier batches and this one
+    newest_event_time: int | None  # accepted, over the earlier batches and this one
+    future: dict[int, Rejection] = field(default_factory=dict)  # quarantined, by index
 
 
 def admit(
@@ -73,27 +77,30 @@ def admit(
     seen_before: Iterable[str],
     newest_before: int | None,
     allowed_lateness_ms: int,
+    max_future_ms: int,
+    clock_ms: int | None = None,
 ) -> Admitted:
-    """First arrival of each transactionId wins; late = older than the watermark."""
-    seen = set(seen_before)
+    """Admission in arrival order (``velocity.arrival``); late = older than the watermark
+    of the earlier batches."""
+    arrivals = Arrivals(seen_before, newest_before, max_future_ms, clock_ms)
     accepted: list[Event] = []
     duplicates: list[int] = []
+    future: dict[int, Rejection] = {}
     for index, event in enumerate(events):
-        if event.transaction_id in seen:
+        verdict = arrivals.admit(event.transaction_id, event.event_time)
+        if verdict is Verdict.ACCEPTED:
+            accepted.append(event)
+        elif verdict is Verdict.DUPLICATE:
             duplicates.append(index)
-            continue
-        seen.add(event.transaction_id)
-        accepted.append(event)
+        else:
+            future[index] = arrivals.future_rejection(event.event_time)
     watermark = None if newest_before is None else newest_before - allowed_lateness_ms
     late = (
         set()
         if watermark is None
         else {e.transaction_id for e in accepted if e.event_time < watermark}
     )
-    newest = max((e.event_time for e in accepted), default=None)
-    if newest_before is not None:
-        newest = newest_before if newest is None else max(newest, newest_before)
-    return Admitted(accepted, duplicates, late, watermark, newest)
+    return Admitted(accepted, duplicates, late, watermark, arrivals.newest, future)
 
 
 def key_groups(

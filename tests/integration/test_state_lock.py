@@ -100,3 +100,20 @@ def test_a_holder_releases_even_when_redis_lost_its_functions(settings: Settings
         client.function_flush()
         raise RuntimeError("the step failed")
     assert client.get(state_lock_key(str(settings.data_dir))) is None
+
+
+def test_only_the_exact_token_releases_or_renews(settings: Settings) -> None:
+    """The lock's value is its holder's JSON: a token that merely appears in it (a prefix of
+    the real token, or the holder's name) is not the holder's."""
+    client = mirror.connect(settings)
+    name = state_lock_key(str(settings.data_dir))
+    value = '{"token": "abcdef", "holder": "stream batch 12"}'
+    client.set(name, value)
+    for token in ("abc", "def", "stream", "12", '"abcdef"'):
+        assert client.fcall("velocity_renew", 1, name, token, "1000") == 0
+        assert client.fcall("velocity_unlock", 1, name, token) == 0
+    assert client.get(name) == value and client.pttl(name) == -1
+    assert client.fcall("velocity_renew", 1, name, "abcdef", "1000") == 1
+    assert client.fcall("velocity_unlock", 1, name, "abcdef") == 1
+    client.set(name, "not json")
+    assert client.fcall("velocity_unlock", 1, name, "not json") == 0

@@ -57,7 +57,8 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     live = LiveTables.of(settings)
     width_ms = settings.bucket_width_ms
 
-    ingested = split_parsed(parse_events(read_event_lines(spark, str(root / "events"))))
+    lines = read_event_lines(spark, str(root / "events"))
+    ingested = split_parsed(parse_events(lines), settings.max_future_ms)
     tables.overwrite_table(ingested.quarantine, live.quarantine)
     tables.overwrite_table(ingested.duplicates, live.duplicates)
     second_batch = options.start_ms + 75_000

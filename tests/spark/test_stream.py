@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.builders import generated_in_arrival_order
+from velocity.arrival import Arrivals, Verdict
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
+from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
 from velocity.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.schema import Event, parse_event_line
@@ -232,3 +234,76 @@ def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(
     assert {p: v for p, v in streamed.items() if p[0] == 3} == {
         p: v for p, v in expected.items() if p[1] in batch5
     }
+
+
+def with_future_outliers(source: Path, folder: Path) -> list[str]:
+    """``source``'s files with one event 30 years ahead in the second file and a burst of
+    20 events two days past the newest in the fourth; returns the outliers' ids."""
+    folder.mkdir()
+    files = sorted(source.glob("*.jsonl"))
+    arrivals = Arrivals((), None, 86_400_000)  # the generator's far-future lines left out
+    valid = [
+        event
+        for path in files
+        for event in map(parse_event_line, path.read_text().splitlines())
+        if isinstance(event, Event)
+        and arrivals.admit(event.transaction_id, event.event_time) is not Verdict.FUTURE
+    ]
+    template = {k: v for k, v in valid[0].values.items() if v is not None}
+    newest = max(e.event_time for e in valid)
+    outliers = {
+        1: [{**template, "transactionId": "far-1", "eventTime": newest + 30 * 365 * 86_400_000}],
+        3: [
+            {**template, "transactionId": f"burst-{i}", "eventTime": newest + 2 * 86_400_000 + i}
+            for i in range(20)
+        ],
+    }
+    for order, path in enumerate(files):
+        lines = path.read_text().splitlines()
+        extra = [json.dumps(o) for o in outliers.get(order, [])]
+        target = folder / path.name
+        target.write_text("\n".join(lines[:5] + extra + lines[5:]) + "\n")
+        os.utime(target, (1_700_000_000 + order, 1_700_000_000 + order))
+    return [o["transactionId"] for batch in outliers.values() for o in batch]
+
+
+def test_far_future_events_are_quarantined_and_change_no_alert(
+    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
+) -> None:
+    """One event decades ahead, then a burst days ahead (SPEC §1 max_future): quarantined
+    by the stream and the backtest alike, and every alert is the clean data's."""
+    events = tmp_path / "with-outliers"
+    outlier_ids = with_future_outliers(in_order_events, events)
+    sample = parse_rules(sample_rules_path().read_text())
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply(sample)
+    assert run_available_now(job, events) == 5
+
+    live = LiveTables.of(data_settings)
+    streamed = alert_pairs(spark, live.alerts)
+    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
+    clean = backtest_pairs(spark, data_settings, rules, in_order_events, tmp_path / "clean.jsonl")
+    assert streamed and streamed == clean
+    assert backtest_pairs(spark, data_settings, rules, events, tmp_path / "bt.jsonl") == clean
+
+    def future_ids(quarantine: Path) -> list[str]:
+        rows = tables.read_table(spark, quarantine).where("reason_code = 'future_event_time'")
+        return sorted(json.loads(r["raw"])["transactionId"] for r in rows.collect())
+
+    streamed_future = future_ids(live.quarantine)
+    assert set(outlier_ids) <= set(streamed_future)  # and the generator's own
+    assert future_ids(data_settings.data_dir / "bt" / "backtest" / "quarantine") == streamed_future
+
+
+def test_a_deleted_checkpoint_is_refused_with_the_fix(
+    spark, data_settings: Settings, in_order_events: Path
+) -> None:
+    """Without its checkpoint the stream would number batches from 0 again and skip them as
+    committed: it refuses to start and says what to do."""
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+    assert run_available_now(job, in_order_events) == 5
+    job.close()
+    shutil.rmtree(data_settings.data_dir / "checkpoints" / "stream")
+    with pytest.raises(UsageError, match="restore the checkpoint folder"):
+        StreamJob(spark, data_settings).start(in_order_events, available_now=True)

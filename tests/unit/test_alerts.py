@@ -16,9 +16,20 @@ from velocity.alerts import AlertKind, alert_id, alert_record, amended, rule_key
 from velocity.windows import Decision
 
 SPEC_FIELDS = {
-    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
-    "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
-    "windowEnd", "decisionTime",
+    "alertId",
+    "kind",
+    "ruleId",
+    "ruleVersion",
+    "transactionId",
+    "key",
+    "eventTime",
+    "aggregatorFunctionType",
+    "aggregateValue",
+    "limitOperatorType",
+    "limit",
+    "windowStart",
+    "windowEnd",
+    "decisionTime",
 }
 
 
@@ -58,7 +69,7 @@ def test_alert_id_differs_when_any_part_differs(
     ],
 )
 def test_alert_id_is_distinct_across_rule_version_transaction_and_kind(
-    other: tuple[int, int, str, AlertKind]
+    other: tuple[int, int, str, AlertKind],
 ) -> None:
     assert alert_id(*other) != alert_id(1, 3, "tx-9", AlertKind.ALERT)
 
@@ -102,8 +113,11 @@ def test_record_defaults_to_alert_and_is_plain_json() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(Decimal("250000.50"), "250000.5"), (Fraction(1, 3), "0.33333333"),
-     (Decimal("1E+6"), "1000000")],
+    [
+        (Decimal("250000.50"), "250000.5"),
+        (Fraction(1, 3), "0.33333333"),
+        (Decimal("1E+6"), "1000000"),
+    ],
 )
 def test_aggregate_value_and_limit_are_decimal_strings(
     value: Decimal | Fraction, text: str
@@ -147,10 +161,12 @@ def test_rule_key_rejects_a_key_of_the_wrong_length() -> None:
 @pytest.mark.parametrize("kind", [AlertKind.CORRECTION, AlertKind.RETRACTION])
 def test_amended_record_keeps_the_decision_and_names_itself(kind: AlertKind) -> None:
     fired = alert_record(_decision(), {"payerId": "25"}, decision_time=BASE_TIME + 1)
-    record = amended({**fired, "signature_id": "abc"}, kind, decision_time=BASE_TIME + 99)
+    record = amended({**fired, "signature_id": "abc"}, kind, BASE_TIME + 99, "run-1")
     assert set(record) == SPEC_FIELDS
     assert record["kind"] == kind.value
-    assert record["alertId"] == alert_id(1, 3, "tx-9", kind) != fired["alertId"]
+    assert record["alertId"] == alert_id(1, 3, "tx-9", kind, "run-1") != fired["alertId"]
+    again = amended({**fired, "signature_id": "abc"}, kind, BASE_TIME + 99, "run-2")
+    assert again["alertId"] != record["alertId"], "a later run's amendment is a new alert"
     assert record["decisionTime"] == BASE_TIME + 99
     unchanged = SPEC_FIELDS - {"kind", "alertId", "decisionTime"}
     assert {f: record[f] for f in unchanged} == {f: fired[f] for f in unchanged}
@@ -161,4 +177,4 @@ def test_amended_record_keeps_the_decision_and_names_itself(kind: AlertKind) -> 
 def test_an_amendment_is_never_an_alert() -> None:
     fired = alert_record(_decision(), {"payerId": "25"}, decision_time=0)
     with pytest.raises(ValueError, match="CORRECTION or RETRACTION"):
-        amended(fired, AlertKind.ALERT, 0)
+        amended(fired, AlertKind.ALERT, 0, "run")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from velocity.arrival import Arrivals, Verdict
 from velocity.errors import UsageError
 from velocity.generate import (
     SPIKE_MIN_AMOUNT,
@@ -18,6 +19,7 @@ from velocity.generate import (
     stream_events,
 )
 from velocity.schema import Event, Rejection, RejectReason, parse_event_line
+from velocity.settings import Settings
 
 TWO_MINUTES_MS = 120_000
 
@@ -29,12 +31,19 @@ class Line:
 
 
 def read_lines(summary: GenerateSummary) -> list[Line]:
-    """Every line in arrival order: files in lexicographic name order, lines in order."""
+    """Every line in arrival order: files in lexicographic name order, lines in order; an
+    event too far ahead (the default ``max_future``) parsed as its quarantine."""
     lines: list[Line] = []
+    arrivals = Arrivals((), None, Settings.model_fields["max_future_seconds"].default * 1000)
     for path in sorted(summary.files, key=lambda p: p.name):
         with open(path, encoding="utf-8", newline="") as handle:
             for text in handle:
-                lines.append(Line(text, parse_event_line(text)))
+                parsed = parse_event_line(text)
+                if isinstance(parsed, Event) and (
+                    arrivals.admit(parsed.transaction_id, parsed.event_time) is Verdict.FUTURE
+                ):
+                    parsed = arrivals.future_rejection(parsed.event_time)
+                lines.append(Line(text, parsed))
     return lines
 
 

@@ -136,10 +136,11 @@ def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[
 
 
 def publish_rules(client: redis.Redis, rules: Sequence[Rule], bucket_ms: int) -> None:
-    """Make ``velocity:rule:<id>`` describe exactly the given rules (others are removed)."""
+    """Make ``velocity:rule:<id>`` describe exactly the given rules (others are removed),
+    in one MULTI/EXEC: a lookup never sees a rule between its DEL and its HSET."""
     wanted = {rule_entry_key(r.rule_id): rule_entry(r, bucket_ms) for r in rules}
     present = set(client.scan_iter(match=f"{PREFIX}:rule:*", count=1000))
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=True)
     for name in present - set(wanted):
         pipe.delete(name)
     for name, entry in wanted.items():

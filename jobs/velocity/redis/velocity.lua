@@ -173,11 +173,18 @@ local function velocity_publish_backfill(keys, args)
   return #args - 1
 end
 
+-- Is the lock value ``held`` (the holder's JSON) the one with this exact token?
+local function held_by(held, token)
+  if not held then return false end
+  local ok, value = pcall(cjson.decode, held)
+  return ok and type(value) == "table" and value["token"] == token
+end
+
 -- FCALL velocity_unlock 1 <lock key> <token>
 -- Releases a lock only for the holder that took it (its token), never someone else's.
 local function velocity_unlock(keys, args)
   local held = redis.call("GET", keys[1])
-  if held and string.find(held, args[1], 1, true) then
+  if held_by(held, args[1]) then
     return redis.call("DEL", keys[1])
   end
   return 0
@@ -187,7 +194,7 @@ end
 -- Extends a lock's lease only for the holder that took it; 0 when it is no longer held.
 local function velocity_renew(keys, args)
   local held = redis.call("GET", keys[1])
-  if held and string.find(held, args[1], 1, true) then
+  if held_by(held, args[1]) then
     return redis.call("PEXPIRE", keys[1], args[2])
   end
   return 0

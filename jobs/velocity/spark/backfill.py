@@ -9,11 +9,14 @@ added to the state but not decided. A backfill over ``[from, to]``:
    (the backtest's engine over the raw events from ``floor_g(from − widest window)``);
 3. under the lock again: rebuilds the buckets of the range from the raw events (late
    events included), compares the decisions with what was emitted so far
-   (ALERT + CORRECTION − RETRACTION per rule version and transaction) and appends a
-   CORRECTION for each decision that should have fired and a RETRACTION for each that
-   should not; publishes them to the Redis alert stream and records the run.
+   (ALERT + CORRECTION − RETRACTION per rule version and transaction, for the events of
+   the pinned view only) and appends a CORRECTION for each decision that should have
+   fired, a RETRACTION for each that should not, and both, RETRACTION first, for each in
+   effect with another value; publishes them to the Redis alert stream and records the
+   run.
 
-Afterwards ALERT + CORRECTION − RETRACTION equals the complete-data result for the range.
+Afterwards ALERT + CORRECTION − RETRACTION equals the complete-data result for the range,
+values included: the latest record of each decision by decisionTime is the one in effect.
 A second run over the same range finds nothing to amend. Only the rule versions in
 force are replayed; alerts of earlier versions stand as they were decided.
 """
@@ -25,7 +28,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from velocity.alerts import AlertKind, amended, record_of_stored
@@ -64,6 +67,18 @@ class BackfillSummary:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def publish_order(record: dict[str, Any]) -> tuple[int, int, str, int, str]:
+    """Amendments by event, rule and transaction, and a decision's retraction before its
+    correction (the earlier decisionTime)."""
+    return (
+        record["eventTime"],
+        record["ruleId"],
+        record["transactionId"],
+        record["decisionTime"],
+        record["kind"],
+    )
 
 
 def _read_at(spark: SparkSession, path: Any, version: int) -> DataFrame:
@@ -162,11 +177,7 @@ class Backfill:
         events = _read_at(spark, self.live.events, events_version)
         history = events.where(F.col("eventTime").between(history_from, to_ms))
         keyed = keyed_events(history, rules_by_signature(rules)).persist()
-        decisions = (
-            evaluate_alerts(keyed, rules, width, decided_at, settings.spark_shuffle_partitions)
-            .where(F.col("eventTime").between(from_ms, to_ms))
-            .persist()
-        )
+        decisions = self._decide(keyed, rules, from_ms, to_ms, decided_at).persist()
         try:
             summary.history_events = history.count()
             summary.events_evaluated = history.where(F.col("eventTime") >= from_ms).count()
@@ -179,7 +190,9 @@ class Backfill:
                 self.mirror.flush_spooled()
                 summary.buckets_rebuilt = self._rebuild_buckets(rules, history_from, to_ms)
                 timer.mark("rebuild-buckets")
-                records = self._amendments(decisions, rules, from_ms, to_ms, decided_at)
+                records = self._amendments(
+                    decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
+                )
                 summary.corrections = sum(r["kind"] == AlertKind.CORRECTION for r in records)
                 summary.retractions = len(records) - summary.corrections
                 if records:
@@ -193,6 +206,16 @@ class Backfill:
         summary.step_seconds = timer.steps
         summary.seconds = timer.total
         return summary
+
+    def _decide(
+        self, keyed: DataFrame, rules: list[Rule], from_ms: int, to_ms: int, decided_at: int
+    ) -> DataFrame:
+        """The decisions of the events in ``[from_ms, to_ms]`` over ``keyed`` (the pinned
+        history), as alert rows."""
+        settings = self.settings
+        return evaluate_alerts(
+            keyed, rules, settings.bucket_width_ms, decided_at, settings.spark_shuffle_partitions
+        ).where(F.col("eventTime").between(from_ms, to_ms))
 
     def _rebuild_buckets(self, rules: list[Rule], history_from: int, to_ms: int) -> int:
         """Recompute the buckets of the range's whole hours from the raw events (late ones
@@ -235,49 +258,80 @@ class Backfill:
         self,
         decisions: DataFrame,
         rules: list[Rule],
+        pinned_events: DataFrame,
         from_ms: int,
         to_ms: int,
         decided_at: int,
+        run_id: str,
     ) -> list[dict[str, Any]]:
-        """CORRECTION for each decision not in effect, RETRACTION for each alert in effect
-        that the complete data does not decide; compared per (rule version, transaction)."""
+        """The complete-data decisions against the alerts in effect, per (rule version,
+        transaction), for the pinned events only (an event that arrived after the pin is
+        the next backfill's):
+
+        - decided, nothing in effect: a CORRECTION;
+        - in effect, not decided: a RETRACTION of the record in effect;
+        - in effect with another value: a RETRACTION of it, then a CORRECTION with the
+          complete-data value (every decision's net count stays 0 or 1).
+
+        Retractions carry the run's decision time and corrections one millisecond more, so
+        the latest record of a decision by decisionTime is the one in effect.
+        """
         in_scope = F.lit(False)
         for rule in rules:
             in_scope = in_scope | (
                 (F.col("ruleId") == rule.rule_id) & (F.col("ruleVersion") == rule.version)
             )
+        pinned = pinned_events.where(F.col("eventTime").between(from_ms, to_ms))
         emitted = (
             self.state.read("alerts")
             .where(F.col("eventTime").between(from_ms, to_ms))
             .where(in_scope)
+            .join(pinned.select("transactionId"), "transactionId", "left_semi")
         )
         net = emitted.groupBy(*_DECISION_KEYS).agg(
             F.sum(F.when(F.col("kind") == AlertKind.RETRACTION.value, -1).otherwise(1)).alias("net")
         )
         in_effect = net.where(F.col("net") > 0).select(*_DECISION_KEYS)
-        missing = decisions.join(in_effect, _DECISION_KEYS, "left_anti")
-        wrong = in_effect.join(decisions.select(*_DECISION_KEYS), _DECISION_KEYS, "left_anti")
-        # The alert being taken back: the latest fired record of that decision.
-        fired = emitted.where(F.col("kind") != AlertKind.RETRACTION.value).join(
-            wrong, _DECISION_KEYS, "left_semi"
+        # The record in effect: the latest fired record of each decision in effect.
+        newest_first = Window.partitionBy(*_DECISION_KEYS).orderBy(
+            F.col("decisionTime").desc(), F.col("alertId")
         )
-        latest: dict[tuple[int, int, str], dict[str, Any]] = {}
-        for row in fired.collect():
-            record = row.asDict()
-            slot = (record["ruleId"], record["ruleVersion"], record["transactionId"])
-            if slot not in latest or record["decisionTime"] > latest[slot]["decisionTime"]:
-                latest[slot] = record
+        effect = (
+            emitted.where(F.col("kind") != AlertKind.RETRACTION.value)
+            .withColumn("_newest", F.row_number().over(newest_first))
+            .where(F.col("_newest") == 1)
+            .drop("_newest")
+            .join(in_effect, _DECISION_KEYS, "left_semi")
+        )
+        decided = decisions.select(
+            *_DECISION_KEYS,
+            F.col("aggregateValue").alias("_value"),
+            F.col("windowStart").alias("_window"),
+        )
+        changed = (
+            effect.join(decided, _DECISION_KEYS)
+            .where(
+                (F.col("aggregateValue") != F.col("_value"))
+                | (F.col("windowStart") != F.col("_window"))
+            )
+            .drop("_value", "_window")
+        )
+        to_correct = decisions.join(effect, _DECISION_KEYS, "left_anti").unionByName(
+            decisions.join(changed, _DECISION_KEYS, "left_semi")
+        )
+        to_retract = effect.join(decided, _DECISION_KEYS, "left_anti").unionByName(changed)
         records = [
-            amended(record_of_stored(r.asDict()), AlertKind.CORRECTION, decided_at)
-            for r in missing.collect()
+            amended(record_of_stored(r.asDict()), AlertKind.RETRACTION, decided_at, run_id)
+            for r in to_retract.collect()
         ]
         records += [
-            amended(record_of_stored(r), AlertKind.RETRACTION, decided_at) for r in latest.values()
+            amended(record_of_stored(r.asDict()), AlertKind.CORRECTION, decided_at + 1, run_id)
+            for r in to_correct.collect()
         ]
         signature_of = {r.rule_id: r.signature.signature_id for r in rules}
         for record in records:
             record["signature_id"] = signature_of[record["ruleId"]]
-        records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"], a["kind"]))
+        records.sort(key=publish_order)
         return records
 
     def _append_alerts(self, rows: list[dict[str, Any]]) -> None:
@@ -313,8 +367,7 @@ class Backfill:
         )
         if not orphans:
             return 0
-        records = [record_of_stored(r.asDict()) for r in orphans]
-        records.sort(key=lambda a: (a["eventTime"], a["ruleId"], a["transactionId"], a["kind"]))
+        records = sorted((record_of_stored(r.asDict()) for r in orphans), key=publish_order)
         mirror.publish_backfill(self.redis, self.settings.redis_alert_stream, records)
         recovery = BackfillSummary(run_id=f"republish-{uuid.uuid4().hex}", from_ms=0, to_ms=0)
         self._record(recovery, [r["alertId"] for r in records], started)

@@ -82,7 +82,7 @@ def run_backtest(
         StorageLevel.MEMORY_AND_DISK
     )
     try:
-        ingested = split_parsed(parsed)
+        ingested = split_parsed(parsed, settings.max_future_ms)
         tables.overwrite_table(ingested.quarantine, root / tables.QUARANTINE)
         step("parse+quarantine")
         tables.overwrite_table(ingested.events, root / tables.EVENTS)

@@ -6,15 +6,17 @@ stream, the backtest and the tests share one definition of a bad event.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import BooleanType, StructField, StructType
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
+from velocity.arrival import Arrivals, Verdict
 from velocity.decimals import EXACT
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
 from velocity.schema import EVENT_FIELDS, FieldKind, Rejection, is_blank, parse_event_line
@@ -122,17 +124,73 @@ def arrival_order() -> list[Column]:
     return [F.col(c) for c in ARRIVAL_ORDER]
 
 
-def split_parsed(parsed: DataFrame) -> Ingested:
-    """Quarantine the rejected lines and keep the first arrival of each transactionId."""
-    quarantine = parsed.where(~F.col("accepted")).select(*QUARANTINE_SCHEMA.fieldNames())
+def split_parsed(parsed: DataFrame, max_future_ms: int) -> Ingested:
+    """Quarantine the rejected lines and the events far in the future, keep the first
+    arrival of each transactionId (``velocity.arrival``, one pass in arrival order)."""
     accepted = parsed.where(F.col("accepted")).select(*EVENT_SCHEMA.fieldNames())
-    ranked = accepted.withColumn(
-        "_arrival_rank",
-        F.row_number().over(Window.partitionBy("transactionId").orderBy(*arrival_order())),
+    # Only the lines not accepted come back from the pass: few, so broadcast.
+    others = F.broadcast(arrival_verdicts(accepted, max_future_ms))
+    verdicts = accepted.join(others, list(ARRIVAL_ORDER), "left")
+    first = verdicts.where(F.col("_verdict").isNull()).select(*EVENT_SCHEMA.fieldNames())
+    later = verdicts.where(F.col("_verdict") == Verdict.DUPLICATE.value).select(
+        *EVENT_SCHEMA.fieldNames()
     )
-    first = ranked.where(F.col("_arrival_rank") == 1).drop("_arrival_rank")
-    later = ranked.where(F.col("_arrival_rank") > 1).drop("_arrival_rank")
-    return Ingested(first, quarantine, later)
+    future = verdicts.where(F.col("_verdict") == Verdict.FUTURE.value).select(
+        *[
+            F.col(f"_{name}").alias(name) if name in ("reason_code", "reason") else F.col(name)
+            for name in QUARANTINE_SCHEMA.fieldNames()
+        ]
+    )
+    quarantine = parsed.where(~F.col("accepted")).select(*QUARANTINE_SCHEMA.fieldNames())
+    return Ingested(first, quarantine.unionByName(future), later)
+
+
+_VERDICT_ROWS = StructType(
+    [
+        *(f for f in PARSED_SCHEMA.fields if f.name in ARRIVAL_ORDER),
+        StructField("_verdict", StringType(), False),
+        StructField("_reason_code", StringType(), True),
+        StructField("_reason", StringType(), True),
+    ]
+)
+
+
+def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
+    """The valid lines that are not accepted (duplicates and far-future events), by their
+    arrival position, with the verdict and, for quarantine, the reason.
+
+    Admission is sequential (whether an event is too far ahead depends on the events
+    accepted before it), so it runs as one pass over the lines in arrival order: one
+    partition, sorted, scanning only (transactionId, eventTime).
+    """
+    order = list(ARRIVAL_ORDER)
+    lines = (
+        accepted.select(*order, "transactionId", "eventTime")
+        .repartition(1)
+        .sortWithinPartitions(*order)
+    )
+    schema = to_arrow_schema(_VERDICT_ROWS)
+
+    def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        arrivals = Arrivals((), None, max_future_ms)
+        for batch in batches:
+            out: dict[str, list[object]] = {name: [] for name in schema.names}
+            positions = zip(*(batch.column(name).to_pylist() for name in order), strict=True)
+            ids = batch.column("transactionId").to_pylist()
+            times = batch.column("eventTime").to_pylist()
+            for position, transaction_id, event_time in zip(positions, ids, times, strict=True):
+                verdict = arrivals.admit(transaction_id, event_time)
+                if verdict is Verdict.ACCEPTED:
+                    continue
+                why = arrivals.future_rejection(event_time) if verdict is Verdict.FUTURE else None
+                for name, value in zip(order, position, strict=True):
+                    out[name].append(value)
+                out["_verdict"].append(verdict.value)
+                out["_reason_code"].append(None if why is None else why.code.value)
+                out["_reason"].append(None if why is None else why.message)
+            yield pa.RecordBatch.from_pydict(out, schema=schema)
+
+    return lines.mapInArrow(scan, _VERDICT_ROWS)  # type: ignore[arg-type]
 
 
 def canonical_text(column: str) -> Column:

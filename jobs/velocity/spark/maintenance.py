@@ -201,25 +201,27 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
     client = mirror.connect(settings)
     mirror.load_functions(client)
     summary = EvictionSummary()
-    rules = active_rules(state.rule_store.in_force())
-    newest = newest_event_time(spark, live)
     summary.bucket_rows_before = summary.bucket_rows_after = tables.read_table(
         spark, live.buckets
     ).count()
-    if newest is None or not rules:
-        return summary
+    # Read the rules and the newest eventTime, and act on Delta and Redis, inside one hold
+    # of the lock: a rule widened (and its signature rebuilt) in between must not lose
+    # the buckets its build just wrote.
     with state_lock(client, settings, "eviction"):
+        rules = active_rules(state.rule_store.in_force())
+        newest = newest_event_time(spark, live)
+        if newest is None or not rules:
+            return summary
         summary.cutoff = state.evict(rules, newest)
+        active_signatures = {r.signature.signature_id for r in rules}
+        for name in list(client.scan_iter(match=f"{PREFIX}:{{*}}:buckets", count=1000)):
+            signature_id = name[len(PREFIX) + 2 :].split(":", 1)[0]
+            if signature_id not in active_signatures:
+                summary.redis_hashes_dropped += int(client.delete(name))  # type: ignore[arg-type]
+                continue
+            dropped = client.fcall("velocity_evict", 1, name, str(summary.cutoff))
+            summary.redis_buckets_dropped += int(dropped)  # type: ignore[arg-type]
     summary.bucket_rows_after = tables.read_table(spark, live.buckets).count()
-    active_signatures = {r.signature.signature_id for r in rules}
-    pipe_names = list(client.scan_iter(match=f"{PREFIX}:{{*}}:buckets", count=1000))
-    for name in pipe_names:
-        signature_id = name[len(PREFIX) + 2 :].split(":", 1)[0]
-        if signature_id not in active_signatures:
-            summary.redis_hashes_dropped += int(client.delete(name))  # type: ignore[arg-type]
-            continue
-        dropped = client.fcall("velocity_evict", 1, name, str(summary.cutoff))
-        summary.redis_buckets_dropped += int(dropped)  # type: ignore[arg-type]
     return summary
 
 

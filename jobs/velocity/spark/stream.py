@@ -6,7 +6,8 @@ Each micro-batch (``process_batch``), holding the data dir's state lock:
 2. read, in one Redis call, the stream's progress, which of the batch's transactionIds
    earlier batches accepted, and the buckets of the batch's (signature, key)s that this
    process does not hold in memory already;
-3. decide in memory (``velocity.stream_batch``): first arrivals win, late events count
+3. decide in memory (``velocity.stream_batch``): events far ahead of the newest accepted
+   eventTime or the clock are quarantined, first arrivals win, late events count
    without a decision, every other event's window is its key's whole buckets below its
    own bucket plus its own bucket's events up to its time;
 4. spool the batch's rows for Delta (``velocity.delta.write_behind``), then commit the
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from pyspark.sql.streaming import StreamingQuery
 from velocity.alerts import alert_record, rule_key
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
+from velocity.errors import UsageError
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
@@ -185,7 +188,14 @@ class StreamJob:
             return 0
         self.spool.discard_from(batch_id)
 
-        admitted = admit(events, read.seen, read.newest_event_time, settings.allowed_lateness_ms)
+        admitted = admit(
+            events,
+            read.seen,
+            read.newest_event_time,
+            settings.allowed_lateness_ms,
+            settings.max_future_ms,
+            clock_ms=decision_time,
+        )
         # Duplicates are rare: key the accepted events again only when there were some.
         groups = key_groups(admitted.accepted, signatures) if admitted.duplicates else arrived
         states = self.hot.states(groups)
@@ -204,6 +214,8 @@ class StreamJob:
         ingest_time = int(time.time() * 1000)
         accepted_ids = {id(e) for e in admitted.accepted}
         valid = [ln for ln in lines if isinstance(ln.parsed, Event)]
+        future = [replace(valid[i], parsed=why) for i, why in admitted.future.items()]
+        duplicates = [valid[i] for i in admitted.duplicates]
         self.spool.write(
             batch_id,
             {
@@ -213,13 +225,10 @@ class StreamJob:
                     ingest_time,
                     batch_id,
                 ),
-                "duplicates": batch_rows.event_rows(
-                    "duplicates",
-                    [ln for ln in valid if id(ln.parsed) not in accepted_ids],
-                    ingest_time,
-                ),
+                "duplicates": batch_rows.event_rows("duplicates", duplicates, ingest_time),
                 "quarantine": batch_rows.quarantine_rows(
-                    [ln for ln in lines if not isinstance(ln.parsed, Event)], ingest_time
+                    [ln for ln in lines if not isinstance(ln.parsed, Event)] + future,
+                    ingest_time,
                 ),
                 "late_events": batch_rows.late_rows(late, admitted.watermark, batch_id),
                 "buckets": batch_rows.bucket_rows(decided.deltas, width_ms),
@@ -420,6 +429,21 @@ class StreamJob:
         self.flush(max((b for b in (self._committed, last_committed_batch(self.settings))
                          if b is not None), default=None))  # fmt: skip
 
+    def _refuse_a_lost_checkpoint(self) -> None:
+        """A checkpoint without a committed batch, in a data dir whose stream committed
+        some: Spark would number batches from 0 again and each would be refused as done
+        until the ids passed the old ones (every event in between lost)."""
+        row = self.state.read("events").agg(F.max("stream_batch")).first()
+        in_delta = None if row is None or row[0] is None else int(row[0])
+        marks = (mirror.committed_batch(self.redis, self.settings), in_delta)
+        done = max((b for b in marks if b is not None and b >= 0), default=None)
+        if done is not None:
+            raise UsageError(
+                f"the stream's checkpoint {checkpoint_dir(self.settings.data_dir)} is missing "
+                f"or empty, but this data dir's stream committed batches up to {done}: "
+                "restore the checkpoint folder, or run the stream on a new VELOCITY_DATA_DIR"
+            )
+
     def start(
         self, events_dir: Path, available_now: bool, max_files_per_trigger: int | None = None
     ) -> StreamingQuery:
@@ -438,8 +462,10 @@ class StreamJob:
             if not self.mirror.is_current():
                 self.mirror.rebuild()
                 self.hot.forget()
-            # Rules and their signatures' history in place before the first batch arrives.
             committed = last_committed_batch(self.settings)
+            if committed is None:
+                self._refuse_a_lost_checkpoint()
+            # Rules and their signatures' history in place before the first batch arrives.
             self._rules_in_force(0 if committed is None else committed + 1)
         self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
         reader = self.spark.readStream.format("text")

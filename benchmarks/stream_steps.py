@@ -1,0 +1,172 @@
+"""Per-event cost of the stream's batch steps, without Spark (not a test):
+`make bench-stream-steps` or `python -m benchmarks.stream_steps`.
+
+The stream's hot path is one Python process; this runs its steps on generated in-order
+events, batch by batch, as ``velocity.spark.stream.StreamJob._process`` does (parse, key,
+Redis read, admit + decide, alert records, Arrow rows, spool, Redis commit, hot apply),
+against a real Redis started by ``velocity up`` on its own port, and prints microseconds
+per event for each step. No JVM, no write-behind: the floor the whole stream stands on.
+``--gc threshold|freeze|both`` compares the collector settings side by side: the earlier
+design (first generation at 200 000 objects) and the stream's (each batch frozen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
+    from velocity.alerts import alert_record, rule_key
+    from velocity.cli import sample_rules_path
+    from velocity.delta import batch_rows
+    from velocity.delta.write_behind import Spool
+    from velocity.redis import mirror
+    from velocity.rules import active_rules, parse_rules, rules_by_signature
+    from velocity.schema import Event, is_blank, parse_event_line
+    from velocity.settings import load_settings
+    from velocity.stream_batch import HotBuckets, admit, below_horizon, decide, key_groups
+
+    settings = load_settings()
+    client = mirror.connect(settings)
+    client.flushall()
+    mirror.load_functions(client)
+    rules = active_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
+    signatures = list(rules_by_signature(rules))
+    spool = Spool(settings)
+    hot = HotBuckets(settings.hot_keys_max)
+    if gc_mode == "freeze":
+        gc.set_threshold(1_000_000, 1000, 1000)
+    else:
+        gc.set_threshold(200_000, 50, 1000)
+    horizon_s = mirror.horizon_seconds(rules, settings)
+    spent: dict[str, float] = {}
+    total = 0
+
+    def mark(step: str, began: float) -> float:
+        now = time.perf_counter()
+        spent[step] = spent.get(step, 0.0) + now - began
+        return now
+
+    for batch_id, path in enumerate(sorted(events_dir.glob("*.jsonl"))):
+        raws = path.read_text().splitlines()
+        t = time.perf_counter()
+        lines = [
+            batch_rows.Line(raw, str(path), 0, seq, parse_event_line(raw))
+            for seq, raw in enumerate(raws)
+            if not is_blank(raw)
+        ]
+        t = mark("parse", t)
+        events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
+        arrived = key_groups(events, signatures)
+        t = mark("keying", t)
+        read = mirror.read_stream_state(
+            client, settings, [e.transaction_id for e in events], hot.missing(list(arrived))
+        )
+        for slot, state in read.states.items():
+            hot.put(slot, state)
+        t = mark("redis-read", t)
+        admitted = admit(
+            events, read.seen, read.newest_event_time, settings.allowed_lateness_ms,
+            settings.max_future_ms,
+        )  # fmt: skip
+        decided = decide(
+            arrived, hot.states(arrived), rules, admitted.late, settings.bucket_width_ms, {}
+        )
+        t = mark("decide", t)
+        newest = read.newest_event_time
+        cutoff = None if newest is None else newest - horizon_s * 1000
+        records = [
+            (alert_record(d, rule_key(d.rule, key), 0), sig) for d, sig, key in decided.decisions
+        ]
+        t = mark("alerts", t)
+        rows = {
+            "events": batch_rows.event_rows("events", lines, 0, batch_id),
+            "duplicates": batch_rows.event_rows("duplicates", [], 0),
+            "quarantine": batch_rows.quarantine_rows([], 0),
+            "late_events": batch_rows.late_rows([], None, batch_id),
+            "buckets": batch_rows.bucket_rows(decided.deltas, settings.bucket_width_ms),
+            "alerts": batch_rows.alert_rows((r for r, _ in records), [s for _, s in records]),
+        }
+        t = mark("rows", t)
+        spool.write(batch_id, rows, {})
+        t = mark("spool", t)
+        mirror.commit_stream_batch(
+            client, settings, batch_id, admitted.newest_event_time,
+            {slot: (decided.buckets[slot], starts) for slot, starts in decided.changed.items()},
+            below_horizon(decided.buckets, cutoff),
+            [e.transaction_id for e in admitted.accepted],
+            [r for r, _ in records], horizon_s,
+        )  # fmt: skip
+        t = mark("redis-commit", t)
+        hot.apply(decided.buckets, cutoff)
+        if gc_mode == "freeze":
+            gc.freeze()
+        mark("hot-apply", t)
+        total += len(lines)
+    lua = {k: v for k, v in client.info("commandstats").items() if "fcall" in k}
+    out = {step: round(seconds / total * 1e6, 1) for step, seconds in spent.items()}
+    out["total"] = round(sum(spent.values()) / total * 1e6, 1)
+    out["of which Lua"] = round(sum(v["usec"] for v in lua.values()) / total, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=20_000, help="events a micro-batch")
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--keys", type=int, default=1_000_000, help="distinct payers")
+    parser.add_argument("--gc", choices=("threshold", "freeze", "both"), default="both")
+    parser.add_argument("--port", type=int, default=6393, help="the benchmark's own Redis")
+    parser.add_argument("--inner", help=argparse.SUPPRESS)  # one measured run (subprocess)
+    args = parser.parse_args()
+    work = ROOT / "data" / "bench-stream-steps"
+    env = {
+        **os.environ,
+        "VELOCITY_DATA_DIR": str(work / "data"),
+        "VELOCITY_REDIS_URL": f"redis://:velocity-bench@127.0.0.1:{args.port}/0",
+    }
+    if args.inner:
+        print(json.dumps(run(work / "events", args.inner)))
+        return
+    velocity = [sys.executable, "-m", "velocity.cli"]
+    shutil.rmtree(work, ignore_errors=True)
+    subprocess.run(
+        [*velocity, "generate", "--out", str(work / "events"),
+         "--events", str(args.batch * args.batches), "--rate", str(args.batch),
+         "--keys", str(args.keys), "--files", str(args.batches), "--spike-fraction", "0.01",
+         "--late-fraction", "0", "--duplicate-fraction", "0", "--malformed-fraction", "0",
+         "--seed", "3", "--start", str(int(time.time() * 1000) - 3_600_000)],
+        env=env, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    subprocess.run([*velocity, "up"], env=env, check=True, stdout=subprocess.DEVNULL)
+    try:
+        modes = ("threshold", "freeze") if args.gc == "both" else (args.gc,)
+        results = {}
+        for mode in modes:  # each in a fresh process: the heap of one must not slow the next
+            shutil.rmtree(work / "data", ignore_errors=True)
+            inner = subprocess.run(
+                [sys.executable, "-m", "benchmarks.stream_steps", "--inner", mode,
+                 "--port", str(args.port)],
+                env=env, check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            results[mode] = json.loads(inner.stdout.splitlines()[-1])
+            print(json.dumps({"gc": mode, "µs_per_event": results[mode]}, ensure_ascii=False))
+        if len(results) == 2:
+            ratio = results["threshold"]["total"] / results["freeze"]["total"]
+            print(f"threshold / freeze: {ratio:.2f}× ({args.batches} batches of {args.batch})")
+    finally:
+        subprocess.run([*velocity, "down"], env=env, check=False, stdout=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    main()

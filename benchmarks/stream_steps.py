@@ -31,6 +31,7 @@ def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
     from velocity.redis import mirror
+    from velocity.redis.lock import state_lock
     from velocity.rules import active_rules, parse_rules, rules_by_signature
     from velocity.schema import Event, is_blank, parse_event_line
     from velocity.settings import load_settings
@@ -100,13 +101,14 @@ def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
         t = mark("rows", t)
         spool.write(batch_id, rows, {})
         t = mark("spool", t)
-        mirror.commit_stream_batch(
-            client, settings, batch_id, admitted.newest_event_time,
-            {slot: (decided.buckets[slot], starts) for slot, starts in decided.changed.items()},
-            below_horizon(decided.buckets, cutoff),
-            [e.transaction_id for e in admitted.accepted],
-            [r for r, _ in records], horizon_s,
-        )  # fmt: skip
+        with state_lock(client, settings, f"bench batch {batch_id}") as lease:
+            mirror.commit_stream_batch(
+                client, settings, batch_id, admitted.newest_event_time,
+                {slot: (decided.buckets[slot], starts) for slot, starts in decided.changed.items()},
+                below_horizon(decided.buckets, cutoff),
+                [e.transaction_id for e in admitted.accepted],
+                [r for r, _ in records], horizon_s, lease,
+            )  # fmt: skip
         t = mark("redis-commit", t)
         hot.apply(decided.buckets, cutoff)
         if gc_mode == "freeze":

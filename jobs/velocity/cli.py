@@ -464,7 +464,10 @@ def cmd_mirror_rebuild(args: argparse.Namespace) -> int:
 
 def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
     redis_state = _redis_state(_settings(args))
-    drift = redis_state.reconcile()
+    if args.repair:
+        drift, written = redis_state.repair()
+    else:
+        drift = redis_state.reconcile()
     print(
         f"checked {drift.checked} buckets: {len(drift.missing)} missing in Redis, "
         f"{len(drift.different)} different, {len(drift.extra)} only in Redis"
@@ -479,7 +482,6 @@ def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
     if drift.clean:
         return EXIT_OK
     if args.repair:
-        written = redis_state.repair(drift)
         print(f"repaired: {written} buckets rewritten from Delta, {len(drift.extra)} removed")
         return EXIT_OK
     return EXIT_FAILURE

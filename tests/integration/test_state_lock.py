@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from velocity.redis import mirror
-from velocity.redis.keys import state_lock_key
-from velocity.redis.lock import StateLockTimeout, state_lock
+from velocity.redis.keys import seen_key_prefix, state_lock_key
+from velocity.redis.lock import StateLockLost, StateLockTimeout, state_lock
 from velocity.settings import Settings, load_settings
 
 pytestmark = pytest.mark.redis
@@ -117,3 +117,30 @@ def test_only_the_exact_token_releases_or_renews(settings: Settings) -> None:
     assert client.fcall("velocity_unlock", 1, name, "abcdef") == 1
     client.set(name, "not json")
     assert client.fcall("velocity_unlock", 1, name, "not json") == 0
+
+
+def test_a_holder_learns_that_its_lease_was_lost(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    with state_lock(client, settings, "stalled batch", lease_ms=300) as lease:
+        lease.check()
+        client.set(lease.name, '{"token": "next-holder"}')  # its lease ran out meanwhile
+        time.sleep(0.5)  # a renewal (every 100 ms) finds the lock someone else's
+        assert lease.lost.is_set()
+        with pytest.raises(StateLockLost, match="stalled batch"):
+            lease.check()
+
+
+def test_a_stream_commit_whose_lease_ran_out_writes_nothing(settings: Settings) -> None:
+    """The micro-batch commit is fenced by the lock's token, inside Redis: a holder that
+    stalled past its lease cannot write over the next holder's work."""
+    client = mirror.connect(settings)
+    with state_lock(client, settings, "stream batch 3", lease_ms=60_000) as lease:
+        client.set(lease.name, '{"token": "next-holder"}')
+        with pytest.raises(StateLockLost):
+            mirror.commit_stream_batch(
+                client, settings, 3, 5, {}, [], ["tx-1"], [{"alertId": "a"}], 60, lease
+            )
+    assert client.xlen(settings.redis_alert_stream) == 0
+    assert not client.exists(seen_key_prefix(str(settings.data_dir)) + "tx-1")
+    assert mirror.committed_batch(client, settings) is None
+    assert client.get(lease.name) == '{"token": "next-holder"}'

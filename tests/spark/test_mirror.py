@@ -15,6 +15,7 @@ from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import mirror
 from velocity.redis.keys import bucket_hash_key, rule_entry_key, seen_key_prefix
+from velocity.redis.lock import state_lock
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
@@ -172,9 +173,10 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     assert set(published[0]) == SPEC_ALERT_FIELDS
     # A batch committed again (a replay after a crash) writes nothing: no alert, no bucket.
     buckets = {name: client.hgetall(name) for name in client.scan_iter("velocity:{*}:buckets")}
-    replay = mirror.commit_stream_batch(
-        client, streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60
-    )
+    with state_lock(client, streamed.settings, "a replay") as lease:
+        replay = mirror.commit_stream_batch(
+            client, streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60, lease
+        )
     assert replay == -1
     assert client.xlen(stream) == len(entries)
     assert not client.exists(seen_key_prefix(str(streamed.settings.data_dir)) + "tx-replayed")
@@ -210,5 +212,12 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     assert len(streamed.mirror.reconcile().missing) >= 1
 
     client.hset(name, str(stray), "[1,0,null,null,null,[]]")
-    streamed.mirror.repair(streamed.mirror.reconcile())
+    # A hash only Redis has (a key Delta never saw) of an active signature is drift too.
+    ghost = bucket_hash_key(row["signature_id"], '["nobody"]')
+    client.hset(ghost, str(row["bucket_start"]), "[1,0,null,null,null,[]]")
+    drift = streamed.mirror.reconcile()
+    assert (row["signature_id"], '["nobody"]', row["bucket_start"]) in drift.extra
+    found, written = streamed.mirror.repair()
+    assert found.extra and written > 0
+    assert not client.exists(ghost)
     assert streamed.mirror.reconcile().clean

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
-from velocity.redis.keys import bucket_value, parse_bucket
+from velocity.redis.keys import bucket_hash_key, bucket_value, parse_bucket, parse_bucket_hash_key
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,3 +52,16 @@ def test_a_bucket_of_one_payment() -> None:
     one = BucketAggregate.of_event("12.5", Decimal("12.50"))
     assert bucket_value(one, 1767225600000) == '[1,1,"12.5","12.5","12.5",["12.5"],1767225600000]'
     assert bucket_value(BucketAggregate(2)) == "[2,0,null,null,null,[]]"
+
+
+@pytest.mark.parametrize("key", ['["p-1"]', '["a:b","}c{"]', '[":"]', "[]"])
+def test_a_bucket_hash_name_reads_back_as_its_signature_and_key(key: str) -> None:
+    assert parse_bucket_hash_key(bucket_hash_key("5f3a9c", key)) == ("5f3a9c", key)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["velocity:rule:1", "velocity:{5f3a9c}:buckets", "other:{a:b}:buckets", "velocity:alerts"],
+)
+def test_other_names_are_not_bucket_hashes(name: str) -> None:
+    assert parse_bucket_hash_key(name) is None

@@ -35,6 +35,15 @@ def bucket_hash_key(signature_id: str, key: str) -> str:
     return f"{PREFIX}:{{{signature_id}:{key}}}:buckets"
 
 
+def parse_bucket_hash_key(name: str) -> tuple[str, str] | None:
+    """(signature_id, key) of a ``bucket_hash_key`` name; None for any other name."""
+    head, tail = f"{PREFIX}:{{", "}:buckets"
+    if not (name.startswith(head) and name.endswith(tail)):
+        return None
+    signature_id, sep, key = name[len(head) : -len(tail)].partition(":")
+    return (signature_id, key) if sep else None
+
+
 def rule_entry_key(rule_id: int) -> str:
     return f"{PREFIX}:rule:{rule_id}"
 

@@ -12,6 +12,7 @@ for at most the lease (30 s).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import redis
 
@@ -27,6 +29,7 @@ from velocity.redis.keys import state_lock_key
 from velocity.redis.mirror import load_functions
 from velocity.settings import Settings
 
+log = logging.getLogger("velocity.lock")
 # A holder renews its lease every third of it while it works, so a holder killed mid-way
 # (SIGKILL, a lost machine) blocks the others for at most this long.
 LEASE_MS = 30 * 1000
@@ -36,6 +39,30 @@ class StateLockTimeout(VelocityError):
     """The state lock stayed taken for longer than the caller would wait."""
 
 
+class StateLockLost(VelocityError):
+    """The holder's lease ran out (it stalled past it) and someone else may hold the lock:
+    the holder must not write."""
+
+
+@dataclass
+class Lease:
+    """A held state lock: its key and token (writes are fenced with them) and whether the
+    lease was lost (a renewal found the lock gone or someone else's)."""
+
+    name: str
+    token: str
+    holder: str
+    lost: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Raise ``StateLockLost`` when the lease is gone: call before each write."""
+        if self.lost.is_set():
+            raise StateLockLost(
+                f"{self.holder} lost the state lock {self.name} (its lease ran out); "
+                "its writes stop here and the job fails so that it starts again cleanly"
+            )
+
+
 @contextmanager
 def state_lock(
     client: redis.Redis,
@@ -43,10 +70,12 @@ def state_lock(
     holder: str,
     wait_seconds: float = 900.0,
     lease_ms: int = LEASE_MS,
-) -> Iterator[None]:
+) -> Iterator[Lease]:
     """Hold the data dir's state lock inside the block; waits for it up to ``wait_seconds``.
 
-    Raises ``StateLockTimeout`` naming the current holder when the wait runs out.
+    Raises ``StateLockTimeout`` naming the current holder when the wait runs out. The
+    lease is renewed while the block runs; a renewal that finds the lock gone or held by
+    someone else marks the lease lost (``Lease.check`` raises from then on).
     """
     name = state_lock_key(str(settings.data_dir))
     token = uuid.uuid4().hex
@@ -68,18 +97,23 @@ def state_lock(
             )
         time.sleep(0.2)
     stop = threading.Event()
+    lease = Lease(name, token, holder)
 
     def renew() -> None:
         while not stop.wait(lease_ms / 3000):
             try:
-                client.fcall("velocity_renew", 1, name, token, str(lease_ms))
+                renewed = client.fcall("velocity_renew", 1, name, token, str(lease_ms))
             except redis.RedisError:
                 continue  # the next renewal tries again; the lease has two more thirds
+            if not renewed:
+                log.error("%s lost the state lock %s: its lease ran out", holder, name)
+                lease.lost.set()
+                return
 
     renewer = threading.Thread(target=renew, name=f"state-lock-{holder}", daemon=True)
     renewer.start()
     try:
-        yield
+        yield lease
     finally:
         stop.set()
         renewer.join()

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
@@ -23,6 +23,7 @@ from velocity.redis.keys import (
     bucket_value,
     key_for_lookup,
     parse_bucket,
+    parse_bucket_hash_key,
     parse_bucket_value,
     rule_entry,
     rule_entry_key,
@@ -33,9 +34,13 @@ from velocity.rules import Rule
 from velocity.settings import Settings
 from velocity.stream_batch import KeyState, SignatureKey
 
+if TYPE_CHECKING:  # lock imports this module (to load the functions)
+    from velocity.redis.lock import Lease
+
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
 _PIPELINE_CHUNK = 1000
+FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
 
 
 def connect(settings: Settings) -> redis.Redis:
@@ -189,12 +194,17 @@ class Drift:
 
 
 def compare_buckets(
-    client: redis.Redis, rows: Iterable[Mapping[str, Any]], since: int | None = None
+    client: redis.Redis,
+    rows: Iterable[Mapping[str, Any]],
+    since: int | None = None,
+    signatures: set[str] | None = None,
 ) -> Drift:
     """Compare Delta bucket rows with Redis, hash by hash (rows grouped by signature and key).
 
     Redis buckets older than ``since`` are not drift: the stream's own eviction trails the
-    horizon by up to a batch, and such buckets expire with their hash.
+    horizon by up to a batch, and such buckets expire with their hash. With ``signatures``,
+    the hashes of those signatures that Delta has no row for are searched out too (their
+    buckets are all extra).
     """
     drift = Drift()
     by_hash: dict[tuple[str, str], dict[int, BucketAggregate]] = {}
@@ -202,7 +212,13 @@ def compare_buckets(
         by_hash.setdefault((row["signature_id"], row["key"]), {})[row["bucket_start"]] = (
             bucket_from_columns(row)
         )
-    for (signature_id, key), expected in by_hash.items():
+    only_in_redis = []
+    names = client.scan_iter(match=bucket_hash_key("*", "*"), count=1000) if signatures else ()
+    for name in names:
+        slot = parse_bucket_hash_key(name)
+        if slot is not None and slot[0] in (signatures or ()) and slot not in by_hash:
+            only_in_redis.append(slot)
+    for (signature_id, key), expected in [*by_hash.items(), *((s, {}) for s in only_in_redis)]:
         stored = read_hash(client, bucket_hash_key(signature_id, key))
         got = {int(start): parse_bucket_value(value) for start, value in stored.items()}
         for start, aggregate in expected.items():
@@ -289,11 +305,13 @@ def commit_stream_batch(
     accepted: Iterable[str],
     alerts: Sequence[Mapping[str, Any]],
     bucket_ttl_seconds: int,
+    lease: Lease,
 ) -> int:
     """Commit one micro-batch to Redis atomically (velocity_stream_commit): the changed
     buckets' absolute values, the dropped buckets, the accepted transactionIds, the alerts
     and the progress. Returns the alerts published, or -1 when the batch was committed
-    before (a replay: nothing written)."""
+    before (a replay: nothing written). Fenced: Redis writes nothing unless the state lock
+    still holds ``lease``'s token (else ``StateLockLost``)."""
     data_dir = str(settings.data_dir)
     seen_prefix = seen_key_prefix(data_dir)
     buckets = []
@@ -315,9 +333,11 @@ def commit_stream_batch(
     )
     result = client.fcall(
         "velocity_stream_commit",
-        2,
+        3,
         stream_progress_key(data_dir),
         settings.redis_alert_stream,
+        lease.name,
+        lease.token,
         str(batch_id),
         "" if newest_event_time is None else str(newest_event_time),
         str(bucket_ttl_seconds * 1000),
@@ -325,4 +345,7 @@ def commit_stream_batch(
         str(ALERT_STREAM_MAXLEN),
         changes,
     )
+    if int(result) == FENCED:  # type: ignore[arg-type]
+        lease.lost.set()
+        lease.check()
     return int(result)  # type: ignore[arg-type]

@@ -234,19 +234,22 @@ local function velocity_stream_read(keys, args)
   })
 end
 
--- FCALL velocity_stream_commit 2 <progress hash> <alert stream> <batch> <newest eventTime>
---   <bucket ttl ms> <seen ttl ms> <alert maxlen> <changes json>
+-- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
+--   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <changes json>
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
 -- hash's TTL), the buckets dropped below the horizon, the accepted transactionIds, the
--- alerts on the stream, and the progress. A batch not newer than the progress was
--- committed already: nothing is written and -1 returned (a replay changes nothing twice).
+-- alerts on the stream, and the progress. Fenced: unless the state lock holds the caller's
+-- token (its lease ran out, someone else may be writing) nothing is written and -2
+-- returned. A batch not newer than the progress was committed already: nothing is
+-- written and -1 returned (a replay changes nothing twice).
 -- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
 --            "s": [seen key, ...], "a": [alert json, ...]}
 local function velocity_stream_commit(keys, args)
-  local batch = tonumber(args[1])
+  if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
+  local batch = tonumber(args[2])
   local last = redis.call("HGET", keys[1], "batch")
   if last and tonumber(last) >= batch then return -1 end
-  local changes = cjson.decode(args[6])
+  local changes = cjson.decode(args[7])
   local touched = {}
   for _, b in ipairs(changes["b"]) do
     redis.call("HSET", b[1], b[2], b[3])
@@ -256,15 +259,15 @@ local function velocity_stream_commit(keys, args)
     redis.call("HDEL", d[1], d[2])
   end
   for name in pairs(touched) do
-    redis.call("PEXPIRE", name, args[3])
+    redis.call("PEXPIRE", name, args[4])
   end
   for _, name in ipairs(changes["s"]) do
-    redis.call("SET", name, args[1], "PX", args[4])
+    redis.call("SET", name, args[2], "PX", args[5])
   end
   for _, alert in ipairs(changes["a"]) do
-    redis.call("XADD", keys[2], "MAXLEN", "~", args[5], "*", "alert", alert, "batch", args[1])
+    redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", alert, "batch", args[2])
   end
-  redis.call("HSET", keys[1], "batch", args[1], "newest", args[2])
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3])
   return #changes["a"]
 end
 

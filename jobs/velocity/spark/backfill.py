@@ -186,7 +186,7 @@ class Backfill:
             timer.mark("evaluate")
 
             # 3. Rebuild, amend, publish, record: one writer at a time.
-            with state_lock(self.redis, settings, f"backfill {summary.run_id}"):
+            with state_lock(self.redis, settings, f"backfill {summary.run_id}") as lease:
                 self.mirror.flush_spooled()
                 summary.buckets_rebuilt = self._rebuild_buckets(rules, history_from, to_ms)
                 timer.mark("rebuild-buckets")
@@ -195,6 +195,7 @@ class Backfill:
                 )
                 summary.corrections = sum(r["kind"] == AlertKind.CORRECTION for r in records)
                 summary.retractions = len(records) - summary.corrections
+                lease.check()  # the rebuild took the lease's length: write nothing more
                 if records:
                     self._append_alerts(records)
                     mirror.publish_backfill(self.redis, settings.redis_alert_stream, records)

@@ -231,7 +231,7 @@ def reconcile_state(spark: SparkSession, settings: Settings, repair: bool) -> Re
     client = mirror.connect(settings)
     mirror.load_functions(client)
     redis_state = RedisState(LiveState(spark, settings), client)
-    drift = redis_state.reconcile()
+    drift, _ = redis_state.repair() if repair else (redis_state.reconcile(), 0)
     summary = ReconcileSummary(
         checked=drift.checked,
         missing=len(drift.missing),
@@ -245,7 +245,6 @@ def reconcile_state(spark: SparkSession, settings: Settings, repair: bool) -> Re
         },
     )
     if repair and not drift.clean:
-        redis_state.repair(drift)
         summary.repaired = True
         summary.clean_after = redis_state.reconcile().clean
     return summary

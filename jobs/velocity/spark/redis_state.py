@@ -102,20 +102,31 @@ class RedisState:
         buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl, evict_before))
 
     def reconcile(self) -> mirror.Drift:
-        """Compare Redis with the Delta buckets inside the horizon (reads only), after the
-        spooled batches are flushed so that Delta holds what Redis holds."""
+        """Compare Redis with the Delta buckets inside the horizon (reads only)."""
         with state_lock(self.redis, self.settings, "reconcile"):
-            self.flush_spooled()
-            rules = active_rules(self.state.rule_store.in_force())
-            rows = self.state.buckets_in_horizon(rules).orderBy("signature_id", "key")
-            return mirror.compare_buckets(
-                self.redis,
-                (r.asDict() for r in rows.toLocalIterator()),
-                self.state.horizon_cutoff(rules),
-            )
+            return self._drift()
 
-    def repair(self, drift: mirror.Drift) -> int:
-        """Rewrite Redis from Delta and drop the buckets only Redis had; returns buckets written."""
-        written = self.rebuild()
-        mirror.remove_buckets(self.redis, drift.extra)
-        return written
+    def repair(self) -> tuple[mirror.Drift, int]:
+        """Compare, then rewrite Redis from Delta and drop the buckets only Redis had, in
+        one hold of the lock (a batch committed in between would be overwritten, or its
+        new buckets dropped). Returns the drift found and the buckets written."""
+        with state_lock(self.redis, self.settings, "reconcile --repair"):
+            drift = self._drift()
+            if drift.clean:
+                return drift, 0
+            written = self.rebuild()
+            mirror.remove_buckets(self.redis, drift.extra)
+            return drift, written
+
+    def _drift(self) -> mirror.Drift:
+        """Redis against Delta, after the spooled batches are flushed so that Delta holds
+        what Redis holds; hashes only Redis has (of the active signatures) count too."""
+        self.flush_spooled()
+        rules = active_rules(self.state.rule_store.in_force())
+        rows = self.state.buckets_in_horizon(rules).orderBy("signature_id", "key")
+        return mirror.compare_buckets(
+            self.redis,
+            (r.asDict() for r in rows.toLocalIterator()),
+            self.state.horizon_cutoff(rules),
+            {r.signature.signature_id for r in rules},
+        )

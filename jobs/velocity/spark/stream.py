@@ -47,7 +47,7 @@ from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.errors import UsageError
 from velocity.redis import mirror
-from velocity.redis.lock import state_lock
+from velocity.redis.lock import Lease, state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings
@@ -84,23 +84,28 @@ class SharedStateLock:
         self._mutex = threading.Lock()
         self._holders = 0
         self._stack: ExitStack | None = None
+        self._lease: Lease | None = None
 
     @contextmanager
-    def held(self, holder: str) -> Iterator[None]:
+    def held(self, holder: str) -> Iterator[Lease]:
         with self._mutex:
             if self._holders == 0:
                 stack = ExitStack()
-                stack.enter_context(state_lock(self._client, self._settings, holder))  # type: ignore[arg-type]
+                self._lease = stack.enter_context(
+                    state_lock(self._client, self._settings, holder)  # type: ignore[arg-type]
+                )
                 self._stack = stack
             self._holders += 1
+            lease = self._lease
+        assert lease is not None
         try:
-            yield
+            yield lease
         finally:
             with self._mutex:
                 self._holders -= 1
                 if self._holders == 0 and self._stack is not None:
                     self._stack.close()
-                    self._stack = None
+                    self._stack, self._lease = None, None
 
 
 def batch_lines(table: pa.Table) -> list[batch_rows.Line]:
@@ -148,9 +153,9 @@ class StreamJob:
         timer = StepTimer()
         parsed = batch_lines(lines.toArrow())
         timer.mark("read+parse")
-        with self._lock.held(f"stream batch {batch_id}"):
+        with self._lock.held(f"stream batch {batch_id}") as lease:
             timer.mark("lock")
-            alerts = self._process(parsed, batch_id, timer)
+            alerts = self._process(parsed, batch_id, timer, lease)
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
@@ -169,7 +174,9 @@ class StreamJob:
             )
         )
 
-    def _process(self, lines: list[batch_rows.Line], batch_id: int, timer: StepTimer) -> int:
+    def _process(
+        self, lines: list[batch_rows.Line], batch_id: int, timer: StepTimer, lease: Lease
+    ) -> int:
         settings = self.settings
         width_ms = settings.bucket_width_ms
         decision_time = int(time.time() * 1000)
@@ -186,6 +193,7 @@ class StreamJob:
             # Committed before a crash: its rows are spooled (or flushed) already.
             self._committed = batch_id
             return 0
+        lease.check()  # a batch that stalled past its lease must not write anything
         self.spool.discard_from(batch_id)
 
         admitted = admit(
@@ -249,6 +257,7 @@ class StreamJob:
             [e.transaction_id for e in admitted.accepted],
             [r for r, _ in records],
             mirror.horizon_seconds(rules, settings),
+            lease,
         )
         self.hot.apply(decided.buckets, cutoff)
         if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
@@ -398,7 +407,8 @@ class StreamJob:
         through = self._committed if through is None else through
         # One flush (and its eviction) at a time: the write-behind thread, close() and a
         # caller's flush() would otherwise run two DELETEs on the buckets table at once.
-        with self._lock.held("stream write-behind"), self._flushing:
+        with self._lock.held("stream write-behind") as lease, self._flushing:
+            lease.check()
             group = [b for b in self.spool.batches() if through is not None and b <= through]
             metas = [self.spool.meta(b) for b in group[-1:]]
             self.state.flush_spool(through)

@@ -20,7 +20,8 @@ What callers rely on:
   3 to 8 payments from one payer to one beneficiary within two minutes.
 - Files land atomically: each is written under a hidden temporary name in the same folder, then
   renamed, so a folder-watching stream never reads half a file (Spark skips names starting
-  with ``.``).
+  with ``.``). Their modification times grow by at least a millisecond in name order, so
+  Spark's file source (which orders by modification time) takes them in name order.
 
 Pure Python: no Spark, Redis or Airflow.
 """
@@ -197,10 +198,11 @@ def generate_events(out_dir: Path | str, options: GenerateOptions) -> GenerateSu
                 "or allow overwriting"
             )
     source = _LineSource(options)
+    landed = 0
     for index, path in enumerate(names):
         begin = options.events * index // options.files
         end = options.events * (index + 1) // options.files
-        _write_atomically(path, source.chunks(end - begin))
+        landed = _write_atomically(path, source.chunks(end - begin), landed)
     return source.summary(tuple(names))
 
 
@@ -234,6 +236,7 @@ def stream_events(
     source = _LineSource(replace(options, start_ms=start_ms))
     paths: list[Path] = []
     written = 0
+    landed = 0
     next_tick = began
     while written < options.events:
         next_tick += interval_seconds
@@ -246,7 +249,7 @@ def stream_events(
             path = out / f"{options.prefix}-{start_ms:013d}-{len(paths):06d}.jsonl"
             if path.exists() and not options.overwrite:
                 raise UsageError(f"{path} already exists; choose another --out folder or prefix")
-            _write_atomically(path, source.chunks(due - written))
+            landed = _write_atomically(path, source.chunks(due - written), landed)
             paths.append(path)
             written = due
         if should_stop is not None and should_stop():
@@ -254,13 +257,26 @@ def stream_events(
     return source.summary(tuple(paths))
 
 
-def _write_atomically(path: Path, chunks: Iterator[str]) -> None:
+_MS_NS = 1_000_000
+
+
+def _write_atomically(path: Path, chunks: Iterator[str], after_ns: int = 0) -> int:
+    """Write ``path`` whole (a hidden temporary, then a rename), its modification time at
+    least one millisecond past ``after_ns``; returns that time.
+
+    Spark's file source orders new files by modification time in milliseconds and breaks
+    ties arbitrarily: files that landed within one millisecond would arrive out of name
+    order (and a different duplicate would win).
+    """
     temp = path.with_name(f".{path.name}.tmp")
     try:
         with open(temp, "w", encoding="utf-8", newline="\n", buffering=1 << 20) as handle:
             for chunk in chunks:
                 handle.write(chunk)
+        landed = max(time.time_ns(), after_ns - after_ns % _MS_NS + _MS_NS)
+        os.utime(temp, ns=(landed, landed))
         os.replace(temp, path)
+        return landed
     finally:
         temp.unlink(missing_ok=True)
 

@@ -101,6 +101,13 @@ def test_files_are_named_in_arrival_order_and_share_the_lines(tmp_path: Path) ->
     assert max(counts) - min(counts) <= 1
 
 
+def test_files_land_one_millisecond_apart_or_more_in_name_order(tmp_path: Path) -> None:
+    """Spark's file source orders by modification time in ms and breaks ties arbitrarily."""
+    summary = generate_events(tmp_path, GenerateOptions(events=200, files=40, seed=2))
+    times = [p.stat().st_mtime_ns // 1_000_000 for p in sorted(summary.files)]
+    assert all(a < b for a, b in zip(times, times[1:], strict=False))
+
+
 def test_every_line_is_accepted_or_rejected_exactly_as_the_summary_says(
     mixed: tuple[GenerateOptions, GenerateSummary],
 ) -> None:

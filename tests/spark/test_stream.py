@@ -295,15 +295,19 @@ def test_far_future_events_are_quarantined_and_change_no_alert(
     assert future_ids(data_settings.data_dir / "bt" / "backtest" / "quarantine") == streamed_future
 
 
-def test_a_deleted_checkpoint_is_refused_with_the_fix(
+def test_another_bucket_width_and_a_deleted_checkpoint_are_refused_with_the_fix(
     spark, data_settings: Settings, in_order_events: Path
 ) -> None:
-    """Without its checkpoint the stream would number batches from 0 again and skip them as
-    committed: it refuses to start and says what to do."""
+    """Buckets read at another width would be relabelled (every window wrong); without its
+    checkpoint the stream would number batches from 0 again and skip them as committed.
+    Both refuse to start and say what to do."""
     job = StreamJob(spark, data_settings)
     job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
     assert run_available_now(job, in_order_events) == 5
     job.close()
+    narrower = data_settings.model_copy(update={"bucket_seconds": 30})
+    with pytest.raises(UsageError, match="60 seconds wide but VELOCITY_BUCKET_SECONDS is 30"):
+        StreamJob(spark, narrower)
     shutil.rmtree(data_settings.data_dir / "checkpoints" / "stream")
     with pytest.raises(UsageError, match="restore the checkpoint folder"):
         StreamJob(spark, data_settings).start(in_order_events, available_now=True)

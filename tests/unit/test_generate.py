@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,7 @@ def test_files_land_one_millisecond_apart_or_more_in_name_order(tmp_path: Path) 
     """Spark's file source orders by modification time in ms and breaks ties arbitrarily."""
     summary = generate_events(tmp_path, GenerateOptions(events=200, files=40, seed=2))
     times = [p.stat().st_mtime_ns // 1_000_000 for p in sorted(summary.files)]
-    assert all(a < b for a, b in zip(times, times[1:], strict=False))
+    assert all(a < b for a, b in pairwise(times))
 
 
 def test_every_line_is_accepted_or_rejected_exactly_as_the_summary_says(

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from velocity.delta import tables
 from velocity.delta.rule_store import RuleStore
 from velocity.delta.write_behind import Flushed, Spool
+from velocity.errors import UsageError
 from velocity.redis.mirror import horizon_seconds
 from velocity.rules import Rule
 from velocity.settings import Settings
@@ -68,6 +69,25 @@ def last_committed_batch(settings: Settings) -> int | None:
     return max(done, default=None)
 
 
+def refuse_another_bucket_width(buckets: DataFrame, settings: Settings) -> None:
+    """Raise ``UsageError`` when ``buckets`` holds g-wide rows of another width than
+    ``VELOCITY_BUCKET_SECONDS``: read as this width they would be relabelled, and every
+    window of every rule would be wrong."""
+    other = (
+        buckets.where(
+            F.col("parts").isNull() & (F.col("bucket_width_ms") != settings.bucket_width_ms)
+        )
+        .select("bucket_width_ms")
+        .first()
+    )
+    if other is not None:
+        raise UsageError(
+            f"the buckets of {settings.data_dir} are {other[0] // 1000} seconds wide but "
+            f"VELOCITY_BUCKET_SECONDS is {settings.bucket_seconds}: run with "
+            f"VELOCITY_BUCKET_SECONDS={other[0] // 1000}, or start a new VELOCITY_DATA_DIR"
+        )
+
+
 class LiveState:
     """One data dir's live tables (created when missing), its rule store and the stream's
     spool. Bucket reads see g-wide buckets whatever compaction did."""
@@ -78,6 +98,7 @@ class LiveState:
         self.live = LiveTables.of(settings)
         self.rule_store = RuleStore(spark, self.live.rules)
         ensure_live_tables(spark, self.live)
+        refuse_another_bucket_width(self.read("buckets"), settings)
         self.spool = Spool(settings)
         self._flush_mutex = threading.Lock()
 

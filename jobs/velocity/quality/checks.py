@@ -20,9 +20,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from velocity.delta import tables
-from velocity.delta.live import LiveTables
+from velocity.delta.live import LiveTables, refuse_another_bucket_width
 from velocity.delta.tables import LIVE_SCHEMAS
-from velocity.errors import UsageError
 from velocity.quality.alert_values import alert_violation, rule_terms
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
@@ -240,18 +239,8 @@ def buckets_frame(snapshot: Snapshot, rules: Sequence[Rule], settings: Settings)
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             horizon_start = int(newest[0]) - horizon_ms
     buckets = snapshot.read("buckets")
-    other = (
-        buckets.where(F.col("parts").isNull() & (F.col("bucket_width_ms") != width_ms))
-        .select("bucket_width_ms")
-        .first()
-    )
-    if other is not None:
-        # Every bucket would look wrong; say what is wrong once instead.
-        raise UsageError(
-            f"the buckets table holds {other[0] // 1000}-second buckets but "
-            f"VELOCITY_BUCKET_SECONDS is {settings.bucket_seconds}; "
-            "run the check with the stream's bucket width"
-        )
+    # Every bucket would look wrong; say what is wrong once instead.
+    refuse_another_bucket_width(buckets, settings)
     stored = stored_minute_buckets(buckets, width_ms)
     return bucket_recount(stored, events, signatures, width_ms, horizon_start)
 

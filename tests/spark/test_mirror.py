@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import redis
@@ -14,7 +15,12 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import mirror
-from velocity.redis.keys import bucket_hash_key, rule_entry_key, seen_key_prefix
+from velocity.redis.keys import (
+    bucket_hash_key,
+    rule_entry_key,
+    seen_key_prefix,
+    stream_progress_key,
+)
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
@@ -220,4 +226,20 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     found, written = streamed.mirror.repair()
     assert found.extra and written > 0
     assert not client.exists(ghost)
+    assert streamed.mirror.reconcile().clean
+
+
+def test_after_a_stop_longer_than_the_horizon_slack_redis_is_rebuilt(streamed: StreamJob) -> None:
+    """Bucket hashes expire on the clock while eventTime stands still in a stop: after a
+    stop longer than the lateness + one bucket, Redis no longer counts as current, and the
+    next start rebuilds it from Delta."""
+    client, settings = streamed.redis, streamed.settings
+    progress = stream_progress_key(str(settings.data_dir))
+    slack_ms = settings.allowed_lateness_ms + settings.bucket_width_ms
+    client.hset(progress, "at", int(time.time() * 1000) - slack_ms + 30_000)
+    assert streamed.mirror.is_current()
+    client.hset(progress, "at", int(time.time() * 1000) - slack_ms - 1_000)
+    assert not streamed.mirror.is_current()
+    streamed.mirror.rebuild()
+    assert streamed.mirror.is_current()
     assert streamed.mirror.reconcile().clean

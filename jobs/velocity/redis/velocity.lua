@@ -238,10 +238,10 @@ end
 --   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <changes json>
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
 -- hash's TTL), the buckets dropped below the horizon, the accepted transactionIds, the
--- alerts on the stream, and the progress. Fenced: unless the state lock holds the caller's
--- token (its lease ran out, someone else may be writing) nothing is written and -2
--- returned. A batch not newer than the progress was committed already: nothing is
--- written and -1 returned (a replay changes nothing twice).
+-- alerts on the stream, and the progress (with "at", the time of this commit). Fenced:
+-- unless the state lock holds the caller's token (its lease ran out, someone else may be
+-- writing) nothing is written and -2 returned. A batch not newer than the progress was
+-- committed already: nothing is written and -1 returned (a replay changes nothing twice).
 -- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
 --            "s": [seen key, ...], "a": [alert json, ...]}
 local function velocity_stream_commit(keys, args)
@@ -267,7 +267,9 @@ local function velocity_stream_commit(keys, args)
   for _, alert in ipairs(changes["a"]) do
     redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", alert, "batch", args[2])
   end
-  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3])
+  local now = redis.call("TIME")
+  local at = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", at)
   return #changes["a"]
 end
 

@@ -32,8 +32,16 @@ class RedisState:
         self.redis = client
 
     def is_current(self) -> bool:
-        """True when Redis holds this data dir's state (false after a flush or a new Redis)."""
-        return self.redis.get(MIRROR_MARKER) == str(self.settings.data_dir)
+        """True when Redis holds this data dir's whole state: false after a flush or on a
+        new Redis, and after the stream stopped committing for longer than the horizon's
+        slack (allowed lateness + one bucket). Bucket hashes expire on the clock while
+        eventTime stands still in a stop, so after a long one a hash may be gone whose
+        buckets are still inside the horizon."""
+        if self.redis.get(MIRROR_MARKER) != str(self.settings.data_dir):
+            return False
+        at = self.redis.hget(stream_progress_key(str(self.settings.data_dir)), "at")
+        slack_ms = self.settings.allowed_lateness_ms + self.settings.bucket_width_ms
+        return at is None or int(time.time() * 1000) - int(at) <= slack_ms  # type: ignore[arg-type]
 
     def flush_spooled(self) -> None:
         """Append every batch the stream committed but has not written to Delta yet (hold
@@ -67,6 +75,7 @@ class RedisState:
             mapping={
                 "batch": -1 if through is None else through,
                 "newest": "" if newest is None else newest,
+                "at": int(time.time() * 1000),  # whole as of now (see ``is_current``)
             },
         )
         self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))

@@ -76,7 +76,7 @@ def _rule_store(settings: Settings) -> Any:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from velocity.redis.server import redis_up
+    from velocity.redis.server import READER_USER, redis_up
 
     settings = _settings(args)
     status = redis_up(settings)
@@ -84,6 +84,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = "started" if status.started else "already running"
     print(f"redis {status.version} {state} on {host}:{port} (pid {status.pid})")
     print(status.url)
+    print(
+        f"read-only user for downstream services: {READER_USER} "
+        f"(redis://{READER_USER}:VELOCITY_REDIS_READER_PASSWORD@{host}:{port}/0)"
+    )
     print(f"data dir: {settings.data_dir}")
     return EXIT_OK
 

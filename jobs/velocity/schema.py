@@ -150,6 +150,9 @@ def parse_amount(raw: object, field: str = "paymentAmount") -> Decimal:
     return amount
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _scalar_text(field: str, raw: object) -> str:
     """Canonical string of a string or number value; rejects objects, arrays, booleans."""
     if isinstance(raw, (bool, dict, list)) or raw is None:
@@ -158,6 +161,13 @@ def _scalar_text(field: str, raw: object) -> str:
             f"{field} must be a string or number, got {type(raw).__name__} {raw!r}",
         )
     if isinstance(raw, str):
+        if not raw.isascii() and _SURROGATE.search(raw):
+            # JSON can spell one ("\\ud800"), but it is no text: UTF-8 (Delta, Arrow,
+            # Redis keys) cannot hold it.
+            raise _BadValue(
+                RejectReason.WRONG_TYPE,
+                f"{field} {raw!r} holds an unpaired UTF-16 surrogate, which is not text",
+            )
         return raw
     if isinstance(raw, int):
         return str(raw)

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         default=f"redis://:{DEFAULT_REDIS_PASSWORD}@127.0.0.1:{DEFAULT_REDIS_PORT}/0",
         description="Redis that mirrors the aggregates; `velocity up` starts this one locally.",
     )
+    redis_reader_password: str = Field(
+        default="velocity-reader-local",
+        min_length=8,
+        description="Password of the read-only Redis user `velocity-reader` that `velocity up` "
+        "creates for downstream services (lookups, rule entries, the alert stream).",
+    )
     redis_alert_stream: str = Field(
         default="velocity:alerts", description="Redis stream that receives every alert."
     )

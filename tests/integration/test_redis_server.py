@@ -107,6 +107,9 @@ def test_render_config(tmp_path: Path) -> None:
     ]:
         assert expected in lines
     assert sum(line.startswith("bind ") for line in lines) == 1
+    reader = [line for line in lines if line.startswith("user ")]
+    assert len(reader) == 1 and reader[0].startswith('user velocity-reader on ">')
+    assert "%R~velocity:*" in reader[0] and "-@all" in reader[0] and "+fcall_ro" in reader[0]
 
 
 def test_render_config_refuses_control_characters(tmp_path: Path) -> None:

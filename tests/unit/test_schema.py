@@ -359,8 +359,14 @@ def test_canonical_value(field: str, raw: object, expected: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("field", "raw"),
-    [("payerId", {}), ("payerId", [1]), ("payerId", True), ("paymentType", "XYZ"),
-     ("paymentAmount", "-1"), ("paymentAmount", "abc")],
+    [
+        ("payerId", {}),
+        ("payerId", [1]),
+        ("payerId", True),
+        ("paymentType", "XYZ"),
+        ("paymentAmount", "-1"),
+        ("paymentAmount", "abc"),
+    ],
 )
 def test_canonical_value_of_a_wrong_value_raises_value_error(field: str, raw: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -390,8 +396,13 @@ def test_rejection_str_leads_with_its_stable_code() -> None:
     rejection = reject_line(event_line(paymentType="XYZ"))
     assert str(rejection).startswith("unknown_enum: ")
     assert {r.value for r in RejectReason} >= {
-        "not_json", "not_object", "missing_field", "wrong_type",
-        "amount_out_of_range", "amount_precision", "unknown_enum",
+        "not_json",
+        "not_object",
+        "missing_field",
+        "wrong_type",
+        "amount_out_of_range",
+        "amount_precision",
+        "unknown_enum",
     }
 
 
@@ -412,12 +423,17 @@ def test_every_generated_valid_event_is_accepted_as_line_and_object(obj: dict[st
 
 
 _json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.text(max_size=10),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.text(max_size=10),
     st.floats(allow_nan=True, allow_infinity=True),
 )
 _json_values = st.recursive(
-    _json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.text(max_size=5), inner, max_size=3), max_leaves=8
+    _json_scalars,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
 )
 
 
@@ -434,3 +450,40 @@ def test_parse_event_object_never_raises_on_any_json_values(fields: dict[str, An
     assert isinstance(parse_event_object(obj), (Event, Rejection))
     line = json.dumps(obj, allow_nan=True)
     assert isinstance(parse_event_line(line), (Event, Rejection))
+
+
+# ---------------------------------------------------------------- hostile text
+
+
+@pytest.mark.parametrize("field", ["transactionId", "payerId", "ip"])
+def test_an_unpaired_surrogate_is_not_text(field: str) -> None:
+    """JSON can spell "\\ud800", but no UTF-8 store (Delta, Arrow, Redis keys) can hold it."""
+    rejection = reject_obj(event_obj(**{field: "a\ud800b"}))
+    assert rejection.code is RejectReason.WRONG_TYPE and "surrogate" in rejection.message
+    paired = json.dumps(event_obj(**{field: "a\U0001f600b"}), ensure_ascii=True)
+    assert accept_line(paired).values[field] == "a\U0001f600b"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(), st.binary().map(lambda b: b.decode("utf-8", errors="replace"))))
+def test_any_text_is_accepted_or_quarantined_and_accepted_text_is_utf8(line: str) -> None:
+    result = parse_event_line(line)
+    assert isinstance(result, (Event, Rejection))
+    if isinstance(result, Event):
+        for value in result.values.values():
+            assert value is None or value.encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"a":' * 50_000 + "1" + "}" * 50_000,
+        '{"transactionId": "t", "eventTime": 1' + "0" * 5000 + "}",
+        '{"paymentAmount": 1e999999}',
+        "\ufeff{}",
+        "z" * 1_000_000,
+    ],
+)
+def test_deep_huge_and_odd_lines_are_quarantined_not_raised(line: str) -> None:
+    assert reject_line(line).message

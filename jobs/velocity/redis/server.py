@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from velocity.errors import UsageError, VelocityError
+from velocity.redis.keys import PREFIX
 from velocity.settings import Settings
 
 MIN_VERSION = (7, 0, 0)  # Redis Functions, which the mirror relies on
@@ -41,6 +42,17 @@ _FALLBACK_BINARIES = (Path("/usr/bin/redis-server"), Path("/usr/local/bin/redis-
 _POLL_SECONDS = 0.05
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+READER_USER = "velocity-reader"
+READER_COMMANDS = " ".join(
+    f"+{command}"
+    for command in (
+        "fcall_ro", "time", "hget", "hgetall", "hmget", "hexists", "exists", "type",
+        "xrange", "xrevrange", "xread", "xlen", "xinfo|stream", "ping", "echo",
+        "client|setname", "hello", "select",
+    )
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,8 @@ class LocalRedis:
     db: int
     home: Path
     """``<data_dir>/redis``: config, pidfile, log, RDB and AOF."""
+    reader_password: str = "velocity-reader-local"
+    """Password of ``READER_USER``, the read-only user for downstream services."""
 
     @property
     def config_path(self) -> Path:
@@ -122,7 +136,10 @@ def local_redis(settings: Settings) -> LocalRedis:
     db_text = parts.path.lstrip("/") or "0"
     if not db_text.isdigit():
         raise UsageError(f"VELOCITY_REDIS_URL {shown} names database {db_text!r}; use a number")
-    return LocalRedis(bind, port, password, int(db_text), settings.data_dir / "redis")
+    return LocalRedis(
+        bind, port, password, int(db_text), settings.data_dir / "redis",
+        settings.redis_reader_password,
+    )  # fmt: skip
 
 
 def render_config(server: LocalRedis) -> str:
@@ -135,6 +152,10 @@ def render_config(server: LocalRedis) -> str:
         f"port {server.port}",
         "protected-mode yes",
         f"requirepass {_config_quote('password', server.password)}",
+        # Downstream services read as this user: window lookups through the no-writes
+        # Function (FCALL_RO), rule entries, the alert stream; nothing else.
+        f"user {READER_USER} on {_config_quote('reader password', '>' + server.reader_password)}"
+        f" resetkeys %R~{PREFIX}:* resetchannels -@all {READER_COMMANDS}",
         "daemonize yes",
         "supervised no",
         f"pidfile {_config_quote('pidfile', str(server.pid_path))}",

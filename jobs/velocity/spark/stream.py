@@ -478,7 +478,9 @@ class StreamJob:
             # Rules and their signatures' history in place before the first batch arrives.
             self._rules_in_force(0 if committed is None else committed + 1)
         self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
-        reader = self.spark.readStream.format("text")
+        # A file deleted between Spark's listing and its read is skipped (its lines went
+        # with it) instead of failing every retry of the batch for good.
+        reader = self.spark.readStream.format("text").option("ignoreMissingFiles", "true")
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         lines = with_line_source(reader.load(str(events_dir)))

@@ -1,0 +1,60 @@
+"""The read-only Redis user for downstream services, on the real redis-server that
+`velocity up` configures: it reads windows, rule entries and alerts, and nothing else."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from velocity.redis import mirror
+from velocity.redis.keys import bucket_hash_key, rule_entry_key
+from velocity.redis.server import READER_USER
+from velocity.settings import Settings
+
+pytestmark = pytest.mark.redis
+EVIL_LIBRARY = "#!lua name=evil\nredis.register_function('e', function() return 1 end)"
+
+
+def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
+    owner = redis.Redis.from_url(redis_url, decode_responses=True)
+    mirror.load_functions(owner)
+    bucket = bucket_hash_key("feedc0de", '["p-1"]')
+    owner.hset(bucket, "1767225600000", '[2,2,"30.5","10","20.5",[]]')
+    owner.hset(rule_entry_key(901), mapping={"signatureId": "feedc0de", "windowMs": "600000"})
+    owner.xadd("velocity:alerts", {"alert": "{}", "batch": "0"})
+    parts = urlsplit(redis_url)
+    reader = redis.Redis(
+        host=parts.hostname,
+        port=parts.port,
+        username=READER_USER,
+        password=Settings.model_fields["redis_reader_password"].default,
+        decode_responses=True,
+    )
+
+    window = reader.fcall_ro("velocity_window", 1, bucket, "SUM", "600000", "60000",
+                             "1767225630000")  # fmt: skip
+    assert '"aggregateValue":"30.5"' in str(window)
+    assert reader.hgetall(rule_entry_key(901))["signatureId"] == "feedc0de"
+    assert reader.xrange("velocity:alerts")
+
+    forbidden = [
+        lambda: reader.set("velocity:x", "1"),
+        lambda: reader.hset(bucket, "1", "x"),
+        lambda: reader.delete(bucket),
+        lambda: reader.xadd("velocity:alerts", {"alert": "{}"}),
+        lambda: reader.flushall(),
+        lambda: reader.flushdb(),
+        lambda: reader.function_load(EVIL_LIBRARY, replace=True),
+        lambda: reader.function_flush(),
+        lambda: reader.fcall("velocity_evict", 1, bucket, "9999999999999"),
+        lambda: reader.config_set("maxmemory", "1"),
+        lambda: reader.get("other:key"),
+        lambda: reader.keys("*"),
+        lambda: reader.acl_setuser(READER_USER, enabled=True, commands=["+@all"]),
+    ]
+    for attempt in forbidden:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+    assert owner.hgetall(bucket) == {"1767225600000": '[2,2,"30.5","10","20.5",[]]'}

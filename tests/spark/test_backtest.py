@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.reference import reference_alerts
+from velocity.arrival import Arrivals, Verdict
 from velocity.buckets import BucketAggregate, bucket_start
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import Rule, key_text, parse_rules, rules_by_signature
-from velocity.schema import Event, is_blank, parse_event_line
+from velocity.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest
 from velocity.windows import format_aggregate
@@ -125,22 +126,27 @@ def all_rules() -> list[Rule]:
     return [e.with_version(1) for e in entries if isinstance(e, Rule)]
 
 
-def accepted_events(folder: Path) -> tuple[list[Event], int, int]:
-    """First arrival of each transactionId, in arrival order; (events, rejected, duplicates)."""
-    seen: set[str] = set()
+def accepted_events(folder: Path) -> tuple[list[Event], list[tuple[str, Rejection]], int]:
+    """First arrival of each transactionId, in arrival order, far-future events quarantined
+    (``velocity.arrival``); (events, (raw line, rejection)s, duplicates)."""
+    arrivals = Arrivals((), None, Settings.model_fields["max_future_seconds"].default * 1000)
     events: list[Event] = []
-    rejected = duplicates = 0
+    rejected: list[tuple[str, Rejection]] = []
+    duplicates = 0
     for path in sorted(folder.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if is_blank(line):
                 continue
             parsed = parse_event_line(line)
             if not isinstance(parsed, Event):
-                rejected += 1
-            elif parsed.transaction_id in seen:
+                rejected.append((line, parsed))
+                continue
+            verdict = arrivals.admit(parsed.transaction_id, parsed.event_time)
+            if verdict is Verdict.FUTURE:
+                rejected.append((line, arrivals.future_rejection(parsed.event_time)))
+            elif verdict is Verdict.DUPLICATE:
                 duplicates += 1
             else:
-                seen.add(parsed.transaction_id)
                 events.append(parsed)
     return events, rejected, duplicates
 
@@ -192,7 +198,7 @@ def test_backtest_equals_reference(
 
     assert (summary.accepted, summary.quarantined, summary.duplicates) == (
         len(events),
-        rejected,
+        len(rejected),
         duplicates,
     )
     assert summary.quarantined > 0 and summary.duplicates > 0
@@ -206,10 +212,10 @@ def test_backtest_tables(spark, data_settings: Settings, generated: Path, tmp_pa
     events, rejected, _ = accepted_events(generated)
 
     quarantine = tables.read_table(spark, root / tables.QUARANTINE).collect()
-    assert len(quarantine) == rejected
+    assert len(quarantine) == len(rejected)
+    why = dict(rejected)
     for row in quarantine:
-        expected = parse_event_line(row["raw"])
-        assert not isinstance(expected, Event)
+        expected = why[row["raw"]]
         assert (row["reason_code"], row["reason"]) == (expected.code.value, expected.message)
 
     stored = tables.read_table(spark, root / tables.EVENTS)

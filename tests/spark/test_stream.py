@@ -47,15 +47,14 @@ def land(source: Path, folder: Path, order: int) -> None:
 
 
 def first_arrivals(files: list[Path]) -> list[Event]:
-    seen: set[str] = set()
-    accepted = []
-    for path in files:
-        for line in path.read_text().splitlines():
-            event = parse_event_line(line)
-            if isinstance(event, Event) and event.transaction_id not in seen:
-                seen.add(event.transaction_id)
-                accepted.append(event)
-    return accepted
+    arrivals = Arrivals((), None, Settings.model_fields["max_future_seconds"].default * 1000)
+    return [
+        event
+        for path in files
+        for event in map(parse_event_line, path.read_text().splitlines())
+        if isinstance(event, Event)
+        and arrivals.admit(event.transaction_id, event.event_time) is Verdict.ACCEPTED
+    ]
 
 
 def alert_pairs(spark, path: Path) -> dict[tuple[int, str], tuple[str, int, str]]:
@@ -288,7 +287,7 @@ def test_far_future_events_are_quarantined_and_change_no_alert(
 
     def future_ids(quarantine: Path) -> list[str]:
         rows = tables.read_table(spark, quarantine).where("reason_code = 'future_event_time'")
-        return sorted(json.loads(r["raw"])["transactionId"] for r in rows.collect())
+        return sorted(str(json.loads(r["raw"])["transactionId"]) for r in rows.collect())
 
     streamed_future = future_ids(live.quarantine)
     assert set(outlier_ids) <= set(streamed_future)  # and the generator's own

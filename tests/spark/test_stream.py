@@ -310,3 +310,36 @@ def test_another_bucket_width_and_a_deleted_checkpoint_are_refused_with_the_fix(
     shutil.rmtree(data_settings.data_dir / "checkpoints" / "stream")
     with pytest.raises(UsageError, match="restore the checkpoint folder"):
         StreamJob(spark, data_settings).start(in_order_events, available_now=True)
+
+
+def test_a_signature_activated_before_a_replay_counts_the_replayed_batch(
+    spark, data_settings: Settings, in_order_events: Path
+) -> None:
+    """A crash after a batch committed to Redis but before Spark's checkpoint did: on restart
+    Spark replays it, and the stream skips it as done. A signature activated in between is
+    built from the history, which must include that batch."""
+    sample = [r for r in parse_rules(sample_rules_path().read_text()) if isinstance(r, Rule)]
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply([r for r in sample if r.rule_id != 8])
+    assert run_available_now(job, in_order_events) == 5
+    job.close()
+    (data_settings.data_dir / "checkpoints" / "stream" / "commits" / "4").unlink()
+
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply([r for r in sample if r.rule_id == 8])
+    run_available_now(job, in_order_events)
+    job.close()
+
+    signature = next(r for r in sample if r.rule_id == 8).signature.signature_id
+    counted = (
+        tables.read_table(spark, LiveTables.of(data_settings).buckets)
+        .where(f"signature_id = '{signature}'")
+        .agg({"event_count": "sum"})
+        .first()[0]
+    )
+    cash = [
+        e
+        for e in first_arrivals(sorted(in_order_events.glob("*.jsonl")))
+        if e.values.get("paymentType") == "CSH"
+    ]
+    assert counted == len(cash) > 0

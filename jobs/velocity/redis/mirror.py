@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # lock imports this module (to load the functions)
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
 _PIPELINE_CHUNK = 1000
+COMMIT_CHUNK = 20_000  # entries of each kind in one argument of velocity_stream_commit
 FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
 
 
@@ -321,16 +322,23 @@ def commit_stream_batch(
             if start in state.buckets:
                 value = bucket_value(state.buckets[start], state.last_times.get(start))
                 buckets.append((name, str(start), value))
-    changes = json.dumps(
-        {
-            "b": buckets,
-            "d": [(bucket_hash_key(sig, key), str(start)) for sig, key, start in dropped],
-            "s": [seen_prefix + tx for tx in accepted],
-            "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
-        },
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    parts = {
+        "b": buckets,
+        "d": [(bucket_hash_key(sig, key), str(start)) for sig, key, start in dropped],
+        "s": [seen_prefix + tx for tx in list(accepted)],
+        "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
+    }
+    # One Function call (atomic) whatever the batch's size, but in arguments of at most
+    # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.
+    longest = max(len(entries) for entries in parts.values())
+    changes = [
+        json.dumps(
+            {name: entries[start : start + COMMIT_CHUNK] for name, entries in parts.items()},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        for start in range(0, max(longest, 1), COMMIT_CHUNK)
+    ]
     result = client.fcall(
         "velocity_stream_commit",
         3,
@@ -343,7 +351,7 @@ def commit_stream_batch(
         str(bucket_ttl_seconds * 1000),
         str(settings.dedup_horizon_seconds * 1000),
         str(ALERT_STREAM_MAXLEN),
-        changes,
+        *changes,
     )
     if int(result) == FENCED:  # type: ignore[arg-type]
         lease.lost.set()

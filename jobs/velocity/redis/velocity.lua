@@ -235,7 +235,7 @@ local function velocity_stream_read(keys, args)
 end
 
 -- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
---   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <changes json>
+--   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <changes json>...
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
 -- hash's TTL), the buckets dropped below the horizon, the accepted transactionIds, the
 -- alerts on the stream, and the progress (with "at", the time of this commit). Fenced:
@@ -243,34 +243,42 @@ end
 -- writing) nothing is written and -2 returned. A batch not newer than the progress was
 -- committed already: nothing is written and -1 returned (a replay changes nothing twice).
 -- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
---            "s": [seen key, ...], "a": [alert json, ...]}
+--            "s": [seen key, ...], "a": [alert json, ...]}, in one or more parts (each
+--            argument a part of every list, in order, so no argument grows without bound)
 local function velocity_stream_commit(keys, args)
   if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
   local batch = tonumber(args[2])
   local last = redis.call("HGET", keys[1], "batch")
   if last and tonumber(last) >= batch then return -1 end
-  local changes = cjson.decode(args[7])
-  local touched = {}
-  for _, b in ipairs(changes["b"]) do
-    redis.call("HSET", b[1], b[2], b[3])
-    touched[b[1]] = true
+  local parts = {}
+  for i = 7, #args do parts[#parts + 1] = cjson.decode(args[i]) end
+  -- Kind by kind over all parts: a bucket both changed and dropped ends dropped.
+  local touched, published = {}, 0
+  for _, changes in ipairs(parts) do
+    for _, b in ipairs(changes["b"]) do
+      redis.call("HSET", b[1], b[2], b[3])
+      touched[b[1]] = true
+    end
   end
-  for _, d in ipairs(changes["d"]) do
-    redis.call("HDEL", d[1], d[2])
+  for _, changes in ipairs(parts) do
+    for _, d in ipairs(changes["d"]) do redis.call("HDEL", d[1], d[2]) end
   end
   for name in pairs(touched) do
     redis.call("PEXPIRE", name, args[4])
   end
-  for _, name in ipairs(changes["s"]) do
-    redis.call("SET", name, args[2], "PX", args[5])
+  for _, changes in ipairs(parts) do
+    for _, name in ipairs(changes["s"]) do redis.call("SET", name, args[2], "PX", args[5]) end
   end
-  for _, alert in ipairs(changes["a"]) do
-    redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", alert, "batch", args[2])
+  for _, changes in ipairs(parts) do
+    for _, alert in ipairs(changes["a"]) do
+      redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", alert, "batch", args[2])
+      published = published + 1
+    end
   end
   local now = redis.call("TIME")
   local at = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
   redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", at)
-  return #changes["a"]
+  return published
 end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,

@@ -333,7 +333,11 @@ class StreamJob:
             rules = active_rules(self.rule_store.in_force())
             mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
             signatures = list(rules_by_signature(rules))
-            self._sync_signatures(signatures, rules, batch_id)
+            # Build from every batch Redis has: a batch committed there before a crash is
+            # replayed without being decided again, so the build must count its events.
+            committed = mirror.committed_batch(self.redis, self.settings)
+            through = batch_id if committed is None else max(batch_id, committed + 1)
+            self._sync_signatures(signatures, rules, through)
             self._rules, self._rules_version = rules, version
         return self._rules
 

@@ -1,0 +1,62 @@
+"""The stream's micro-batch commit on the real redis-server: atomic in one Function call
+whatever the batch's size (its arguments chunked), refused on replay."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import redis
+
+from velocity.buckets import BucketAggregate
+from velocity.redis import mirror
+from velocity.redis.keys import bucket_hash_key, parse_bucket, seen_key_prefix
+from velocity.redis.lock import state_lock
+from velocity.settings import Settings, load_settings
+from velocity.stream_batch import KeyState
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def settings(redis_url: str, tmp_path: Path) -> Settings:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    mirror.load_functions(client)
+    return load_settings(data_dir=tmp_path / "data", redis_url=redis_url)
+
+
+def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mirror, "COMMIT_CHUNK", 3)
+    client = mirror.connect(settings)
+    one = BucketAggregate.of_event("12.5", Decimal("12.5"))
+    changed = {
+        ("sig", f'["p-{i}"]'): (KeyState({60_000: one, 120_000: one}, {60_000: 60_001}), [60_000])
+        for i in range(10)
+    }
+    # p-0's bucket 60 000 is changed and dropped below the horizon in the same batch.
+    dropped = [("sig", '["p-0"]', 60_000)]
+    alerts = [{"alertId": f"a-{i}", "n": i} for i in range(7)]
+    accepted = [f"tx-{i}" for i in range(8)]
+    with state_lock(client, settings, "stream batch 0") as lease:
+        published = mirror.commit_stream_batch(
+            client, settings, 0, 123, changed, dropped, accepted, alerts, 60, lease
+        )
+        again = mirror.commit_stream_batch(
+            client, settings, 0, 123, changed, dropped, accepted, alerts, 60, lease
+        )
+    assert (published, again) == (7, -1)
+    entries = client.xrange(settings.redis_alert_stream)
+    assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(7))
+    prefix = seen_key_prefix(str(settings.data_dir))
+    assert all(client.exists(prefix + tx) for tx in accepted)
+    assert client.hget(bucket_hash_key("sig", '["p-0"]'), "60000") is None
+    for i in range(1, 10):
+        value = client.hget(bucket_hash_key("sig", f'["p-{i}"]'), "60000")
+        assert parse_bucket(value) == (one, 60_001)  # type: ignore[arg-type]
+        assert 0 < client.pttl(bucket_hash_key("sig", f'["p-{i}"]')) <= 60_000
+    assert mirror.committed_batch(client, settings) == 0

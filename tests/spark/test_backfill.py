@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -260,3 +261,47 @@ def test_backfill_leaves_alone_the_alerts_of_events_that_arrived_after_its_pin(
     assert after_pin, "the file landed during the backfill must have fired alerts"
     retracted = {(r["ruleId"], r["transactionId"]) for r in alerts if r["kind"] == "RETRACTION"}
     assert not retracted & {(r["ruleId"], r["transactionId"]) for r in after_pin}
+
+
+def test_two_overlapping_backfills_end_as_one_after_the_other(
+    spark, data_settings: Settings, late_events: Path, tmp_path: Path
+) -> None:
+    sample = parse_rules(sample_rules_path().read_text())
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply(sample)
+    query = job.start(late_events, available_now=True, max_files_per_trigger=1)
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
+    out = tmp_path / "bt.jsonl"
+    run_backtest(spark, data_settings.model_copy(update={"data_dir": tmp_path / "bt"}), rules,
+                 str(late_events), out)  # fmt: skip
+    complete = {
+        (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
+        for a in map(json.loads, out.read_text().splitlines())
+    }
+
+    summaries: list = []
+    runs = [
+        threading.Thread(
+            target=lambda: summaries.append(Backfill(spark, data_settings).run(0, 2**62))
+        )
+        for _ in range(2)
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert len(summaries) == 2
+    after = in_effect(spark, data_settings)
+    assert {p: (r["aggregateValue"], r["windowStart"]) for p, r in after.items()} == complete
+    amended = sorted(s.corrections + s.retractions for s in summaries)
+    assert amended[0] == 0 < amended[1], "the later run finds the earlier one's amendments"
+    published = [
+        json.loads(f["alert"])["alertId"]
+        for _, f in job.redis.xrange(data_settings.redis_alert_stream)
+        if f.get("backfill") == "1"
+    ]
+    assert len(published) == len(set(published)) == amended[1]

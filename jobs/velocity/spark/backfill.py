@@ -156,7 +156,10 @@ class Backfill:
             rule_ids=[r.rule_id for r in rules],
             late_through_batch=late_through_batch,
         )
-        summary.republished = self._publish_unrecorded(started)
+        with state_lock(self.redis, settings, f"backfill {summary.run_id} (recover)"):
+            # Under the lock: another run between its append and its record is not a
+            # crashed one.
+            summary.republished = self._publish_unrecorded(started)
         if not rules:
             self._record(summary, [], started)
             return summary

@@ -183,6 +183,9 @@ def run_design(
         "VELOCITY_DATA_DIR": str(home / "data"),
         "VELOCITY_REDIS_URL": redis_url,
         "VELOCITY_JARS_DIR": str(ROOT / ".cache" / "jars"),
+        # The old design's fixed key names, for both designs: one harness reads both.
+        "VELOCITY_REDIS_KEY_PREFIX": "velocity",
+        "VELOCITY_REDIS_ALERT_STREAM": "velocity:alerts",
     }
     if design == "old":
         tree = work / "old-tree"

@@ -23,7 +23,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from velocity.redis.server import redis_down, redis_up
 
     url = f"redis://:test-secret@127.0.0.1:{free_port()}/0"
-    settings = load_settings(data_dir=tmp_path_factory.mktemp("redis-home"), redis_url=url)
+    # One server for every test's data dir: its reader user may read all of them.
+    settings = load_settings(
+        data_dir=tmp_path_factory.mktemp("redis-home"), redis_url=url, redis_key_prefix="velocity"
+    )
     redis_up(settings)
     yield url
     redis_down(settings)

@@ -89,6 +89,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"(redis://{READER_USER}:VELOCITY_REDIS_READER_PASSWORD@{host}:{port}/0)"
     )
     print(f"data dir: {settings.data_dir}")
+    print(f"key prefix: {settings.redis_keys.prefix} (alerts: {settings.alert_stream})")
     return EXIT_OK
 
 
@@ -371,7 +372,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     client = mirror.connect(settings)
-    stream = settings.redis_alert_stream
+    stream = settings.alert_stream
     last = "0-0" if args.from_start else "$"
     deadline = time.monotonic() + args.duration if args.duration else None
     seen = 0
@@ -441,9 +442,12 @@ def _parse_key(text: str) -> dict[str, str]:
 def cmd_lookup(args: argparse.Namespace) -> int:
     from velocity.redis import mirror
 
-    client = mirror.connect(_settings(args))
+    settings = _settings(args)
+    client = mirror.connect(settings)
     try:
-        result = mirror.lookup(client, args.rule, _parse_key(args.key), args.at)
+        result = mirror.lookup(
+            client, settings.redis_keys, args.rule, _parse_key(args.key), args.at
+        )
     except KeyError as exc:
         raise UsageError(f"--key: {exc.args[0]}") from exc
     print(json.dumps(result))

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from velocity.buckets import ALLOWED_BUCKET_SECONDS, bucket_width_ms
 from velocity.errors import SettingsError
+from velocity.redis.keys import RedisKeys, default_prefix
 
 # The checkout this package runs from (jobs/velocity/settings.py -> checkout).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -44,8 +45,15 @@ class Settings(BaseSettings):
         description="Password of the read-only Redis user `velocity-reader` that `velocity up` "
         "creates for downstream services (lookups, rule entries, the alert stream).",
     )
+    redis_key_prefix: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9:._-]*$",
+        description="Every Redis key of this data dir starts with this and a colon "
+        "(empty: velocity:<digest of the data dir>, so data dirs never share keys).",
+    )
     redis_alert_stream: str = Field(
-        default="velocity:alerts", description="Redis stream that receives every alert."
+        default="",
+        description="Redis stream that receives every alert (empty: <key prefix>:alerts).",
     )
     bucket_seconds: int = Field(
         default=60, description=f"Bucket width g in seconds; one of {list(ALLOWED_BUCKET_SECONDS)}."
@@ -125,6 +133,17 @@ class Settings(BaseSettings):
     @property
     def bucket_width_ms(self) -> int:
         return bucket_width_ms(self.bucket_seconds)
+
+    @property
+    def redis_keys(self) -> RedisKeys:
+        """The names of this data dir's Redis keys (``velocity.redis.keys``)."""
+        prefix = self.redis_key_prefix or default_prefix(str(self.data_dir))
+        return RedisKeys(prefix, str(self.data_dir))
+
+    @property
+    def alert_stream(self) -> str:
+        """The Redis stream of alerts: ``redis_alert_stream``, or ``<prefix>:alerts``."""
+        return self.redis_alert_stream or self.redis_keys.alert_stream
 
     @property
     def allowed_lateness_ms(self) -> int:

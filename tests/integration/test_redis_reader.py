@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from velocity.redis import mirror
-from velocity.redis.keys import bucket_hash_key, rule_entry_key
+from velocity.redis.keys import RedisKeys
 from velocity.redis.server import READER_USER
 from velocity.settings import Settings
 
@@ -20,10 +20,11 @@ EVIL_LIBRARY = "#!lua name=evil\nredis.register_function('e', function() return 
 def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     owner = redis.Redis.from_url(redis_url, decode_responses=True)
     mirror.load_functions(owner)
-    bucket = bucket_hash_key("feedc0de", '["p-1"]')
+    keys = RedisKeys("velocity:test", "/srv/velocity")  # the session server: velocity:*
+    bucket = keys.bucket_hash("feedc0de", '["p-1"]')
     owner.hset(bucket, "1767225600000", '[2,2,"30.5","10","20.5",[]]')
-    owner.hset(rule_entry_key(901), mapping={"signatureId": "feedc0de", "windowMs": "600000"})
-    owner.xadd("velocity:alerts", {"alert": "{}", "batch": "0"})
+    owner.hset(keys.rule_entry(901), mapping={"signatureId": "feedc0de", "windowMs": "600000"})
+    owner.xadd(keys.alert_stream, {"alert": "{}", "batch": "0"})
     parts = urlsplit(redis_url)
     reader = redis.Redis(
         host=parts.hostname,
@@ -36,14 +37,14 @@ def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     window = reader.fcall_ro("velocity_window", 1, bucket, "SUM", "600000", "60000",
                              "1767225630000")  # fmt: skip
     assert '"aggregateValue":"30.5"' in str(window)
-    assert reader.hgetall(rule_entry_key(901))["signatureId"] == "feedc0de"
-    assert reader.xrange("velocity:alerts")
+    assert reader.hgetall(keys.rule_entry(901))["signatureId"] == "feedc0de"
+    assert reader.xrange(keys.alert_stream)
 
     forbidden = [
         lambda: reader.set("velocity:x", "1"),
         lambda: reader.hset(bucket, "1", "x"),
         lambda: reader.delete(bucket),
-        lambda: reader.xadd("velocity:alerts", {"alert": "{}"}),
+        lambda: reader.xadd(keys.alert_stream, {"alert": "{}"}),
         lambda: reader.flushall(),
         lambda: reader.flushdb(),
         lambda: reader.function_load(EVIL_LIBRARY, replace=True),

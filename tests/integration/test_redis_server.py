@@ -50,8 +50,12 @@ def url_for(port: int, password: str = PASSWORD, host: str = "127.0.0.1") -> str
 
 
 def test_local_redis_reads_the_url_and_places_files_under_the_data_dir(tmp_path: Path) -> None:
-    server = local_redis(settings_for(tmp_path, url_for(6400)))
-    assert server == LocalRedis("127.0.0.1", 6400, PASSWORD, 0, tmp_path.resolve() / "redis")
+    settings = settings_for(tmp_path, url_for(6400))
+    server = local_redis(settings)
+    assert server == LocalRedis(
+        "127.0.0.1", 6400, PASSWORD, 0, tmp_path.resolve() / "redis",
+        "velocity-reader-local", settings.redis_keys.prefix,
+    )  # fmt: skip
     assert server.url == url_for(6400)
     assert redis.connection.parse_url(server.url)["password"] == PASSWORD
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from velocity.redis import mirror
-from velocity.redis.keys import seen_key_prefix, state_lock_key
+from velocity.redis.keys import RedisKeys
 from velocity.redis.lock import StateLockLost, StateLockTimeout, state_lock
 from velocity.settings import Settings, load_settings
 
@@ -27,8 +27,9 @@ def settings(redis_url: str, tmp_path: Path) -> Settings:
 
 
 def test_lock_key_is_a_cluster_hash_tag_of_the_data_dir() -> None:
-    assert state_lock_key("/var/lib/velocity") == "velocity:lock:{8479e586182f5e40}"
-    assert state_lock_key("/var/lib/velocity") != state_lock_key("/var/lib/velocity2")
+    keys = RedisKeys("velocity:x", "/var/lib/velocity")
+    assert keys.state_lock == "velocity:x:lock:{8479e586182f5e40}"
+    assert keys.state_lock != RedisKeys("velocity:x", "/var/lib/velocity2").state_lock
 
 
 def test_one_holder_at_a_time(settings: Settings) -> None:
@@ -50,7 +51,7 @@ def test_one_holder_at_a_time(settings: Settings) -> None:
     for w in workers:
         w.join()
     assert not overlap.is_set()
-    assert client.get(state_lock_key(str(settings.data_dir))) is None, "released"
+    assert client.get(settings.redis_keys.state_lock) is None, "released"
 
 
 def test_a_waiter_gives_up_naming_the_holder(settings: Settings) -> None:
@@ -76,7 +77,7 @@ def test_a_working_holder_keeps_its_lock_past_the_lease(settings: Settings) -> N
 
 def test_a_holder_whose_lease_ran_out_touches_nobody_elses_lock(settings: Settings) -> None:
     client = mirror.connect(settings)
-    name = state_lock_key(str(settings.data_dir))
+    name = settings.redis_keys.state_lock
     with state_lock(client, settings, "killed", lease_ms=300):
         client.delete(name)  # as if its lease ran out while it hung
         with state_lock(client, settings, "next", wait_seconds=1):
@@ -99,14 +100,14 @@ def test_a_holder_releases_even_when_redis_lost_its_functions(settings: Settings
     with pytest.raises(RuntimeError), state_lock(client, settings, "compaction"):
         client.function_flush()
         raise RuntimeError("the step failed")
-    assert client.get(state_lock_key(str(settings.data_dir))) is None
+    assert client.get(settings.redis_keys.state_lock) is None
 
 
 def test_only_the_exact_token_releases_or_renews(settings: Settings) -> None:
     """The lock's value is its holder's JSON: a token that merely appears in it (a prefix of
     the real token, or the holder's name) is not the holder's."""
     client = mirror.connect(settings)
-    name = state_lock_key(str(settings.data_dir))
+    name = settings.redis_keys.state_lock
     value = '{"token": "abcdef", "holder": "stream batch 12"}'
     client.set(name, value)
     for token in ("abc", "def", "stream", "12", '"abcdef"'):
@@ -140,7 +141,7 @@ def test_a_stream_commit_whose_lease_ran_out_writes_nothing(settings: Settings) 
             mirror.commit_stream_batch(
                 client, settings, 3, 5, {}, [], ["tx-1"], [{"alertId": "a"}], 60, lease
             )
-    assert client.xlen(settings.redis_alert_stream) == 0
-    assert not client.exists(seen_key_prefix(str(settings.data_dir)) + "tx-1")
+    assert client.xlen(settings.alert_stream) == 0
+    assert not client.exists(settings.redis_keys.seen_prefix + "tx-1")
     assert mirror.committed_batch(client, settings) is None
     assert client.get(lease.name) == '{"token": "next-holder"}'

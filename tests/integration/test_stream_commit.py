@@ -12,7 +12,7 @@ import redis
 
 from velocity.buckets import BucketAggregate
 from velocity.redis import mirror
-from velocity.redis.keys import bucket_hash_key, parse_bucket, seen_key_prefix
+from velocity.redis.keys import parse_bucket
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings, load_settings
 from velocity.stream_batch import KeyState
@@ -50,13 +50,14 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
             client, settings, 0, 123, changed, dropped, accepted, alerts, 60, lease
         )
     assert (published, again) == (7, -1)
-    entries = client.xrange(settings.redis_alert_stream)
+    entries = client.xrange(settings.alert_stream)
     assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(7))
-    prefix = seen_key_prefix(str(settings.data_dir))
+    prefix = settings.redis_keys.seen_prefix
     assert all(client.exists(prefix + tx) for tx in accepted)
-    assert client.hget(bucket_hash_key("sig", '["p-0"]'), "60000") is None
+    bucket_hash = settings.redis_keys.bucket_hash
+    assert client.hget(bucket_hash("sig", '["p-0"]'), "60000") is None
     for i in range(1, 10):
-        value = client.hget(bucket_hash_key("sig", f'["p-{i}"]'), "60000")
+        value = client.hget(bucket_hash("sig", f'["p-{i}"]'), "60000")
         assert parse_bucket(value) == (one, 60_001)  # type: ignore[arg-type]
-        assert 0 < client.pttl(bucket_hash_key("sig", f'["p-{i}"]')) <= 60_000
+        assert 0 < client.pttl(bucket_hash("sig", f'["p-{i}"]')) <= 60_000
     assert mirror.committed_batch(client, settings) == 0

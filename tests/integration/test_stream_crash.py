@@ -147,7 +147,7 @@ def test_sigkill_mid_batch_then_restart_equals_uninterrupted(
     client = redis.Redis.from_url(data_settings.redis_url, decode_responses=True)
     published = [
         json.loads(fields["alert"])["alertId"]
-        for _, fields in client.xrange(data_settings.redis_alert_stream)
+        for _, fields in client.xrange(data_settings.alert_stream)
     ]
     assert sorted(published) == [r[0] for r in rows(live.alerts, ["alertId"])]
     assert StreamJob(spark, data_settings).mirror.reconcile().clean

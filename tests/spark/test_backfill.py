@@ -102,7 +102,7 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
             assert amendment["windowStart"] == expected["windowStart"]
 
     # Published once to the Redis alert stream, marked as a backfill's.
-    entries = job.redis.xrange(data_settings.redis_alert_stream)
+    entries = job.redis.xrange(data_settings.alert_stream)
     published = [json.loads(f["alert"]) for _, f in entries if f.get("backfill") == "1"]
     assert sorted(a["alertId"] for a in published) == sorted(a["alertId"] for a in amendments)
 
@@ -301,7 +301,7 @@ def test_two_overlapping_backfills_end_as_one_after_the_other(
     assert amended[0] == 0 < amended[1], "the later run finds the earlier one's amendments"
     published = [
         json.loads(f["alert"])["alertId"]
-        for _, f in job.redis.xrange(data_settings.redis_alert_stream)
+        for _, f in job.redis.xrange(data_settings.alert_stream)
         if f.get("backfill") == "1"
     ]
     assert len(published) == len(set(published)) == amended[1]

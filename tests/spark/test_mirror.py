@@ -15,12 +15,6 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import mirror
-from velocity.redis.keys import (
-    bucket_hash_key,
-    rule_entry_key,
-    seen_key_prefix,
-    stream_progress_key,
-)
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
@@ -125,6 +119,7 @@ def streamed(
 
 
 def test_lookup_equals_the_delta_buckets(spark, streamed: StreamJob) -> None:
+    keys = streamed.settings.redis_keys
     client = streamed.redis
     width = streamed.settings.bucket_width_ms
     # The stream appends a row per bucket and batch; readers merge them.
@@ -154,7 +149,7 @@ def test_lookup_equals_the_delta_buckets(spark, streamed: StreamJob) -> None:
                     )
                     value = aggregate_value(window, rule.aggregator)
                     expected = None if value is None else format_aggregate(value)
-                    got = mirror.lookup(client, rule.rule_id, values, at)
+                    got = mirror.lookup(client, keys, rule.rule_id, values, at)
                     assert got == {
                         "ruleId": rule.rule_id,
                         "key": {n: values[n] for n in rule.signature.grouping_keys},
@@ -168,8 +163,9 @@ def test_lookup_equals_the_delta_buckets(spark, streamed: StreamJob) -> None:
 
 
 def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: StreamJob) -> None:
+    keys = streamed.settings.redis_keys
     client = streamed.redis
-    stream = streamed.settings.redis_alert_stream
+    stream = streamed.settings.alert_stream
     entries = client.xrange(stream)
     published = [json.loads(fields["alert"]) for _, fields in entries]
     stored = tables.read_table(spark, LiveTables.of(streamed.settings).alerts).collect()
@@ -178,18 +174,19 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     )
     assert set(published[0]) == SPEC_ALERT_FIELDS
     # A batch committed again (a replay after a crash) writes nothing: no alert, no bucket.
-    buckets = {name: client.hgetall(name) for name in client.scan_iter("velocity:{*}:buckets")}
+    buckets = {name: client.hgetall(name) for name in client.scan_iter(keys.bucket_hashes)}
     with state_lock(client, streamed.settings, "a replay") as lease:
         replay = mirror.commit_stream_batch(
             client, streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60, lease
         )
     assert replay == -1
     assert client.xlen(stream) == len(entries)
-    assert not client.exists(seen_key_prefix(str(streamed.settings.data_dir)) + "tx-replayed")
+    assert not client.exists(keys.seen_prefix + "tx-replayed")
     assert buckets == {name: client.hgetall(name) for name in buckets}
 
 
 def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
+    keys = streamed.settings.redis_keys
     client: redis.Redis = streamed.redis
     assert streamed.mirror.reconcile().clean
     checked = streamed.mirror.reconcile().checked
@@ -201,12 +198,12 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     query = streamed.start(streamed.events_dir, available_now=True)  # type: ignore[attr-defined]
     query.awaitTermination()
     assert streamed.mirror.is_current()
-    assert client.exists(rule_entry_key(1))
+    assert client.exists(keys.rule_entry(1))
     drift = streamed.mirror.reconcile()
     assert drift.clean and drift.checked == checked
 
     row = tables.read_table(spark, LiveTables.of(streamed.settings).buckets).first()
-    name = bucket_hash_key(row["signature_id"], row["key"])
+    name = keys.bucket_hash(row["signature_id"], row["key"])
     stray = row["bucket_start"] + 1  # inside the horizon; no such bucket in Delta
     client.hset(name, str(row["bucket_start"]), "[999,0,null,null,null,[]]")
     client.hset(name, str(stray), "[1,0,null,null,null,[]]")
@@ -219,7 +216,7 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
 
     client.hset(name, str(stray), "[1,0,null,null,null,[]]")
     # A hash only Redis has (a key Delta never saw) of an active signature is drift too.
-    ghost = bucket_hash_key(row["signature_id"], '["nobody"]')
+    ghost = keys.bucket_hash(row["signature_id"], '["nobody"]')
     client.hset(ghost, str(row["bucket_start"]), "[1,0,null,null,null,[]]")
     drift = streamed.mirror.reconcile()
     assert (row["signature_id"], '["nobody"]', row["bucket_start"]) in drift.extra
@@ -234,7 +231,7 @@ def test_after_a_stop_longer_than_the_horizon_slack_redis_is_rebuilt(streamed: S
     stop longer than the lateness + one bucket, Redis no longer counts as current, and the
     next start rebuilds it from Delta."""
     client, settings = streamed.redis, streamed.settings
-    progress = stream_progress_key(str(settings.data_dir))
+    progress = settings.redis_keys.stream_progress
     slack_ms = settings.allowed_lateness_ms + settings.bucket_width_ms
     client.hset(progress, "at", int(time.time() * 1000) - slack_ms + 30_000)
     assert streamed.mirror.is_current()

@@ -209,7 +209,7 @@ def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(
     assert oldest_bucket() >= cutoff, "only the narrow rule's horizon is left in Delta"
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     touched = 0
-    for name in client.scan_iter(match="velocity:{*}:buckets"):
+    for name in client.scan_iter(match=settings.redis_keys.bucket_hashes):
         starts = [int(s) for s in client.hkeys(name)]
         assert all(parse_bucket_value(v).count > 0 for v in client.hvals(name))
         if client.ttl(name) > 0 and max(starts) >= newest - width:

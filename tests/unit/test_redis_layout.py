@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
-from velocity.redis.keys import bucket_hash_key, bucket_value, parse_bucket, parse_bucket_hash_key
+from velocity.redis.keys import RedisKeys, bucket_value, default_prefix, parse_bucket
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,12 +56,30 @@ def test_a_bucket_of_one_payment() -> None:
 
 @pytest.mark.parametrize("key", ['["p-1"]', '["a:b","}c{"]', '[":"]', "[]"])
 def test_a_bucket_hash_name_reads_back_as_its_signature_and_key(key: str) -> None:
-    assert parse_bucket_hash_key(bucket_hash_key("5f3a9c", key)) == ("5f3a9c", key)
+    keys = RedisKeys("velocity:d1", "/srv/v")
+    assert keys.parse_bucket_hash(keys.bucket_hash("5f3a9c", key)) == ("5f3a9c", key)
 
 
 @pytest.mark.parametrize(
     "name",
-    ["velocity:rule:1", "velocity:{5f3a9c}:buckets", "other:{a:b}:buckets", "velocity:alerts"],
+    [
+        "velocity:d1:rule:1",
+        "velocity:d1:{5f3a9c}:buckets",
+        "velocity:d2:{a:b}:buckets",
+        "velocity:{a:b}:buckets",
+        "velocity:d1:alerts",
+    ],
 )
 def test_other_names_are_not_bucket_hashes(name: str) -> None:
-    assert parse_bucket_hash_key(name) is None
+    assert RedisKeys("velocity:d1", "/srv/v").parse_bucket_hash(name) is None
+
+
+def test_two_data_dirs_never_share_a_key() -> None:
+    a, b = (RedisKeys(default_prefix(d), d) for d in ("/srv/velocity/a", "/srv/velocity/b"))
+    assert a.prefix.startswith("velocity:") and a.prefix != b.prefix
+    for name in ("alert_stream", "buckets_epoch", "mirror_marker", "stream_progress",
+                 "seen_prefix", "state_lock", "rule_entries", "bucket_hashes"):  # fmt: skip
+        assert getattr(a, name).startswith(a.prefix + ":")
+        assert getattr(a, name) != getattr(b, name)
+    assert a.bucket_hash("s", '["k"]') == a.prefix + ':{s:["k"]}:buckets'
+    assert a.rule_entry(7) == a.prefix + ":rule:7"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from velocity.errors import SettingsError, UsageError
+from velocity.redis.keys import default_prefix
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
 
 
@@ -31,7 +32,9 @@ def test_defaults() -> None:
     assert settings.bucket_width_ms == 60_000
     assert settings.allowed_lateness_seconds == 300
     assert settings.allowed_lateness_ms == 300_000
-    assert settings.redis_alert_stream == "velocity:alerts"
+    assert settings.redis_alert_stream == "" and settings.redis_key_prefix == ""
+    assert settings.redis_keys.prefix == default_prefix(str(settings.data_dir))
+    assert settings.alert_stream == settings.redis_keys.prefix + ":alerts"
     assert settings.data_dir == (PROJECT_ROOT / "data").resolve()
     assert settings.data_dir.is_absolute()
 

@@ -2,18 +2,24 @@
 
 Pure: names and values only, so the layout is tested byte for byte without a server.
 
-- ``velocity:{<signature_id>:<key>}:buckets`` — hash of one (signature, key): field =
-  bucket start (epoch ms, decimal), value = ``bucket_value``. The hash tag keeps one
+Every key of one deployment (a data dir) lives under its prefix ``P``
+(``VELOCITY_REDIS_KEY_PREFIX``; by default ``velocity:<data dir digest>``), so two data
+dirs share one Redis without touching each other's keys:
+
+- ``P:{<signature_id>:<key>}:buckets`` — hash of one (signature, key): field = bucket
+  start (epoch ms, decimal), value = ``bucket_value``. The hash tag keeps one
   (signature, key) in one cluster slot and spreads keys over slots.
-- ``velocity:rule:<ruleId>`` — hash describing a rule in force: what a client needs to
-  name the bucket hash and call ``velocity_window``.
-- ``velocity:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the
-  last micro-batch committed to Redis) and ``newest`` (the newest accepted eventTime).
-- ``velocity:seen:{<data dir digest>}:<transactionId>`` — an accepted transactionId,
-  kept for the de-duplication horizon (its value: the batch that accepted it).
-- ``velocity:buckets-epoch`` — bumped by every writer of bucket hashes other than the
-  stream (rebuild, repair, backfill, eviction), so the stream drops its in-memory copy.
-- ``velocity:mirror`` — the data dir whose buckets Redis holds; gone after a flush.
+- ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
+  bucket hash and call ``velocity_window``.
+- ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
+- ``P:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the last
+  micro-batch committed to Redis), ``newest`` (the newest accepted eventTime), ``at``.
+- ``P:seen:{<data dir digest>}:<transactionId>`` — an accepted transactionId, kept for the
+  de-duplication horizon (its value: the batch that accepted it).
+- ``P:lock:{<data dir digest>}`` — the state lock.
+- ``P:buckets-epoch`` — bumped by every writer of bucket hashes other than the stream
+  (rebuild, repair, backfill, eviction), so the stream drops its in-memory copy.
+- ``P:mirror`` — the data dir whose buckets Redis holds; gone after a flush.
 """
 
 from __future__ import annotations
@@ -21,48 +27,92 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 
 from velocity.buckets import BucketAggregate
 from velocity.decimals import format_decimal, json_string
 from velocity.rules import Rule, key_text
 
-PREFIX = "velocity"
 
-
-def bucket_hash_key(signature_id: str, key: str) -> str:
-    """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text`` of the values."""
-    return f"{PREFIX}:{{{signature_id}:{key}}}:buckets"
-
-
-def parse_bucket_hash_key(name: str) -> tuple[str, str] | None:
-    """(signature_id, key) of a ``bucket_hash_key`` name; None for any other name."""
-    head, tail = f"{PREFIX}:{{", "}:buckets"
-    if not (name.startswith(head) and name.endswith(tail)):
-        return None
-    signature_id, sep, key = name[len(head) : -len(tail)].partition(":")
-    return (signature_id, key) if sep else None
-
-
-def rule_entry_key(rule_id: int) -> str:
-    return f"{PREFIX}:rule:{rule_id}"
-
-
-BUCKETS_EPOCH = f"{PREFIX}:buckets-epoch"
-MIRROR_MARKER = f"{PREFIX}:mirror"
-
-
-def _data_dir_tag(data_dir: str) -> str:
+def data_dir_tag(data_dir: str) -> str:
     return hashlib.sha256(data_dir.encode("utf-8")).hexdigest()[:16]
 
 
-def stream_progress_key(data_dir: str) -> str:
-    return f"{PREFIX}:stream:{{{_data_dir_tag(data_dir)}}}"
+def default_prefix(data_dir: str) -> str:
+    """The key prefix of a data dir when ``VELOCITY_REDIS_KEY_PREFIX`` is not set."""
+    return f"velocity:{data_dir_tag(data_dir)}"
 
 
-def seen_key_prefix(data_dir: str) -> str:
-    """``seen_key_prefix(d) + transactionId`` names an accepted transactionId of data dir d."""
-    return f"{PREFIX}:seen:{{{_data_dir_tag(data_dir)}}}:"
+@dataclass(frozen=True)
+class RedisKeys:
+    """The names of one deployment's keys: its ``prefix`` and its data dir."""
+
+    prefix: str
+    data_dir: str
+
+    def bucket_hash(self, signature_id: str, key: str) -> str:
+        """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text``."""
+        return f"{self.prefix}:{{{signature_id}:{key}}}:buckets"
+
+    @property
+    def bucket_hashes(self) -> str:
+        """SCAN pattern of every bucket hash of this deployment."""
+        return f"{self.prefix}:{{*}}:buckets"
+
+    def parse_bucket_hash(self, name: str) -> tuple[str, str] | None:
+        """(signature_id, key) of a ``bucket_hash`` name; None for any other name."""
+        head, tail = f"{self.prefix}:{{", "}:buckets"
+        if not (name.startswith(head) and name.endswith(tail)):
+            return None
+        signature_id, sep, key = name[len(head) : -len(tail)].partition(":")
+        return (signature_id, key) if sep else None
+
+    def rule_entry(self, rule_id: int) -> str:
+        return f"{self.prefix}:rule:{rule_id}"
+
+    @property
+    def rule_entries(self) -> str:
+        """SCAN pattern of every rule entry."""
+        return f"{self.prefix}:rule:*"
+
+    @property
+    def alert_stream(self) -> str:
+        return f"{self.prefix}:alerts"
+
+    @property
+    def buckets_epoch(self) -> str:
+        return f"{self.prefix}:buckets-epoch"
+
+    @property
+    def mirror_marker(self) -> str:
+        return f"{self.prefix}:mirror"
+
+    @property
+    def stream_progress(self) -> str:
+        return f"{self.prefix}:stream:{{{data_dir_tag(self.data_dir)}}}"
+
+    @property
+    def seen_prefix(self) -> str:
+        """``seen_prefix + transactionId`` names an accepted transactionId."""
+        return f"{self.prefix}:seen:{{{data_dir_tag(self.data_dir)}}}:"
+
+    @property
+    def state_lock(self) -> str:
+        """The lock that serialises writers of the data dir's bucket state (stream batches,
+        compaction, backfill rebuilds); tagged by the data dir's digest."""
+        return f"{self.prefix}:lock:{{{data_dir_tag(self.data_dir)}}}"
+
+    def for_lookup(self, entry: Mapping[str, str], key_values: Mapping[str, str]) -> str:
+        """The bucket hash of a rule entry and a key given by field name (any order).
+
+        Raises ``KeyError`` naming a grouping field the caller did not give.
+        """
+        names: Sequence[str] = json.loads(entry["groupingKeyNames"])
+        missing = [n for n in names if n not in key_values]
+        if missing:
+            raise KeyError(f"the key needs {names}; missing {missing}")
+        return self.bucket_hash(entry["signatureId"], key_text([str(key_values[n]) for n in names]))
 
 
 def bucket_value(aggregate: BucketAggregate, last_time: int | None = None) -> str:
@@ -119,22 +169,3 @@ def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
         "limitOperatorType": rule.operator.value,
         "limit": format_decimal(rule.limit),
     }
-
-
-def key_for_lookup(entry: Mapping[str, str], key_values: Mapping[str, str]) -> str:
-    """The bucket hash of a rule entry and a key given by field name (any order).
-
-    Raises ``KeyError`` naming a grouping field the caller did not give.
-    """
-    names: Sequence[str] = json.loads(entry["groupingKeyNames"])
-    missing = [n for n in names if n not in key_values]
-    if missing:
-        raise KeyError(f"the key needs {names}; missing {missing}")
-    return bucket_hash_key(entry["signatureId"], key_text([str(key_values[n]) for n in names]))
-
-
-def state_lock_key(data_dir: str) -> str:
-    """The lock that serialises writers of one data dir's bucket state (stream batches,
-    compaction, backfill rebuilds); named by a digest of the data dir, so two data dirs on
-    one Redis never block each other."""
-    return f"{PREFIX}:lock:{{{_data_dir_tag(data_dir)}}}"

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import redis
 
 from velocity.errors import VelocityError
-from velocity.redis.keys import state_lock_key
 from velocity.redis.mirror import load_functions
 from velocity.settings import Settings
 
@@ -77,7 +76,7 @@ def state_lock(
     lease is renewed while the block runs; a renewal that finds the lock gone or held by
     someone else marks the lease lost (``Lease.check`` raises from then on).
     """
-    name = state_lock_key(str(settings.data_dir))
+    name = settings.redis_keys.state_lock
     token = uuid.uuid4().hex
     value = json.dumps(
         {

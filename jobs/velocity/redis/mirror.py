@@ -17,18 +17,11 @@ import redis
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.errors import UnknownRuleError
 from velocity.redis.keys import (
-    BUCKETS_EPOCH,
-    PREFIX,
-    bucket_hash_key,
+    RedisKeys,
     bucket_value,
-    key_for_lookup,
     parse_bucket,
-    parse_bucket_hash_key,
     parse_bucket_value,
     rule_entry,
-    rule_entry_key,
-    seen_key_prefix,
-    stream_progress_key,
 )
 from velocity.rules import Rule
 from velocity.settings import Settings
@@ -71,6 +64,7 @@ def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:
 
 def write_bucket_rows(
     client: redis.Redis,
+    keys: RedisKeys,
     rows: Iterable[Mapping[str, Any]],
     ttl_seconds: int,
     evict_before: int | None = None,
@@ -82,9 +76,9 @@ def write_bucket_rows(
     """
     written = 0
     pipe = client.pipeline(transaction=False)
-    pipe.incr(BUCKETS_EPOCH)  # the stream's in-memory copy is stale from here on
+    pipe.incr(keys.buckets_epoch)  # the stream's in-memory copy is stale from here on
     for row in rows:
-        name = bucket_hash_key(row["signature_id"], row["key"])
+        name = keys.bucket_hash(row["signature_id"], row["key"])
         pipe.hset(name, str(row["bucket_start"]), bucket_value(bucket_from_columns(row)))
         pipe.expire(name, ttl_seconds)
         if evict_before is not None:
@@ -104,19 +98,23 @@ def bucket_rows_writer(
     def write(rows: Iterable[Any]) -> None:
         client = connect(settings)
         try:
-            write_bucket_rows(client, (r.asDict() for r in rows), ttl_seconds, evict_before)
+            write_bucket_rows(
+                client, settings.redis_keys, (r.asDict() for r in rows), ttl_seconds, evict_before
+            )
         finally:
             client.close()
 
     return write
 
 
-def remove_buckets(client: redis.Redis, slots: Iterable[tuple[str, str, int]]) -> None:
+def remove_buckets(
+    client: redis.Redis, keys: RedisKeys, slots: Iterable[tuple[str, str, int]]
+) -> None:
     """HDEL the given (signature, key, bucket start) fields."""
     pipe = client.pipeline(transaction=False)
-    pipe.incr(BUCKETS_EPOCH)
+    pipe.incr(keys.buckets_epoch)
     for signature_id, key, start in slots:
-        pipe.hdel(bucket_hash_key(signature_id, key), str(start))
+        pipe.hdel(keys.bucket_hash(signature_id, key), str(start))
     pipe.execute()
 
 
@@ -141,11 +139,13 @@ def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[
     return added
 
 
-def publish_rules(client: redis.Redis, rules: Sequence[Rule], bucket_ms: int) -> None:
-    """Make ``velocity:rule:<id>`` describe exactly the given rules (others are removed),
+def publish_rules(
+    client: redis.Redis, keys: RedisKeys, rules: Sequence[Rule], bucket_ms: int
+) -> None:
+    """Make ``<prefix>:rule:<id>`` describe exactly the given rules (others are removed),
     in one MULTI/EXEC: a lookup never sees a rule between its DEL and its HSET."""
-    wanted = {rule_entry_key(r.rule_id): rule_entry(r, bucket_ms) for r in rules}
-    present = set(client.scan_iter(match=f"{PREFIX}:rule:*", count=1000))
+    wanted = {keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms) for r in rules}
+    present = set(client.scan_iter(match=keys.rule_entries, count=1000))
     pipe = client.pipeline(transaction=True)
     for name in present - set(wanted):
         pipe.delete(name)
@@ -156,17 +156,21 @@ def publish_rules(client: redis.Redis, rules: Sequence[Rule], bucket_ms: int) ->
 
 
 def lookup(
-    client: redis.Redis, rule_id: int, key_values: Mapping[str, str], at_ms: int | None = None
+    client: redis.Redis,
+    keys: RedisKeys,
+    rule_id: int,
+    key_values: Mapping[str, str],
+    at_ms: int | None = None,
 ) -> dict[str, Any]:
     """The window aggregate of (rule, key) as of ``at_ms`` (None: the server's now)."""
-    entry = read_hash(client, rule_entry_key(rule_id))
+    entry = read_hash(client, keys.rule_entry(rule_id))
     if not entry:
         raise UnknownRuleError(
             f"ruleId {rule_id} is not published in Redis: it is not in force, or the stream "
             "has not run since Redis was emptied (`velocity mirror rebuild` refills it)"
         )
     names = json.loads(entry["groupingKeyNames"])
-    bucket_key = key_for_lookup(entry, key_values)
+    bucket_key = keys.for_lookup(entry, key_values)
     args = [entry["aggregatorFunctionType"], entry["windowMs"], entry["bucketMs"]]
     if at_ms is not None:
         args.append(str(at_ms))
@@ -196,6 +200,7 @@ class Drift:
 
 def compare_buckets(
     client: redis.Redis,
+    keys: RedisKeys,
     rows: Iterable[Mapping[str, Any]],
     since: int | None = None,
     signatures: set[str] | None = None,
@@ -214,13 +219,13 @@ def compare_buckets(
             bucket_from_columns(row)
         )
     only_in_redis = []
-    names = client.scan_iter(match=bucket_hash_key("*", "*"), count=1000) if signatures else ()
+    names = client.scan_iter(match=keys.bucket_hashes, count=1000) if signatures else ()
     for name in names:
-        slot = parse_bucket_hash_key(name)
+        slot = keys.parse_bucket_hash(name)
         if slot is not None and slot[0] in (signatures or ()) and slot not in by_hash:
             only_in_redis.append(slot)
     for (signature_id, key), expected in [*by_hash.items(), *((s, {}) for s in only_in_redis)]:
-        stored = read_hash(client, bucket_hash_key(signature_id, key))
+        stored = read_hash(client, keys.bucket_hash(signature_id, key))
         got = {int(start): parse_bucket_value(value) for start, value in stored.items()}
         for start, aggregate in expected.items():
             drift.checked += 1
@@ -242,7 +247,7 @@ class StreamRead:
 
     committed_batch: int | None  # the last batch committed to Redis
     newest_event_time: int | None  # the newest accepted eventTime of the committed batches
-    epoch: str  # BUCKETS_EPOCH: changes when anyone but the stream rewrote buckets
+    epoch: str  # <prefix>:buckets-epoch: changes when anyone but the stream rewrote buckets
     mirror_of: str  # the data dir Redis holds the buckets of ("" after a flush)
     seen: set[str]  # transactionIds accepted by earlier batches (of those asked)
     states: dict[SignatureKey, KeyState]  # the asked (signature, key)s that Redis holds
@@ -250,7 +255,7 @@ class StreamRead:
 
 def committed_batch(client: redis.Redis, settings: Settings) -> int | None:
     """The last micro-batch the stream committed to Redis (None: none, or Redis lost it)."""
-    value = client.hget(stream_progress_key(str(settings.data_dir)), "batch")
+    value = client.hget(settings.redis_keys.stream_progress, "batch")
     return None if value is None else int(value)  # type: ignore[arg-type]
 
 
@@ -262,16 +267,23 @@ def read_stream_state(
 ) -> StreamRead:
     """The stream's progress, the seen transactionIds among ``transaction_ids`` and the
     buckets of ``slots``, as one Function call (velocity_stream_read)."""
-    data_dir = str(settings.data_dir)
-    seen_prefix = seen_key_prefix(data_dir)
-    names = [bucket_hash_key(sig, key) for sig, key in slots]
+    keys = settings.redis_keys
+    seen_prefix = keys.seen_prefix
+    names = [keys.bucket_hash(sig, key) for sig, key in slots]
     request = json.dumps(
         {"h": names, "s": [seen_prefix + tx for tx in transaction_ids]},
         separators=(",", ":"),
         ensure_ascii=False,
     )
     reply = json.loads(
-        client.fcall_ro("velocity_stream_read", 1, stream_progress_key(data_dir), request)  # type: ignore[arg-type]
+        client.fcall_ro(
+            "velocity_stream_read",
+            3,
+            keys.stream_progress,
+            keys.buckets_epoch,
+            keys.mirror_marker,
+            request,
+        )  # type: ignore[arg-type]
     )
     progress = reply["p"] or {}
     hashes = reply["h"] or {}
@@ -313,18 +325,18 @@ def commit_stream_batch(
     and the progress. Returns the alerts published, or -1 when the batch was committed
     before (a replay: nothing written). Fenced: Redis writes nothing unless the state lock
     still holds ``lease``'s token (else ``StateLockLost``)."""
-    data_dir = str(settings.data_dir)
-    seen_prefix = seen_key_prefix(data_dir)
+    keys = settings.redis_keys
+    seen_prefix = keys.seen_prefix
     buckets = []
     for (sig, key), (state, starts) in changed.items():
-        name = bucket_hash_key(sig, key)
+        name = keys.bucket_hash(sig, key)
         for start in starts:
             if start in state.buckets:
                 value = bucket_value(state.buckets[start], state.last_times.get(start))
                 buckets.append((name, str(start), value))
-    parts = {
+    parts: dict[str, list[Any]] = {
         "b": buckets,
-        "d": [(bucket_hash_key(sig, key), str(start)) for sig, key, start in dropped],
+        "d": [(keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped],
         "s": [seen_prefix + tx for tx in list(accepted)],
         "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
     }
@@ -342,8 +354,8 @@ def commit_stream_batch(
     result = client.fcall(
         "velocity_stream_commit",
         3,
-        stream_progress_key(data_dir),
-        settings.redis_alert_stream,
+        keys.stream_progress,
+        settings.alert_stream,
         lease.name,
         lease.token,
         str(batch_id),

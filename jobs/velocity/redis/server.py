@@ -34,7 +34,6 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from velocity.errors import UsageError, VelocityError
-from velocity.redis.keys import PREFIX
 from velocity.settings import Settings
 
 MIN_VERSION = (7, 0, 0)  # Redis Functions, which the mirror relies on
@@ -68,6 +67,8 @@ class LocalRedis:
     """``<data_dir>/redis``: config, pidfile, log, RDB and AOF."""
     reader_password: str = "velocity-reader-local"
     """Password of ``READER_USER``, the read-only user for downstream services."""
+    key_prefix: str = "velocity"
+    """The data dir's Redis key prefix: ``READER_USER`` reads keys under it only."""
 
     @property
     def config_path(self) -> Path:
@@ -138,7 +139,7 @@ def local_redis(settings: Settings) -> LocalRedis:
         raise UsageError(f"VELOCITY_REDIS_URL {shown} names database {db_text!r}; use a number")
     return LocalRedis(
         bind, port, password, int(db_text), settings.data_dir / "redis",
-        settings.redis_reader_password,
+        settings.redis_reader_password, settings.redis_keys.prefix,
     )  # fmt: skip
 
 
@@ -155,7 +156,8 @@ def render_config(server: LocalRedis) -> str:
         # Downstream services read as this user: window lookups through the no-writes
         # Function (FCALL_RO), rule entries, the alert stream; nothing else.
         f"user {READER_USER} on {_config_quote('reader password', '>' + server.reader_password)}"
-        f" resetkeys %R~{PREFIX}:* resetchannels -@all {READER_COMMANDS}",
+        f" resetkeys {_config_quote('key prefix', f'%R~{server.key_prefix}:*')}"
+        f" resetchannels -@all {READER_COMMANDS}",
         "daemonize yes",
         "supervised no",
         f"pidfile {_config_quote('pidfile', str(server.pid_path))}",

@@ -200,7 +200,7 @@ local function velocity_renew(keys, args)
   return 0
 end
 
--- FCALL_RO velocity_stream_read 1 <progress hash> <request json>
+-- FCALL_RO velocity_stream_read 3 <progress hash> <buckets epoch> <mirror marker> <request json>
 -- The read half of a micro-batch, in one round trip: the stream's progress (last committed
 -- batch, newest eventTime), the buckets epoch, the mirror marker, which of the named
 -- transactionId keys exist, and the named bucket hashes whole.
@@ -227,8 +227,8 @@ local function velocity_stream_read(keys, args)
   end
   return cjson.encode({
     p = progress,
-    e = redis.call("GET", "velocity:buckets-epoch") or "0",
-    m = redis.call("GET", "velocity:mirror") or "",
+    e = redis.call("GET", keys[2]) or "0",
+    m = redis.call("GET", keys[3]) or "",
     s = seen,
     h = hashes,
   })

@@ -201,7 +201,7 @@ class Backfill:
                 lease.check()  # the rebuild took the lease's length: write nothing more
                 if records:
                     self._append_alerts(records)
-                    mirror.publish_backfill(self.redis, settings.redis_alert_stream, records)
+                    mirror.publish_backfill(self.redis, settings.alert_stream, records)
                 timer.mark("amend+publish")
                 self._record(summary, [r["alertId"] for r in records], started)
         finally:
@@ -372,7 +372,7 @@ class Backfill:
         if not orphans:
             return 0
         records = sorted((record_of_stored(r.asDict()) for r in orphans), key=publish_order)
-        mirror.publish_backfill(self.redis, self.settings.redis_alert_stream, records)
+        mirror.publish_backfill(self.redis, self.settings.alert_stream, records)
         recovery = BackfillSummary(run_id=f"republish-{uuid.uuid4().hex}", from_ms=0, to_ms=0)
         self._record(recovery, [r["alertId"] for r in records], started)
         return len(records)

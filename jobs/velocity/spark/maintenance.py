@@ -20,7 +20,6 @@ from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
 from velocity.redis import mirror
-from velocity.redis.keys import PREFIX
 from velocity.redis.lock import state_lock
 from velocity.rules import active_rules
 from velocity.settings import Settings
@@ -214,9 +213,12 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
             return summary
         summary.cutoff = state.evict(rules, newest)
         active_signatures = {r.signature.signature_id for r in rules}
-        for name in list(client.scan_iter(match=f"{PREFIX}:{{*}}:buckets", count=1000)):
-            signature_id = name[len(PREFIX) + 2 :].split(":", 1)[0]
-            if signature_id not in active_signatures:
+        keys = settings.redis_keys
+        for name in list(client.scan_iter(match=keys.bucket_hashes, count=1000)):
+            slot = keys.parse_bucket_hash(name)
+            if slot is None:
+                continue
+            if slot[0] not in active_signatures:
                 summary.redis_hashes_dropped += int(client.delete(name))  # type: ignore[arg-type]
                 continue
             dropped = client.fcall("velocity_evict", 1, name, str(summary.cutoff))

@@ -18,7 +18,6 @@ from pyspark.sql import functions as F
 
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.redis import mirror
-from velocity.redis.keys import MIRROR_MARKER, seen_key_prefix, stream_progress_key
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules
 
@@ -37,9 +36,10 @@ class RedisState:
         slack (allowed lateness + one bucket). Bucket hashes expire on the clock while
         eventTime stands still in a stop, so after a long one a hash may be gone whose
         buckets are still inside the horizon."""
-        if self.redis.get(MIRROR_MARKER) != str(self.settings.data_dir):
+        keys = self.settings.redis_keys
+        if self.redis.get(keys.mirror_marker) != str(self.settings.data_dir):
             return False
-        at = self.redis.hget(stream_progress_key(str(self.settings.data_dir)), "at")
+        at = self.redis.hget(keys.stream_progress, "at")
         slack_ms = self.settings.allowed_lateness_ms + self.settings.bucket_width_ms
         return at is None or int(time.time() * 1000) - int(at) <= slack_ms  # type: ignore[arg-type]
 
@@ -64,21 +64,22 @@ class RedisState:
             through = last_committed_batch(self.settings)
         self.state.flush_spool(through)
         rules = active_rules(self.state.rule_store.in_force())
-        mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
+        keys = self.settings.redis_keys
+        mirror.publish_rules(self.redis, keys, rules, self.settings.bucket_width_ms)
         buckets = self.state.buckets_in_horizon(rules)
         written = buckets.count()
         self.write_buckets(buckets, rules)
         self._write_accepted()
         newest = self.state.newest_event_time()
         self.redis.hset(
-            stream_progress_key(str(self.settings.data_dir)),
+            keys.stream_progress,
             mapping={
                 "batch": -1 if through is None else through,
                 "newest": "" if newest is None else newest,
                 "at": int(time.time() * 1000),  # whole as of now (see ``is_current``)
             },
         )
-        self.redis.set(MIRROR_MARKER, str(self.settings.data_dir))
+        self.redis.set(keys.mirror_marker, str(self.settings.data_dir))
         return written
 
     def _write_accepted(self) -> None:
@@ -87,7 +88,7 @@ class RedisState:
         horizon_ms = self.settings.dedup_horizon_seconds * 1000
         now = int(time.time() * 1000)
         recent = self.state.read("events").where(F.col("ingest_time") > now - horizon_ms)
-        prefix = seen_key_prefix(str(self.settings.data_dir))
+        prefix = self.settings.redis_keys.seen_prefix
         settings = self.settings
 
         def write(rows: Iterator[Any]) -> None:
@@ -124,7 +125,7 @@ class RedisState:
             if drift.clean:
                 return drift, 0
             written = self.rebuild()
-            mirror.remove_buckets(self.redis, drift.extra)
+            mirror.remove_buckets(self.redis, self.settings.redis_keys, drift.extra)
             return drift, written
 
     def _drift(self) -> mirror.Drift:
@@ -135,6 +136,7 @@ class RedisState:
         rows = self.state.buckets_in_horizon(rules).orderBy("signature_id", "key")
         return mirror.compare_buckets(
             self.redis,
+            self.settings.redis_keys,
             (r.asDict() for r in rows.toLocalIterator()),
             self.state.horizon_cutoff(rules),
             {r.signature.signature_id for r in rules},

@@ -331,7 +331,9 @@ class StreamJob:
         version = tables.table_version(self.spark, self.live.rules)
         if version != self._rules_version:
             rules = active_rules(self.rule_store.in_force())
-            mirror.publish_rules(self.redis, rules, self.settings.bucket_width_ms)
+            mirror.publish_rules(
+                self.redis, self.settings.redis_keys, rules, self.settings.bucket_width_ms
+            )
             signatures = list(rules_by_signature(rules))
             # Build from every batch Redis has: a batch committed there before a crash is
             # replayed without being decided again, so the build must count its events.

@@ -76,6 +76,9 @@ local function dec_div(a, n, places)
   return normalize(string.sub(quotient, 1, #quotient - places), string.sub(quotient, #quotient - places + 1))
 end
 
+-- velocity_window names the window's buckets (HMGET) when it spans fewer starts than this.
+local WINDOW_HMGET_MAX = 1024
+
 local function floor_to(v, width)
   return v - (v % width)
 end
@@ -94,24 +97,37 @@ local function velocity_window(keys, args)
   local lower = floor_to(at - window_ms, bucket_ms)
   local count, value_count, sum, min, max = 0, 0, nil, nil, nil
   local distinct, distinct_count = {}, 0
-  local fields = redis.call("HGETALL", keys[1])
-  for i = 1, #fields, 2 do
-    local start = tonumber(fields[i])
-    if start >= lower and start <= at then
-      local b = cjson.decode(fields[i + 1])
-      count = count + b[1]
-      value_count = value_count + b[2]
-      if b[3] ~= cjson.null then
-        sum = sum and dec_add(sum, b[3]) or b[3]
-        if min == nil or dec_cmp(b[4], min) < 0 then min = b[4] end
-        if max == nil or dec_cmp(b[5], max) > 0 then max = b[5] end
-      end
-      if aggregator == "UNIQUE_COUNT" then
-        for _, v in ipairs(b[6]) do
-          if not distinct[v] then
-            distinct[v] = true
-            distinct_count = distinct_count + 1
-          end
+  -- The window's own buckets: named one by one (HMGET) when the window spans few bucket
+  -- starts (a narrow rule on a hash that a wide rule keeps long), else the whole hash.
+  local values = {}
+  local last = floor_to(at, bucket_ms)
+  if last >= lower and (last - lower) / bucket_ms < WINDOW_HMGET_MAX then
+    local names = {}
+    for start = lower, last, bucket_ms do names[#names + 1] = string.format("%.0f", start) end
+    for _, value in ipairs(redis.call("HMGET", keys[1], unpack(names))) do
+      if value then values[#values + 1] = value end
+    end
+  else
+    local fields = redis.call("HGETALL", keys[1])
+    for i = 1, #fields, 2 do
+      local start = tonumber(fields[i])
+      if start >= lower and start <= at then values[#values + 1] = fields[i + 1] end
+    end
+  end
+  for _, text in ipairs(values) do
+    local b = cjson.decode(text)
+    count = count + b[1]
+    value_count = value_count + b[2]
+    if b[3] ~= cjson.null then
+      sum = sum and dec_add(sum, b[3]) or b[3]
+      if min == nil or dec_cmp(b[4], min) < 0 then min = b[4] end
+      if max == nil or dec_cmp(b[5], max) > 0 then max = b[5] end
+    end
+    if aggregator == "UNIQUE_COUNT" then
+      for _, v in ipairs(b[6]) do
+        if not distinct[v] then
+          distinct[v] = true
+          distinct_count = distinct_count + 1
         end
       end
     end

@@ -47,6 +47,9 @@ bench-stream: setup ## stream latency (alert in Redis - file landed) and through
 bench-stream-steps: setup ## per-event cost of each stream step without Spark (real Redis)
 	@$(VENV)/python -m benchmarks.stream_steps
 
+bench-lookup: setup ## Redis window lookup latency, dense keys at g = 1 s and 60 s; before/now
+	@$(VENV)/python -m benchmarks.lookup
+
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare
 

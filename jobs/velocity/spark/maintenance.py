@@ -85,7 +85,7 @@ def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummar
     summary = CompactionSummary()
     summary.bytes_before, summary.files_before = tables.table_size(spark, live.buckets)
     client = mirror.connect(settings)
-    with state_lock(client, settings, "compaction"):
+    with state_lock(client, settings, "compaction") as lease:
         buckets = tables.read_table(spark, live.buckets)
         summary.rows_before = summary.rows_after = buckets.count()
         newest = newest_event_time(spark, live)
@@ -110,6 +110,7 @@ def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummar
                 hours = hour_buckets(minute_buckets(in_span, width), width).persist()
                 try:
                     summary.hours_written = hours.where(F.col("bucket_width_ms") == HOUR_MS).count()
+                    lease.check()  # the fold took past the lease: another writer may be in
                     (
                         hours.write.format("delta")
                         .mode("overwrite")
@@ -206,11 +207,12 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
     # Read the rules and the newest eventTime, and act on Delta and Redis, inside one hold
     # of the lock: a rule widened (and its signature rebuilt) in between must not lose
     # the buckets its build just wrote.
-    with state_lock(client, settings, "eviction"):
+    with state_lock(client, settings, "eviction") as lease:
         rules = active_rules(state.rule_store.in_force())
         newest = newest_event_time(spark, live)
         if newest is None or not rules:
             return summary
+        lease.check()
         summary.cutoff = state.evict(rules, newest)
         active_signatures = {r.signature.signature_id for r in rules}
         keys = settings.redis_keys

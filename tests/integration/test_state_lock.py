@@ -8,22 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from velocity.redis import mirror
 from velocity.redis.keys import RedisKeys
 from velocity.redis.lock import StateLockLost, StateLockTimeout, state_lock
-from velocity.settings import Settings, load_settings
+from velocity.settings import Settings
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def settings(redis_url: str, tmp_path: Path) -> Settings:
-    client = redis.Redis.from_url(redis_url)
-    client.flushall()
-    mirror.load_functions(client)
-    return load_settings(data_dir=tmp_path / "data", redis_url=redis_url)
 
 
 def test_lock_key_is_a_cluster_hash_tag_of_the_data_dir() -> None:

@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
-import redis
 
 from velocity.buckets import BucketAggregate
 from velocity.redis import mirror
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lock import state_lock
-from velocity.settings import Settings, load_settings
+from velocity.settings import Settings
 from velocity.stream_batch import KeyState
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def settings(redis_url: str, tmp_path: Path) -> Settings:
-    client = redis.Redis.from_url(redis_url)
-    client.flushall()
-    mirror.load_functions(client)
-    return load_settings(data_dir=tmp_path / "data", redis_url=redis_url)
 
 
 def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(

@@ -59,22 +59,7 @@ def late_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_backfill_makes_the_stream_equal_the_complete_data_result(
     spark, data_settings: Settings, late_events: Path, tmp_path: Path
 ) -> None:
-    sample = parse_rules(sample_rules_path().read_text())
-    job = StreamJob(spark, data_settings)
-    job.rule_store.apply(sample)
-    query = job.start(late_events, available_now=True, max_files_per_trigger=1)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-
-    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
-    backtest_settings = data_settings.model_copy(update={"data_dir": tmp_path / "bt"})
-    out = tmp_path / "bt.jsonl"
-    run_backtest(spark, backtest_settings, rules, str(late_events), out)
-    complete = {
-        (a["ruleId"], a["transactionId"]): a for a in map(json.loads, out.read_text().splitlines())
-    }
+    job, complete = stream_then_backtest(spark, data_settings, late_events, tmp_path)
     live = LiveTables.of(data_settings)
     assert tables.read_table(spark, live.late_events).count() > 0
     before = effective_alerts(spark, data_settings)
@@ -98,8 +83,7 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
     for amendment in amendments:
         if amendment["kind"] == "CORRECTION":
             expected = complete[(amendment["ruleId"], amendment["transactionId"])]
-            assert amendment["aggregateValue"] == expected["aggregateValue"]
-            assert amendment["windowStart"] == expected["windowStart"]
+            assert (amendment["aggregateValue"], amendment["windowStart"]) == expected
 
     # Published once to the Redis alert stream, marked as a backfill's.
     entries = job.redis.xrange(data_settings.alert_stream)
@@ -120,6 +104,36 @@ def test_backfill_rejects_a_bad_range_and_unknown_rules(spark, data_settings: Se
         backfill.run(10, 5)
     with pytest.raises(UsageError, match=r"\[99\]"):
         backfill.run(0, 5, rule_ids=[1, 99])
+
+
+def stream_sample_rules(spark, settings: Settings, events: Path) -> StreamJob:
+    """The sample rules applied and streamed over ``events``: one file a batch, available now."""
+    job = StreamJob(spark, settings)
+    job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+    query = job.start(events, available_now=True, max_files_per_trigger=1)
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+    return job
+
+
+def stream_then_backtest(
+    spark, settings: Settings, events: Path, tmp_path: Path
+) -> tuple[StreamJob, dict[tuple[int, str], tuple[str, int]]]:
+    """The sample rules streamed over ``events`` (``stream_sample_rules``), and the
+    backtest's complete-data (value, windowStart) per (rule, transaction)."""
+    job = stream_sample_rules(spark, settings, events)
+    sample = parse_rules(sample_rules_path().read_text())
+    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
+    out = tmp_path / "bt.jsonl"
+    run_backtest(spark, settings.model_copy(update={"data_dir": tmp_path / "bt"}), rules,
+                 str(events), out)  # fmt: skip
+    complete = {
+        (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
+        for a in map(json.loads, out.read_text().splitlines())
+    }
+    return job, complete
 
 
 def in_effect(spark, settings: Settings) -> dict[tuple[int, str], dict]:
@@ -181,23 +195,7 @@ def test_backfill_after_shuffled_arrival_restores_the_complete_data_values(
         ),
     )  # fmt: skip
     events = shuffled_batches(source, tmp_path / "shuffled")
-    sample = parse_rules(sample_rules_path().read_text())
-    job = StreamJob(spark, data_settings)
-    job.rule_store.apply(sample)
-    query = job.start(events, available_now=True, max_files_per_trigger=1)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-
-    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
-    out = tmp_path / "bt.jsonl"
-    run_backtest(spark, data_settings.model_copy(update={"data_dir": tmp_path / "bt"}), rules,
-                 str(events), out)  # fmt: skip
-    complete = {
-        (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
-        for a in map(json.loads, out.read_text().splitlines())
-    }
+    _, complete = stream_then_backtest(spark, data_settings, events, tmp_path)
     streamed = in_effect(spark, data_settings)
     partial = {p for p, r in streamed.items() if p in complete and
                r["aggregateValue"] != complete[p][0]}  # fmt: skip
@@ -243,14 +241,7 @@ def test_backfill_leaves_alone_the_alerts_of_events_that_arrived_after_its_pin(
     for order, path in enumerate(files[:-1]):
         shutil.copy(path, events / path.name)
         os.utime(events / path.name, (1_700_000_000 + order, 1_700_000_000 + order))
-    sample = parse_rules(sample_rules_path().read_text())
-    job = StreamJob(spark, data_settings)
-    job.rule_store.apply(sample)
-    query = job.start(events, available_now=True, max_files_per_trigger=1)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
+    job = stream_sample_rules(spark, data_settings, events)
 
     live = LiveTables.of(data_settings)
     before = {r["alertId"] for r in tables.read_table(spark, live.alerts).collect()}
@@ -266,22 +257,7 @@ def test_backfill_leaves_alone_the_alerts_of_events_that_arrived_after_its_pin(
 def test_two_overlapping_backfills_end_as_one_after_the_other(
     spark, data_settings: Settings, late_events: Path, tmp_path: Path
 ) -> None:
-    sample = parse_rules(sample_rules_path().read_text())
-    job = StreamJob(spark, data_settings)
-    job.rule_store.apply(sample)
-    query = job.start(late_events, available_now=True, max_files_per_trigger=1)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
-    out = tmp_path / "bt.jsonl"
-    run_backtest(spark, data_settings.model_copy(update={"data_dir": tmp_path / "bt"}), rules,
-                 str(late_events), out)  # fmt: skip
-    complete = {
-        (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
-        for a in map(json.loads, out.read_text().splitlines())
-    }
+    job, complete = stream_then_backtest(spark, data_settings, late_events, tmp_path)
 
     summaries: list = []
     runs = [

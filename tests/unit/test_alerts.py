@@ -11,26 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.builders import BASE_TIME, keyed_event, make_rule
+from tests.builders import BASE_TIME, SPEC_ALERT_FIELDS, keyed_event, make_rule
 from velocity.alerts import AlertKind, alert_id, alert_record, amended, rule_key
 from velocity.windows import Decision
 
-SPEC_FIELDS = {
-    "alertId",
-    "kind",
-    "ruleId",
-    "ruleVersion",
-    "transactionId",
-    "key",
-    "eventTime",
-    "aggregatorFunctionType",
-    "aggregateValue",
-    "limitOperatorType",
-    "limit",
-    "windowStart",
-    "windowEnd",
-    "decisionTime",
-}
+SPEC_FIELDS = SPEC_ALERT_FIELDS
 
 
 def test_alert_kinds_are_the_spec_three() -> None:

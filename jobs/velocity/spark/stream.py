@@ -204,8 +204,10 @@ class StreamJob:
             settings.max_future_ms,
             clock_ms=decision_time,
         )
-        # Duplicates are rare: key the accepted events again only when there were some.
-        groups = key_groups(admitted.accepted, signatures) if admitted.duplicates else arrived
+        # Duplicates and far-future events are rare: key the accepted events again only
+        # when some were left out.
+        some_left_out = admitted.duplicates or admitted.future
+        groups = key_groups(admitted.accepted, signatures) if some_left_out else arrived
         states = self.hot.states(groups)
         needed = history_needed(groups, states, admitted.late, width_ms)
         history = self._own_bucket_history(needed, signatures, batch_id) if needed else {}

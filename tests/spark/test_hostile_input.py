@@ -104,9 +104,11 @@ def write_files(folder: Path, rng: random.Random) -> list[Path]:
 
 
 def spark_lines(path: Path) -> list[str]:
-    """The lines of ``path`` as Spark's text source gives them (split at \\n, \\r\\n and
-    \\r, decoded as UTF-8 with replacement), blank ones left out."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    """The lines of ``path`` as Spark's text source gives them (a byte-order mark at the
+    file's start skipped, split at \\n, \\r\\n and \\r, decoded as UTF-8 with
+    replacement), blank ones left out."""
+    data = path.read_bytes()
+    text = data.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace")
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()

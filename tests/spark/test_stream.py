@@ -331,12 +331,15 @@ def test_a_signature_activated_before_a_replay_counts_the_replayed_batch(
     job.rule_store.apply([r for r in sample if r.rule_id != 8])
     assert run_available_now(job, in_order_events) == 5
     job.close()
-    (data_settings.data_dir / "checkpoints" / "stream" / "commits" / "4").unlink()
+    commits = data_settings.data_dir / "checkpoints" / "stream" / "commits"
+    for name in ("4", ".4.crc"):  # as if killed before Spark wrote batch 4's commit
+        (commits / name).unlink(missing_ok=True)
 
     job = StreamJob(spark, data_settings)
     job.rule_store.apply([r for r in sample if r.rule_id == 8])
     run_available_now(job, in_order_events)
     job.close()
+    assert (commits / "4").exists(), "batch 4 replayed"
 
     signature = next(r for r in sample if r.rule_id == 8).signature.signature_id
     counted = (

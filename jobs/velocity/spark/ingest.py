@@ -59,11 +59,22 @@ def with_line_order(lines: DataFrame) -> DataFrame:
     return lines.withColumn("line_seq", F.monotonically_increasing_id())
 
 
+def line_texts(raws: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """A text column's lines as str. Spark's text source passes the file's bytes through
+    unchecked; bytes that are not UTF-8 become U+FFFD, so such a line is judged (and kept)
+    as text instead of failing the whole batch."""
+    try:
+        return raws.to_pylist()
+    except UnicodeDecodeError:
+        as_bytes: list[bytes | None] = raws.cast(pa.binary()).to_pylist()
+        return [None if b is None else b.decode("utf-8", errors="replace") for b in as_bytes]
+
+
 def verdicts(raws: pa.Array) -> pa.Array:
     """The pure parser over a batch of lines: one verdict struct per line, in order."""
     columns: dict[str, list[object]] = {name: [] for name in _VERDICT_ARROW.names}
     rejected = dict.fromkeys(_EVENT_COLUMNS)
-    for raw in raws.to_pylist():
+    for raw in line_texts(raws):
         if raw is None or is_blank(raw):
             row: dict[str, object] = {**rejected, "blank": True, "accepted": False}
         else:

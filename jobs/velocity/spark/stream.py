@@ -52,7 +52,7 @@ from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
-from velocity.spark.ingest import with_line_source
+from velocity.spark.ingest import line_texts, with_line_source
 from velocity.spark.redis_state import RedisState
 from velocity.stream_batch import (
     BucketSlot,
@@ -110,15 +110,16 @@ class SharedStateLock:
 
 def batch_lines(table: pa.Table) -> list[batch_rows.Line]:
     """The batch's non-blank lines in arrival order (file name, block, position), parsed."""
-    raws = table.column("raw").to_pylist()
+    raws = line_texts(table.column("raw"))
     files = table.column("source_file").to_pylist()
     blocks = table.column("source_block").to_pylist()
     order = sorted(range(len(raws)), key=lambda i: (files[i], blocks[i], i))
-    return [
-        batch_rows.Line(raws[i], files[i], blocks[i], seq, parse_event_line(raws[i]))
-        for seq, i in enumerate(order)
-        if raws[i] is not None and not is_blank(raws[i])
-    ]
+    lines = []
+    for seq, i in enumerate(order):
+        raw = raws[i]
+        if raw is not None and not is_blank(raw):
+            lines.append(batch_rows.Line(raw, files[i], blocks[i], seq, parse_event_line(raw)))
+    return lines
 
 
 class StreamJob:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def spark_settings(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> 
         redis_url=redis_url,
         spark_master="local[2]",
         spark_shuffle_partitions=2,
-        spark_driver_memory="2g",
+        spark_driver_memory="3g",
     )
 
 
@@ -51,6 +52,18 @@ def spark(spark_settings: Settings) -> Iterator[object]:
     session = build_spark(spark_settings, "velocity-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_delta_logs() -> Iterator[None]:
+    """Each test module's Delta tables leave the session's DeltaLog cache when it ends: one
+    JVM serves every Spark test, and the cached snapshots of hundreds of test tables
+    exhausted its heap. Starts no Spark: only a session that runs is cleared."""
+    yield
+    pyspark_sql = sys.modules.get("pyspark.sql")
+    session = pyspark_sql.SparkSession.getActiveSession() if pyspark_sql else None
+    if session is not None:
+        session._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
 @pytest.fixture

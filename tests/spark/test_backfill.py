@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.builders import generated_in_arrival_order
+from tests.spark.streaming import run_available_now
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
@@ -110,11 +111,7 @@ def stream_sample_rules(spark, settings: Settings, events: Path) -> StreamJob:
     """The sample rules applied and streamed over ``events``: one file a batch, available now."""
     job = StreamJob(spark, settings)
     job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
-    query = job.start(events, available_now=True, max_files_per_trigger=1)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
+    run_available_now(job, events)
     return job
 
 
@@ -224,11 +221,7 @@ class BackfillWithArrivalAfterPin(Backfill):
         decisions = super()._decide(keyed, rules, from_ms, to_ms, decided_at)
         shutil.copy(self.file, self.events / self.file.name)
         os.utime(self.events / self.file.name, (1_800_000_000, 1_800_000_000))
-        query = self.job.start(self.events, available_now=True)
-        try:
-            query.awaitTermination()
-        finally:
-            query.stop()
+        run_available_now(self.job, self.events, files_per_batch=None)
         return decisions
 
 

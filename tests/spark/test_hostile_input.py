@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.spark.streaming import run_available_now
 from velocity.arrival import Arrivals, Verdict
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
@@ -140,12 +141,7 @@ def test_every_hostile_line_is_accepted_or_quarantined_and_the_job_survives(
 
     job = StreamLosingAFile(spark, data_settings, doomed)
     job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
-    query = job.start(events, available_now=True, max_files_per_trigger=4)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-    assert query.exception() is None
+    run_available_now(job, events, files_per_batch=4)  # raises if the query failed
     job.close()
 
     # What the pure parser and arrival rules say about the same lines, in arrival order.

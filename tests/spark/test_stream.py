@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.builders import generated_in_arrival_order
+from tests.spark.streaming import run_available_now
 from velocity.arrival import Arrivals, Verdict
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
@@ -23,16 +24,6 @@ from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
 
 pytestmark = pytest.mark.spark
-
-
-def run_available_now(job: StreamJob, events: Path, files_per_batch: int = 1) -> int:
-    """Process what is in ``events`` and stop; returns the number of micro-batches."""
-    query = job.start(events, available_now=True, max_files_per_trigger=files_per_batch)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-    return len([p for p in query.recentProgress if p["numInputRows"] > 0])
 
 
 def land(source: Path, folder: Path, order: int) -> None:

@@ -7,7 +7,7 @@ Redis is never the only copy: every write here sets absolute values read from De
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
@@ -198,6 +198,14 @@ class Drift:
         return not (self.missing or self.different or self.extra)
 
 
+def bucket_hashes(client: redis.Redis, keys: RedisKeys) -> Iterator[tuple[str, SignatureKey]]:
+    """Every bucket hash of the deployment (SCAN): its name and (signature, key)."""
+    for name in client.scan_iter(match=keys.bucket_hashes, count=1000):
+        slot = keys.parse_bucket_hash(name)
+        if slot is not None:
+            yield name, slot
+
+
 def compare_buckets(
     client: redis.Redis,
     keys: RedisKeys,
@@ -218,12 +226,11 @@ def compare_buckets(
         by_hash.setdefault((row["signature_id"], row["key"]), {})[row["bucket_start"]] = (
             bucket_from_columns(row)
         )
-    only_in_redis = []
-    names = client.scan_iter(match=keys.bucket_hashes, count=1000) if signatures else ()
-    for name in names:
-        slot = keys.parse_bucket_hash(name)
-        if slot is not None and slot[0] in (signatures or ()) and slot not in by_hash:
-            only_in_redis.append(slot)
+    only_in_redis = [
+        slot
+        for _, slot in (bucket_hashes(client, keys) if signatures else ())
+        if slot[0] in (signatures or ()) and slot not in by_hash
+    ]
     for (signature_id, key), expected in [*by_hash.items(), *((s, {}) for s in only_in_redis)]:
         stored = read_hash(client, keys.bucket_hash(signature_id, key))
         got = {int(start): parse_bucket_value(value) for start, value in stored.items()}
@@ -337,7 +344,7 @@ def commit_stream_batch(
     parts: dict[str, list[Any]] = {
         "b": buckets,
         "d": [(keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped],
-        "s": [seen_prefix + tx for tx in list(accepted)],
+        "s": [seen_prefix + tx for tx in accepted],
         "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most

@@ -215,11 +215,7 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
         lease.check()
         summary.cutoff = state.evict(rules, newest)
         active_signatures = {r.signature.signature_id for r in rules}
-        keys = settings.redis_keys
-        for name in list(client.scan_iter(match=keys.bucket_hashes, count=1000)):
-            slot = keys.parse_bucket_hash(name)
-            if slot is None:
-                continue
+        for name, slot in list(mirror.bucket_hashes(client, settings.redis_keys)):
             if slot[0] not in active_signatures:
                 summary.redis_hashes_dropped += int(client.delete(name))  # type: ignore[arg-type]
                 continue

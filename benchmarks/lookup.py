@@ -2,14 +2,16 @@
 `python -m benchmarks.lookup`.
 
 One round trip of ``velocity_window`` per lookup, from this machine, on a real Redis that
-``velocity up`` starts on its own port, for a dense key (a bucket every g) whose hash holds
-a 24 h horizon:
+``velocity up`` starts on its own port, for a dense key (a bucket every g, each with a
+decimal amount) whose hash holds the whole horizon:
 
 - g = 1 s: 86 400 buckets; a 24 h window (every bucket) and a 10-minute window (600);
-- g = 60 s: 1 440 buckets; the same two windows.
+- g = 60 s: 43 200 buckets; a 30-day window, a 24 h one and a 10-minute one.
 
-Side by side with the function as it was at ``--before`` (every lookup read the whole hash,
-HGETALL), loaded under other names into the same server.
+Each lookup is at a random time in the last hour (a window's edges fall anywhere in the
+roll-up blocks), for SUM (exact decimal sums) and UNIQUE_COUNT. Side by side with the
+function as it was at ``--before``, loaded under other names into the same server and
+reading a copy of the hash written with plain HSETs (the hash it knew).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -25,6 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LUA = "jobs/velocity/redis/velocity.lua"
+DAY = 86_400_000
+CASES = [  # (g ms, horizon ms, windows ms)
+    (1_000, DAY, [DAY, 600_000]),
+    (60_000, 30 * DAY, [30 * DAY, DAY, 600_000]),
+]
 
 
 def timings(call: object, runs: int) -> tuple[float, float]:
@@ -37,11 +45,19 @@ def timings(call: object, runs: int) -> tuple[float, float]:
     return statistics.median(samples), samples[min(len(samples) - 1, int(0.99 * len(samples)))]
 
 
+def bucket_text(i: int) -> str:
+    """One event of a decimal amount, and one of 50 distinct values."""
+    amount = f'"{i % 997}.{i % 89:02d}"'
+    return f'[1,1,{amount},{amount},{amount},["m{i % 50}"]]'
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--port", type=int, default=6394)
-    parser.add_argument("--before", default="HEAD~1", help="git revision of the old function")
+    parser.add_argument(
+        "--before", default="ee2a6d2", help="git revision of the old function (before roll-ups)"
+    )
     args = parser.parse_args()
     import redis
 
@@ -66,34 +82,51 @@ def main() -> None:
             old.replace("name=velocity", "name=before").replace('"velocity_', '"before_'),
             replace=True,
         )
-        day = 86_400_000
-        at = 1_767_225_600_000 + day
-        for width in (1_000, 60_000):
-            name = f"bench:{{dense-{width}}}:buckets"
+        rng = random.Random(1)
+        p50, p99 = timings(client.ping, args.runs)  # the floor: a round trip doing nothing
+        print(json.dumps({"call": "PING", "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}))
+        end = 1_767_225_600_000 + 40 * DAY
+        for width, horizon, windows in CASES:
+            plain, rolled = f"bench:{{plain-{width}}}:buckets", f"bench:{{rolled-{width}}}:buckets"
+            starts = range(end - horizon - width, end + 1, width)
             pipe = client.pipeline(transaction=False)
-            for start in range(at - day - width, at + 1, width):
-                pipe.hset(name, str(start), '[1,1,"12.5","12.5","12.5",[]]')
+            for i, start in enumerate(starts):
+                pipe.hset(plain, str(start), bucket_text(i))
+                if i % 2000 == 1999:
+                    pipe.execute()
             pipe.execute()
-            for window in (day, 600_000):
-                for label, function in (("before", "before_window"), ("now", "velocity_window")):
-                    p50, p99 = timings(
-                        lambda f=function, w=window, n=name, g=width: client.fcall_ro(
-                            f, 1, n, "SUM", str(w), str(g), str(at)
-                        ),
-                        args.runs,
-                    )
-                    print(
-                        json.dumps(
-                            {
-                                "g_s": width // 1000,
-                                "buckets_in_hash": client.hlen(name),
-                                "window_min": window // 60_000,
-                                "function": label,
-                                "p50_ms": round(p50, 3),
-                                "p99_ms": round(p99, 3),
-                            }
+            pairs = [str(x) for i, s in enumerate(starts) for x in (s, bucket_text(i))]
+            for at in range(0, len(pairs), 20_000):  # as a rebuild writes them
+                chunk = pairs[at : at + 20_000]
+                client.fcall("velocity_put_buckets", 1, rolled, str(width), "", "", *chunk)
+            for window in windows:
+                for aggregator in ("SUM", "UNIQUE_COUNT"):
+                    for label, function, name in (
+                        ("before", "before_window", plain),
+                        ("now", "velocity_window", rolled),
+                    ):
+                        p50, p99 = timings(
+                            lambda f=function, n=name, w=window, g=width, a=aggregator: (
+                                client.fcall_ro(
+                                    f, 1, n, a, str(w), str(g), str(end - rng.randrange(3_600_000))
+                                )
+                            ),
+                            args.runs if window < DAY or label == "now" else 20,
                         )
-                    )
+                        print(
+                            json.dumps(
+                                {
+                                    "g_s": width // 1000,
+                                    "buckets": len(starts),
+                                    "window_min": window // 60_000,
+                                    "aggregator": aggregator,
+                                    "function": label,
+                                    "p50_ms": round(p50, 3),
+                                    "p99_ms": round(p99, 3),
+                                }
+                            ),
+                            flush=True,
+                        )
     finally:
         subprocess.run([*velocity, "down"], env=env, check=False, stdout=subprocess.DEVNULL)
 

@@ -66,28 +66,26 @@ def write_bucket_rows(
     client: redis.Redis,
     keys: RedisKeys,
     rows: Iterable[Mapping[str, Any]],
+    bucket_ms: int,
     ttl_seconds: int,
     evict_before: int | None = None,
 ) -> int:
-    """HSET each bucket's absolute value and refresh its hash's TTL; returns rows written.
+    """Set each bucket's absolute value and refresh its hash's TTL and roll-ups; returns
+    rows written.
 
     With ``evict_before``, each written hash also drops its buckets older than that, so a
     busy key never outgrows the horizon (an idle one expires whole by its TTL).
     """
-    written = 0
-    pipe = client.pipeline(transaction=False)
-    pipe.incr(keys.buckets_epoch)  # the stream's in-memory copy is stale from here on
-    for row in rows:
-        name = keys.bucket_hash(row["signature_id"], row["key"])
-        pipe.hset(name, str(row["bucket_start"]), bucket_value(bucket_from_columns(row)))
-        pipe.expire(name, ttl_seconds)
-        if evict_before is not None:
-            pipe.fcall("velocity_evict", 1, name, str(evict_before))
-        written += 1
-        if written % _PIPELINE_CHUNK == 0:
-            pipe.execute()
-    pipe.execute()
-    return written
+    changes = (
+        (
+            keys.bucket_hash(row["signature_id"], row["key"]),
+            row["bucket_start"],
+            bucket_value(bucket_from_columns(row)),
+        )
+        for row in rows
+    )
+    evict = "" if evict_before is None else str(evict_before)
+    return _put_buckets(client, keys, changes, str(bucket_ms), str(ttl_seconds * 1000), evict)
 
 
 def bucket_rows_writer(
@@ -99,7 +97,12 @@ def bucket_rows_writer(
         client = connect(settings)
         try:
             write_bucket_rows(
-                client, settings.redis_keys, (r.asDict() for r in rows), ttl_seconds, evict_before
+                client,
+                settings.redis_keys,
+                (r.asDict() for r in rows),
+                settings.bucket_width_ms,
+                ttl_seconds,
+                evict_before,
             )
         finally:
             client.close()
@@ -110,12 +113,39 @@ def bucket_rows_writer(
 def remove_buckets(
     client: redis.Redis, keys: RedisKeys, slots: Iterable[tuple[str, str, int]]
 ) -> None:
-    """HDEL the given (signature, key, bucket start) fields."""
+    """Remove the given (signature, key, bucket start) buckets."""
+    changes = ((keys.bucket_hash(sig, key), start, "") for sig, key, start in slots)
+    _put_buckets(client, keys, changes, "", "", "")
+
+
+def _put_buckets(
+    client: redis.Redis,
+    keys: RedisKeys,
+    changes: Iterable[tuple[str, int, str]],
+    bucket_ms: str,
+    ttl_ms: str,
+    evict_before: str,
+) -> int:
+    """(hash, bucket start, value or "" to remove) changes through velocity_put_buckets,
+    which keeps each hash's roll-ups in step: one call per hash per chunk, pipelined."""
+    done = 0
     pipe = client.pipeline(transaction=False)
-    pipe.incr(keys.buckets_epoch)
-    for signature_id, key, start in slots:
-        pipe.hdel(keys.bucket_hash(signature_id, key), str(start))
-    pipe.execute()
+    pipe.incr(keys.buckets_epoch)  # the stream's in-memory copy is stale from here on
+    pending: dict[str, list[str]] = {}
+
+    def send() -> None:
+        for name, pairs in pending.items():
+            pipe.fcall("velocity_put_buckets", 1, name, bucket_ms, ttl_ms, evict_before, *pairs)
+        pending.clear()
+        pipe.execute()
+
+    for name, start, value in changes:
+        pending.setdefault(name, []).extend((str(start), value))
+        done += 1
+        if done % _PIPELINE_CHUNK == 0:
+            send()
+    send()
+    return done
 
 
 def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]) -> int:
@@ -233,7 +263,11 @@ def compare_buckets(
     ]
     for (signature_id, key), expected in [*by_hash.items(), *((s, {}) for s in only_in_redis)]:
         stored = read_hash(client, keys.bucket_hash(signature_id, key))
-        got = {int(start): parse_bucket_value(value) for start, value in stored.items()}
+        got = {
+            int(start): parse_bucket_value(value)
+            for start, value in stored.items()
+            if start.isdigit()  # not a roll-up (velocity.lua)
+        }
         for start, aggregate in expected.items():
             drift.checked += 1
             if start not in got:
@@ -370,6 +404,7 @@ def commit_stream_batch(
         str(bucket_ttl_seconds * 1000),
         str(settings.dedup_horizon_seconds * 1000),
         str(ALERT_STREAM_MAXLEN),
+        str(settings.bucket_width_ms),
         *changes,
     )
     if int(result) == FENCED:  # type: ignore[arg-type]

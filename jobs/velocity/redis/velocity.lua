@@ -105,12 +105,12 @@ local function sum_carry(s)
   s.whole, s.frac = s.whole + carry, rest
 end
 
-local function sum_add(s, value)
+-- Adds the decimal int.frac (its digits before and after the point).
+local function sum_add_parts(s, int, frac)
   s.any = true
-  local int, frac = split(value)
   if #int <= 15 and #frac <= 8 then
-    s.whole = s.whole + tonumber(int)
-    if #frac > 0 then s.frac = s.frac + tonumber(frac) * POW10[8 - #frac] end
+    s.whole = s.whole + int
+    if #frac > 0 then s.frac = s.frac + frac * POW10[8 - #frac] end
     if s.frac >= 1e15 then sum_carry(s) end
     if s.whole >= EXACT_WHOLE then
       local whole = string.format("%.0f", s.whole)
@@ -118,8 +118,14 @@ local function sum_add(s, value)
       s.whole = 0
     end
   else
+    local value = #frac > 0 and (int .. "." .. frac) or int
     s.text = s.text and dec_add(s.text, value) or value
   end
+end
+
+local function sum_add(s, value)
+  local int, frac = split(value)
+  sum_add_parts(s, int, frac)
 end
 
 local function sum_total(s)
@@ -134,9 +140,9 @@ end
 -- the position of the distinct values' list.
 local BUCKET_HEAD = "^%[(%d+),(%d+),([^,]*),([^,]*),([^,]*),()"
 -- What a window reads of a value: the event count and its aggregator's part (a decimal's
--- digits, empty for null).
+-- digits, empty for null; a sum's whole and fractional digits apart).
 local COUNT_PART = "^%[(%d+),"
-local SUM_PART = '^%[(%d+),(%d+),"?([%d%.]*)'
+local SUM_PART = '^%[(%d+),(%d+),"?(%d*)%.?(%d*)'
 local MIN_PART = '^%[(%d+),%d+,[^,]*,"?([%d%.]*)'
 local MAX_PART = '^%[(%d+),%d+,[^,]*,[^,]*,"?([%d%.]*)'
 
@@ -181,8 +187,10 @@ local function floor_to(v, width)
   return v - (v % width)
 end
 
+-- An integer (a time in ms, a count) as digits: "%d" (64-bit) is exact below 2^53 and
+-- twice as fast as "%.0f"; a lookup formats one per field it reads.
 local function ms_text(v)
-  return string.format("%.0f", v)
+  return string.format("%d", v)
 end
 
 -- Bucket fields are named by their start (digits); roll-ups and the flag by a letter.
@@ -280,22 +288,25 @@ end
 -- The fields whose merge is the buckets starting in [lo, hi] (multiples of `width`): from
 -- lo on, the largest aligned block that fits whole, else a single bucket.
 local function cover(lo, hi, width, sizes)
-  local names, pos = {}, lo
+  local names, pos, top = {}, lo, #sizes
+  local spans, prefixes = {}, {}
+  for i = 1, top do
+    spans[i] = sizes[i] * width
+    prefixes[i] = "r" .. sizes[i] .. ":"
+  end
   while pos <= hi do
-    local name = nil
-    for i = #sizes, 1, -1 do
-      local span = sizes[i] * width
-      if pos % span == 0 and pos + span - width <= hi then
-        name = block_name(sizes[i], pos)
-        pos = pos + span
-        break
-      end
-    end
-    if not name then
-      name = ms_text(pos)
+    -- The largest block aligned at pos that ends by hi: none of a size larger than the one
+    -- taken last fits once past the window's middle, so the search narrows as it goes.
+    local i = top
+    while i >= 1 and (pos % spans[i] ~= 0 or pos + spans[i] - width > hi) do i = i - 1 end
+    if i >= 1 then
+      names[#names + 1] = prefixes[i] .. ms_text(pos)
+      pos = pos + spans[i]
+      if pos + spans[i] - width > hi then top = i end
+    else
+      names[#names + 1] = ms_text(pos)
       pos = pos + width
     end
-    names[#names + 1] = name
   end
   return names
 end
@@ -337,9 +348,9 @@ local function velocity_window(keys, args)
   if aggregator == "SUM" or aggregator == "AVG" then
     for _, text in ipairs(values) do
       if text then
-        local c, vc, v = string.match(text, SUM_PART)
+        local c, vc, int, frac = string.match(text, SUM_PART)
         count, value_count = count + c, value_count + vc
-        if v ~= "" then sum_add(sum, v) end
+        if int ~= "" then sum_add_parts(sum, int, frac) end
       end
     end
   elseif aggregator == "MIN" or aggregator == "MAX" then

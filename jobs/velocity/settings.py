@@ -78,6 +78,13 @@ class Settings(BaseSettings):
         description="The stream drops an event whose transactionId it accepted this long ago "
         "or less (kept in Redis, ~100 bytes per accepted event).",
     )
+    stream_max_bytes_per_trigger: int = Field(
+        default=8_000_000,
+        ge=0,
+        description="A micro-batch of the folder source reads new files up to about this many "
+        "bytes (at least one file; 0: no cap; `--max-files-per-trigger` replaces it). A "
+        "backlog then runs as batches of bounded time instead of one that grows.",
+    )
     write_behind_seconds: float = Field(
         default=30.0,
         ge=0.0,

@@ -114,6 +114,24 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
     }
 
 
+def test_a_backlog_runs_as_batches_bounded_in_bytes(
+    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
+) -> None:
+    # Five files waiting, a cap of two and a half of the largest: neither one batch for
+    # the whole backlog nor one a file, and the alerts are the backtest's.
+    largest = max(f.stat().st_size for f in in_order_events.iterdir())
+    capped = data_settings.model_copy(update={"stream_max_bytes_per_trigger": largest * 5 // 2})
+    job = StreamJob(spark, capped)
+    sample = parse_rules(sample_rules_path().read_text())
+    job.rule_store.apply(sample)
+
+    assert 1 < run_available_now(job, in_order_events, files_per_batch=None) < 5
+
+    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
+    expected = backtest_pairs(spark, capped, rules, in_order_events, tmp_path / "bt.jsonl")
+    assert alert_pairs(spark, LiveTables.of(capped).alerts) == expected
+
+
 def test_rules_change_between_batches_and_new_rule_sees_history(
     spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
 ) -> None:

@@ -160,7 +160,11 @@ class StreamJob:
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
-        gc.freeze()  # see ``start``: what a batch kept is not rescanned by later batches
+        # See ``start``: what a batch kept is not rescanned by later batches. The collection
+        # first frees the batch's cyclic garbage, which a freeze would keep for good; it
+        # scans only what is not frozen yet, i.e. this batch's objects.
+        gc.collect()
+        gc.freeze()
         log.info(
             json.dumps(
                 {
@@ -490,8 +494,13 @@ class StreamJob:
         # A file deleted between Spark's listing and its read is skipped (its lines went
         # with it) instead of failing every retry of the batch for good.
         reader = self.spark.readStream.format("text").option("ignoreMissingFiles", "true")
+        # Bounded batches: a stream that fell behind would otherwise take the whole backlog
+        # in one batch, whose atomic Redis commit grows with it (and blocks lookups) until
+        # it outlasts the client's timeout, and every retry fails the same way.
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        elif self.settings.stream_max_bytes_per_trigger:
+            reader = reader.option("maxBytesPerTrigger", self.settings.stream_max_bytes_per_trigger)
         lines = with_line_source(reader.load(str(events_dir)))
         writer = (
             lines.writeStream.foreachBatch(self.process_batch)

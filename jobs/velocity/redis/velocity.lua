@@ -205,7 +205,7 @@ end
 -- size divides the next, so a block is the merge of the blocks one size down. A window
 -- then reads the largest blocks that fit in it whole and single buckets only at its edges:
 -- at most 31 fields for 24 h at g = 1 s instead of 86 400. A sparse hash has none (its
--- writes cost nothing extra) and is read whole: it has fewer than ROLLUP_MIN_BUCKETS.
+-- writes cost one HLEN more) and is read whole: it has fewer than ROLLUP_MIN_BUCKETS.
 local ROLLUP_SIZES = {4, 16, 64, 256, 1024, 4096, 16384, 65536}
 local ROLLUP_MIN_BUCKETS = 128
 -- A hash whose fields fall below this loses its roll-ups (it is sparse again), so a hash

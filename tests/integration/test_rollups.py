@@ -73,11 +73,14 @@ def expected_window(
     return None if value is None else format_aggregate(value)
 
 
-def read_window(client: redis.Redis, name: str, aggregator: Aggregator, window_ms: int, at: int):  # type: ignore[no-untyped-def]
+def read_window(
+    client: redis.Redis, name: str, aggregator: Aggregator, window_ms: int, at: int
+) -> str | None:
     reply = client.fcall_ro(  # type: ignore[arg-type]
         "velocity_window", 1, name, aggregator.value, str(window_ms), str(G), str(at)
     )
-    return json.loads(reply)["aggregateValue"]
+    value: str | None = json.loads(reply)["aggregateValue"]
+    return value
 
 
 def assert_rollups_merge_their_buckets(client: redis.Redis, name: str) -> None:

@@ -146,6 +146,12 @@ local SUM_PART = '^%[(%d+),(%d+),"?(%d*)%.?(%d*)'
 local MIN_PART = '^%[(%d+),%d+,[^,]*,"?([%d%.]*)'
 local MAX_PART = '^%[(%d+),%d+,[^,]*,[^,]*,"?([%d%.]*)'
 
+-- An integer (a time in ms, a count) as digits: "%d" (64-bit) is exact below 2^53 and
+-- twice as fast as "%.0f"; a lookup formats one per field it reads.
+local function ms_text(v)
+  return string.format("%d", v)
+end
+
 -- The merge of bucket values, every part of them (a roll-up's value).
 local function merge_new()
   return {count = 0, value_count = 0, sum = sum_new(), min = nil, max = nil, distinct = {}}
@@ -178,19 +184,13 @@ local function merge_text(m)
   for v in pairs(m.distinct) do values[#values + 1] = v end
   table.sort(values)
   for i, v in ipairs(values) do values[i] = cjson.encode(v) end
-  return "[" .. string.format("%.0f", m.count) .. "," .. string.format("%.0f", m.value_count)
+  return "[" .. ms_text(m.count) .. "," .. ms_text(m.value_count)
       .. "," .. quoted(sum_total(m.sum)) .. "," .. quoted(m.min) .. "," .. quoted(m.max)
       .. ",[" .. table.concat(values, ",") .. "]]"
 end
 
 local function floor_to(v, width)
   return v - (v % width)
-end
-
--- An integer (a time in ms, a count) as digits: "%d" (64-bit) is exact below 2^53 and
--- twice as fast as "%.0f"; a lookup formats one per field it reads.
-local function ms_text(v)
-  return string.format("%d", v)
 end
 
 -- Bucket fields are named by their start (digits); roll-ups and the flag by a letter.
@@ -285,6 +285,20 @@ local function after_bucket_writes(hash, starts, width)
   end
 end
 
+-- Drops a hash's buckets that start before `cutoff`, adding their starts to the set
+-- `dropped`; returns how many.
+local function drop_before(hash, cutoff, dropped)
+  local count = 0
+  for _, field in ipairs(redis.call("HKEYS", hash)) do
+    if is_bucket(field) and tonumber(field) < cutoff then
+      redis.call("HDEL", hash, field)
+      dropped[tonumber(field)] = true
+      count = count + 1
+    end
+  end
+  return count
+end
+
 -- The fields whose merge is the buckets starting in [lo, hi] (multiples of `width`): from
 -- lo on, the largest aligned block that fits whole, else a single bucket.
 local function cover(lo, hi, width, sizes)
@@ -327,7 +341,7 @@ local function velocity_window(keys, args)
   local values = {}
   local layout_width, sizes = rollup_layout(keys[1])
   if last < lower then
-    values = {}
+    -- no bucket can start in the window (only a negative window; rules have W > 0)
   elseif layout_width == bucket_ms then
     values = redis.call("HMGET", keys[1], unpack(cover(lower, last, bucket_ms, sizes)))
   elseif (last - lower) / bucket_ms < ROLLUP_MIN_BUCKETS then
@@ -405,15 +419,8 @@ end
 -- FCALL velocity_evict 1 <bucket hash> <cutoff ms>
 -- Drops the buckets that start before the cutoff; returns how many were dropped.
 local function velocity_evict(keys, args)
-  local cutoff = tonumber(args[1])
-  local dropped, count = {}, 0
-  for _, field in ipairs(redis.call("HKEYS", keys[1])) do
-    if is_bucket(field) and tonumber(field) < cutoff then
-      redis.call("HDEL", keys[1], field)
-      dropped[tonumber(field)] = true
-      count = count + 1
-    end
-  end
+  local dropped = {}
+  local count = drop_before(keys[1], tonumber(args[1]), dropped)
   if count > 0 then after_bucket_writes(keys[1], dropped, nil) end
   return count
 end
@@ -435,15 +442,7 @@ local function velocity_put_buckets(keys, args)
     end
     touched[tonumber(args[i])] = true
   end
-  if args[3] ~= "" then
-    local cutoff = tonumber(args[3])
-    for _, field in ipairs(redis.call("HKEYS", hash)) do
-      if is_bucket(field) and tonumber(field) < cutoff then
-        redis.call("HDEL", hash, field)
-        touched[tonumber(field)] = true
-      end
-    end
-  end
+  if args[3] ~= "" then drop_before(hash, tonumber(args[3]), touched) end
   after_bucket_writes(hash, touched, tonumber(args[1]))
   if args[2] ~= "" then redis.call("PEXPIRE", hash, args[2]) end
   return set

@@ -26,6 +26,7 @@ Invariants callers rely on:
 
 from __future__ import annotations
 
+import gc
 import json
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
@@ -390,3 +391,16 @@ class HotBuckets:
         for slot in idle:
             del self._states[slot]
         return len(idle)
+
+
+def collect_batch_garbage() -> None:
+    """Free a micro-batch's cyclic garbage, then freeze what it kept.
+
+    The stream holds millions of long-lived objects (the hot buckets): once frozen, the
+    cyclic collector never rescans them. The collection scans only what is not frozen
+    yet, i.e. this batch's objects; it frees the cycles Spark's Python objects leave (py4j
+    proxies of the batch's Java objects), which a freeze alone would keep for good, with
+    what they hold in the JVM.
+    """
+    gc.collect()
+    gc.freeze()

@@ -366,6 +366,26 @@ def commit_stream_batch(
     and the progress. Returns the alerts published, or -1 when the batch was committed
     before (a replay: nothing written). Fenced: Redis writes nothing unless the state lock
     still holds ``lease``'s token (else ``StateLockLost``)."""
+    commit = stream_commit(
+        settings, batch_id, newest_event_time, changed, dropped, accepted, alerts,
+        bucket_ttl_seconds, lease,
+    )  # fmt: skip
+    return send_stream_commit(client, commit, lease)
+
+
+def stream_commit(
+    settings: Settings,
+    batch_id: int,
+    newest_event_time: int | None,
+    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
+    dropped: Iterable[tuple[str, str, int]],
+    accepted: Iterable[str],
+    alerts: Sequence[Mapping[str, Any]],
+    bucket_ttl_seconds: int,
+    lease: Lease,
+) -> tuple[str, ...]:
+    """The arguments of a micro-batch's velocity_stream_commit (see ``commit_stream_batch``),
+    built apart from the call so the stream can send it and go on while Redis runs it."""
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
     buckets = []
@@ -392,9 +412,7 @@ def commit_stream_batch(
         )
         for start in range(0, max(longest, 1), COMMIT_CHUNK)
     ]
-    result = client.fcall(
-        "velocity_stream_commit",
-        3,
+    return (
         keys.stream_progress,
         settings.alert_stream,
         lease.name,
@@ -407,6 +425,12 @@ def commit_stream_batch(
         str(settings.bucket_width_ms),
         *changes,
     )
+
+
+def send_stream_commit(client: redis.Redis, commit: Sequence[str], lease: Lease) -> int:
+    """Run a built ``stream_commit`` in Redis: the alerts published, -1 for a replay;
+    ``StateLockLost`` when fenced (nothing written)."""
+    result = client.fcall("velocity_stream_commit", 3, *commit)
     if int(result) == FENCED:  # type: ignore[arg-type]
         lease.lost.set()
         lease.check()

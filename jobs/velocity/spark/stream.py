@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +61,7 @@ from velocity.stream_batch import (
     SignatureKey,
     admit,
     below_horizon,
+    collect_batch_garbage,
     decide,
     history_needed,
     key_groups,
@@ -146,6 +148,7 @@ class StreamJob:
         self._flushing = threading.Lock()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="velocity-commit")
 
     # --- the hot path ------------------------------------------------------------------
 
@@ -160,11 +163,6 @@ class StreamJob:
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
-        # See ``start``: what a batch kept is not rescanned by later batches. The collection
-        # first frees the batch's cyclic garbage, which a freeze would keep for good; it
-        # scans only what is not frozen yet, i.e. this batch's objects.
-        gc.collect()
-        gc.freeze()
         log.info(
             json.dumps(
                 {
@@ -254,8 +252,7 @@ class StreamJob:
             {"newest_before": read.newest_event_time, "newest": admitted.newest_event_time},
         )
         timer.mark("spool")
-        mirror.commit_stream_batch(
-            self.redis,
+        commit = mirror.stream_commit(
             settings,
             batch_id,
             admitted.newest_event_time,
@@ -266,11 +263,24 @@ class StreamJob:
             mirror.horizon_seconds(rules, settings),
             lease,
         )
-        self.hot.apply(decided.buckets, cutoff)
-        if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
-            # Keys idle past the horizon: their Redis hashes expire, their memory goes too.
-            self.hot.sweep(cutoff)
-            self._swept = time.monotonic()
+        timer.mark("commit-args")
+        # Redis runs the commit on its own core while this process takes the new state
+        # into memory and collects; a commit that fails leaves no trusted memory behind.
+        pending = self._committer.submit(mirror.send_stream_commit, self.redis, commit, lease)
+        try:
+            self.hot.apply(decided.buckets, cutoff)
+            if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
+                # Keys idle past the horizon: their Redis hashes expire, their memory too.
+                self.hot.sweep(cutoff)
+                self._swept = time.monotonic()
+            del decided, groups, arrived, states, commit
+            collect_batch_garbage()
+            timer.mark("hot+gc")
+            pending.result()
+        except BaseException:
+            wait([pending])  # never leave a commit in flight behind a failed batch
+            self.hot.forget()
+            raise
         self._committed = batch_id
         timer.mark("redis-commit")
         return len(records)

@@ -69,6 +69,11 @@ class Operator(StrEnum):
         """``left OP right``, exact (Fractions compare exactly with Decimals)."""
         return bool(_COMPARISONS[self](left, right))
 
+    @property
+    def comparison(self) -> Callable[[Any, Any], Any]:
+        """``left OP right`` as the plain function (``operator.gt``, …), for hot loops."""
+        return _COMPARISONS[self]
+
 
 _COMPARISONS: Mapping[Operator, Callable[[Any, Any], Any]] = {
     Operator.EQUAL: operator.eq,

@@ -36,7 +36,7 @@ from velocity.arrival import Arrivals, Verdict
 from velocity.buckets import EMPTY, BucketAggregate, bucket_start, merge_all, window_start
 from velocity.rules import Rule, RuleSignature, key_text, rules_by_signature
 from velocity.schema import FIELDS_BY_NAME, Event, Rejection
-from velocity.windows import Decision, KeyedEvent, fired_value
+from velocity.windows import Decision, KeyedEvent, RuleCheck, rule_check
 
 SignatureKey = tuple[str, str]  # (signature_id, key text)
 BucketSlot = tuple[str, str, int]  # (signature_id, key text, bucket start)
@@ -209,47 +209,58 @@ def decide(
     ``history`` holds, for each slot ``history_needed`` named, the raw events of earlier
     batches in that bucket (any order). Decisions come per key in eventTime order.
     """
-    by_signature: dict[str, dict[int, list[Rule]]] = {}
+    by_signature: dict[str, dict[int, list[tuple[Rule, RuleCheck]]]] = {}
     for signature, group in rules_by_signature(rules).items():
         by_window = by_signature[signature.signature_id] = {}
         for rule in group:
-            by_window.setdefault(rule.window_ms, []).append(rule)
+            by_window.setdefault(rule.window_ms, []).append((rule, rule_check(rule)))
     history = history or {}
     out = Decided({}, {}, [], {})
-    empty = KeyState()
+    deltas, changed, new_states = out.deltas, out.changed, out.buckets
     for slot, events in groups.items():
         windows = by_signature.get(slot[0])
         if not windows:
             continue
-        before = states.get(slot) or empty
-        after = KeyState(dict(before.buckets), dict(before.last_times))
-        added = _bucketed(events, width_ms)
-        for start, (aggregate, newest) in added.items():
-            out.deltas[(slot[0], slot[1], start)] = aggregate
-            current = after.buckets.get(start)
-            if current is None:
-                after.buckets[start] = aggregate
-                after.last_times[start] = newest
+        before = states.get(slot)
+        if len(events) == 1:
+            # The common case, a key's only event in the batch, inline.
+            only = events[0]
+            time = only.event_time
+            start = time - time % width_ms
+            one = BucketAggregate.of_event(only.value, only.number)
+            deltas[(slot[0], slot[1], start)] = one
+            if before is None:
+                after = KeyState({start: one}, {start: time})
             else:
-                after.buckets[start] = current.merge(aggregate)
-                last = after.last_times.get(start)  # None: unknown, and stays so
-                after.last_times[start] = None if last is None else max(last, newest)
-        out.changed[slot] = list(added)
-        out.buckets[slot] = after
-        targets = [e for e in events if e.transaction_id not in late] if late else events
-        if not targets:
-            continue
-        only = events[0]
-        if (
-            len(events) == 1
-            and (*slot, only.event_time - only.event_time % width_ms) not in history
-        ):
-            # The common case, a key's only event in the batch: its own bucket counts whole
-            # (``history_needed`` vouched that the earlier events there are not later).
-            decisions = _decide_only_event(after, only, windows, width_ms)
+                after = KeyState(dict(before.buckets), dict(before.last_times))
+                _add_to_bucket(after, start, one, time)
+            changed[slot] = [start]
+            new_states[slot] = after
+            if late and only.transaction_id in late:
+                continue
+            if (slot[0], slot[1], start) not in history:
+                # Its own bucket counts whole: ``history_needed`` vouched that the earlier
+                # events there are not later than it.
+                decisions = _decide_only_event(after, only, windows, width_ms)
+            else:
+                decisions = _decide_key(
+                    slot, before or KeyState(), after, events, events, windows, width_ms, history
+                )
         else:
+            after = KeyState()
+            if before is not None:
+                after = KeyState(dict(before.buckets), dict(before.last_times))
+            added = _bucketed(events, width_ms)
+            for start, (aggregate, newest) in added.items():
+                deltas[(slot[0], slot[1], start)] = aggregate
+                _add_to_bucket(after, start, aggregate, newest)
+            changed[slot] = list(added)
+            new_states[slot] = after
+            targets = [e for e in events if e.transaction_id not in late] if late else events
+            if not targets:
+                continue
             decisions = _decide_key(
-                slot, before, after, events, targets, windows, width_ms, history
+                slot, before or KeyState(), after, events, targets, windows, width_ms, history
             )
         key_values: tuple[str, ...] | None = None
         for decision in decisions:
@@ -259,8 +270,23 @@ def decide(
     return out
 
 
+def _add_to_bucket(state: KeyState, start: int, aggregate: BucketAggregate, newest: int) -> None:
+    """Merge events (their aggregate and newest eventTime) into ``state``'s bucket."""
+    current = state.buckets.get(start)
+    if current is None:
+        state.buckets[start] = aggregate
+        state.last_times[start] = newest
+    else:
+        state.buckets[start] = current.merge(aggregate)
+        last = state.last_times.get(start)  # None: unknown, and stays so
+        state.last_times[start] = None if last is None else max(last, newest)
+
+
 def _decide_only_event(
-    after: KeyState, event: KeyedEvent, windows: Mapping[int, Sequence[Rule]], width_ms: int
+    after: KeyState,
+    event: KeyedEvent,
+    windows: Mapping[int, Sequence[tuple[Rule, RuleCheck]]],
+    width_ms: int,
 ) -> Iterable[Decision]:
     """Decisions of a key's only event in the batch: its own bucket in ``after`` holds
     exactly the events up to its time."""
@@ -276,8 +302,8 @@ def _decide_only_event(
         for start, aggregate in earlier:
             if start >= lower:
                 window = window.merge(aggregate)
-        for rule in group:
-            value = fired_value(window, rule)
+        for rule, check in group:
+            value = check(window)
             if value is not None:
                 yield Decision(rule, event, value, lower)
 
@@ -288,7 +314,7 @@ def _decide_key(
     after: KeyState,
     batch_events: Sequence[KeyedEvent],
     targets: Sequence[KeyedEvent],
-    windows: Mapping[int, Sequence[Rule]],
+    windows: Mapping[int, Sequence[tuple[Rule, RuleCheck]]],
     width_ms: int,
     history: Mapping[BucketSlot, Sequence[KeyedEvent]],
 ) -> Iterable[Decision]:
@@ -326,8 +352,8 @@ def _decide_key(
                 span = starts[bisect_left(starts, lower) : bisect_left(starts, own)]
                 whole = whole_cache[(window_ms, own)] = merge_all(after.buckets[s] for s in span)
             window = whole.merge(partial) if whole.count else partial
-            for rule in group:
-                value = fired_value(window, rule)
+            for rule, check in group:
+                value = check(window)
                 if value is not None:
                     yield Decision(rule, target, value, lower)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
@@ -107,6 +107,49 @@ def fired_value(window: WindowFigures, rule: Rule) -> AggregateValue | None:
         return Fraction(total) / count
     value = aggregate_value(window, rule.aggregator)
     return value if fires(rule, value) else None
+
+
+RuleCheck = Callable[[WindowFigures], AggregateValue | None]
+
+
+def rule_check(rule: Rule) -> RuleCheck:
+    """``fired_value`` for one rule as a function of the window, its aggregator and
+    operator chosen once: the stream calls it for every event and rule. Exact like
+    ``fired_value`` (an int compares exactly with a Decimal)."""
+    compare, limit = rule.operator.comparison, rule.limit
+
+    def count(window: WindowFigures) -> AggregateValue | None:
+        n = window.count
+        return Decimal(n) if compare(n, limit) else None
+
+    def unique_count(window: WindowFigures) -> AggregateValue | None:
+        n = window.distinct_count
+        return Decimal(n) if compare(n, limit) else None
+
+    def total(window: WindowFigures) -> AggregateValue | None:
+        value = window.total
+        return value if value is not None and compare(value, limit) else None
+
+    def minimum(window: WindowFigures) -> AggregateValue | None:
+        value = window.minimum
+        return value if value is not None and compare(value, limit) else None
+
+    def maximum(window: WindowFigures) -> AggregateValue | None:
+        value = window.maximum
+        return value if value is not None and compare(value, limit) else None
+
+    def average(window: WindowFigures) -> AggregateValue | None:
+        return fired_value(window, rule)
+
+    checks: dict[Aggregator, RuleCheck] = {
+        Aggregator.COUNT: count,
+        Aggregator.UNIQUE_COUNT: unique_count,
+        Aggregator.SUM: total,
+        Aggregator.MIN: minimum,
+        Aggregator.MAX: maximum,
+        Aggregator.AVG: average,
+    }
+    return checks[rule.aggregator]
 
 
 def format_aggregate(value: AggregateValue) -> str:

@@ -41,7 +41,7 @@ bench-stream: setup ## stream latency (alert in Redis - file landed) and through
 	else \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --design both && \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 300 --keys 100000 && \
-		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 1000000; \
+		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 100000; \
 	fi
 
 bench-stream-steps: setup ## per-event cost of each stream step without Spark (real Redis)

@@ -132,6 +132,7 @@ class Run:
     missing: int = 0
     published: int = 0
     peak_rss_mb: float = 0.0
+    peak_rss_python_mb: float = 0.0  # the driver's Python process alone (the hot buckets)
     redis_mb: float = 0.0
     bucket_hashes: int = 0
     batches: int = 0
@@ -160,6 +161,7 @@ class Run:
             "batch_p50_s": round(self.batch_p50, 2),
             "batch_max_s": round(self.batch_max, 2),
             "peak_rss_mb": round(self.peak_rss_mb),
+            "peak_rss_python_mb": round(self.peak_rss_python_mb),
             "redis_used_mb": round(self.redis_mb),
             "bucket_hashes": self.bucket_hashes,
             "hot_keys": self.hot_keys,
@@ -208,12 +210,13 @@ def run_design(
         start_new_session=True,
     )
     landed: dict[str, float] = {}
-    peak = [0.0]
+    peak = [0.0, 0.0]  # the stream's process tree (Python + the JVM), Python alone
     sampling = threading.Event()
 
     def sample() -> None:
         while not sampling.wait(1.0):
             peak[0] = max(peak[0], rss_mb(process_tree(stream.pid)))
+            peak[1] = max(peak[1], rss_mb([stream.pid]))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -247,7 +250,7 @@ def run_design(
             stream.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(stream.pid, 9)
-    run.peak_rss_mb = peak[0]
+    run.peak_rss_mb, run.peak_rss_python_mb = peak
 
     first_seen: dict[tuple[int, str], float] = {}
     for entry_id, fields in client.xrange("velocity:alerts"):

@@ -6,8 +6,8 @@ events, batch by batch, as ``velocity.spark.stream.StreamJob._process`` does (pa
 Redis read, admit + decide, alert records, Arrow rows, spool, Redis commit, hot apply),
 against a real Redis started by ``velocity up`` on its own port, and prints microseconds
 per event for each step. No JVM, no write-behind: the floor the whole stream stands on.
-``--gc threshold|freeze|both`` compares the collector settings side by side: the earlier
-design (first generation at 200 000 objects) and the stream's (each batch frozen).
+``--before REV`` runs that revision's own loop (from a git worktree, on the same events and
+Redis) alternately with this checkout's, ``--rounds`` times each, and prints the ratio.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
+def run(events_dir: Path) -> dict[str, float]:
     from velocity.alerts import alert_record, rule_key
     from velocity.cli import sample_rules_path
     from velocity.delta import batch_rows
@@ -50,16 +52,12 @@ def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
     settings = load_settings()
     client = mirror.connect(settings)
     client.flushall()
-    client.config_resetstat()  # Lua time of this run only
     mirror.load_functions(client)
     rules = active_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
     signatures = list(rules_by_signature(rules))
     spool = Spool(settings)
     hot = HotBuckets(settings.hot_keys_max)
-    if gc_mode == "freeze":
-        gc.set_threshold(1_000_000, 1000, 1000)
-    else:
-        gc.set_threshold(200_000, 50, 1000)
+    gc.set_threshold(1_000_000, 1000, 1000)  # as the stream (StreamJob.start)
     horizon_s = mirror.horizon_seconds(rules, settings)
     spent: dict[str, float] = {}
     total = 0
@@ -77,6 +75,7 @@ def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
             for seq, raw in enumerate(raws)
             if not is_blank(raw)
         ]
+        count = len(lines)
         t = mark("parse", t)
         events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
         arrived = key_groups(events, signatures)
@@ -124,13 +123,13 @@ def run(events_dir: Path, gc_mode: str) -> dict[str, float]:
             # As the stream: Redis runs the commit while this process applies and collects.
             pending = committer.submit(mirror.send_stream_commit, client, commit, lease)
             hot.apply(decided.buckets, cutoff)
-            if gc_mode == "freeze":
-                del decided, arrived, commit
-                collect_batch_garbage()
+            # As the stream: the batch's lines and events are freed before the collection.
+            del raws, lines, events, arrived, read, admitted, decided, records, rows, commit
+            collect_batch_garbage()
             t = mark("hot+gc", t)
             pending.result()
         mark("redis-commit", t)
-        total += len(lines)
+        total += count
     lua = {k: v for k, v in client.info("commandstats").items() if "fcall" in k}
     out = {step: round(seconds / total * 1e6, 1) for step, seconds in spent.items()}
     out["total"] = round(sum(spent.values()) / total * 1e6, 1)
@@ -143,18 +142,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=20_000, help="events a micro-batch")
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--keys", type=int, default=1_000_000, help="distinct payers")
-    parser.add_argument("--gc", choices=("threshold", "freeze", "both"), default="both")
+    parser.add_argument(
+        "--before", default="6e3d77a", help="git revision to compare with ('' for none)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each, alternating")
     parser.add_argument("--port", type=int, default=6393, help="the benchmark's own Redis")
     parser.add_argument("--inner", help=argparse.SUPPRESS)  # one measured run (subprocess)
     args = parser.parse_args()
     work = ROOT / "data" / "bench-stream-steps"
-    env = {
-        **os.environ,
-        "VELOCITY_DATA_DIR": str(work / "data"),
-        "VELOCITY_REDIS_URL": f"redis://:velocity-bench@127.0.0.1:{args.port}/0",
-    }
+    redis_url = f"redis://:velocity-bench@127.0.0.1:{args.port}/0"
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
     if args.inner:
-        print(json.dumps(run(work / "events", args.inner)))
+        print(json.dumps(run(work / "events")))  # --inner: its value is a run's name
         return
     velocity = [sys.executable, "-m", "velocity.cli"]
     shutil.rmtree(work, ignore_errors=True)
@@ -166,26 +165,48 @@ def main() -> None:
          "--seed", "3", "--start", str(int(time.time() * 1000) - 3_600_000)],
         env=env, check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
+    trees = {"now": ROOT}
+    if args.before:
+        tree = trees["before"] = work / "before-tree"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), args.before],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        (tree / "data").symlink_to(ROOT / "data")  # its loop reads the same events
     subprocess.run([*velocity, "up"], env=env, check=True, stdout=subprocess.DEVNULL)
+    client = redis.Redis.from_url(redis_url)
+    totals: dict[str, list[float]] = {name: [] for name in trees}
     try:
-        modes = ("threshold", "freeze") if args.gc == "both" else (args.gc,)
-        results = {}
-        for mode in modes:  # each in a fresh process: the heap of one must not slow the next
-            for old in (work / "data").glob("*"):  # not Redis's own files (it is running)
-                if old.name != "redis":
-                    shutil.rmtree(old, ignore_errors=True)
-            inner = subprocess.run(
-                [sys.executable, "-m", "benchmarks.stream_steps", "--inner", mode,
-                 "--port", str(args.port)],
-                env=env, check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            results[mode] = json.loads(inner.stdout.splitlines()[-1])
-            print(json.dumps({"gc": mode, "µs_per_event": results[mode]}, ensure_ascii=False))
-        if len(results) == 2:
-            ratio = results["threshold"]["total"] / results["freeze"]["total"]
-            print(f"threshold / freeze: {ratio:.2f}× ({args.batches} batches of {args.batch})")
+        for _ in range(args.rounds):
+            for name, tree in sorted(trees.items()):  # "before" first, then "now"
+                # Each in a fresh process: the heap of one must not slow the next.
+                for old in (work / "data").glob("*"):  # not Redis's own files (it runs)
+                    if old.name != "redis":
+                        shutil.rmtree(old, ignore_errors=True)
+                client.config_resetstat()  # Lua time of this run only
+                inner = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.stream_steps", "--inner", "freeze",
+                     "--port", str(args.port)],
+                    env={**env, "PYTHONPATH": f"{tree / 'jobs'}:{tree}"}, cwd=tree,
+                    check=True, capture_output=True, text=True,
+                )  # fmt: skip
+                result = json.loads(inner.stdout.splitlines()[-1])
+                totals[name].append(result["total"])
+                print(json.dumps({"design": name, "µs_per_event": result}, ensure_ascii=False))
+        if args.before:
+            before, now = min(totals["before"]), min(totals["now"])
+            print(
+                f"before ({args.before}) / now: {before / now:.2f}× "
+                f"(best of {args.rounds}: {before} vs {now} µs an event; "
+                f"{args.batches} batches of {args.batch}, {args.keys} payers)"
+            )
     finally:
         subprocess.run([*velocity, "down"], env=env, check=False, stdout=subprocess.DEVNULL)
+        if args.before:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees["before"])],
+                check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
 
 
 if __name__ == "__main__":

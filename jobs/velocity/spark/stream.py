@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ from velocity.spark.redis_state import RedisState
 from velocity.stream_batch import (
     BucketSlot,
     HotBuckets,
+    KeyState,
     SignatureKey,
     admit,
     below_horizon,
@@ -74,6 +75,15 @@ log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
 # How often a batch drops the in-memory keys that have nothing left inside the horizon.
 SWEEP_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A decided, spooled micro-batch waiting for its Redis commit."""
+
+    commit: tuple[str, ...]  # velocity_stream_commit's arguments (mirror.stream_commit)
+    states: dict[SignatureKey, KeyState]  # the changed keys' new buckets
+    cutoff: int | None  # the horizon: buckets below it leave memory
 
 
 class SharedStateLock:
@@ -156,10 +166,15 @@ class StreamJob:
         """One micro-batch (the foreachBatch function); logs one JSON line when done."""
         timer = StepTimer()
         parsed = batch_lines(lines.toArrow())
+        line_count = len(parsed)
         timer.mark("read+parse")
         with self._lock.held(f"stream batch {batch_id}") as lease:
             timer.mark("lock")
-            alerts = self._process(parsed, batch_id, timer, lease)
+            prepared = self._prepare(parsed, batch_id, timer, lease)
+            # The batch's lines and events are garbage from here on, freed before the
+            # collection (which would otherwise scan them all) in ``_commit``.
+            del parsed
+            alerts = 0 if prepared is None else self._commit(prepared, batch_id, timer, lease)
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
@@ -167,7 +182,7 @@ class StreamJob:
             json.dumps(
                 {
                     "batch": batch_id,
-                    "lines": len(parsed),
+                    "lines": line_count,
                     "alerts": alerts,
                     "hot_keys": len(self.hot),
                     "seconds": round(timer.total, 3),
@@ -177,9 +192,10 @@ class StreamJob:
             )
         )
 
-    def _process(
+    def _prepare(
         self, lines: list[batch_rows.Line], batch_id: int, timer: StepTimer, lease: Lease
-    ) -> int:
+    ) -> PreparedBatch | None:
+        """Decide the batch and spool its rows; None when Redis has it committed already."""
         settings = self.settings
         width_ms = settings.bucket_width_ms
         decision_time = int(time.time() * 1000)
@@ -195,7 +211,7 @@ class StreamJob:
         if read.committed_batch is not None and read.committed_batch >= batch_id:
             # Committed before a crash: its rows are spooled (or flushed) already.
             self._committed = batch_id
-            return 0
+            return None
         lease.check()  # a batch that stalled past its lease must not write anything
         self.spool.discard_from(batch_id)
 
@@ -264,26 +280,35 @@ class StreamJob:
             lease,
         )
         timer.mark("commit-args")
-        # Redis runs the commit on its own core while this process takes the new state
-        # into memory and collects; a commit that fails leaves no trusted memory behind.
-        pending = self._committer.submit(mirror.send_stream_commit, self.redis, commit, lease)
+        return PreparedBatch(commit, decided.buckets, cutoff)
+
+    def _commit(
+        self, prepared: PreparedBatch, batch_id: int, timer: StepTimer, lease: Lease
+    ) -> int:
+        """Send the batch's commit; Redis runs it on its own core while this process takes
+        the new buckets into memory and collects. A commit that fails leaves no trusted
+        memory behind. Returns the alerts published."""
+        pending = self._committer.submit(
+            mirror.send_stream_commit, self.redis, prepared.commit, lease
+        )
         try:
-            self.hot.apply(decided.buckets, cutoff)
+            self.hot.apply(prepared.states, prepared.cutoff)
+            cutoff = prepared.cutoff
             if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
                 # Keys idle past the horizon: their Redis hashes expire, their memory too.
                 self.hot.sweep(cutoff)
                 self._swept = time.monotonic()
-            del decided, groups, arrived, states, commit
+            del prepared
             collect_batch_garbage()
             timer.mark("hot+gc")
-            pending.result()
+            published = pending.result()
         except BaseException:
             wait([pending])  # never leave a commit in flight behind a failed batch
             self.hot.forget()
             raise
         self._committed = batch_id
         timer.mark("redis-commit")
-        return len(records)
+        return max(published, 0)
 
     def _alert_records(
         self, decisions: Sequence[tuple[Decision, str, tuple[str, ...]]], decision_time: int

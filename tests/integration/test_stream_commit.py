@@ -51,3 +51,23 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
         assert parse_bucket(value) == (one, 60_001)  # type: ignore[arg-type]
         assert 0 < client.pttl(bucket_hash("sig", f'["p-{i}"]')) <= 60_000
     assert mirror.committed_batch(client, settings) == 0
+
+
+def test_a_commit_checks_roll_ups_only_on_hashes_that_may_have_them(settings: Settings) -> None:
+    """A hash of at most QUIET_MAX_BUCKETS buckets that only grew cannot have roll-ups:
+    the commit skips its HLEN; a larger one is still checked (and a dense one keeps its
+    roll-ups, tests/integration/test_rollups.py)."""
+    client = mirror.connect(settings)
+    one = BucketAggregate.of_event("1", Decimal(1))
+    small = KeyState({60_000 * i: one for i in range(mirror.QUIET_MAX_BUCKETS)}, {})
+    larger = KeyState({60_000 * i: one for i in range(mirror.QUIET_MAX_BUCKETS + 1)}, {})
+    changed = {("sig", f'["s-{i}"]'): (small, [0]) for i in range(100)}
+    changed[("sig", '["larger"]')] = (larger, [0])
+    client.config_resetstat()
+    with state_lock(client, settings, "stream batch 0") as lease:
+        mirror.commit_stream_batch(client, settings, 0, 1, changed, [], [], [], 3600, lease)
+    calls = client.info("commandstats")
+    assert calls["cmdstat_hlen"]["calls"] == 1  # the larger hash only
+    assert calls["cmdstat_hset"]["calls"] >= 101
+    bucket_hash = settings.redis_keys.bucket_hash
+    assert client.hlen(bucket_hash("sig", '["s-0"]')) == 1  # only the changed bucket written

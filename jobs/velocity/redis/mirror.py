@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # lock imports this module (to load the functions)
 ALERT_STREAM_MAXLEN = 1_000_000
 _PIPELINE_CHUNK = 1000
 COMMIT_CHUNK = 20_000  # entries of each kind in one argument of velocity_stream_commit
+# A (signature, key) hash of at most this many buckets has no roll-ups: a hash with them
+# has 64 fields or more (velocity.lua's ROLLUP_KEEP_FIELDS), at most 9 a bucket (itself and
+# one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
+QUIET_MAX_BUCKETS = 6
 FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
 
 
@@ -389,8 +393,11 @@ def stream_commit(
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
     buckets = []
+    quiet = []  # hashes that cannot have roll-ups: velocity_stream_commit skips their HLEN
     for (sig, key), (state, starts) in changed.items():
         name = keys.bucket_hash(sig, key)
+        if len(state.buckets) <= QUIET_MAX_BUCKETS:
+            quiet.append(name)
         for start in starts:
             if start in state.buckets:
                 value = bucket_value(state.buckets[start], state.last_times.get(start))
@@ -400,6 +407,7 @@ def stream_commit(
         "d": [(keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped],
         "s": [seen_prefix + tx for tx in accepted],
         "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
+        "q": quiet,
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most
     # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.

@@ -542,8 +542,10 @@ end
 -- the progress was committed already: nothing is written and -1 returned (a replay
 -- changes nothing twice).
 -- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
---            "s": [seen key, ...], "a": [alert json, ...]}, in one or more parts (each
---            argument a part of every list, in order, so no argument grows without bound)
+--            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...]}, in one or
+--            more parts (each argument a part of every list, in order, so no argument
+--            grows without bound); "q" (optional) names changed hashes of at most 6
+--            buckets that only grew: they cannot have roll-ups
 local function velocity_stream_commit(keys, args)
   if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
   local batch = tonumber(args[2])
@@ -579,8 +581,15 @@ local function velocity_stream_commit(keys, args)
       after_bucket_writes(name, {}, bucket_ms) -- has just become dense: built whole
     end
   end
+  -- Hashes the caller knows hold at most a few buckets (and only grew) have no roll-ups:
+  -- a hash with roll-ups has ROLLUP_KEEP_FIELDS fields or more, at most 9 a bucket
+  -- (itself and one block a size) plus the flag. Skipping them spares their HLEN.
+  local quiet = {}
+  for _, changes in ipairs(parts) do
+    for _, name in ipairs(changes["q"] or {}) do quiet[name] = true end
+  end
   for name in pairs(changed) do
-    if not lost[name] then check(name, true) end
+    if not lost[name] and not quiet[name] then check(name, true) end
   end
   for name in pairs(lost) do check(name, false) end
   if next(dense) then

@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import redis
@@ -46,8 +45,6 @@ def run(events_dir: Path) -> dict[str, float]:
         decide,
         key_groups,
     )  # fmt: skip
-
-    committer = ThreadPoolExecutor(1)
 
     settings = load_settings()
     client = mirror.connect(settings)
@@ -121,7 +118,7 @@ def run(events_dir: Path) -> dict[str, float]:
             )  # fmt: skip
             t = mark("commit-args", t)
             # As the stream: Redis runs the commit while this process applies and collects.
-            pending = committer.submit(mirror.send_stream_commit, client, commit, lease)
+            pending = mirror.PendingCommit(client, commit, lease)
             hot.apply(decided.buckets, cutoff)
             # As the stream: the batch's lines and events are freed before the collection.
             del raws, lines, events, arrived, read, admitted, decided, records, rows, commit

@@ -438,8 +438,38 @@ def stream_commit(
 def send_stream_commit(client: redis.Redis, commit: Sequence[str], lease: Lease) -> int:
     """Run a built ``stream_commit`` in Redis: the alerts published, -1 for a replay;
     ``StateLockLost`` when fenced (nothing written)."""
-    result = client.fcall("velocity_stream_commit", 3, *commit)
-    if int(result) == FENCED:  # type: ignore[arg-type]
-        lease.lost.set()
-        lease.check()
-    return int(result)  # type: ignore[arg-type]
+    return PendingCommit(client, commit, lease).result()
+
+
+class PendingCommit:
+    """A ``stream_commit`` sent to Redis and not yet answered: Redis runs it on its own
+    core while the caller goes on; ``result`` reads the answer. Sent on a connection of
+    its own, in this thread, so it is on its way before the caller's next step."""
+
+    def __init__(self, client: redis.Redis, commit: Sequence[str], lease: Lease) -> None:
+        self._pool = client.connection_pool
+        self._lease = lease
+        self._connection: Any = self._pool.get_connection()
+        try:
+            self._connection.send_command("FCALL", "velocity_stream_commit", 3, *commit)
+        except BaseException:
+            self._connection.disconnect()
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        if self._connection is not None:
+            self._pool.release(self._connection)
+            self._connection = None
+
+    def result(self) -> int:
+        """The alerts published, -1 for a replay; ``StateLockLost`` when fenced. Waits
+        for Redis; call once (a failed read leaves the connection closed)."""
+        try:
+            result = int(self._connection.read_response())
+        finally:
+            self._release()
+        if result == FENCED:
+            self._lease.lost.set()
+            self._lease.check()
+        return result

@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -158,7 +157,6 @@ class StreamJob:
         self._flushing = threading.Lock()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="velocity-commit")
 
     # --- the hot path ------------------------------------------------------------------
 
@@ -288,22 +286,21 @@ class StreamJob:
         """Send the batch's commit; Redis runs it on its own core while this process takes
         the new buckets into memory and collects. A commit that fails leaves no trusted
         memory behind. Returns the alerts published."""
-        pending = self._committer.submit(
-            mirror.send_stream_commit, self.redis, prepared.commit, lease
-        )
+        pending = mirror.PendingCommit(self.redis, prepared.commit, lease)
         try:
-            self.hot.apply(prepared.states, prepared.cutoff)
-            cutoff = prepared.cutoff
-            if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
-                # Keys idle past the horizon: their Redis hashes expire, their memory too.
-                self.hot.sweep(cutoff)
-                self._swept = time.monotonic()
-            del prepared
-            collect_batch_garbage()
-            timer.mark("hot+gc")
-            published = pending.result()
+            try:
+                self.hot.apply(prepared.states, prepared.cutoff)
+                cutoff = prepared.cutoff
+                if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
+                    # Keys idle past the horizon: their Redis hashes expire, their memory too.
+                    self.hot.sweep(cutoff)
+                    self._swept = time.monotonic()
+                del prepared
+                collect_batch_garbage()
+                timer.mark("hot+gc")
+            finally:  # never leave a commit in flight behind a failed step
+                published = pending.result()
         except BaseException:
-            wait([pending])  # never leave a commit in flight behind a failed batch
             self.hot.forget()
             raise
         self._committed = batch_id

@@ -160,8 +160,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
         del buckets[start]
     g1 = settings.model_copy(update={"bucket_seconds": 1})
     with state_lock(client, g1, "stream batch 0") as lease:
-        mirror.commit_stream_batch(
-            client,
+        commit = mirror.stream_commit(
             g1,
             0,
             None,
@@ -172,6 +171,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
             86_400,
             lease,
         )
+        mirror.send_stream_commit(client, commit, lease)
     assert_rollups_merge_their_buckets(client, name)
     assert_windows_match(client, name, buckets, rng)
 

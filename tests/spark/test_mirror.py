@@ -176,9 +176,10 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     # A batch committed again (a replay after a crash) writes nothing: no alert, no bucket.
     buckets = {name: client.hgetall(name) for name in client.scan_iter(keys.bucket_hashes)}
     with state_lock(client, streamed.settings, "a replay") as lease:
-        replay = mirror.commit_stream_batch(
-            client, streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60, lease
+        commit = mirror.stream_commit(
+            streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60, lease
         )
+        replay = mirror.send_stream_commit(client, commit, lease)
     assert replay == -1
     assert client.xlen(stream) == len(entries)
     assert not client.exists(keys.seen_prefix + "tx-replayed")

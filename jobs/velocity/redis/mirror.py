@@ -155,7 +155,7 @@ def _put_buckets(
 def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]) -> int:
     """Append a backfill's CORRECTION and RETRACTION records to the alert stream.
 
-    Unlike a micro-batch (``commit_stream_batch``), a backfill publishes at least once (a
+    Unlike a micro-batch (``stream_commit``), a backfill publishes at least once (a
     rerun after a crash may repeat an entry); consumers drop repeats by ``alertId``, which
     is deterministic.
     """
@@ -353,30 +353,6 @@ def read_stream_state(
     )
 
 
-def commit_stream_batch(
-    client: redis.Redis,
-    settings: Settings,
-    batch_id: int,
-    newest_event_time: int | None,
-    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
-    dropped: Iterable[tuple[str, str, int]],
-    accepted: Iterable[str],
-    alerts: Sequence[Mapping[str, Any]],
-    bucket_ttl_seconds: int,
-    lease: Lease,
-) -> int:
-    """Commit one micro-batch to Redis atomically (velocity_stream_commit): the changed
-    buckets' absolute values, the dropped buckets, the accepted transactionIds, the alerts
-    and the progress. Returns the alerts published, or -1 when the batch was committed
-    before (a replay: nothing written). Fenced: Redis writes nothing unless the state lock
-    still holds ``lease``'s token (else ``StateLockLost``)."""
-    commit = stream_commit(
-        settings, batch_id, newest_event_time, changed, dropped, accepted, alerts,
-        bucket_ttl_seconds, lease,
-    )  # fmt: skip
-    return send_stream_commit(client, commit, lease)
-
-
 def stream_commit(
     settings: Settings,
     batch_id: int,
@@ -388,8 +364,12 @@ def stream_commit(
     bucket_ttl_seconds: int,
     lease: Lease,
 ) -> tuple[str, ...]:
-    """The arguments of a micro-batch's velocity_stream_commit (see ``commit_stream_batch``),
-    built apart from the call so the stream can send it and go on while Redis runs it."""
+    """One micro-batch's commit to Redis, as the arguments of velocity_stream_commit: the
+    changed buckets' absolute values, the dropped buckets, the accepted transactionIds, the
+    alerts and the progress, applied atomically by ``send_stream_commit`` or
+    ``PendingCommit`` (built apart from the call, so the stream sends it and goes on while
+    Redis runs it). Redis refuses a batch committed before (-1: a replay writes nothing)
+    and writes nothing unless the state lock still holds ``lease``'s token."""
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
     buckets = []

@@ -3,7 +3,7 @@
 Redis holds the stream's hot buckets, the accepted transactionIds and the stream's
 progress; Delta plus the stream's spool holds every committed batch. This is the one
 place that moves state from Delta to Redis (the stream's own batches go through
-``velocity.redis.mirror.commit_stream_batch``).
+``velocity.redis.mirror.stream_commit``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 `make bench-stream-steps` or `python -m benchmarks.stream_steps`.
 
 The stream's hot path is one Python process; this runs its steps on generated in-order
-events, batch by batch, as ``velocity.spark.stream.StreamJob._process`` does (parse, key,
-Redis read, admit + decide, alert records, Arrow rows, spool, Redis commit, hot apply),
+events, batch by batch, as ``velocity.spark.stream.StreamJob`` does in ``_prepare`` and
+``_commit`` (parse, key, Redis read, admit + decide, alert records, Arrow rows, spool, the
+commit's arguments, then the apply and collection while Redis runs the commit),
 against a real Redis started by ``velocity up`` on its own port, and prints microseconds
 per event for each step. No JVM, no write-behind: the floor the whole stream stands on.
 ``--before REV`` runs that revision's own loop (from a git worktree, on the same events and

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
+from functools import partial
 from itertools import groupby
+from operator import attrgetter
 from typing import NamedTuple, Protocol
 
 from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
@@ -117,39 +119,32 @@ def rule_check(rule: Rule) -> RuleCheck:
     operator chosen once: the stream calls it for every event and rule. Exact like
     ``fired_value`` (an int compares exactly with a Decimal)."""
     compare, limit = rule.operator.comparison, rule.limit
+    if rule.aggregator is Aggregator.AVG:
+        return partial(fired_value, rule=rule)
+    read = attrgetter(_WINDOW_FIGURES[rule.aggregator])
+    if rule.aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT):
 
-    def count(window: WindowFigures) -> AggregateValue | None:
-        n = window.count
-        return Decimal(n) if compare(n, limit) else None
+        def counted(window: WindowFigures) -> AggregateValue | None:
+            n = read(window)
+            return Decimal(n) if compare(n, limit) else None
 
-    def unique_count(window: WindowFigures) -> AggregateValue | None:
-        n = window.distinct_count
-        return Decimal(n) if compare(n, limit) else None
+        return counted
 
-    def total(window: WindowFigures) -> AggregateValue | None:
-        value = window.total
+    def numeric(window: WindowFigures) -> AggregateValue | None:
+        value = read(window)
         return value if value is not None and compare(value, limit) else None
 
-    def minimum(window: WindowFigures) -> AggregateValue | None:
-        value = window.minimum
-        return value if value is not None and compare(value, limit) else None
+    return numeric
 
-    def maximum(window: WindowFigures) -> AggregateValue | None:
-        value = window.maximum
-        return value if value is not None and compare(value, limit) else None
 
-    def average(window: WindowFigures) -> AggregateValue | None:
-        return fired_value(window, rule)
-
-    checks: dict[Aggregator, RuleCheck] = {
-        Aggregator.COUNT: count,
-        Aggregator.UNIQUE_COUNT: unique_count,
-        Aggregator.SUM: total,
-        Aggregator.MIN: minimum,
-        Aggregator.MAX: maximum,
-        Aggregator.AVG: average,
-    }
-    return checks[rule.aggregator]
+# The window figure each aggregator but AVG reads (``aggregate_value``'s choices).
+_WINDOW_FIGURES = {
+    Aggregator.COUNT: "count",
+    Aggregator.UNIQUE_COUNT: "distinct_count",
+    Aggregator.SUM: "total",
+    Aggregator.MIN: "minimum",
+    Aggregator.MAX: "maximum",
+}
 
 
 def format_aggregate(value: AggregateValue) -> str:

@@ -289,8 +289,8 @@ class StreamJob:
         pending = mirror.PendingCommit(self.redis, prepared.commit, lease)
         try:
             try:
-                self.hot.apply(prepared.states, prepared.cutoff)
                 cutoff = prepared.cutoff
+                self.hot.apply(prepared.states, cutoff)
                 if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
                     # Keys idle past the horizon: their Redis hashes expire, their memory too.
                     self.hot.sweep(cutoff)

@@ -1,28 +1,56 @@
 #!/usr/bin/env bash
-# Fetch the Delta Lake JARs that match the pinned delta-spark and pyspark into the
-# project-local cache (.cache/jars), once. Spark loads them through spark.jars, so no
-# run ever resolves packages at session start. A second call downloads nothing.
+# Fetch, once, into project-local caches (a second call downloads nothing):
+#   .cache/jars/   the Delta JARs that match the pinned delta-spark and pyspark, and Spark's
+#                  Kafka source (spark-sql-kafka-0-10 with the kafka-clients and
+#                  commons-pool2 versions Spark's own build uses); Spark loads them through
+#                  spark.jars, so no run ever resolves packages at session start;
+#   .cache/kafka/  the JARs of the local Kafka broker that `velocity up` starts
+#                  (infra/kafka/pom.xml), from Maven Central like everything else.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
 jars="$root/.cache/jars"
-read -r delta spark_mm < <("$python" - <<'PY'
+m2="$root/.cache/m2"
+read -r delta spark spark_mm < <("$python" - <<'PY'
 from importlib.metadata import version
-print(version("delta-spark"), ".".join(version("pyspark").split(".")[:2]))
+spark = version("pyspark")
+print(version("delta-spark"), spark, ".".join(spark.split(".")[:2]))
 PY
 )
-artifacts=("io.delta:delta-spark_${spark_mm}_2.13:${delta}" "io.delta:delta-storage:${delta}")
+# Spark's Kafka source (spark-sql-kafka-0-10) is 4.1.3 on pyspark 4.1.1: its sources differ
+# from 4.1.1's in one line only, the fix of SPARK-57438 (in 4.1.1 the first micro-batch
+# after a restart that replays an uncommitted batch fails with a NullPointerException in
+# the source's metrics). Its token provider is unchanged, and not published as 4.1.3.
+# Built against kafka-clients 3.9.1 and commons-pool2 2.12.1 (Spark's pom); Spark's own jars
+# folder already has the rest of its dependencies.
+case "$spark" in
+  4.1.1) spark_kafka=4.1.3 ;;
+  *) spark_kafka="$spark" ;;
+esac
+artifacts=(
+  "io.delta:delta-spark_${spark_mm}_2.13:${delta}"
+  "io.delta:delta-storage:${delta}"
+  "org.apache.spark:spark-sql-kafka-0-10_2.13:${spark_kafka}"
+  "org.apache.spark:spark-token-provider-kafka-0-10_2.13:${spark}"
+  "org.apache.kafka:kafka-clients:3.9.1"
+  "org.apache.commons:commons-pool2:2.12.1"
+)
+
+need_mvn() {
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "installing maven to fetch JARs" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
+  fi
+}
+
 mkdir -p "$jars"
 for artifact in "${artifacts[@]}"; do
   IFS=: read -r group name ver <<<"$artifact"
   if [ -s "$jars/$name-$ver.jar" ]; then continue; fi
-  if ! command -v mvn >/dev/null 2>&1; then
-    echo "installing maven to fetch $artifact" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
-  fi
+  need_mvn
   echo "fetching $artifact into $jars" >&2
   mvn -q -B dependency:copy -Dartifact="$artifact" -DoutputDirectory="$jars" \
-    -Dmaven.repo.local="$root/.cache/m2" >&2
+    -Dmaven.repo.local="$m2" >&2
 done
 # Drop JARs of other versions so spark.jars never loads two Deltas.
 for jar in "$jars"/*.jar; do
@@ -33,3 +61,15 @@ for jar in "$jars"/*.jar; do
   done
   [ "$keep" = yes ] || rm -f "$jar"
 done
+
+# The broker: one folder per version, complete once its marker is written.
+kafka_version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$root/infra/kafka/pom.xml")"
+broker="$root/.cache/kafka/$kafka_version"
+if [ ! -f "$broker/.complete" ]; then
+  need_mvn
+  echo "fetching the Kafka $kafka_version broker into $broker" >&2
+  rm -rf "$broker"
+  mvn -q -B -f "$root/infra/kafka/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$broker/libs" -Dmaven.repo.local="$m2" >&2
+  touch "$broker/.complete"
+fi

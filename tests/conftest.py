@@ -33,6 +33,34 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     redis_down(settings)
 
 
+def free_port_pair() -> int:
+    """A free loopback port whose next port is free too (the broker's controller)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Kafka broker (the one `velocity up` runs: KRaft, one node) for the whole run,
+    on free loopback ports; tests make topics of their own."""
+    from velocity.kafka.broker import kafka_down, kafka_up
+
+    settings = load_settings(
+        data_dir=tmp_path_factory.mktemp("kafka-home"),
+        kafka_bootstrap=f"127.0.0.1:{free_port_pair()}",
+    )
+    kafka_up(settings)
+    yield settings.kafka_bootstrap
+    kafka_down(settings)
+
+
 @pytest.fixture(scope="session")
 def spark_settings(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Settings:
     return load_settings(

@@ -90,13 +90,28 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     print(f"data dir: {settings.data_dir}")
     print(f"key prefix: {settings.redis_keys.prefix} (alerts: {settings.alert_stream})")
+    from velocity.kafka.broker import kafka_up
+
+    broker = kafka_up(settings)
+    if broker is not None:
+        state = "started" if broker.started else "already running"
+        print(f"kafka {broker.version} {state} (pid {broker.pid}, log {broker.log_path})")
+    elif settings.kafka_bootstrap:
+        print(f"kafka: using the broker at {settings.kafka_bootstrap} (not started here)")
+    if settings.kafka_bootstrap:
+        print(f"bootstrap.servers={settings.kafka_bootstrap}")
+        print(f"topics: events {settings.kafka_events_topic}, alerts {settings.kafka_alerts_topic}")
     return EXIT_OK
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from velocity.kafka.broker import kafka_down
     from velocity.redis.server import redis_down
 
-    stopped = redis_down(_settings(args))
+    settings = _settings(args)
+    stopped = kafka_down(settings)
+    print("kafka stopped" if stopped else "kafka was not running")
+    stopped = redis_down(settings)
     print("redis stopped" if stopped else "redis was not running")
     return EXIT_OK
 
@@ -184,6 +199,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "overwrite": args.overwrite,
     }
     options = GenerateOptions(**{k: v for k, v in given.items() if v is not None})
+    if args.kafka:
+        return _generate_to_kafka(_settings(args), options, args)
+    if not args.out:
+        raise UsageError("give --out FOLDER for the event files, or --kafka for the topic")
     if args.follow:
         from velocity.generate import stream_events
 
@@ -197,6 +216,45 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         summary = generate_events(Path(args.out), options)
     print(json.dumps(summary.to_dict()))
+    return EXIT_OK
+
+
+def _generate_to_kafka(settings: Settings, options: Any, args: argparse.Namespace) -> int:
+    """``generate --kafka``: events over real time (``--rate`` a second, eventTime = now)
+    to the events topic, keyed by payerId, with a progress line every few seconds."""
+    from velocity.generate import follow
+    from velocity.kafka.topics import EventProducer, ensure_topics
+
+    if not settings.kafka_bootstrap:
+        raise UsageError("--kafka needs VELOCITY_KAFKA_BOOTSTRAP (`velocity up` starts a broker)")
+    ensure_topics(settings)
+    sink = EventProducer(settings, args.topic)
+    began = time.monotonic()
+    deadline = began + args.duration if args.duration else None
+    shown = began
+
+    def land(source: Any, count: int) -> None:
+        nonlocal shown
+        sink.send(line for chunk in source.chunks(count) for line in chunk.splitlines())
+        now = time.monotonic()
+        if now - shown >= 5:
+            shown = now
+            rate = sink.sent / (now - began)
+            print(
+                f"produced {sink.sent} events to {sink.topic} ({rate:.0f}/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    source = follow(
+        options,
+        land,
+        interval_seconds=args.interval,
+        should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
+    )
+    sink.close()
+    summary = source.summary(())
+    print(json.dumps({**summary.to_dict(), "topic": sink.topic, "produced": sink.sent}))
     return EXIT_OK
 
 
@@ -244,20 +302,17 @@ def cmd_stream(args: argparse.Namespace) -> int:
     ``velocity stream-stop`` or SIGTERM (exit 0); a failed query exits 1 (status FAILED).
     """
     settings = _settings(args)
-    events_dir = Path(args.events)
-    if not events_dir.is_dir():
-        raise UsageError(
-            f"--events {args.events!r} is not a folder; give the folder events land in"
-        )
-    entries = _read_rules_file(args.rules) if args.rules else []
     from velocity import stream_control
+
+    source = _event_source(args, settings)
+    entries = _read_rules_file(args.rules) if args.rules else []
 
     stream_control.refuse_if_running(settings)
     started_ms = stream_control.now_ms()
     stale = stream_control.clear_stale_stop_request(settings.data_dir, started_ms)
     if stale is not None:
         print(f"removed a stop request left from before this start: {json.dumps(stale)}")
-    status = stream_control.StreamStatus(settings.data_dir, events_dir.resolve(), started_ms)
+    status = stream_control.StreamStatus(settings.data_dir, source, started_ms)
     status.starting()
     terminate = _sigterm_flag()
     try:
@@ -270,7 +325,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
             for change in job.rule_store.apply(entries).changes:
                 print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
         lifecycle.attach_status_listener(spark, status, settings.stream_heartbeat_seconds)
-        query = job.start(events_dir, args.trigger == "available-now", args.max_files_per_trigger)
+        query = job.start(source, args.trigger == "available-now", args.max_files_per_trigger)
     except KeyboardInterrupt:
         status.stopped("interrupted (Ctrl-C) while starting", final=True)
         raise
@@ -279,7 +334,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         status.failed(f"startup failed: {exc}", final=True)
         raise
     print(
-        f"stream running over {events_dir} (data dir {settings.data_dir}); "
+        f"stream running over {source} (data dir {settings.data_dir}); "
         "`velocity stream-stop` or Ctrl-C stops it",
         flush=True,
     )
@@ -299,6 +354,39 @@ def cmd_stream(args: argparse.Namespace) -> int:
     batches = sum(1 for p in progress if int(p["numInputRows"]) > 0)
     print(f"stream stopped ({reason}): {batches} batches, {rows} lines read")
     return EXIT_OK
+
+
+def _event_source(args: argparse.Namespace, settings: Settings) -> Any:
+    """The folder (``--events``) or Kafka topic (``--source kafka``) the stream reads."""
+    from velocity.stream_control import KafkaSource
+
+    if args.source == "kafka":
+        if args.events:
+            raise UsageError("--events names a folder; with --source kafka use --topic")
+        if not settings.kafka_bootstrap:
+            raise UsageError(
+                "--source kafka needs a broker: set VELOCITY_KAFKA_BOOTSTRAP (`velocity up` "
+                "starts one on the default 127.0.0.1:9392)"
+            )
+        from velocity.kafka.topics import cluster_id_of
+
+        if cluster_id_of(settings.kafka_bootstrap, timeout_seconds=10) is None:
+            raise UsageError(
+                f"no Kafka broker answers at {settings.kafka_bootstrap}: run `velocity up` "
+                "(a local bootstrap) or check VELOCITY_KAFKA_BOOTSTRAP"
+            )
+        topic = args.topic or settings.kafka_events_topic
+        return KafkaSource(settings.kafka_bootstrap, topic, args.starting_offsets)
+    if args.topic:
+        raise UsageError("--topic is for --source kafka")
+    if not args.events:
+        raise UsageError("give --events FOLDER (the folder events land in), or --source kafka")
+    events_dir = Path(args.events)
+    if not events_dir.is_dir():
+        raise UsageError(
+            f"--events {args.events!r} is not a folder; give the folder events land in"
+        )
+    return events_dir.resolve()
 
 
 def _sigterm_flag() -> threading.Event:
@@ -572,10 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="velocity", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    sub.add_parser("up", help="start the local Redis (installed if missing)").set_defaults(
-        run=cmd_up
-    )
-    sub.add_parser("down", help="stop the local Redis").set_defaults(run=cmd_down)
+    sub.add_parser(
+        "up", help="start the local Redis and Kafka broker (installed if missing)"
+    ).set_defaults(run=cmd_up)
+    sub.add_parser("down", help="stop the local Redis and Kafka broker").set_defaults(run=cmd_down)
 
     rules = sub.add_parser("rules", help="validate and manage the rules in force")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
@@ -597,7 +685,13 @@ def build_parser() -> argparse.ArgumentParser:
         change.set_defaults(run=_change_state(state))
 
     generate = sub.add_parser("generate", help="write synthetic events as JSON lines")
-    generate.add_argument("--out", required=True, help="folder to write the event files into")
+    generate.add_argument("--out", help="folder to write the event files into")
+    generate.add_argument(
+        "--kafka",
+        action="store_true",
+        help="produce to the events topic instead, over real time (--rate a second)",
+    )
+    generate.add_argument("--topic", help="--kafka: topic (default VELOCITY_KAFKA_EVENTS_TOPIC)")
     generate.add_argument("--events", type=int, default=100_000, help="number of events")
     generate.add_argument(
         "--rate", type=float, default=100.0, help="events per second of event time"
@@ -630,8 +724,22 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("--summary-json", help="also write the run's summary as JSON here")
     backtest.set_defaults(run=cmd_backtest)
 
-    stream = sub.add_parser("stream", help="the streaming job over a folder of JSON lines")
-    stream.add_argument("--events", required=True, help="folder that event files land in")
+    stream = sub.add_parser(
+        "stream", help="the streaming job over a folder of JSON lines or a Kafka topic"
+    )
+    stream.add_argument(
+        "--source", choices=["folder", "kafka"], default="folder", help="where events come from"
+    )
+    stream.add_argument("--events", help="--source folder: the folder event files land in")
+    stream.add_argument(
+        "--topic", help="--source kafka: the topic (default VELOCITY_KAFKA_EVENTS_TOPIC)"
+    )
+    stream.add_argument(
+        "--starting-offsets",
+        choices=["earliest", "latest"],
+        default="earliest",
+        help="--source kafka: where a new checkpoint starts (an existing one resumes)",
+    )
     stream.add_argument("--rules", help="rules file to apply before starting")
     stream.add_argument(
         "--trigger",

@@ -219,24 +219,53 @@ def stream_events(
 
     Every ``interval_seconds`` the events that fell due since the last file land as one new
     file (atomically), named ``<prefix>-<start ms, 13 digits>-<6-digit sequence>.jsonl`` so
-    that names sort in arrival order, also across restarts. An event's eventTime is the
-    clock time at which it fell due (spikes and late events are placed as in
-    ``generate_events``), so it is never later than the moment its file lands. Stops after
-    ``options.events`` lines or when ``should_stop()`` returns true after a file landed.
-    ``options.start_ms`` and ``options.files`` are not used. ``clock`` returns epoch seconds
-    and ``sleep`` waits; tests pass fakes to run without waiting. If writing falls behind, the
-    next file catches up, so the average rate holds.
+    that names sort in arrival order, also across restarts. See ``follow`` for the timing.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    landed = 0
+
+    def land(source: _LineSource, count: int) -> None:
+        nonlocal landed
+        path = out / f"{options.prefix}-{source.o.start_ms:013d}-{len(paths):06d}.jsonl"
+        if path.exists() and not options.overwrite:
+            raise UsageError(f"{path} already exists; choose another --out folder or prefix")
+        landed = _write_atomically(path, source.chunks(count), landed)
+        paths.append(path)
+
+    source = follow(
+        options, land, interval_seconds=interval_seconds, clock=clock, sleep=sleep,
+        should_stop=should_stop,
+    )  # fmt: skip
+    return source.summary(tuple(paths))
+
+
+def follow(
+    options: GenerateOptions,
+    land: Callable[[_LineSource, int], None],
+    *,
+    interval_seconds: float = 1.0,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    should_stop: Callable[[], bool] | None = None,
+) -> _LineSource:
+    """Events over real time: ``options.rate`` per wall-clock second, eventTime = now.
+
+    Every ``interval_seconds``, ``land(source, n)`` takes the ``n`` events that fell due
+    since the last call (``source.chunks(n)``). An event's eventTime is the clock time at
+    which it fell due (spikes and late events are placed as in ``generate_events``), so it
+    is never later than the moment it lands. Stops after ``options.events`` lines or when
+    ``should_stop()`` returns true after a landing. ``options.start_ms`` and
+    ``options.files`` are not used. ``clock`` returns epoch seconds and ``sleep`` waits;
+    tests pass fakes to run without waiting. If landing falls behind, the next one
+    catches up, so the average rate holds.
     """
     if not interval_seconds > 0:
         raise UsageError(f"interval_seconds must be > 0, got {interval_seconds}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     began = clock()
-    start_ms = int(began * 1000)
-    source = _LineSource(replace(options, start_ms=start_ms))
-    paths: list[Path] = []
+    source = _LineSource(replace(options, start_ms=int(began * 1000)))
     written = 0
-    landed = 0
     next_tick = began
     while written < options.events:
         next_tick += interval_seconds
@@ -246,15 +275,11 @@ def stream_events(
         now_ms = int(clock() * 1000)
         due = min(options.events, source.slots_due_by(now_ms))
         if due > written:
-            path = out / f"{options.prefix}-{start_ms:013d}-{len(paths):06d}.jsonl"
-            if path.exists() and not options.overwrite:
-                raise UsageError(f"{path} already exists; choose another --out folder or prefix")
-            landed = _write_atomically(path, source.chunks(due - written), landed)
-            paths.append(path)
+            land(source, due - written)
             written = due
         if should_stop is not None and should_stop():
             break
-    return source.summary(tuple(paths))
+    return source
 
 
 _MS_NS = 1_000_000

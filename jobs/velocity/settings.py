@@ -8,6 +8,7 @@ service on this machine, state inside the checkout).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from functools import cached_property
@@ -26,6 +27,7 @@ from velocity.redis.keys import RedisKeys, default_prefix
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REDIS_PORT = 6391
 DEFAULT_REDIS_PASSWORD = "velocity-local"
+DEFAULT_KAFKA_PORT = 9392
 
 
 class Settings(BaseSettings):
@@ -115,6 +117,48 @@ class Settings(BaseSettings):
         description="Data quality fails when quarantined lines exceed this share of all lines "
         "(quarantine / (events + duplicates + quarantine)).",
     )
+    kafka_bootstrap: str = Field(
+        default=f"127.0.0.1:{DEFAULT_KAFKA_PORT}",
+        description="Kafka bootstrap servers (HOST:PORT[,...]). A loopback address is the "
+        "local broker `velocity up` starts (its controller on PORT+1); any other is used as "
+        "it is and never started; empty: no Kafka.",
+    )
+    kafka_events_topic: str = Field(
+        default="velocity.events",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Topic `velocity stream --source kafka` reads and `generate --kafka` writes.",
+    )
+    kafka_alerts_topic: str = Field(
+        default="velocity.alerts",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Topic that receives every alert, correction and retraction (SPEC §4 JSON, "
+        "keyed by alertId, at least once).",
+    )
+    kafka_alerts: str = Field(
+        default="auto",
+        pattern=r"^(auto|on|off)$",
+        description="Publish alerts to the alerts topic: auto = when the stream reads Kafka "
+        "(and the backfill of a data dir whose stream does); on = always; off = never.",
+    )
+    kafka_partitions: int = Field(
+        default=4, ge=1, description="Partitions of the topics `velocity up` creates."
+    )
+    kafka_max_offsets_per_trigger: int = Field(
+        default=100_000,
+        ge=1,
+        description="A micro-batch of the Kafka source reads at most this many messages, so "
+        "a backlog runs as batches of bounded time.",
+    )
+    kafka_delivery_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long publishing an alert may wait for the broker (it retries "
+        "meanwhile, e.g. through a broker restart) before the micro-batch fails.",
+    )
+    kafka_home: Path = Field(
+        default=PROJECT_ROOT / ".cache" / "kafka",
+        description="Folder of the Kafka broker JARs fetched by infra/fetch_jars.sh.",
+    )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_shuffle_partitions: int = Field(
         default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."
@@ -122,7 +166,8 @@ class Settings(BaseSettings):
     spark_driver_memory: str = Field(default="4g", description="spark.driver.memory.")
     jars_dir: Path = Field(
         default=PROJECT_ROOT / ".cache" / "jars",
-        description="Folder of the Delta JARs fetched by infra/fetch_jars.sh (spark.jars).",
+        description="Folder of the Delta and Spark-Kafka JARs fetched by infra/fetch_jars.sh "
+        "(spark.jars).",
     )
     spark_log_level: str = Field(default="ERROR", description="Spark's own log level.")
 
@@ -132,7 +177,7 @@ class Settings(BaseSettings):
         bucket_width_ms(value)
         return value
 
-    @field_validator("data_dir", "jars_dir")
+    @field_validator("data_dir", "jars_dir", "kafka_home")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
@@ -169,6 +214,17 @@ class Settings(BaseSettings):
 
     def table_path(self, name: str) -> Path:
         return self.data_dir / "tables" / name
+
+
+def loopback_address(host: str) -> str | None:
+    """The address to bind for a loopback ``host`` (localhost is 127.0.0.1), else None."""
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return str(address) if address.is_loopback else None
 
 
 def _config_file_values() -> dict[str, Any]:

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,29 @@ log = logging.getLogger("velocity.lifecycle")
 QUERY_NAME = "velocity-stream"
 # Longest error text kept in the status file (a Spark error can carry a long plan).
 MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """The stream's events from a Kafka topic (``velocity stream --source kafka``)."""
+
+    bootstrap: str
+    topic: str
+    starting_offsets: str = "earliest"
+    """Where a new checkpoint starts reading (earliest or latest); a checkpoint that
+    exists resumes at its own offsets."""
+
+    def __str__(self) -> str:
+        return f"kafka://{self.bootstrap}/{self.topic}"
+
+
+EventSource = Path | KafkaSource  # a folder that event files land in, or a topic
+
+
+def source_is_kafka(data_dir: Path) -> bool:
+    """Whether the stream of this data dir read (or reads) Kafka when it last ran."""
+    status = read_status(data_dir)
+    return status is not None and str(status.get("source", "")).startswith("kafka://")
 
 
 def now_ms() -> int:
@@ -263,13 +287,14 @@ class StreamStatus:
     def __init__(
         self,
         data_dir: Path,
-        events_dir: Path,
+        source: EventSource,
         started_at_ms: int,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self._path = status_path(data_dir)
         self._checkpoint = checkpoint_dir(data_dir)
-        self._events_dir = events_dir
+        # The backlog is counted in files: a topic's lag is its consumers' business.
+        self._events_dir = source if isinstance(source, Path) else None
         self._clock = clock
         self._lock = threading.Lock()
         self._newest_processed: int | None = None
@@ -277,7 +302,8 @@ class StreamStatus:
             "state": STARTING,
             "pid": os.getpid(),
             "host": local_host(),
-            "eventsDir": str(events_dir),
+            "source": str(source),
+            "eventsDir": str(source) if isinstance(source, Path) else None,
             "queryId": None,
             "runId": None,
             "startedAt": started_at_ms,
@@ -317,6 +343,8 @@ class StreamStatus:
     def _backlog(self, refresh_newest: bool) -> dict[str, Any]:
         if refresh_newest or self._newest_processed is None:
             self._newest_processed = newest_processed_mtime(self._checkpoint)
+        if self._events_dir is None:
+            return {}
         files, oldest = backlog(self._events_dir, self._newest_processed)
         return {"backlogFiles": files, "oldestBacklogAt": oldest}
 

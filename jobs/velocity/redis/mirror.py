@@ -173,6 +173,27 @@ def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[
     return added
 
 
+def batch_alerts(client: redis.Redis, stream: str, batch_id: int) -> list[str]:
+    """The alerts micro-batch ``batch_id`` published on the alert stream (SPEC §4 JSON, in
+    order), read back from the stream's end: a replay of the newest committed batch
+    publishes them to Kafka again. Backfill entries (marked ``backfill``) are left out."""
+    found: list[str] = []
+    upper = "+"
+    while True:
+        page = cast(list[Any], client.xrevrange(stream, max=upper, min="-", count=500))
+        for _, fields in page:
+            if fields.get("backfill"):
+                continue
+            batch = int(fields.get("batch", -1))
+            if batch < batch_id:
+                return found[::-1]
+            if batch == batch_id:
+                found.append(fields["alert"])
+        if len(page) < 500:
+            return found[::-1]
+        upper = "(" + page[-1][0]
+
+
 def publish_rules(
     client: redis.Redis, keys: RedisKeys, rules: Sequence[Rule], bucket_ms: int
 ) -> None:

@@ -19,7 +19,6 @@ What callers rely on:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from velocity.errors import UsageError, VelocityError
-from velocity.settings import Settings
+from velocity.settings import Settings, loopback_address
 
 MIN_VERSION = (7, 0, 0)  # Redis Functions, which the mirror relies on
 _FALLBACK_BINARIES = (Path("/usr/bin/redis-server"), Path("/usr/local/bin/redis-server"))
@@ -117,7 +116,7 @@ def local_redis(settings: Settings) -> LocalRedis:
             "that `velocity up` manages (TLS and unix sockets are for servers you run yourself)"
         )
     host = (parts.hostname or "").lower()
-    bind = _loopback_address(host)
+    bind = loopback_address(host)
     if bind is None:
         raise UsageError(
             f"VELOCITY_REDIS_URL {shown} points at host {host or '(none)'!r}, which is not a "
@@ -426,16 +425,6 @@ def _same_path(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
-
-
-def _loopback_address(host: str) -> str | None:
-    if host == "localhost":
-        return "127.0.0.1"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return str(address) if address.is_loopback else None
 
 
 def _config_quote(name: str, value: str) -> str:

@@ -36,12 +36,14 @@ from velocity.buckets import bucket_start
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
+from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, bucket_aggregates, evaluate_alerts, keyed_events
 from velocity.spark.redis_state import RedisState
+from velocity.stream_control import source_is_kafka
 from velocity.timing import StepTimer
 
 APP_ID = "velocity-backfill"
@@ -96,6 +98,9 @@ class Backfill:
         self.redis = mirror.connect(settings)
         mirror.load_functions(self.redis)
         self.mirror = RedisState(self.state, self.redis)
+        # Amendments reach the alerts topic too when the stream's alerts do.
+        publishes = kafka_alerts_on(settings, source_is_kafka(settings.data_dir))
+        self.kafka_alerts = AlertPublisher(settings) if publishes else None
 
     def _rules(self, rule_ids: list[int] | None) -> list[Rule]:
         rules = active_rules(self.state.rule_store.in_force())
@@ -201,7 +206,7 @@ class Backfill:
                 lease.check()  # the rebuild took the lease's length: write nothing more
                 if records:
                     self._append_alerts(records)
-                    mirror.publish_backfill(self.redis, settings.alert_stream, records)
+                    self._publish(records)
                 timer.mark("amend+publish")
                 self._record(summary, [r["alertId"] for r in records], started)
         finally:
@@ -359,6 +364,14 @@ class Backfill:
         frame = self.spark.createDataFrame([row], tables.BACKFILL_SCHEMA)
         frame.write.format("delta").mode("append").save(str(self.live.backfills))
 
+    def _publish(self, records: list[dict[str, Any]]) -> None:
+        """Amendments to the Redis alert stream and, when it is on, the alerts topic: both
+        before the run records itself, so a crash between leaves them to
+        ``_publish_unrecorded`` (at least once, ids unchanged)."""
+        mirror.publish_backfill(self.redis, self.settings.alert_stream, records)
+        if self.kafka_alerts is not None:
+            self.kafka_alerts.publish(records)
+
     def _publish_unrecorded(self, started: int) -> int:
         """Publish the amendments of a run that committed them but died before it recorded
         itself (so before or while publishing): at least once, ids unchanged."""
@@ -372,7 +385,7 @@ class Backfill:
         if not orphans:
             return 0
         records = sorted((record_of_stored(r.asDict()) for r in orphans), key=publish_order)
-        mirror.publish_backfill(self.redis, self.settings.alert_stream, records)
+        self._publish(records)
         recovery = BackfillSummary(run_id=f"republish-{uuid.uuid4().hex}", from_ms=0, to_ms=0)
         self._record(recovery, [r["alertId"] for r in records], started)
         return len(records)

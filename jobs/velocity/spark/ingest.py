@@ -54,6 +54,20 @@ def with_line_source(text: DataFrame) -> DataFrame:
     )
 
 
+def kafka_messages(messages: DataFrame) -> DataFrame:
+    """A Kafka source's messages as lines: ``raw`` is the value as text ("" for a message
+    without one, which the parser then quarantines), ``source_file`` names the topic and
+    partition (``kafka://<topic>/<partition>``) and ``source_block`` is the offset, so a
+    quarantined message says where it is and the arrival order is (partition, offset)."""
+    return messages.select(
+        F.coalesce(F.col("value").cast("string"), F.lit("")).alias("raw"),
+        F.concat(
+            F.lit("kafka://"), F.col("topic"), F.lit("/"), F.col("partition").cast("string")
+        ).alias("source_file"),
+        F.col("offset").alias("source_block"),
+    )
+
+
 def with_line_order(lines: DataFrame) -> DataFrame:
     """Adds ``line_seq``, the line's position in its partition (not on a streaming frame)."""
     return lines.withColumn("line_seq", F.monotonically_increasing_id())

@@ -46,13 +46,14 @@ from velocity.alerts import alert_record, rule_key
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.errors import UsageError
+from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.redis import mirror
 from velocity.redis.lock import Lease, state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
-from velocity.spark.ingest import line_texts, with_line_source
+from velocity.spark.ingest import kafka_messages, line_texts, with_line_source
 from velocity.spark.redis_state import RedisState
 from velocity.stream_batch import (
     BucketSlot,
@@ -66,7 +67,7 @@ from velocity.stream_batch import (
     history_needed,
     key_groups,
 )
-from velocity.stream_control import QUERY_NAME, checkpoint_dir
+from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
 from velocity.timing import StepTimer
 from velocity.windows import Decision, KeyedEvent
 
@@ -83,6 +84,7 @@ class PreparedBatch:
     commit: tuple[str, ...]  # velocity_stream_commit's arguments (mirror.stream_commit)
     states: dict[SignatureKey, KeyState]  # the changed keys' new buckets
     cutoff: int | None  # the horizon: buckets below it leave memory
+    alerts: list[dict[str, Any]]  # SPEC §4 records, in the order they are published
 
 
 class SharedStateLock:
@@ -119,8 +121,9 @@ class SharedStateLock:
                     self._stack, self._lease = None, None
 
 
-def batch_lines(table: pa.Table) -> list[batch_rows.Line]:
-    """The batch's non-blank lines in arrival order (file name, block, position), parsed."""
+def batch_lines(table: pa.Table, skip_blank: bool = True) -> list[batch_rows.Line]:
+    """The batch's lines in arrival order (file name or topic partition, block or offset,
+    position), parsed; blank lines of files are skipped (a blank message is quarantined)."""
     raws = line_texts(table.column("raw"))
     files = table.column("source_file").to_pylist()
     blocks = table.column("source_block").to_pylist()
@@ -128,7 +131,7 @@ def batch_lines(table: pa.Table) -> list[batch_rows.Line]:
     lines = []
     for seq, i in enumerate(order):
         raw = raws[i]
-        if raw is not None and not is_blank(raw):
+        if raw is not None and not (skip_blank and is_blank(raw)):
             lines.append(batch_rows.Line(raw, files[i], blocks[i], seq, parse_event_line(raw)))
     return lines
 
@@ -157,13 +160,15 @@ class StreamJob:
         self._flushing = threading.Lock()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._reads_kafka = False
+        self._kafka_alerts: AlertPublisher | None = None
 
     # --- the hot path ------------------------------------------------------------------
 
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
         """One micro-batch (the foreachBatch function); logs one JSON line when done."""
         timer = StepTimer()
-        parsed = batch_lines(lines.toArrow())
+        parsed = batch_lines(lines.toArrow(), skip_blank=not self._reads_kafka)
         line_count = len(parsed)
         timer.mark("read+parse")
         with self._lock.held(f"stream batch {batch_id}") as lease:
@@ -207,7 +212,12 @@ class StreamJob:
         read = self._read_state(transaction_ids, list(arrived), batch_id)
         timer.mark("redis-read")
         if read.committed_batch is not None and read.committed_batch >= batch_id:
-            # Committed before a crash: its rows are spooled (or flushed) already.
+            # Committed before a crash: its rows are spooled (or flushed) already; its
+            # alerts may not have reached Kafka (published after the Redis commit).
+            if self._kafka_alerts is not None:
+                self._kafka_alerts.publish(
+                    mirror.batch_alerts(self.redis, settings.alert_stream, batch_id)
+                )
             self._committed = batch_id
             return None
         lease.check()  # a batch that stalled past its lease must not write anything
@@ -278,15 +288,18 @@ class StreamJob:
             lease,
         )
         timer.mark("commit-args")
-        return PreparedBatch(commit, decided.buckets, cutoff)
+        return PreparedBatch(commit, decided.buckets, cutoff, [r for r, _ in records])
 
     def _commit(
         self, prepared: PreparedBatch, batch_id: int, timer: StepTimer, lease: Lease
     ) -> int:
         """Send the batch's commit; Redis runs it on its own core while this process takes
         the new buckets into memory and collects. A commit that fails leaves no trusted
-        memory behind. Returns the alerts published."""
+        memory behind. Then the alerts go to Kafka (when it publishes there): at least
+        once, since a batch that fails here is replayed, finds itself committed in Redis
+        and publishes them again. Returns the alerts published."""
         pending = mirror.PendingCommit(self.redis, prepared.commit, lease)
+        alerts = prepared.alerts
         try:
             try:
                 cutoff = prepared.cutoff
@@ -303,8 +316,11 @@ class StreamJob:
         except BaseException:
             self.hot.forget()
             raise
-        self._committed = batch_id
         timer.mark("redis-commit")
+        if self._kafka_alerts is not None and alerts:
+            self._kafka_alerts.publish(alerts)
+            timer.mark("kafka-publish")
+        self._committed = batch_id
         return max(published, 0)
 
     def _alert_records(
@@ -484,6 +500,32 @@ class StreamJob:
         self.flush(max((b for b in (self._committed, last_committed_batch(self.settings))
                          if b is not None), default=None))  # fmt: skip
 
+    def _folder_lines(self, folder: Path, max_files_per_trigger: int | None) -> DataFrame:
+        # A file deleted between Spark's listing and its read is skipped (its lines went
+        # with it) instead of failing every retry of the batch for good.
+        reader = self.spark.readStream.format("text").option("ignoreMissingFiles", "true")
+        # Bounded batches: a stream that fell behind would otherwise take the whole backlog
+        # in one batch, whose atomic Redis commit grows with it (and blocks lookups) until
+        # it outlasts the client's timeout, and every retry fails the same way.
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        elif self.settings.stream_max_bytes_per_trigger:
+            reader = reader.option("maxBytesPerTrigger", self.settings.stream_max_bytes_per_trigger)
+        return with_line_source(reader.load(str(folder)))
+
+    def _kafka_lines(self, source: KafkaSource) -> DataFrame:
+        """The topic through Spark's Kafka source: offsets in the checkpoint, batches of at
+        most ``kafka_max_offsets_per_trigger`` messages (bounded, like the folder's)."""
+        messages = (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", source.bootstrap)
+            .option("subscribe", source.topic)
+            .option("startingOffsets", source.starting_offsets)
+            .option("maxOffsetsPerTrigger", self.settings.kafka_max_offsets_per_trigger)
+            .load()
+        )
+        return kafka_messages(messages)
+
     def _refuse_a_lost_checkpoint(self) -> None:
         """A checkpoint without a committed batch, in a data dir whose stream committed
         some: Spark would number batches from 0 again and each would be refused as done
@@ -500,9 +542,10 @@ class StreamJob:
             )
 
     def start(
-        self, events_dir: Path, available_now: bool, max_files_per_trigger: int | None = None
+        self, source: EventSource, available_now: bool, max_files_per_trigger: int | None = None
     ) -> StreamingQuery:
-        """Start the query over ``events_dir``; its checkpoint lives in the data dir.
+        """Start the query over ``source`` (a folder, or a Kafka topic); its checkpoint
+        lives in the data dir.
 
         Refills Redis from Delta first when Redis does not hold this data dir's state.
         With the available-now trigger every batch is flushed to Delta before the next;
@@ -523,17 +566,14 @@ class StreamJob:
             # Rules and their signatures' history in place before the first batch arrives.
             self._rules_in_force(0 if committed is None else committed + 1)
         self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
-        # A file deleted between Spark's listing and its read is skipped (its lines went
-        # with it) instead of failing every retry of the batch for good.
-        reader = self.spark.readStream.format("text").option("ignoreMissingFiles", "true")
-        # Bounded batches: a stream that fell behind would otherwise take the whole backlog
-        # in one batch, whose atomic Redis commit grows with it (and blocks lookups) until
-        # it outlasts the client's timeout, and every retry fails the same way.
-        if max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-        elif self.settings.stream_max_bytes_per_trigger:
-            reader = reader.option("maxBytesPerTrigger", self.settings.stream_max_bytes_per_trigger)
-        lines = with_line_source(reader.load(str(events_dir)))
+        self._reads_kafka = isinstance(source, KafkaSource)
+        if kafka_alerts_on(self.settings, self._reads_kafka):
+            self._kafka_alerts = AlertPublisher(self.settings)
+        lines = (
+            self._kafka_lines(source)
+            if isinstance(source, KafkaSource)
+            else self._folder_lines(source, max_files_per_trigger)
+        )
         writer = (
             lines.writeStream.foreachBatch(self.process_batch)
             .option("checkpointLocation", str(checkpoint_dir(self.settings.data_dir)))

@@ -23,12 +23,12 @@ backtest-demo: setup ## set up, generate 200k sample events, backtest the sample
 		--events $(DEMO_DIR)/events --out $(DEMO_DIR)/alerts.jsonl
 
 test: setup ## set up, lint, and run every test (unit, Spark + Delta, Redis)
-	@$(VENV)/ruff check jobs tests plugins dags benchmarks
+	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
 	@$(VENV)/mypy
 	@$(VENV)/python -m pytest tests
 
 lint: setup ## ruff and mypy
-	@$(VENV)/ruff check jobs tests plugins dags benchmarks
+	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
 	@$(VENV)/mypy
 
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.builders import SPEC_ALERT_FIELDS
+from tests.conftest import free_port_pair
 from velocity.cli import sample_rules_path
+from velocity.kafka.topics import cluster_id_of
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
 
@@ -154,17 +156,24 @@ def test_rules_apply_is_all_or_nothing_and_backtest_uses_rules_in_force(tmp_path
 
 
 @pytest.mark.redis
-def test_up_prints_redis_url_and_down_stops(tmp_path: Path) -> None:
+@pytest.mark.kafka
+def test_up_prints_redis_url_and_kafka_bootstrap_and_down_stops_both(tmp_path: Path) -> None:
     url = f"redis://:cli-secret@127.0.0.1:{free_port()}/0"
+    bootstrap = f"127.0.0.1:{free_port_pair()}"
+    env = {"VELOCITY_REDIS_URL": url, "VELOCITY_KAFKA_BOOTSTRAP": bootstrap}
     try:
-        up = run("up", data_dir=tmp_path, VELOCITY_REDIS_URL=url)
+        up = run("up", data_dir=tmp_path, **env)
         assert up.returncode == 0, up.stderr
-        assert url in [
-            line.strip() for line in up.stdout.splitlines() if line.startswith("redis://")
-        ]
+        lines = [line.strip() for line in up.stdout.splitlines()]
+        assert url in lines and f"bootstrap.servers={bootstrap}" in lines
         import redis
 
         assert redis.Redis.from_url(url).ping() is True
+        again = run("up", data_dir=tmp_path, **env)
+        assert again.returncode == 0 and "kafka 4.1.1 already running" in again.stdout
+        assert cluster_id_of(bootstrap, timeout_seconds=10) is not None
     finally:
-        down = run("down", data_dir=tmp_path, VELOCITY_REDIS_URL=url)
-    assert down.returncode == 0 and "stopped" in down.stdout
+        down = run("down", data_dir=tmp_path, **env)
+    assert down.returncode == 0, down.stderr
+    assert "kafka stopped" in down.stdout and "redis stopped" in down.stdout
+    assert cluster_id_of(bootstrap, timeout_seconds=2) is None

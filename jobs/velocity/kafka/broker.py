@@ -99,11 +99,11 @@ def local_kafka(settings: Settings) -> LocalKafka | None:
         return None
     if len(servers) > 1:
         return None  # a cluster: someone else's to run
-    host, _, port_text = servers[0].rpartition(":")
-    bind = loopback_address(host.strip("[]").lower())
-    if bind is None:
+    host, colon, port_text = servers[0].rpartition(":")
+    if colon and loopback_address(host.strip("[]").lower()) is None:
         return None
-    if not port_text.isdigit() or not 0 < int(port_text) < 65535:
+    bind = loopback_address(host.strip("[]").lower())
+    if bind is None or not port_text.isdigit() or not 0 < int(port_text) < 65535:
         raise UsageError(
             f"VELOCITY_KAFKA_BOOTSTRAP {settings.kafka_bootstrap!r} has no valid port: "
             "use HOST:PORT, e.g. 127.0.0.1:9392"

@@ -1,0 +1,81 @@
+"""The pure part of the Kafka edge: which broker is local, its config, message keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from velocity.errors import UsageError
+from velocity.kafka.broker import broker_command, local_kafka, render_config
+from velocity.kafka.topics import kafka_alerts_on, payer_key
+from velocity.settings import load_settings
+from velocity.stream_control import KafkaSource, StreamStatus, read_status, source_is_kafka
+
+
+def settings_for(tmp_path: Path, bootstrap: str, **more: str):
+    return load_settings(data_dir=tmp_path, kafka_bootstrap=bootstrap, **more)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "127.0.0.2"])
+def test_a_loopback_bootstrap_is_the_local_broker_of_the_data_dir(tmp_path, host) -> None:
+    broker = local_kafka(settings_for(tmp_path, f"{host}:9400"))
+    assert broker is not None
+    assert broker.host == ("127.0.0.1" if host == "localhost" else host)
+    assert (broker.port, broker.controller_port) == (9400, 9401)
+    assert broker.home == tmp_path / "kafka"
+
+
+@pytest.mark.parametrize(
+    "bootstrap", ["", "kafka.example.com:9092", "10.0.0.5:9092", "127.0.0.1:9092,127.0.0.1:9094"]
+)
+def test_no_local_broker_for_none_a_remote_one_or_a_cluster(tmp_path, bootstrap) -> None:
+    assert local_kafka(settings_for(tmp_path, bootstrap)) is None
+
+
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1", "127.0.0.1:x", "127.0.0.1:70000"])
+def test_a_local_bootstrap_without_a_valid_port_is_refused(tmp_path, bootstrap) -> None:
+    with pytest.raises(UsageError, match="VELOCITY_KAFKA_BOOTSTRAP"):
+        local_kafka(settings_for(tmp_path, bootstrap))
+
+
+def test_the_config_listens_on_loopback_only_and_keeps_its_log_in_the_data_dir(tmp_path) -> None:
+    broker = local_kafka(settings_for(tmp_path, "127.0.0.1:9400"))
+    assert broker is not None
+    lines = render_config(broker, partitions=3).splitlines()
+    assert "process.roles=broker,controller" in lines
+    assert "listeners=PLAINTEXT://127.0.0.1:9400,CONTROLLER://127.0.0.1:9401" in lines
+    assert "advertised.listeners=PLAINTEXT://127.0.0.1:9400" in lines
+    assert "controller.quorum.voters=1@127.0.0.1:9401" in lines
+    assert f"log.dirs={tmp_path / 'kafka' / 'data'}" in lines
+    assert "num.partitions=3" in lines
+    assert "offsets.topic.replication.factor=1" in lines
+    command = broker_command("java", tmp_path / "libs", broker)
+    assert command[-2:] == ["kafka.Kafka", str(broker.config_path)]
+    assert str(tmp_path / "libs" / "*") in command
+
+
+def test_a_message_key_is_the_canonical_payer() -> None:
+    assert payer_key('{"payerId": 17, "x": 1}') == payer_key('{"payerId": "17"}') == "17"
+    for not_an_event in ("not json", "[1, 2]", '{"payerId": null}', '{"payerId": true}', ""):
+        assert payer_key(not_an_event) is None
+
+
+def test_alerts_go_to_kafka_when_the_stream_reads_it_unless_told_otherwise(tmp_path) -> None:
+    on_broker = "127.0.0.1:9400"
+    assert kafka_alerts_on(settings_for(tmp_path, on_broker), source_is_kafka=True)
+    assert not kafka_alerts_on(settings_for(tmp_path, on_broker), source_is_kafka=False)
+    assert kafka_alerts_on(settings_for(tmp_path, on_broker, kafka_alerts="on"), False)
+    assert not kafka_alerts_on(settings_for(tmp_path, on_broker, kafka_alerts="off"), True)
+    assert not kafka_alerts_on(settings_for(tmp_path, "", kafka_alerts="on"), True)
+
+
+def test_the_status_file_says_which_source_the_stream_reads(tmp_path) -> None:
+    assert not source_is_kafka(tmp_path)
+    StreamStatus(tmp_path, tmp_path / "events", 1).starting()
+    assert not source_is_kafka(tmp_path)
+    StreamStatus(tmp_path, KafkaSource("127.0.0.1:9400", "velocity.events"), 1).starting()
+    status = read_status(tmp_path)
+    assert status is not None
+    assert status["source"] == "kafka://127.0.0.1:9400/velocity.events"
+    assert status["eventsDir"] is None and source_is_kafka(tmp_path)

@@ -146,7 +146,7 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generated_in_arrival_order(
         tmp_path_factory.mktemp("kafka-events"),
         GenerateOptions(
-            events=2400, rate=2.0, payers=25, files=4, spike_fraction=0.0, late_fraction=0.0,
+            events=1600, rate=2.0, payers=25, files=4, spike_fraction=0.0, late_fraction=0.0,
             duplicate_fraction=0.02, malformed_fraction=0.02, seed=31,
         ),
     )  # fmt: skip
@@ -155,7 +155,7 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_stream_from_kafka_equals_the_backtest_in_its_arrival_order(
     spark, data_settings: Settings, kafka_bootstrap: str, in_order_events: Path, tmp_path: Path
 ) -> None:
-    settings = on_topics(data_settings, kafka_bootstrap, kafka_max_offsets_per_trigger=700)
+    settings = on_topics(data_settings, kafka_bootstrap, kafka_max_offsets_per_trigger=450)
     produced = produce_files(settings, in_order_events)
     job = StreamJob(spark, settings)
     job.rule_store.apply(SAMPLE)

@@ -34,10 +34,13 @@ lint: setup ## ruff and mypy
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket
 	@$(VENV)/python -m benchmarks.backtest
 
-bench-stream: setup ## stream latency (alert in Redis - file landed) and throughput; old vs new design
+bench-stream: setup ## stream latency (alert in Redis - landed/produced), throughput; SOURCE=folder|kafka|both
 	@if [ -n "$(RATE)" ]; then \
 		$(VENV)/python -m benchmarks.stream --rate $(RATE) --seconds $(or $(SECONDS),300) \
-			--keys $(or $(KEYS),100000) --design $(or $(DESIGN),new); \
+			--keys $(or $(KEYS),100000) --design $(or $(DESIGN),new) --source $(or $(SOURCE),folder); \
+	elif [ -n "$(SOURCE)" ]; then \
+		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --source $(SOURCE) && \
+		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 100000 --source $(SOURCE); \
 	else \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --design both && \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 300 --keys 100000 && \
@@ -63,7 +66,7 @@ airflow-down: ## stop Airflow standalone
 bench-backfill: setup ## backfill replay of a day of 1M events; compaction time and files
 	@$(VENV)/python -m benchmarks.backfill --events $(or $(EVENTS),1000000)
 
-down: ## stop the local Redis
+down: ## stop the local Redis and Kafka broker
 	@$(VENV)/velocity down
 
 clean: ## remove generated data (keeps .venv and the JAR cache)

@@ -6,15 +6,18 @@ Measured from outside the job, as a fraud team would see it:
   into a staging folder, and their complete-data alerts computed by `velocity backtest`:
   for in-order events these are exactly the alerts the stream must publish;
 - a lander copies one file a second into the stream's folder at ``--rate`` events/s
-  (copy, then rename: a file lands whole) and notes when each landed;
+  (copy, then rename: a file lands whole) and notes when each landed; with ``--source
+  kafka`` a producer sends one file's lines a second to the events topic of a local
+  broker instead (keyed by payerId) and notes when the broker acknowledged them all;
 - latency of an alert = its entry time in the Redis stream ``velocity:alerts`` minus the
-  landing of its event's file. Every expected alert counts; one never published counts
-  as infinitely late (so p99 is infinite when more than 1% never arrive);
+  landing (or production) of its event's file. Every expected alert counts; one never
+  published counts as infinitely late (so p99 is infinite when more than 1% never arrive);
 - the stream's process tree is sampled for its peak RSS; Redis reports its memory.
 
 ``--design new`` runs this checkout's stream; ``--design old`` runs the design of an
 earlier commit (``--old-ref``, the Delta-MERGE-per-batch stream) from a git worktree,
 with the same packages, JARs and data. ``--design both`` runs both on the same files.
+``--source both`` runs this checkout's stream on the folder, then on Kafka, same events.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Dataset:
     tx_file: dict[str, str]
     expected: set[tuple[int, str]]
     events: int
+    keys: dict[str, list[str]]  # file name -> its lines' payerIds (the message keys)
 
 
 def make_dataset(work: Path, rate: int, seconds: int, keys: int, env: dict[str, str]) -> Dataset:
@@ -79,17 +83,20 @@ def make_dataset(work: Path, rate: int, seconds: int, keys: int, env: dict[str, 
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     files = sorted(staging.glob("*.jsonl"))
-    tx_file = {}
+    tx_file, keys = {}, {}
     for path in files:
+        keys[path.name] = []
         for line in path.read_text().splitlines():
-            tx_file[str(json.loads(line)["transactionId"])] = path.name
+            event = json.loads(line)
+            tx_file[str(event["transactionId"])] = path.name
+            keys[path.name].append(str(event["payerId"]))
     reference = work / "expected.jsonl"
     velocity(
         "backtest", "--rules", str(RULES), "--events", str(staging), "--out", str(reference),
         env={**env, "VELOCITY_DATA_DIR": str(work / "backtest")}, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     expected = {(a["ruleId"], a["transactionId"]) for a in map(json.loads, reference.open())}
-    return Dataset(staging, files, tx_file, expected, len(tx_file))
+    return Dataset(staging, files, tx_file, expected, len(tx_file), keys)
 
 
 def process_tree(root_pid: int) -> list[int]:
@@ -125,6 +132,7 @@ def rss_mb(pids: list[int]) -> float:
 @dataclass
 class Run:
     design: str
+    source: str
     rate: int
     seconds: int
     keys: int
@@ -148,6 +156,7 @@ class Run:
 
         return {
             "design": self.design,
+            "source": self.source,
             "rate": self.rate,
             "seconds": self.seconds,
             "keys": self.keys,
@@ -170,12 +179,19 @@ class Run:
 
 
 def run_design(
-    design: str, data: Dataset, rate: int, seconds: int, keys: int, work: Path, port: int
+    design: str,
+    source: str,
+    data: Dataset,
+    rate: int,
+    seconds: int,
+    keys: int,
+    work: Path,
+    port: int,
 ) -> Run:
     import redis
 
-    run = Run(design, rate, seconds, keys)
-    home = work / design
+    run = Run(design, source, rate, seconds, keys)
+    home = work / f"{design}-{source}"
     shutil.rmtree(home, ignore_errors=True)
     events = home / "events"
     events.mkdir(parents=True)
@@ -188,6 +204,8 @@ def run_design(
         # The old design's fixed key names, for both designs: one harness reads both.
         "VELOCITY_REDIS_KEY_PREFIX": "velocity",
         "VELOCITY_REDIS_ALERT_STREAM": "velocity:alerts",
+        # A broker only where it is read: an idle one would still take CPU and memory.
+        "VELOCITY_KAFKA_BOOTSTRAP": f"127.0.0.1:{port + 3000}" if source == "kafka" else "",
     }
     if design == "old":
         tree = work / "old-tree"
@@ -202,8 +220,9 @@ def run_design(
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     client.flushall()
     log = home / "stream.log"
+    reads = ["--source", "kafka"] if source == "kafka" else ["--events", str(events)]
     stream = subprocess.Popen(
-        [PYTHON, "-m", "velocity.cli", "stream", "--events", str(events), "--rules", str(RULES)],
+        [PYTHON, "-m", "velocity.cli", "stream", *reads, "--rules", str(RULES)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),
@@ -227,15 +246,14 @@ def run_design(
         while not (checkpoint / "metadata").exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)
+        land = kafka_producer(env, data) if source == "kafka" else folder_lander(events)
         started = time.monotonic()
-        for index, source in enumerate(data.files):
+        for index, path in enumerate(data.files):
             pause = started + index * (seconds / len(data.files)) - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
-            hidden = events / f".{source.name}"
-            shutil.copyfile(source, hidden)
-            os.rename(hidden, events / source.name)
-            landed[source.name] = time.time() * 1000
+            land(path)
+            landed[path.name] = time.time() * 1000
         # Wait for the expected alerts; anything later than this counts as never.
         wait_until = time.monotonic() + max(60.0, seconds * 0.5)
         while time.monotonic() < wait_until:
@@ -291,6 +309,40 @@ def run_design(
     return run
 
 
+def folder_lander(events: Path) -> Any:
+    """Lands a file whole in the stream's folder: a copy, then a rename."""
+
+    def land(path: Path) -> None:
+        hidden = events / f".{path.name}"
+        shutil.copyfile(path, hidden)
+        os.rename(hidden, events / path.name)
+
+    return land
+
+
+def kafka_producer(env: dict[str, str], data: Dataset) -> Any:
+    """Produces a file's lines to the events topic, keyed by payerId, and waits until the
+    broker acknowledged them all (the messages are there from then on)."""
+    from velocity.kafka.topics import producer
+    from velocity.settings import load_settings
+
+    settings = load_settings(kafka_bootstrap=env["VELOCITY_KAFKA_BOOTSTRAP"])
+    sink = producer(settings, **{"linger.ms": 5, "batch.num.messages": 10000})
+
+    def land(path: Path) -> None:
+        for line, key in zip(path.read_text().splitlines(), data.keys[path.name], strict=True):
+            while True:
+                try:
+                    sink.produce(settings.kafka_events_topic, value=line, key=key)
+                    break
+                except BufferError:
+                    sink.poll(0.05)
+        if sink.flush(60):
+            raise RuntimeError(f"the broker did not acknowledge {path.name} within 60 s")
+
+    return land
+
+
 def lookup_latency(client: Any, lookups: int) -> str:
     """Redis window lookups (rule 1, 24 h SUM), one round trip each, from this machine."""
     entry = client.hgetall("velocity:rule:1")
@@ -313,6 +365,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=300, help="how long files land")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct payers")
     parser.add_argument("--design", choices=["new", "old", "both"], default="new")
+    parser.add_argument(
+        "--source",
+        choices=["folder", "kafka", "both"],
+        default="folder",
+        help="where the new design reads: files landing in a folder, or a Kafka topic",
+    )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
     parser.add_argument("--port", type=int, default=6392, help="the benchmark's own Redis")
     args = parser.parse_args()
@@ -328,19 +386,27 @@ def main() -> int:
         f"alerts (velocity backtest, {time.monotonic() - began:.0f} s)",
         flush=True,
     )
-    designs = ["old", "new"] if args.design == "both" else [args.design]
+    sources = ["folder", "kafka"] if args.source == "both" else [args.source]
+    runs = [("old", "folder")] if args.design in ("old", "both") else []
+    if args.design != "old":
+        runs += [("new", source) for source in sources]
     results = []
-    for design in designs:
-        run = run_design(design, data, args.rate, args.seconds, args.keys, work, args.port)
+    for design, source in runs:
+        run = run_design(design, source, data, args.rate, args.seconds, args.keys, work, args.port)
         results.append(run.summary())
         print(json.dumps(results[-1]), flush=True)
     if len(results) == 2:
-        old, new = results
+        first, second = results
         ratio = {
-            k: (f"{old[k] / new[k]:.1f}x" if isinstance(old[k], float | int) and new[k] else "-")
-            for k in ("p50_s", "p99_s", "batch_p50_s")
+            k: (
+                f"{first[k] / second[k]:.1f}x"
+                if isinstance(first[k], float | int) and second[k]
+                else "-"
+            )
+            for k in ("p50_s", "p99_s", "batch_p50_s", "processed_events_per_s")
         }
-        print(f"old / new: {json.dumps(ratio)}")
+        names = [f"{r['design']}/{r['source']}" for r in results]
+        print(f"{names[0]} / {names[1]}: {json.dumps(ratio)}")
     return 0
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from velocity.errors import VelocityError
 from velocity.health import FAILED, RUNNING, STARTING, STOPPED, Health, stream_health
+from velocity.local_process import process_alive
 from velocity.settings import Settings
 
 log = logging.getLogger("velocity.lifecycle")
@@ -120,22 +121,6 @@ def _read_json(path: Path, what: str) -> dict[str, Any] | None:
 def read_status(data_dir: Path) -> dict[str, Any] | None:
     """The stream's status file, or None when the stream never ran with this data dir."""
     return _read_json(status_path(data_dir), "status file")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:
-        # /proc/<pid>/stat: "pid (comm) S ..."; comm may hold spaces, the state follows ")".
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs: trust kill(0)
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def check_health(

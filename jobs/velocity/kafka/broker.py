@@ -20,7 +20,7 @@ What callers rely on:
 
 from __future__ import annotations
 
-import contextlib
+import base64
 import os
 import shutil
 import signal
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from velocity.errors import UsageError, VelocityError
+from velocity.local_process import log_tail, pidfile_process, process_alive
 from velocity.settings import Settings, loopback_address
 
 _POLL_SECONDS = 0.2
@@ -251,12 +252,12 @@ def kafka_up(settings: Settings, *, timeout_seconds: float = 90.0) -> KafkaStatu
             broker.pid_path.unlink(missing_ok=True)
             raise VelocityError(
                 f"the Kafka broker exited with {process.returncode} while starting"
-                f"{_log_tail(broker)}"
+                f"{log_tail(broker.log_path)}"
             )
         if time.monotonic() > deadline:
             raise VelocityError(
                 f"the Kafka broker started but did not answer on {broker.bootstrap} within "
-                f"{timeout_seconds:g}s{_log_tail(broker)}"
+                f"{timeout_seconds:g}s{log_tail(broker.log_path)}"
             )
         time.sleep(_POLL_SECONDS)
 
@@ -273,7 +274,7 @@ def kafka_down(settings: Settings, *, timeout_seconds: float = 60.0) -> bool:
         return False
     os.kill(pid, signal.SIGTERM)  # a controlled shutdown: the log is flushed and closed
     deadline = time.monotonic() + timeout_seconds
-    while _process_alive(pid):
+    while process_alive(pid):
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)  # its log recovers on the next start
             deadline = time.monotonic() + 10
@@ -290,8 +291,6 @@ def _cluster_id(broker: LocalKafka) -> str:
     if broker.cluster_id_path.exists():
         return broker.cluster_id_path.read_text().strip()
     # Kafka's ids are 16 random bytes in URL-safe base64 without padding.
-    import base64
-
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     broker.cluster_id_path.write_text(cluster_id + "\n")
     return cluster_id
@@ -318,38 +317,5 @@ def _running_status(broker: LocalKafka, libs: Path, *, started: bool) -> KafkaSt
 
 
 def _pidfile_broker(broker: LocalKafka) -> int | None:
-    """The live broker process named by the pidfile, if any."""
-    try:
-        pid = int(broker.pid_path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-    if not _process_alive(pid):
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    # A recycled pid may belong to another program: only signal this config's broker.
-    return pid if str(broker.config_path).encode() in cmdline else None
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        state = "?"
-    if state == "Z":  # a zombie of ours (``kafka_up`` in this process): reap it
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
-
-
-def _log_tail(broker: LocalKafka, lines: int = 15) -> str:
-    try:
-        tail = broker.log_path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return ""
-    return f"\n{broker.log_path} ends with:\n" + "\n".join(tail) if tail else ""
+    """The live broker the pidfile names: only a process started with this config."""
+    return pidfile_process(broker.pid_path, str(broker.config_path).encode())

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from velocity.errors import UsageError, VelocityError
+from velocity.local_process import log_tail, pidfile_process, process_alive
 from velocity.settings import Settings, loopback_address
 
 MIN_VERSION = (7, 0, 0)  # Redis Functions, which the mirror relies on
@@ -261,7 +262,7 @@ def redis_up(settings: Settings, *, timeout_seconds: float = 15.0) -> RedisStatu
     if result.returncode != 0:
         raise VelocityError(
             f"redis-server did not start (exit {result.returncode}): "
-            f"{(result.stderr or result.stdout).strip()[-800:]}{_log_tail(server)}"
+            f"{(result.stderr or result.stdout).strip()[-800:]}{log_tail(server.log_path)}"
         )
     deadline = time.monotonic() + timeout_seconds
     while True:
@@ -271,7 +272,7 @@ def redis_up(settings: Settings, *, timeout_seconds: float = 15.0) -> RedisStatu
         if time.monotonic() > deadline:
             raise VelocityError(
                 f"redis-server started but did not answer PING on {server.host}:{server.port} "
-                f"within {timeout_seconds:g}s{_log_tail(server)}"
+                f"within {timeout_seconds:g}s{log_tail(server.log_path)}"
             )
         time.sleep(_POLL_SECONDS)
 
@@ -290,22 +291,22 @@ def redis_down(settings: Settings, *, timeout_seconds: float = 15.0) -> bool:
         except redis.exceptions.RedisError as exc:
             raise VelocityError(
                 f"Redis on {server.host}:{server.port} refused to shut down: {exc}"
-                f"{_log_tail(server)}"
+                f"{log_tail(server.log_path)}"
             ) from exc
         finally:
             client.close()
     else:
-        pid = _pidfile_redis(server)
+        pid = pidfile_process(server.pid_path, b"redis-server")
         if pid is None:
             server.pid_path.unlink(missing_ok=True)  # stale, if anything
             return False
         os.kill(pid, signal.SIGTERM)  # SIGTERM makes Redis persist and exit, like SHUTDOWN
     deadline = time.monotonic() + timeout_seconds
-    while _process_alive(pid) or _probe(server) is not _Probe.DOWN:
+    while process_alive(pid) or _probe(server) is not _Probe.DOWN:
         if time.monotonic() > deadline:
             raise VelocityError(
                 f"Redis on {server.host}:{server.port} (pid {pid}) did not stop within "
-                f"{timeout_seconds:g}s{_log_tail(server)}"
+                f"{timeout_seconds:g}s{log_tail(server.log_path)}"
             )
         time.sleep(_POLL_SECONDS)
     return True
@@ -391,35 +392,6 @@ def _running_status(server: LocalRedis, *, started: bool) -> RedisStatus | None:
     )
 
 
-def _pidfile_redis(server: LocalRedis) -> int | None:
-    """The live redis-server process named by the pidfile, if any."""
-    try:
-        pid = int(server.pid_path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-    if not _process_alive(pid):
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    # A recycled pid may belong to another program: only signal a redis-server.
-    return pid if b"redis-server" in cmdline else None
-
-
-def _process_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        state = "?"
-    # In containers an exited daemon may stay a zombie when PID 1 does not reap it.
-    return state != "Z"
-
-
 def _same_path(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve()
@@ -449,14 +421,6 @@ def _redact(url: str) -> str:
     if parts.password is None:
         return repr(url)
     return repr(url.replace(f":{parts.password}@", ":***@", 1))
-
-
-def _log_tail(server: LocalRedis, lines: int = 15) -> str:
-    try:
-        tail = server.log_path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return ""
-    return f"\n{server.log_path} ends with:\n" + "\n".join(tail) if tail else ""
 
 
 def _run_checked(

@@ -8,7 +8,8 @@ lifecycle next to the health check (check_stream) that restarts it and the stop
 request (stop_stream). Its checkpoint is under ``$VELOCITY_DATA_DIR/checkpoints/stream``,
 so a new run resumes where the last one stopped.
 Needs: the ``velocity_spark`` and ``velocity_default`` connections (infra/airflow.sh
-creates both), Redis running (`velocity up`), events landing in the events folder.
+creates both), Redis running (`velocity up`), events landing in the events folder or, with the
+source param kafka, a broker (`velocity up` starts a local one).
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ from velocity_airflow.operators import VelocitySparkSubmitOperator
     max_active_runs=1,
     tags=["velocity", "stream"],
     params={
+        "source": Param(
+            "auto",
+            enum=["auto", "folder", "kafka"],
+            title="Source",
+            description="Where payments come from: files landing in the events folder, or "
+            "the Kafka events topic (VELOCITY_KAFKA_BOOTSTRAP); auto: what this data dir's "
+            "stream read last (a restart resumes its checkpoint), folder the first time.",
+        ),
+        "topic": Param(
+            "",
+            type="string",
+            title="Kafka topic",
+            description="Source kafka: the topic read; empty: VELOCITY_KAFKA_EVENTS_TOPIC.",
+        ),
         "events_dir": Param(
             "",
             type="string",
@@ -50,11 +65,19 @@ def run_stream() -> None:
     @task
     def plan_stream(params: dict) -> list[str]:
         """The `velocity stream` arguments, the events folder resolved against the data dir."""
+        from velocity.stream_control import last_source
         from velocity_airflow.hooks import VelocityHook
-        from velocity_airflow.plans import stream_args
+        from velocity_airflow.plans import stream_args, stream_source
 
-        events_dir = params["events_dir"] or str(VelocityHook().get_conn().data_dir / "events")
-        return stream_args(events_dir, params["rules_file"] or None, params["duration_seconds"])
+        data_dir = VelocityHook().get_conn().data_dir
+        source, last_topic = stream_source(params["source"], last_source(data_dir))
+        return stream_args(
+            params["events_dir"] or str(data_dir / "events"),
+            params["rules_file"] or None,
+            params["duration_seconds"],
+            source,
+            params["topic"] or last_topic,
+        )
 
     VelocitySparkSubmitOperator(task_id="stream", command=plan_stream())
 

@@ -67,10 +67,16 @@ class KafkaSource:
 EventSource = Path | KafkaSource  # a folder that event files land in, or a topic
 
 
+def last_source(data_dir: Path) -> str | None:
+    """What the stream of this data dir read when it last ran (``str`` of its source: a
+    folder, or ``kafka://<bootstrap>/<topic>``); None when it never ran."""
+    status = read_status(data_dir)
+    return None if status is None or not status.get("source") else str(status["source"])
+
+
 def source_is_kafka(data_dir: Path) -> bool:
     """Whether the stream of this data dir read (or reads) Kafka when it last ran."""
-    status = read_status(data_dir)
-    return status is not None and str(status.get("source", "")).startswith("kafka://")
+    return (last_source(data_dir) or "").startswith("kafka://")
 
 
 def now_ms() -> int:

@@ -61,18 +61,40 @@ def _optional_int(name: str, value: object, minimum: int) -> int | None:
 
 
 def stream_args(
-    events_dir: str, rules_file: str | None = None, duration_seconds: int | None = None
+    events_dir: str,
+    rules_file: str | None = None,
+    duration_seconds: int | None = None,
+    source: str = "folder",
+    topic: str | None = None,
 ) -> list[str]:
-    """``velocity stream`` for a folder of JSON lines; without a duration it runs until stopped."""
-    if not events_dir:
+    """``velocity stream`` for a folder of JSON lines (``events_dir``) or, with ``source``
+    kafka, the events topic (``topic``, else the setting); without a duration it runs
+    until stopped."""
+    if source == "kafka":
+        args = ["stream", "--source", "kafka", *(["--topic", topic] if topic else [])]
+    elif source != "folder":
+        raise UsageError(f"source must be folder or kafka, got {source!r}")
+    elif not events_dir:
         raise UsageError("events_dir is empty; name the folder of JSON lines the stream reads")
-    args = ["stream", "--events", events_dir]
+    else:
+        args = ["stream", "--events", events_dir]
     if rules_file:
         args += ["--rules", rules_file]
     seconds = _optional_int("duration_seconds", duration_seconds, 1)
     if seconds is not None:
         args += ["--duration", str(seconds)]
     return args
+
+
+def stream_source(chosen: str, last: str | None) -> tuple[str, str | None]:
+    """(source, topic) for run_stream: the chosen source, or with ``auto`` the one the
+    data dir's stream last read (``last``, from its status file), so a restart by
+    check_stream reads what its checkpoint read; folder when it never ran."""
+    if chosen != "auto":
+        return chosen, None
+    if last is not None and last.startswith("kafka://"):
+        return "kafka", last.rsplit("/", 1)[1]
+    return "folder", None
 
 
 def stream_status_args(stale_seconds: int | None = None) -> list[str]:

@@ -17,6 +17,7 @@ from velocity_airflow.plans import (
     spark_job,
     stream_args,
     stream_health,
+    stream_source,
     stream_status_args,
     stream_stop_args,
     velocity_env,
@@ -79,6 +80,24 @@ def test_stream_args() -> None:
         stream_args("")
     with pytest.raises(UsageError, match="duration_seconds must be ≥ 1"):
         stream_args("/in", None, 0)
+
+
+def test_stream_args_for_a_kafka_topic() -> None:
+    assert stream_args("", None, None, "kafka") == ["stream", "--source", "kafka"]
+    assert stream_args("/ignored", "r.json", 30, "kafka", "payments") == [
+        "stream", "--source", "kafka", "--topic", "payments", "--rules", "r.json",
+        "--duration", "30",
+    ]  # fmt: skip
+    with pytest.raises(UsageError, match="source must be folder or kafka"):
+        stream_args("/in", source="s3")
+
+
+def test_run_stream_restarts_on_the_source_the_stream_read_last() -> None:
+    assert stream_source("auto", None) == ("folder", None)
+    assert stream_source("auto", "/data/events") == ("folder", None)
+    assert stream_source("auto", "kafka://127.0.0.1:9392/payments") == ("kafka", "payments")
+    assert stream_source("folder", "kafka://127.0.0.1:9392/payments") == ("folder", None)
+    assert stream_source("kafka", None) == ("kafka", None)
 
 
 def test_maintenance_runs_every_step_once_in_order() -> None:

@@ -2,7 +2,8 @@
 
 Each micro-batch (``process_batch``), holding the data dir's state lock:
 
-1. take the new lines as Arrow once and parse them (the pure ``velocity.schema`` parser);
+1. take the new lines (of files landing in a folder, or messages of a Kafka topic) as
+   Arrow once and parse them (the pure ``velocity.schema`` parser);
 2. read, in one Redis call, the stream's progress, which of the batch's transactionIds
    earlier batches accepted, and the buckets of the batch's (signature, key)s that this
    process does not hold in memory already;
@@ -12,7 +13,8 @@ Each micro-batch (``process_batch``), holding the data dir's state lock:
    own bucket plus its own bucket's events up to its time;
 4. spool the batch's rows for Delta (``velocity.delta.write_behind``), then commit the
    changed buckets, the accepted transactionIds, the alerts and the progress to Redis in
-   one atomic Function call;
+   one atomic Function call; then, when alerts go to Kafka too, publish them there (at
+   least once: a replayed batch that finds itself committed publishes them again);
 5. a flush appends the spooled batches to the Delta tables: at every batch with the
    available-now trigger, else from a background thread within ``write_behind_seconds``.
 

@@ -77,6 +77,7 @@ log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
 # How often a batch drops the in-memory keys that have nothing left inside the horizon.
 SWEEP_SECONDS = 60.0
+KAFKA_FETCH_MAX_WAIT_MS = 10
 
 
 @dataclass(frozen=True)
@@ -524,6 +525,10 @@ class StreamJob:
             .option("subscribe", source.topic)
             .option("startingOffsets", source.starting_offsets)
             .option("maxOffsetsPerTrigger", self.settings.kafka_max_offsets_per_trigger)
+            # A task reading a partition's range otherwise waits the consumer's default
+            # 500 ms for more data at the range's end: measured, a micro-batch of 1 000
+            # messages over 4 partitions took 0.9 s to read, 0.1 s with this.
+            .option("kafka.fetch.max.wait.ms", KAFKA_FETCH_MAX_WAIT_MS)
             .load()
         )
         return kafka_messages(messages)

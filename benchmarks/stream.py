@@ -323,22 +323,16 @@ def folder_lander(events: Path) -> Any:
 def kafka_producer(env: dict[str, str], data: Dataset) -> Any:
     """Produces a file's lines to the events topic, keyed by payerId, and waits until the
     broker acknowledged them all (the messages are there from then on)."""
-    from velocity.kafka.topics import producer
+    from velocity.kafka.topics import TopicWriter
     from velocity.settings import load_settings
 
     settings = load_settings(kafka_bootstrap=env["VELOCITY_KAFKA_BOOTSTRAP"])
-    sink = producer(settings, **{"linger.ms": 5, "batch.num.messages": 10000})
+    sink = TopicWriter(settings, settings.kafka_events_topic, **{"batch.num.messages": 10000})
 
     def land(path: Path) -> None:
         for line, key in zip(path.read_text().splitlines(), data.keys[path.name], strict=True):
-            while True:
-                try:
-                    sink.produce(settings.kafka_events_topic, value=line, key=key)
-                    break
-                except BufferError:
-                    sink.poll(0.05)
-        if sink.flush(60):
-            raise RuntimeError(f"the broker did not acknowledge {path.name} within 60 s")
+            sink.send(line, key)
+        sink.flush()
 
     return land
 

@@ -63,6 +63,14 @@ class KafkaSource:
     def __str__(self) -> str:
         return f"kafka://{self.bootstrap}/{self.topic}"
 
+    @classmethod
+    def from_text(cls, text: str | None) -> KafkaSource | None:
+        """The source ``str`` wrote (the status file's ``source``); None for a folder."""
+        if text is None or not text.startswith("kafka://"):
+            return None
+        bootstrap, _, topic = text.removeprefix("kafka://").rpartition("/")
+        return cls(bootstrap, topic)
+
 
 EventSource = Path | KafkaSource  # a folder that event files land in, or a topic
 
@@ -76,7 +84,7 @@ def last_source(data_dir: Path) -> str | None:
 
 def source_is_kafka(data_dir: Path) -> bool:
     """Whether the stream of this data dir read (or reads) Kafka when it last ran."""
-    return (last_source(data_dir) or "").startswith("kafka://")
+    return KafkaSource.from_text(last_source(data_dir)) is not None
 
 
 def now_ms() -> int:

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from velocity.errors import UsageError
+from velocity.stream_control import KafkaSource
 
 # `velocity maintain …` steps in the order maintain_state runs them: compact sealed
 # minute buckets first so OPTIMIZE rewrites fewer files, VACUUM what both left behind,
@@ -92,9 +93,8 @@ def stream_source(chosen: str, last: str | None) -> tuple[str, str | None]:
     check_stream reads what its checkpoint read; folder when it never ran."""
     if chosen != "auto":
         return chosen, None
-    if last is not None and last.startswith("kafka://"):
-        return "kafka", last.rsplit("/", 1)[1]
-    return "folder", None
+    kafka = KafkaSource.from_text(last)
+    return ("folder", None) if kafka is None else ("kafka", kafka.topic)
 
 
 def stream_status_args(stale_seconds: int | None = None) -> list[str]:

@@ -79,3 +79,7 @@ def test_the_status_file_says_which_source_the_stream_reads(tmp_path) -> None:
     assert status is not None
     assert status["source"] == "kafka://127.0.0.1:9400/velocity.events"
     assert status["eventsDir"] is None and source_is_kafka(tmp_path)
+    assert KafkaSource.from_text(status["source"]) == KafkaSource(
+        "127.0.0.1:9400", "velocity.events"
+    )
+    assert KafkaSource.from_text(str(tmp_path / "events")) is None

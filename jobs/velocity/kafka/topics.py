@@ -86,48 +86,67 @@ def producer(settings: Settings, **overrides: Any) -> Any:
     return Producer(config)
 
 
+class TopicWriter:
+    """Produces messages to one topic; ``flush`` waits for the broker's acknowledgements
+    and raises ``VelocityError`` for any message not delivered in time."""
+
+    def __init__(self, settings: Settings, topic: str, **overrides: Any) -> None:
+        self._settings = settings
+        self.topic = topic
+        self._producer = producer(settings, **overrides)
+        self._failures: list[str] = []
+        self.sent = 0
+
+    def send(self, value: str, key: str | None) -> None:
+        """Queue one message (waiting only while the local queue is full)."""
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, value=value, key=key, on_delivery=self._delivered
+                )
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.1)
+        self.sent += 1
+
+    def flush(self) -> None:
+        """Wait for every queued message; raises if one was not delivered."""
+        waited = self._settings.kafka_delivery_timeout_seconds + 5
+        left = self._producer.flush(waited)
+        if left:
+            self._failures.append(f"{left} messages still unacknowledged after {waited:g}s")
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise VelocityError(
+                f"producing to Kafka topic {self.topic} at {self._settings.kafka_bootstrap} "
+                f"failed: {'; '.join(failures[:3])}"
+            )
+
+    def _delivered(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self._failures.append(f"{message.key()!r}: {error}")
+
+
 class AlertPublisher:
     """Publishes SPEC §4 records to the alerts topic, at least once, keyed by alertId."""
 
     def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._topic = settings.kafka_alerts_topic
-        self._producer = producer(settings)
+        self._writer = TopicWriter(settings, settings.kafka_alerts_topic)
 
     def publish(self, records: Iterable[Mapping[str, Any] | str]) -> int:
         """Produce every record and wait for the broker's acknowledgements; returns how
         many were published. A record may be a dict or its JSON text already."""
-        failures: list[str] = []
-
-        def delivered(error: Any, message: Any) -> None:
-            if error is not None:
-                failures.append(f"{message.key()!r}: {error}")
-
         sent = 0
         for record in records:
-            text = record if isinstance(record, str) else json.dumps(record, separators=(",", ":"))
-            alert_id = json.loads(text)["alertId"] if isinstance(record, str) else record["alertId"]
-            self._produce(text, str(alert_id), delivered)
+            if isinstance(record, str):
+                text, alert_id = record, json.loads(record)["alertId"]
+            else:
+                text, alert_id = json.dumps(record, separators=(",", ":")), record["alertId"]
+            self._writer.send(text, str(alert_id))
             sent += 1
         if sent:
-            waited = self._settings.kafka_delivery_timeout_seconds + 5
-            left = self._producer.flush(waited)
-            if left:
-                failures.append(f"{left} records still unacknowledged after {waited:g}s")
-        if failures:
-            raise VelocityError(
-                f"publishing alerts to Kafka topic {self._topic} at "
-                f"{self._settings.kafka_bootstrap} failed: {'; '.join(failures[:3])}"
-            )
+            self._writer.flush()
         return sent
-
-    def _produce(self, value: str, key: str, delivered: Any) -> None:
-        while True:
-            try:
-                self._producer.produce(self._topic, value=value, key=key, on_delivery=delivered)
-                return
-            except BufferError:  # the local queue is full: let deliveries drain it
-                self._producer.poll(0.1)
 
 
 class EventProducer:
@@ -135,41 +154,27 @@ class EventProducer:
     event's JSON goes with no key). Used by ``velocity generate --kafka``."""
 
     def __init__(self, settings: Settings, topic: str | None = None) -> None:
-        self._settings = settings
-        self.topic = topic or settings.kafka_events_topic
-        self._producer = producer(settings, **{"linger.ms": 20, "batch.num.messages": 10000})
-        self._failures: list[str] = []
-        self.sent = 0
+        self._writer = TopicWriter(
+            settings, topic or settings.kafka_events_topic,
+            **{"linger.ms": 20, "batch.num.messages": 10000},
+        )  # fmt: skip
+        self.topic = self._writer.topic
+
+    @property
+    def sent(self) -> int:
+        return self._writer.sent
 
     def send(self, lines: Iterable[str]) -> int:
         """Queue the lines (waiting only while the local queue is full); returns how many."""
         count = 0
         for line in lines:
-            while True:
-                try:
-                    self._producer.produce(
-                        self.topic, value=line, key=payer_key(line), on_delivery=self._delivered
-                    )
-                    break
-                except BufferError:
-                    self._producer.poll(0.1)
+            self._writer.send(line, payer_key(line))
             count += 1
-        self._producer.poll(0)
-        self.sent += count
         return count
 
     def close(self) -> None:
         """Wait for every queued line; raises ``VelocityError`` if one was not delivered."""
-        left = self._producer.flush(self._settings.kafka_delivery_timeout_seconds + 5)
-        if left or self._failures:
-            raise VelocityError(
-                f"producing events to Kafka topic {self.topic} failed: {left} unacknowledged"
-                f"{'; ' if self._failures else ''}{'; '.join(self._failures[:3])}"
-            )
-
-    def _delivered(self, error: Any, message: Any) -> None:
-        if error is not None:
-            self._failures.append(str(error))
+        self._writer.flush()
 
 
 def payer_key(line: str) -> str | None:

@@ -11,15 +11,31 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DecimalType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from velocity.arrival import Arrivals, Verdict
 from velocity.decimals import EXACT
-from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
-from velocity.schema import EVENT_FIELDS, FieldKind, Rejection, is_blank, parse_event_line
+from velocity.delta.tables import AMOUNT_TYPE, EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
+from velocity.schema import (
+    EVENT_FIELDS,
+    FIELDS_BY_NAME,
+    MAX_EVENT_TIME,
+    FieldKind,
+    Rejection,
+    is_blank,
+    parse_event_line,
+)
 
 ARRIVAL_ORDER = ("source_file", "source_block", "line_seq")
 _EVENT_COLUMNS = [f.name for f in EVENT_FIELDS]
@@ -85,10 +101,13 @@ def line_texts(raws: pa.Array | pa.ChunkedArray) -> list[str | None]:
 
 
 def verdicts(raws: pa.Array) -> pa.Array:
-    """The pure parser over a batch of lines: one verdict struct per line, in order."""
+    """The pure parser over a batch of lines: one verdict struct per line, in order; a
+    null line (one the JVM already accepted) gets a null verdict without a Python step."""
+    present = pc.is_valid(raws)
+    positions = pc.indices_nonzero(present).to_pylist()
     columns: dict[str, list[object]] = {name: [] for name in _VERDICT_ARROW.names}
     rejected = dict.fromkeys(_EVENT_COLUMNS)
-    for raw in line_texts(raws):
+    for raw in line_texts(raws.filter(present)):
         if raw is None or is_blank(raw):
             row: dict[str, object] = {**rejected, "blank": True, "accepted": False}
         else:
@@ -113,20 +132,120 @@ def verdicts(raws: pa.Array) -> pa.Array:
                 }
         for name, values in columns.items():
             values.append(row.get(name))
-    return pa.StructArray.from_arrays(
+    judged = pa.StructArray.from_arrays(
         [pa.array(columns[f.name], type=f.type) for f in _VERDICT_ARROW],
         fields=list(_VERDICT_ARROW),
+    )
+    if len(positions) == len(raws):
+        return judged
+    # Scatter the judged lines back to their places; the rest stay null.
+    take: list[int | None] = [None] * len(raws)
+    for judged_index, position in enumerate(positions):
+        take[position] = judged_index
+    slots = pa.array(take, type=pa.int64())
+    return judged.take(slots)
+
+
+# --- the JVM's share of parsing --------------------------------------------------------
+#
+# Most lines are plain: one flat JSON object, no escapes, no control characters, fields
+# of the declared types. The JVM accepts those by itself (``from_json``); every other line,
+# and every line it would reject, goes to the pure parser, which stays the one definition
+# of a bad event. So the JVM only ever *accepts*, and only what the pure parser accepts,
+# with the same values; tests/spark/test_ingest.py holds it to that on hostile lines.
+
+_WS = r"[ \t\r]*"
+# A single flat object: nothing nested, nothing after it (``from_json`` ignores trailing text).
+_FLAT_OBJECT = rf"^{_WS}\{{[^{{}}\[\]]*\}}{_WS}$"
+# What the JVM leaves to the pure parser: escapes and control characters (JSON forbids raw
+# ones; an escape may spell a lone surrogate), and a literal true/false after a key (the
+# JVM reads it as the text "true", the pure parser rejects it). A string that merely
+# contains such text is sent there too, which costs time, never correctness.
+_NOT_PLAIN = rf'[\x00-\x1f\\]|"{_WS}:{_WS}[tf]'
+# A key or identity written as a number with a fraction or an exponent: the JVM spells it
+# through a double, the pure parser as the Decimal's own text.
+_TEXT_FIELDS = [f.name for f in EVENT_FIELDS if f.kind in (FieldKind.KEY, FieldKind.IDENTITY)]
+_FRACTIONAL_KEY = rf'"(?:{"|".join(_TEXT_FIELDS)})"{_WS}:{_WS}-?[0-9]*[.eE]'
+# The amount's own text (the JVM would pass a fractional number through a double): a
+# plain decimal in range with at most 8 places, as a number or a string.
+_AMOUNT_TEXT = rf'"paymentAmount"{_WS}:{_WS}("?)([0-9]{{1,18}}(?:\.[0-9]{{1,8}})?)\1{_WS}[,}}]'
+# Python's str.strip() whitespace outside the control range; a value made only of it is
+# missing (``velocity.schema``).
+_HAS_TEXT = "[^ \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+_JSON_FIELDS = StructType(
+    [
+        *(
+            StructField(f.name, LongType() if f.kind is FieldKind.TIME else StringType())
+            for f in EVENT_FIELDS
+        ),
+        StructField("_corrupt", StringType()),
+    ]
+)
+_JSON_OPTIONS = {
+    "columnNameOfCorruptRecord": "_corrupt",
+    "allowSingleQuotes": "false",
+    "allowNonNumericNumbers": "false",
+}
+
+
+def _present_text(column: Column) -> Column:
+    return column.isNotNull() & column.rlike(_HAS_TEXT)
+
+
+def plain_events(raw: Column) -> Column:
+    """The accepted event of a plain line as a verdict struct (VERDICT_TYPE), or null when
+    the line is not plain or the pure parser must judge it."""
+    fields = F.from_json(raw, _JSON_FIELDS, _JSON_OPTIONS)
+    amount_text = F.regexp_extract(raw, _AMOUNT_TEXT, 2)
+    amount = amount_text.try_cast(AMOUNT_TYPE)
+    plain = (
+        F.is_valid_utf8(raw)
+        & raw.rlike(_FLAT_OBJECT)
+        & ~raw.rlike(_NOT_PLAIN)
+        & ~raw.rlike(_FRACTIONAL_KEY)
+        & fields["_corrupt"].isNull()
+        # The amount the JVM parsed is the one whose text was read (not an earlier duplicate key).
+        & (fields["paymentAmount"].try_cast(DecimalType(38, 18)) == amount)
+        & fields["eventTime"].between(0, MAX_EVENT_TIME - 1)
+        & fields["paymentType"].isin(*sorted(FIELDS_BY_NAME["paymentType"].allowed))
+    )
+    values: dict[str, Column] = {}
+    for spec in EVENT_FIELDS:
+        value = fields[spec.name]
+        if spec.kind in (FieldKind.KEY, FieldKind.IDENTITY):
+            if spec.required:
+                plain = plain & _present_text(value)
+            else:
+                # Absent or "" is no value; only-whitespace is left to the pure parser.
+                plain = plain & (value.isNull() | (value == "") | value.rlike(_HAS_TEXT))
+                value = F.when(value != "", value)
+        values[spec.name] = value
+    values["paymentAmount"] = amount
+    verdict = {
+        **{name: F.lit(None) for name in VERDICT_TYPE.fieldNames()},
+        **values,
+        "blank": F.lit(False),
+        "accepted": F.lit(True),
+    }
+    return F.when(
+        plain,
+        F.struct(*[verdict[f.name].cast(f.dataType).alias(f.name) for f in VERDICT_TYPE.fields]),
     )
 
 
 def parse_events(lines: DataFrame) -> DataFrame:
     """Validate each line (blank ones dropped): ``accepted`` rows carry the event, others a reason.
 
+    Plain lines are accepted in the JVM (``plain_events``); the rest go to the pure parser.
     Output columns are ``PARSED_SCHEMA``'s.
     """
     parse = F.arrow_udf(verdicts, VERDICT_TYPE)  # type: ignore[call-overload]
-    parsed = lines.withColumn("_verdict", parse(F.col("raw")))
-    return parsed.where(~F.col("_verdict.blank")).select(
+    plain = lines.withColumn("_plain", plain_events(F.col("raw")))
+    judged = plain.withColumn(
+        "_verdict",
+        F.coalesce(F.col("_plain"), parse(F.when(F.col("_plain").isNull(), F.col("raw")))),
+    )
+    return judged.where(~F.col("_verdict.blank")).select(
         *[
             F.col(f"_verdict.{f.name}").alias(f.name)
             if f.name in VERDICT_TYPE.fieldNames()

@@ -9,25 +9,42 @@ keyed events so that each group is contiguous in one partition.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from decimal import Decimal
+from fractions import Fraction
 from functools import partial, reduce
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
-from velocity.alerts import AlertKind, alert_record, rule_key
+from velocity.alerts import ALERT_NAMESPACE, AlertKind, alert_record, rule_key
 from velocity.buckets import BucketAggregate, bucket_from_columns
+from velocity.decimals import decimal_places, format_decimal
 from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_PART_TYPE, SUM_TYPE
-from velocity.rules import Rule, RuleSignature, rules_by_signature
-from velocity.schema import NUMERIC_FIELDS
-from velocity.spark.ingest import canonical_text
-from velocity.windows import Decision, KeyedEvent, evaluate_key_history, evaluate_with_buckets
+from velocity.rules import Aggregator, Operator, Rule, RuleSignature, rules_by_signature
+from velocity.schema import AMOUNT_DECIMAL_PLACES, NUMERIC_FIELDS
+from velocity.spark.ingest import canonical_text, decimal_text
+from velocity.windows import (
+    Decision,
+    KeyedEvent,
+    evaluate_key_history,
+    evaluate_with_buckets,
+    format_aggregate,
+)
 
 KEYED_SCHEMA = StructType(
     [
@@ -248,11 +265,310 @@ def _per_key(
 
 
 def evaluate_alerts(
-    keyed: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
+    keyed: DataFrame,
+    rules: Iterable[Rule],
+    width_ms: int,
+    decision_time: int,
+    partitions: int,
+    buckets: DataFrame | None = None,
 ) -> DataFrame:
-    """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA)."""
-    return _per_key(
-        keyed, rules, ["eventTime"], _alert_batches, width_ms, decision_time, partitions
+    """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA).
+
+    Spark expressions decide every rule whose limit they can compare exactly
+    (``_sql_exact``); the pure engine decides the others, a key at a time. ``buckets``,
+    when given, are ``keyed``'s g-wide buckets (``bucket_aggregates``), already computed.
+    """
+    rules = list(rules)
+    in_sql = [r for r in rules if _sql_exact(r)]
+    in_python = [r for r in rules if not _sql_exact(r)]
+    parts = []
+    if in_sql:
+        if buckets is None:
+            buckets = bucket_aggregates(keyed, width_ms)
+        for signature, group in rules_by_signature(in_sql).items():
+            parts.append(
+                _signature_alerts(keyed, buckets, signature, group, width_ms, decision_time)
+            )
+    if in_python:
+        parts.append(
+            _per_key(
+                keyed, in_python, ["eventTime"], _alert_batches, width_ms, decision_time, partitions
+            )
+        )
+    if not parts:
+        return empty_alerts(keyed.sparkSession)
+    return reduce(DataFrame.unionByName, parts)
+
+
+# Window sums are added as DECIMAL(37, 8) so that a sum of two stays DECIMAL(38, 8): Spark
+# drops scale from a wider result. A window sum above 10^29 fails the job, never rounds.
+_WINDOW_SUM = DecimalType(37, 8)
+_COUNT_DECIMAL = DecimalType(19, 0)
+_AVG_LIMIT = DecimalType(18, 8)
+
+
+def _sql_exact(rule: Rule) -> bool:
+    """True when Spark's decimals compare ``aggregate OP limit`` exactly: a limit with at
+    most 8 places and, for AVG (compared as ``total OP limit x count`` in DECIMAL(38, 8)),
+    below 10^10; for the others below 10^29."""
+    if decimal_places(rule.limit) > AMOUNT_DECIMAL_PLACES:
+        return False
+    bound = Decimal(10) ** (10 if rule.aggregator is Aggregator.AVG else 29)
+    return abs(rule.limit) < bound
+
+
+def _signature_alerts(
+    keyed: DataFrame,
+    buckets: DataFrame,
+    signature: RuleSignature,
+    rules: Sequence[Rule],
+    width_ms: int,
+    decision_time: int,
+) -> DataFrame:
+    """The alerts of one signature's rules, all in Spark expressions.
+
+    An event's window ``[own - W, t]`` (``own`` its bucket's start) is the whole buckets in
+    ``[own - W, own)`` (a RANGE frame over the signature's buckets, so a dense key costs
+    buckets, not events) plus its own bucket's events up to ``t`` (a running frame, ties
+    included), joined on (key, own bucket).
+    """
+    sid = signature.signature_id
+    aggregators = {r.aggregator for r in rules}
+    distinct = Aggregator.UNIQUE_COUNT in aggregators
+    numeric = bool(aggregators & {Aggregator.SUM, Aggregator.AVG, Aggregator.MIN, Aggregator.MAX})
+    extremes = bool(aggregators & {Aggregator.MIN, Aggregator.MAX})
+
+    def figures(
+        prefix: str,
+        count: Column,
+        value_count: Column,
+        total: Column,
+        low: Column,
+        high: Column,
+        values: Column,
+    ) -> list[Column]:
+        out = [count.alias(f"{prefix}count")]
+        if numeric:
+            out += [
+                value_count.alias(f"{prefix}value_count"),
+                total.cast(_WINDOW_SUM).alias(f"{prefix}total"),
+            ]
+        if extremes:
+            out += [low.alias(f"{prefix}min"), high.alias(f"{prefix}max")]
+        if distinct:
+            out.append(values.alias(f"{prefix}values"))
+        return out
+
+    bucket_rows = buckets.where(F.col("signature_id") == sid)
+    by_time = Window.partitionBy("key").orderBy("bucket_start")
+    whole_columns: list[Column] = []
+    for window_ms in sorted({r.window_ms for r in rules}):
+        frame = by_time.rangeBetween(-window_ms, -1)
+        whole_columns += figures(
+            f"w{window_ms}_",
+            F.sum("event_count").over(frame),
+            F.sum("value_count").over(frame),
+            F.sum("value_sum").over(frame),
+            F.min("value_min").over(frame),
+            F.max("value_max").over(frame),
+            F.flatten(F.collect_list("distinct_values").over(frame)),
+        )
+    whole = bucket_rows.select("key", "bucket_start", *whole_columns)
+
+    running = (
+        Window.partitionBy("key", "bucket_start")
+        .orderBy("eventTime")
+        .rangeBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    start = F.col("eventTime") - F.pmod(F.col("eventTime"), F.lit(width_ms))
+    own = (
+        keyed.where(F.col("signature_id") == sid)
+        .withColumn("bucket_start", start)
+        .select(
+            "key",
+            "bucket_start",
+            "eventTime",
+            "transactionId",
+            *figures(
+                "own_",
+                F.count(F.lit(1)).over(running),
+                F.count("number").over(running),
+                F.sum("number").over(running),
+                F.min("number").over(running),
+                F.max("number").over(running),
+                F.collect_set("value").over(running),
+            ),
+        )
+    )
+    events = own.join(whole, ["key", "bucket_start"])
+
+    fired = []
+    for rule in rules:
+        window = _window_figures(f"w{rule.window_ms}_", rule.aggregator)
+        value, fires = _decision(rule, window)
+        is_avg = rule.aggregator is Aggregator.AVG
+        fired.append(
+            F.when(
+                fires,
+                F.struct(
+                    F.lit(rule.rule_id).alias("rule_id"),
+                    value.alias("value"),
+                    (F.col("bucket_start") - F.lit(rule.window_ms)).alias("window_start"),
+                    (window["total"] if is_avg else F.lit(None)).cast(_WINDOW_SUM).alias("total"),
+                    (window["value_count"] if is_avg else F.lit(None)).cast("long").alias("n"),
+                ),
+            )
+        )
+    decisions = events.select(
+        "key",
+        "eventTime",
+        "transactionId",
+        F.explode(F.filter(F.array(*fired), lambda d: d.isNotNull())).alias("d"),
+    )
+    return _alert_rows(decisions, signature, rules, decision_time)
+
+
+def _avg_texts(totals: pa.Array, counts: pa.Array) -> pa.Array:
+    """AVG's SPEC §4 text, ``total / count`` rounded half-even (``format_aggregate``):
+    Spark's decimal division rounds half-up. Null where the total is (every other rule)."""
+    return pa.array(
+        [
+            None if total is None else format_aggregate(Fraction(total) / count)
+            for total, count in zip(totals.to_pylist(), counts.to_pylist(), strict=True)
+        ],
+        type=pa.string(),
+    )
+
+
+def _window_figures(prefix: str, aggregator: Aggregator) -> dict[str, Column]:
+    """An event's window figures: its whole buckets' (``prefix``) merged with its own
+    bucket's events up to it (``own_``), as ``BucketAggregate.merge`` does."""
+
+    def plus(name: str) -> Column:
+        whole, own = F.col(prefix + name), F.col("own_" + name)
+        return F.coalesce(whole + own, whole, own)
+
+    match aggregator:
+        case Aggregator.COUNT:
+            return {"count": F.coalesce(F.col(prefix + "count"), F.lit(0)) + F.col("own_count")}
+        case Aggregator.UNIQUE_COUNT:
+            return {
+                "distinct": F.size(
+                    F.array_distinct(F.concat(F.col(prefix + "values"), F.col("own_values")))
+                )
+            }
+        case Aggregator.MIN:
+            return {"min": F.least(F.col(prefix + "min"), F.col("own_min"))}
+        case Aggregator.MAX:
+            return {"max": F.greatest(F.col(prefix + "max"), F.col("own_max"))}
+        case Aggregator.SUM:
+            return {"total": plus("total")}
+        case Aggregator.AVG:
+            return {"total": plus("total"), "value_count": plus("value_count")}
+    raise AssertionError(aggregator)  # unreachable: match is exhaustive
+
+
+_SQL_COMPARISONS = {
+    Operator.EQUAL: Column.__eq__,
+    Operator.NOT_EQUAL: Column.__ne__,
+    Operator.GREATER_EQUAL: Column.__ge__,
+    Operator.LESS_EQUAL: Column.__le__,
+    Operator.GREATER: Column.__gt__,
+    Operator.LESS: Column.__lt__,
+}
+
+
+def _decision(rule: Rule, window: Mapping[str, Column]) -> tuple[Column, Column]:
+    """(the aggregate as SPEC §4 text, whether ``aggregate OP limit`` holds) for ``rule``;
+    AVG's text is left null here and made exact by ``_avg_text``."""
+    compare = _SQL_COMPARISONS[rule.operator]
+    limit = F.lit(rule.limit)
+    if rule.aggregator is Aggregator.AVG:
+        total, count = window["total"], window["value_count"]
+        bound = F.lit(rule.limit).cast(_AVG_LIMIT) * count.cast(_COUNT_DECIMAL)
+        fires = total.isNotNull() & (count > 0) & compare(total, bound)
+        return F.lit(None).cast("string"), fires
+    (value,) = window.values()
+    fires = value.isNotNull() & compare(value, limit)
+    if rule.aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT):
+        return value.cast("string"), fires
+    return decimal_text(value), fires
+
+
+_AVG_TEXT = F.arrow_udf(_avg_texts, StringType())  # type: ignore[call-overload]
+
+
+def _alert_rows(
+    decisions: DataFrame, signature: RuleSignature, rules: Sequence[Rule], decision_time: int
+) -> DataFrame:
+    """ALERT_SCHEMA rows of a signature's decisions (key, eventTime, transactionId and
+    ``d``: rule_id, value, window_start)."""
+    by_id = {r.rule_id: r for r in rules}
+
+    def per_rule(make: Any) -> Column:
+        column = None
+        for rule_id, rule in by_id.items():
+            branch = make(rule)
+            column = (
+                F.when(F.col("d.rule_id") == rule_id, branch)
+                if column is None
+                else column.when(F.col("d.rule_id") == rule_id, branch)
+            )
+        return column  # type: ignore[return-value]
+
+    key_values = F.from_json(F.col("key"), ArrayType(StringType()))
+
+    def key_map(rule: Rule) -> Column:
+        pairs = []
+        for name in rule.grouping_keys:
+            pairs += [F.lit(name), key_values[signature.grouping_keys.index(name)]]
+        return F.create_map(*pairs)
+
+    name = F.concat_ws(
+        "|",
+        F.col("d.rule_id").cast("string"),
+        per_rule(lambda r: F.lit(str(r.version))),
+        F.lit(AlertKind.ALERT.value),
+        F.col("transactionId"),
+    )
+    columns = {
+        "alertId": uuid5_text(ALERT_NAMESPACE, name),
+        "kind": F.lit(AlertKind.ALERT.value),
+        "ruleId": F.col("d.rule_id").cast("long"),
+        "ruleVersion": per_rule(lambda r: F.lit(r.version)).cast("int"),
+        "transactionId": F.col("transactionId"),
+        "key": per_rule(key_map),
+        "eventTime": F.col("eventTime"),
+        "aggregatorFunctionType": per_rule(lambda r: F.lit(r.aggregator.value)),
+        "aggregateValue": (
+            F.coalesce(F.col("d.value"), _AVG_TEXT(F.col("d.total"), F.col("d.n")))
+            if any(r.aggregator is Aggregator.AVG for r in rules)
+            else F.col("d.value")
+        ),
+        "limitOperatorType": per_rule(lambda r: F.lit(r.operator.value)),
+        "limit": per_rule(lambda r: F.lit(format_decimal(r.limit))),
+        "windowStart": F.col("d.window_start"),
+        "windowEnd": F.col("eventTime"),
+        "decisionTime": F.lit(decision_time).cast("long"),
+        "signature_id": F.lit(signature.signature_id),
+    }
+    return decisions.select(*[columns[n].alias(n) for n in ALERT_SCHEMA.fieldNames()])
+
+
+def uuid5_text(namespace: uuid.UUID, name: Column) -> Column:
+    """``str(uuid.uuid5(namespace, name))`` as a Spark expression (RFC 4122 §4.3: SHA-1
+    of the namespace and the name's UTF-8, version 5, variant 10)."""
+    digest = F.sha1(F.concat(F.unhex(F.lit(namespace.hex)), F.encode(name, "UTF-8")))
+    variant = F.lower(
+        F.hex(F.conv(F.substring(digest, 17, 1), 16, 10).cast("int").bitwiseAND(3).bitwiseOR(8))
+    )
+    return F.concat_ws(
+        "-",
+        F.substring(digest, 1, 8),
+        F.substring(digest, 9, 4),
+        F.concat(F.lit("5"), F.substring(digest, 14, 3)),
+        F.concat(variant, F.substring(digest, 18, 3)),
+        F.substring(digest, 21, 12),
     )
 
 

@@ -344,7 +344,12 @@ def canonical_text(column: str) -> Column:
     """
     kind = {f.name: f.kind for f in EVENT_FIELDS}[column]
     if kind is FieldKind.AMOUNT:
-        text = F.col(column).cast("string")
-        stripped = F.regexp_replace(F.regexp_replace(text, "0+$", ""), r"\.$", "")
-        return F.when(stripped == "", F.lit("0")).otherwise(stripped)
+        return decimal_text(F.col(column))
     return F.col(column)
+
+
+def decimal_text(value: Column) -> Column:
+    """A decimal column as ``velocity.decimals.format_decimal`` writes it: no trailing zeros."""
+    text = value.cast("string")
+    stripped = F.regexp_replace(F.regexp_replace(text, "0+$", ""), r"\.$", "")
+    return F.when(stripped == "", F.lit("0")).otherwise(stripped)

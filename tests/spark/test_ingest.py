@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from tests.spark.test_hostile_input import hostile_line, valid
 from velocity.schema import Event, Rejection, is_blank, parse_event_line
-from velocity.spark.ingest import parse_events, plain_events
+from velocity.spark.ingest import parse_events, with_plain_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -111,7 +111,7 @@ def expected_verdict(line: str) -> dict[str, object] | None:
 def test_the_jvm_accepts_only_what_the_pure_parser_accepts(spark) -> None:
     lines = corpus()
     frame = spark.createDataFrame([(line,) for line in lines], "raw string")
-    rows = frame.select("raw", plain_events(F.col("raw")).alias("plain")).collect()
+    rows = with_plain_events(frame).select("raw", F.col("_plain").alias("plain")).collect()
 
     accepted_in_jvm = 0
     for row in rows:

@@ -47,6 +47,7 @@ _VERDICT_FIELDS = [
 ]
 VERDICT_TYPE = StructType([StructField("blank", BooleanType(), False), *_VERDICT_FIELDS])
 _VERDICT_ARROW = to_arrow_schema(VERDICT_TYPE)
+_VERDICT_ARROW_STRUCT = pa.struct(list(_VERDICT_ARROW))
 _AMOUNT_QUANTUM = Decimal("1e-8")
 
 
@@ -104,6 +105,8 @@ def verdicts(raws: pa.Array) -> pa.Array:
     """The pure parser over a batch of lines: one verdict struct per line, in order; a
     null line (one the JVM already accepted) gets a null verdict without a Python step."""
     present = pc.is_valid(raws)
+    if not pc.any(present).as_py():
+        return pa.nulls(len(raws), type=_VERDICT_ARROW_STRUCT)
     positions = pc.indices_nonzero(present).to_pylist()
     columns: dict[str, list[object]] = {name: [] for name in _VERDICT_ARROW.names}
     rejected = dict.fromkeys(_EVENT_COLUMNS)
@@ -155,20 +158,19 @@ def verdicts(raws: pa.Array) -> pa.Array:
 # with the same values; tests/spark/test_ingest.py holds it to that on hostile lines.
 
 _WS = r"[ \t\r]*"
-# A single flat object: nothing nested, nothing after it (``from_json`` ignores trailing text).
-_FLAT_OBJECT = rf"^{_WS}\{{[^{{}}\[\]]*\}}{_WS}$"
-# What the JVM leaves to the pure parser: escapes and control characters (JSON forbids raw
-# ones; an escape may spell a lone surrogate), and a literal true/false after a key (the
-# JVM reads it as the text "true", the pure parser rejects it). A string that merely
-# contains such text is sent there too, which costs time, never correctness.
-_NOT_PLAIN = rf'[\x00-\x1f\\]|"{_WS}:{_WS}[tf]'
-# A key or identity written as a number with a fraction or an exponent: the JVM spells it
-# through a double, the pure parser as the Decimal's own text.
-_TEXT_FIELDS = [f.name for f in EVENT_FIELDS if f.kind in (FieldKind.KEY, FieldKind.IDENTITY)]
-_FRACTIONAL_KEY = rf'"(?:{"|".join(_TEXT_FIELDS)})"{_WS}:{_WS}-?[0-9]*[.eE]'
-# The amount's own text (the JVM would pass a fractional number through a double): a
-# plain decimal in range with at most 8 places, as a number or a string.
-_AMOUNT_TEXT = rf'"paymentAmount"{_WS}:{_WS}("?)([0-9]{{1,18}}(?:\.[0-9]{{1,8}})?)\1{_WS}[,}}]'
+# Escapes and control characters are the pure parser's: JSON forbids raw control
+# characters, and an escape may spell a lone surrogate, which is no text.
+_ESCAPES = r"[\x00-\x1f\\]"
+# The JVM's text of a literal, an object, an array or a non-finite number (quoted) where a
+# string belongs (the pure parser rejects those), and of a number with a fraction or an
+# exponent (the JVM passes it through a double, the pure parser keeps the Decimal's own
+# text). A string that merely looks like one goes to the pure parser too, which costs
+# time, never correctness.
+_TOKEN_TEXT = r'^(?:true|false|[{\["])'
+_DOUBLE_TEXT = r"^-?[0-9]+[.eE]"
+# The amount's own text, after its last key and up to the next comma: a plain decimal in
+# range with at most 8 places, as a number or a string.
+_AMOUNT_TEXT = rf'^{_WS}:{_WS}("?)([0-9]{{1,18}}(?:\.[0-9]{{1,8}})?)\1{_WS}}}?{_WS}$'
 # Python's str.strip() whitespace outside the control range; a value made only of it is
 # missing (``velocity.schema``).
 _HAS_TEXT = "[^ \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
@@ -192,17 +194,32 @@ def _present_text(column: Column) -> Column:
     return column.isNotNull() & column.rlike(_HAS_TEXT)
 
 
-def plain_events(raw: Column) -> Column:
-    """The accepted event of a plain line as a verdict struct (VERDICT_TYPE), or null when
-    the line is not plain or the pure parser must judge it."""
-    fields = F.from_json(raw, _JSON_FIELDS, _JSON_OPTIONS)
-    amount_text = F.regexp_extract(raw, _AMOUNT_TEXT, 2)
-    amount = amount_text.try_cast(AMOUNT_TYPE)
+def with_plain_events(lines: DataFrame) -> DataFrame:
+    """``lines`` plus ``_plain``: the accepted event of a plain line as a verdict struct
+    (VERDICT_TYPE), or null when the line is not plain or the pure parser must judge it.
+
+    The JSON and the amount's text are read once per line, in a projection of their own:
+    inside the conditions below Spark would parse them again at every reference.
+    Everything here scans a line at most once; the checks read the short field values.
+    """
+    raw = F.col("raw")
+    after_amount = F.substring_index(F.substring_index(raw, '"paymentAmount"', -1), ",", 1)
+    read = lines.select(
+        "*",
+        F.from_json(raw, _JSON_FIELDS, _JSON_OPTIONS).alias("_json"),
+        F.regexp_extract(after_amount, _AMOUNT_TEXT, 2).try_cast(AMOUNT_TYPE).alias("_amount"),
+        (
+            F.is_valid_utf8(raw)
+            & F.ltrim(raw).startswith("{")
+            # One flat object and nothing after it (from_json ignores trailing text): its
+            # first closing brace is its last character.
+            & (F.instr(raw, "}") == F.length(F.rtrim(raw)))
+            & ~raw.rlike(_ESCAPES)
+        ).alias("_flat"),
+    )
+    fields, amount = F.col("_json"), F.col("_amount")
     plain = (
-        F.is_valid_utf8(raw)
-        & raw.rlike(_FLAT_OBJECT)
-        & ~raw.rlike(_NOT_PLAIN)
-        & ~raw.rlike(_FRACTIONAL_KEY)
+        F.col("_flat")
         & fields["_corrupt"].isNull()
         # The amount the JVM parsed is the one whose text was read (not an earlier duplicate key).
         & (fields["paymentAmount"].try_cast(DecimalType(38, 18)) == amount)
@@ -213,6 +230,8 @@ def plain_events(raw: Column) -> Column:
     for spec in EVENT_FIELDS:
         value = fields[spec.name]
         if spec.kind in (FieldKind.KEY, FieldKind.IDENTITY):
+            plain = plain & (value.isNull() | ~value.rlike(_TOKEN_TEXT))
+            plain = plain & (value.isNull() | ~value.rlike(_DOUBLE_TEXT))
             if spec.required:
                 plain = plain & _present_text(value)
             else:
@@ -227,21 +246,18 @@ def plain_events(raw: Column) -> Column:
         "blank": F.lit(False),
         "accepted": F.lit(True),
     }
-    return F.when(
-        plain,
-        F.struct(*[verdict[f.name].cast(f.dataType).alias(f.name) for f in VERDICT_TYPE.fields]),
-    )
+    event = F.struct(*[verdict[f.name].cast(f.dataType).alias(f.name) for f in VERDICT_TYPE.fields])
+    return read.withColumn("_plain", F.when(plain, event)).drop("_json", "_amount", "_flat")
 
 
 def parse_events(lines: DataFrame) -> DataFrame:
     """Validate each line (blank ones dropped): ``accepted`` rows carry the event, others a reason.
 
-    Plain lines are accepted in the JVM (``plain_events``); the rest go to the pure parser.
+    Plain lines are accepted in the JVM (``with_plain_events``); the rest go to the pure parser.
     Output columns are ``PARSED_SCHEMA``'s.
     """
     parse = F.arrow_udf(verdicts, VERDICT_TYPE)  # type: ignore[call-overload]
-    plain = lines.withColumn("_plain", plain_events(F.col("raw")))
-    judged = plain.withColumn(
+    judged = with_plain_events(lines).withColumn(
         "_verdict",
         F.coalesce(F.col("_plain"), parse(F.when(F.col("_plain").isNull(), F.col("raw")))),
     )

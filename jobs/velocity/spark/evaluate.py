@@ -285,10 +285,7 @@ def evaluate_alerts(
     if in_sql:
         if buckets is None:
             buckets = bucket_aggregates(keyed, width_ms)
-        for signature, group in rules_by_signature(in_sql).items():
-            parts.append(
-                _signature_alerts(keyed, buckets, signature, group, width_ms, decision_time)
-            )
+        parts.append(_sql_alerts(keyed, buckets, in_sql, width_ms, decision_time, partitions))
     if in_python:
         parts.append(
             _per_key(
@@ -317,29 +314,42 @@ def _sql_exact(rule: Rule) -> bool:
     return abs(rule.limit) < bound
 
 
-def _signature_alerts(
+# The figures each aggregator reads of a window (``_window_figures``).
+_FIGURES_READ = {
+    Aggregator.COUNT: ("count",),
+    Aggregator.UNIQUE_COUNT: ("values",),
+    Aggregator.SUM: ("total",),
+    Aggregator.AVG: ("total", "value_count"),
+    Aggregator.MIN: ("min",),
+    Aggregator.MAX: ("max",),
+}
+
+
+def _sql_alerts(
     keyed: DataFrame,
     buckets: DataFrame,
-    signature: RuleSignature,
     rules: Sequence[Rule],
     width_ms: int,
     decision_time: int,
+    partitions: int,
 ) -> DataFrame:
-    """The alerts of one signature's rules, all in Spark expressions.
+    """The alerts of ``rules``, all in Spark expressions, every signature in one plan.
 
     An event's window ``[own - W, t]`` (``own`` its bucket's start) is the whole buckets in
-    ``[own - W, own)`` (a RANGE frame over the signature's buckets, so a dense key costs
-    buckets, not events) plus its own bucket's events up to ``t`` (a running frame, ties
-    included), joined on (key, own bucket).
+    ``[own - W, own)`` (a RANGE frame over its key's buckets, so a dense key costs buckets,
+    not events) plus its own bucket's events up to ``t`` (a running frame, ties included),
+    joined on (signature, key, own bucket). Both sides are hash-partitioned by (signature,
+    key) once, so the windows and the join need no further shuffle.
     """
-    sid = signature.signature_id
-    aggregators = {r.aggregator for r in rules}
-    distinct = Aggregator.UNIQUE_COUNT in aggregators
-    numeric = bool(aggregators & {Aggregator.SUM, Aggregator.AVG, Aggregator.MIN, Aggregator.MAX})
-    extremes = bool(aggregators & {Aggregator.MIN, Aggregator.MAX})
+    signatures = {r.signature.signature_id for r in rules}
+    needs: dict[int, set[str]] = {}
+    for rule in rules:
+        needs.setdefault(rule.window_ms, set()).update(_FIGURES_READ[rule.aggregator])
+    own_needs = set().union(*needs.values())
 
     def figures(
         prefix: str,
+        wanted: set[str],
         count: Column,
         value_count: Column,
         total: Column,
@@ -347,25 +357,27 @@ def _signature_alerts(
         high: Column,
         values: Column,
     ) -> list[Column]:
-        out = [count.alias(f"{prefix}count")]
-        if numeric:
-            out += [
-                value_count.alias(f"{prefix}value_count"),
-                total.cast(_WINDOW_SUM).alias(f"{prefix}total"),
-            ]
-        if extremes:
-            out += [low.alias(f"{prefix}min"), high.alias(f"{prefix}max")]
-        if distinct:
-            out.append(values.alias(f"{prefix}values"))
-        return out
+        made = {
+            "count": count,
+            "value_count": value_count,
+            "total": total.cast(_WINDOW_SUM),
+            "min": low,
+            "max": high,
+            "values": values,
+        }
+        return [made[name].alias(prefix + name) for name in sorted(wanted)]
 
-    bucket_rows = buckets.where(F.col("signature_id") == sid)
-    by_time = Window.partitionBy("key").orderBy("bucket_start")
+    group = ["signature_id", "key"]
+    bucket_rows = buckets.where(F.col("signature_id").isin(*signatures)).repartition(
+        partitions, *group
+    )
+    by_time = Window.partitionBy(*group).orderBy("bucket_start")
     whole_columns: list[Column] = []
-    for window_ms in sorted({r.window_ms for r in rules}):
+    for window_ms, wanted in sorted(needs.items()):
         frame = by_time.rangeBetween(-window_ms, -1)
         whole_columns += figures(
             f"w{window_ms}_",
+            wanted,
             F.sum("event_count").over(frame),
             F.sum("value_count").over(frame),
             F.sum("value_sum").over(frame),
@@ -373,24 +385,26 @@ def _signature_alerts(
             F.max("value_max").over(frame),
             F.flatten(F.collect_list("distinct_values").over(frame)),
         )
-    whole = bucket_rows.select("key", "bucket_start", *whole_columns)
+    whole = bucket_rows.select(*group, "bucket_start", *whole_columns)
 
     running = (
-        Window.partitionBy("key", "bucket_start")
+        Window.partitionBy(*group, "bucket_start")
         .orderBy("eventTime")
         .rangeBetween(Window.unboundedPreceding, Window.currentRow)
     )
     start = F.col("eventTime") - F.pmod(F.col("eventTime"), F.lit(width_ms))
     own = (
-        keyed.where(F.col("signature_id") == sid)
+        keyed.where(F.col("signature_id").isin(*signatures))
+        .repartition(partitions, *group)
         .withColumn("bucket_start", start)
         .select(
-            "key",
+            *group,
             "bucket_start",
             "eventTime",
             "transactionId",
             *figures(
                 "own_",
+                own_needs,
                 F.count(F.lit(1)).over(running),
                 F.count("number").over(running),
                 F.sum("number").over(running),
@@ -400,7 +414,7 @@ def _signature_alerts(
             ),
         )
     )
-    events = own.join(whole, ["key", "bucket_start"])
+    events = own.join(whole, [*group, "bucket_start"])
 
     fired = []
     for rule in rules:
@@ -409,7 +423,7 @@ def _signature_alerts(
         is_avg = rule.aggregator is Aggregator.AVG
         fired.append(
             F.when(
-                fires,
+                (F.col("signature_id") == rule.signature.signature_id) & fires,
                 F.struct(
                     F.lit(rule.rule_id).alias("rule_id"),
                     value.alias("value"),
@@ -420,12 +434,12 @@ def _signature_alerts(
             )
         )
     decisions = events.select(
-        "key",
+        *group,
         "eventTime",
         "transactionId",
         F.explode(F.filter(F.array(*fired), lambda d: d.isNotNull())).alias("d"),
     )
-    return _alert_rows(decisions, signature, rules, decision_time)
+    return _alert_rows(decisions, rules, decision_time)
 
 
 def _avg_texts(totals: pa.Array, counts: pa.Array) -> pa.Array:
@@ -498,11 +512,9 @@ def _decision(rule: Rule, window: Mapping[str, Column]) -> tuple[Column, Column]
 _AVG_TEXT = F.arrow_udf(_avg_texts, StringType())  # type: ignore[call-overload]
 
 
-def _alert_rows(
-    decisions: DataFrame, signature: RuleSignature, rules: Sequence[Rule], decision_time: int
-) -> DataFrame:
-    """ALERT_SCHEMA rows of a signature's decisions (key, eventTime, transactionId and
-    ``d``: rule_id, value, window_start)."""
+def _alert_rows(decisions: DataFrame, rules: Sequence[Rule], decision_time: int) -> DataFrame:
+    """ALERT_SCHEMA rows of decisions (signature_id, key, eventTime, transactionId and
+    ``d``: rule_id, value, window_start, and AVG's total and count)."""
     by_id = {r.rule_id: r for r in rules}
 
     def per_rule(make: Any) -> Column:
@@ -521,7 +533,7 @@ def _alert_rows(
     def key_map(rule: Rule) -> Column:
         pairs = []
         for name in rule.grouping_keys:
-            pairs += [F.lit(name), key_values[signature.grouping_keys.index(name)]]
+            pairs += [F.lit(name), key_values[rule.signature.grouping_keys.index(name)]]
         return F.create_map(*pairs)
 
     name = F.concat_ws(
@@ -550,7 +562,7 @@ def _alert_rows(
         "windowStart": F.col("d.window_start"),
         "windowEnd": F.col("eventTime"),
         "decisionTime": F.lit(decision_time).cast("long"),
-        "signature_id": F.lit(signature.signature_id),
+        "signature_id": F.col("signature_id"),
     }
     return decisions.select(*[columns[n].alias(n) for n in ALERT_SCHEMA.fieldNames()])
 

@@ -171,9 +171,12 @@ _DOUBLE_TEXT = r"^-?[0-9]+[.eE]"
 # The amount's own text, after its last key and up to the next comma: a plain decimal in
 # range with at most 8 places, as a number or a string.
 _AMOUNT_TEXT = rf'^{_WS}:{_WS}("?)([0-9]{{1,18}}(?:\.[0-9]{{1,8}})?)\1{_WS}}}?{_WS}$'
-# Python's str.strip() whitespace outside the control range; a value made only of it is
-# missing (``velocity.schema``).
-_HAS_TEXT = "[^ \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+# Python's str.strip() whitespace (every such character is below U+3001), as a Java
+# character class: a line of only these is blank, a value of only these is missing
+# (``velocity.schema``).
+_PY_SPACE = "".join(f"\\u{c:04x}" for c in range(0x3001) if chr(c).isspace())
+_BLANK = f"^[{_PY_SPACE}]*$"
+_HAS_TEXT = f"[^{_PY_SPACE}]"
 _JSON_FIELDS = StructType(
     [
         *(
@@ -257,11 +260,14 @@ def parse_events(lines: DataFrame) -> DataFrame:
     Output columns are ``PARSED_SCHEMA``'s.
     """
     parse = F.arrow_udf(verdicts, VERDICT_TYPE)  # type: ignore[call-overload]
-    judged = with_plain_events(lines).withColumn(
+    # Blank lines leave before parsing: a filter on the verdict would be pushed below the
+    # projections with every expression of the parse inlined into it, parsing twice.
+    present = lines.where(~F.col("raw").rlike(_BLANK))
+    judged = with_plain_events(present).withColumn(
         "_verdict",
         F.coalesce(F.col("_plain"), parse(F.when(F.col("_plain").isNull(), F.col("raw")))),
     )
-    return judged.where(~F.col("_verdict.blank")).select(
+    return judged.select(
         *[
             F.col(f"_verdict.{f.name}").alias(f.name)
             if f.name in VERDICT_TYPE.fieldNames()

@@ -283,8 +283,6 @@ def evaluate_alerts(
     in_python = [r for r in rules if not _sql_exact(r)]
     parts = []
     if in_sql:
-        if buckets is None:
-            buckets = bucket_aggregates(keyed, width_ms)
         parts.append(_sql_alerts(keyed, buckets, in_sql, width_ms, decision_time, partitions))
     if in_python:
         parts.append(
@@ -327,7 +325,7 @@ _FIGURES_READ = {
 
 def _sql_alerts(
     keyed: DataFrame,
-    buckets: DataFrame,
+    buckets: DataFrame | None,
     rules: Sequence[Rule],
     width_ms: int,
     decision_time: int,
@@ -342,77 +340,73 @@ def _sql_alerts(
     key) once, so the windows and the join need no further shuffle.
     """
     signatures = {r.signature.signature_id for r in rules}
-    needs: dict[int, set[str]] = {}
+    # Which signatures read each figure, per window and of the own bucket: a figure is
+    # aggregated over its readers' rows only, the others' masked to null.
+    readers: dict[int, dict[str, set[str]]] = {}
+    own_readers: dict[str, set[str]] = {}
     for rule in rules:
-        needs.setdefault(rule.window_ms, set()).update(_FIGURES_READ[rule.aggregator])
-    own_needs = set().union(*needs.values())
+        for name in _FIGURES_READ[rule.aggregator]:
+            sid = rule.signature.signature_id
+            readers.setdefault(rule.window_ms, {}).setdefault(name, set()).add(sid)
+            own_readers.setdefault(name, set()).add(sid)
 
-    def figures(
-        prefix: str,
-        wanted: set[str],
-        count: Column,
-        value_count: Column,
-        total: Column,
-        low: Column,
-        high: Column,
-        values: Column,
-    ) -> list[Column]:
-        made = {
-            "count": count,
-            "value_count": value_count,
-            "total": total.cast(_WINDOW_SUM),
-            "min": low,
-            "max": high,
-            "values": values,
-        }
-        return [made[name].alias(prefix + name) for name in sorted(wanted)]
+    def of_readers(column: Column, sigs: set[str]) -> Column:
+        if sigs == signatures:
+            return column
+        return F.when(F.col("signature_id").isin(*sorted(sigs)), column)
 
     group = ["signature_id", "key"]
-    bucket_rows = buckets.where(F.col("signature_id").isin(*signatures)).repartition(
+    events_by_key = keyed.where(F.col("signature_id").isin(*signatures)).repartition(
         partitions, *group
     )
+    bucket_rows = (
+        bucket_aggregates(events_by_key, width_ms)
+        if buckets is None
+        else buckets.where(F.col("signature_id").isin(*signatures)).repartition(partitions, *group)
+    )
+    # name: (the aggregate over a frame of buckets, what is made of its result)
+    whole_figures: dict[str, tuple[Any, Any]] = {
+        "count": (lambda c: F.sum(c("event_count")), None),
+        "value_count": (lambda c: F.sum(c("value_count")), None),
+        "total": (lambda c: F.sum(c("value_sum")), lambda v: v.cast(_WINDOW_SUM)),
+        "min": (lambda c: F.min(c("value_min")), None),
+        "max": (lambda c: F.max(c("value_max")), None),
+        "values": (lambda c: F.collect_list(c("distinct_values")), F.flatten),
+    }
     by_time = Window.partitionBy(*group).orderBy("bucket_start")
     whole_columns: list[Column] = []
-    for window_ms, wanted in sorted(needs.items()):
+    for window_ms, wanted in sorted(readers.items()):
         frame = by_time.rangeBetween(-window_ms, -1)
-        whole_columns += figures(
-            f"w{window_ms}_",
-            wanted,
-            F.sum("event_count").over(frame),
-            F.sum("value_count").over(frame),
-            F.sum("value_sum").over(frame),
-            F.min("value_min").over(frame),
-            F.max("value_max").over(frame),
-            F.flatten(F.collect_list("distinct_values").over(frame)),
-        )
+        for name, sigs in sorted(wanted.items()):
+            aggregate, finish = whole_figures[name]
+            figure = aggregate(partial(lambda c, s: of_readers(F.col(c), s), s=sigs)).over(frame)
+            whole_columns.append(
+                (finish(figure) if finish else figure).alias(f"w{window_ms}_{name}")
+            )
     whole = bucket_rows.select(*group, "bucket_start", *whole_columns)
 
+    # name: (the aggregate over the own bucket's events up to the event, ...)
+    own_figures: dict[str, tuple[Any, Any]] = {
+        "count": (lambda c: F.count(c(F.lit(1))), None),
+        "value_count": (lambda c: F.count(c(F.col("number"))), None),
+        "total": (lambda c: F.sum(c(F.col("number"))), lambda v: v.cast(_WINDOW_SUM)),
+        "min": (lambda c: F.min(c(F.col("number"))), None),
+        "max": (lambda c: F.max(c(F.col("number"))), None),
+        "values": (lambda c: F.collect_set(c(F.col("value"))), None),
+    }
     running = (
         Window.partitionBy(*group, "bucket_start")
         .orderBy("eventTime")
         .rangeBetween(Window.unboundedPreceding, Window.currentRow)
     )
+    own_columns: list[Column] = []
+    for name, sigs in sorted(own_readers.items()):
+        aggregate, finish = own_figures[name]
+        figure = aggregate(partial(of_readers, sigs=sigs)).over(running)
+        own_columns.append((finish(figure) if finish else figure).alias(f"own_{name}"))
     start = F.col("eventTime") - F.pmod(F.col("eventTime"), F.lit(width_ms))
-    own = (
-        keyed.where(F.col("signature_id").isin(*signatures))
-        .repartition(partitions, *group)
-        .withColumn("bucket_start", start)
-        .select(
-            *group,
-            "bucket_start",
-            "eventTime",
-            "transactionId",
-            *figures(
-                "own_",
-                own_needs,
-                F.count(F.lit(1)).over(running),
-                F.count("number").over(running),
-                F.sum("number").over(running),
-                F.min("number").over(running),
-                F.max("number").over(running),
-                F.collect_set("value").over(running),
-            ),
-        )
+    own = events_by_key.withColumn("bucket_start", start).select(
+        *group, "bucket_start", "eventTime", "transactionId", *own_columns
     )
     events = own.join(whole, [*group, "bucket_start"])
 

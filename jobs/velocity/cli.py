@@ -214,7 +214,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
         )
     else:
-        summary = generate_events(Path(args.out), options)
+        from velocity.progress import Progress
+
+        with Progress() as progress:
+            progress.step("generate", options.events)
+            summary = generate_events(Path(args.out), options, on_lines=progress.update)
     print(json.dumps(summary.to_dict()))
     return EXIT_OK
 
@@ -269,10 +273,19 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--events {args.events!r} does not exist; give a JSON-lines file or folder"
         )
+    from velocity.progress import Progress
     from velocity.spark.backtest import run_backtest
 
     spark = _spark(settings, "velocity-backtest")
-    summary = run_backtest(spark, settings, rules, str(Path(args.events).resolve()), Path(args.out))
+    with Progress() as progress:
+        summary = run_backtest(
+            spark,
+            settings,
+            rules,
+            str(Path(args.events).resolve()),
+            Path(args.out),
+            progress=progress,
+        )
     print(
         f"backtest: {summary.lines} lines, {summary.accepted} accepted, "
         f"{summary.quarantined} quarantined, {summary.duplicates} duplicates dropped"
@@ -624,7 +637,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             print(json.dumps({"late_events": 0, "message": "no late events to backfill"}))
             return EXIT_OK
         args.from_ms, args.to_ms, through = pending
-    summary = backfill.run(args.from_ms, args.to_ms, _rule_ids(args.rules), through)
+    from velocity.progress import Progress
+
+    with Progress() as progress:
+        summary = backfill.run(
+            args.from_ms, args.to_ms, _rule_ids(args.rules), through, progress=progress
+        )
     print(json.dumps(summary.to_json()))
     return EXIT_OK
 

@@ -181,11 +181,16 @@ class GenerateSummary:
         }
 
 
-def generate_events(out_dir: Path | str, options: GenerateOptions) -> GenerateSummary:
+def generate_events(
+    out_dir: Path | str,
+    options: GenerateOptions,
+    on_lines: Callable[[int], None] | None = None,
+) -> GenerateSummary:
     """Write ``options.events`` lines into ``options.files`` files under ``out_dir``.
 
     Creates ``out_dir`` if needed. Raises ``UsageError`` when a target file exists and
-    ``options.overwrite`` is false (nothing is written then).
+    ``options.overwrite`` is false (nothing is written then). ``on_lines`` hears the lines
+    written so far, after each chunk.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -202,8 +207,21 @@ def generate_events(out_dir: Path | str, options: GenerateOptions) -> GenerateSu
     for index, path in enumerate(names):
         begin = options.events * index // options.files
         end = options.events * (index + 1) // options.files
-        landed = _write_atomically(path, source.chunks(end - begin), landed)
+        chunks = source.chunks(end - begin)
+        if on_lines is not None:
+            chunks = _reporting(chunks, begin, on_lines)
+        landed = _write_atomically(path, chunks, landed)
     return source.summary(tuple(names))
+
+
+def _reporting(
+    chunks: Iterator[str], before: int, on_lines: Callable[[int], None]
+) -> Iterator[str]:
+    written = before
+    for chunk in chunks:
+        yield chunk
+        written += chunk.count("\n")
+        on_lines(written)
 
 
 def stream_events(

@@ -37,11 +37,13 @@ from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
 from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
+from velocity.progress import QUIET, Progress
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, bucket_aggregates, evaluate_alerts, keyed_events
+from velocity.spark.progress import SparkProgress
 from velocity.spark.redis_state import RedisState
 from velocity.stream_control import source_is_kafka
 from velocity.timing import StepTimer
@@ -143,6 +145,19 @@ class Backfill:
         rule_ids: list[int] | None = None,
         late_through_batch: int | None = None,
         decision_time: int | None = None,
+        progress: Progress = QUIET,
+    ) -> BackfillSummary:
+        with SparkProgress(self.spark, progress):
+            return self._run(from_ms, to_ms, rule_ids, late_through_batch, decision_time, progress)
+
+    def _run(
+        self,
+        from_ms: int,
+        to_ms: int,
+        rule_ids: list[int] | None,
+        late_through_batch: int | None,
+        decision_time: int | None,
+        progress: Progress,
     ) -> BackfillSummary:
         if from_ms < 0 or to_ms < from_ms:
             raise UsageError(
@@ -173,6 +188,7 @@ class Backfill:
         widest = max(r.window_ms for r in rules)
         history_from = max(0, bucket_start(from_ms - widest, width))
 
+        progress.step("pin")
         # 1. A consistent view: no micro-batch is half-committed while the lock is held.
         # The stream writes Delta behind: what it committed but has not written yet is
         # flushed first, under the lock, so Delta holds every decided batch.
@@ -184,10 +200,11 @@ class Backfill:
         # 2. The complete-data decisions of the range (the backtest's engine).
         events = _read_at(spark, self.live.events, events_version)
         history = events.where(F.col("eventTime").between(history_from, to_ms))
+        summary.history_events = history.count()
+        progress.step("evaluate", summary.history_events)
         keyed = keyed_events(history, rules_by_signature(rules)).persist()
         decisions = self._decide(keyed, rules, from_ms, to_ms, decided_at).persist()
         try:
-            summary.history_events = history.count()
             summary.events_evaluated = history.where(F.col("eventTime") >= from_ms).count()
             summary.decisions_fired = decisions.count()
             keyed.unpersist()
@@ -195,9 +212,11 @@ class Backfill:
 
             # 3. Rebuild, amend, publish, record: one writer at a time.
             with state_lock(self.redis, settings, f"backfill {summary.run_id}") as lease:
+                progress.step("rebuild-buckets")
                 self.mirror.flush_spooled()
                 summary.buckets_rebuilt = self._rebuild_buckets(rules, history_from, to_ms)
                 timer.mark("rebuild-buckets")
+                progress.step("amend+publish")
                 records = self._amendments(
                     decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
                 )

@@ -19,10 +19,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from velocity.alerts import record_of_stored
 from velocity.delta import tables
+from velocity.progress import QUIET, Progress
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import bucket_aggregates, evaluate_alerts, keyed_events
 from velocity.spark.ingest import parse_events, read_event_lines, split_parsed
+from velocity.spark.progress import SparkProgress
 from velocity.timing import StepTimer
 
 
@@ -41,6 +43,17 @@ class BacktestSummary:
     alerts_file: str = ""
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
+
+
+# What the progress display shows once a step is done.
+_NEXT_STEP = {
+    "parse+quarantine": "dedup+events",
+    "dedup+events": "duplicates",
+    "duplicates": "fan-out+buckets",
+    "fan-out+buckets": "evaluate+alerts",
+    "evaluate+alerts": "alerts-file",
+    "alerts-file": "summary",
+}
 
 
 def backtest_root(settings: Settings) -> Path:
@@ -62,6 +75,20 @@ def write_alerts_jsonl(alerts: DataFrame, out: Path) -> int:
     return count
 
 
+def local_line_count(events_path: str) -> int | None:
+    """Lines in a local file or folder (the progress display's total); None elsewhere."""
+    path = Path(events_path)
+    if not path.exists():
+        return None
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    count = 0
+    for file in files:
+        with file.open("rb") as handle:
+            while chunk := handle.read(1 << 22):
+                count += chunk.count(b"\n")
+    return count
+
+
 def run_backtest(
     spark: SparkSession,
     settings: Settings,
@@ -69,10 +96,33 @@ def run_backtest(
     events_path: str,
     out: Path,
     decision_time: int | None = None,
+    progress: Progress = QUIET,
 ) -> BacktestSummary:
     """Evaluate ``rules`` over every event under ``events_path`` and write tables and alerts."""
+    with SparkProgress(spark, progress):
+        progress.step(
+            "parse+quarantine", local_line_count(events_path) if progress.enabled else None
+        )
+        return _run_backtest(spark, settings, rules, events_path, out, decision_time, progress)
+
+
+def _run_backtest(
+    spark: SparkSession,
+    settings: Settings,
+    rules: list[Rule],
+    events_path: str,
+    out: Path,
+    decision_time: int | None,
+    progress: Progress,
+) -> BacktestSummary:
     timer = StepTimer()
-    step = timer.mark
+
+    def step(name: str) -> None:
+        """``name`` is done; the display moves on."""
+        timer.mark(name)
+        if name in _NEXT_STEP:
+            progress.step(_NEXT_STEP[name])
+
     root = backtest_root(settings)
     decision_time = decision_time if decision_time is not None else int(time.time() * 1000)
     width_ms = settings.bucket_width_ms

@@ -12,7 +12,7 @@ from velocity.schema import format_decimal
 from velocity.windows import Decision, format_aggregate
 
 # Fixed forever: changing it would give every replayed alert a new identity.
-ALERT_NAMESPACE = uuid.UUID("6f1c7c52-3d0e-4f59-9a53-6b1f0d6ad0a1")
+_ALERT_NAMESPACE = uuid.UUID("6f1c7c52-3d0e-4f59-9a53-6b1f0d6ad0a1")
 
 
 class AlertKind(StrEnum):
@@ -29,7 +29,7 @@ def alert_id(
     later run gets new ids (a consumer that de-duplicates by alertId keeps both)."""
     run = f"|{run_id}" if run_id else ""
     return str(
-        uuid.uuid5(ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}{run}")
+        uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}{run}")
     )
 
 

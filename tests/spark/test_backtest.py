@@ -116,26 +116,6 @@ EXTRA_RULES = [
         "windowMinutes": 1,
         "filter": {"paymentType": "CSH"},
     },
-    # Limits Spark's decimals cannot compare exactly: the pure engine decides these.
-    {
-        "ruleId": 21,
-        "groupingKeyNames": ["payerId"],
-        "aggregatorFunctionType": "AVG",
-        "aggregateFieldName": "paymentAmount",
-        "limitOperatorType": ">",
-        "limit": 0.000000001,
-        "windowMinutes": 1,
-    },
-    {
-        "ruleId": 22,
-        "groupingKeyNames": ["beneficiaryId"],
-        "aggregatorFunctionType": "SUM",
-        "aggregateFieldName": "paymentAmount",
-        "limitOperatorType": "<",
-        "limit": 1e40,
-        "windowMinutes": 1,
-        "filter": {"paymentType": "CSH"},
-    },
 ]
 
 

@@ -105,8 +105,12 @@ def test_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.redis_alert_stream == "alerts:file"
 
 
-def test_environment_overrides_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    config = write_config(tmp_path, f'data_dir = "{tmp_path / "from-file"}"\nbucket_seconds = 10\n')
+def test_environment_overrides_config_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path, f'data_dir = "{tmp_path / "from-file"}"\nbucket_seconds = 10\n'
+    )
     monkeypatch.setenv("VELOCITY_CONFIG", str(config))
     monkeypatch.setenv("VELOCITY_BUCKET_SECONDS", "30")
     settings = load_settings()

@@ -149,12 +149,7 @@ def _run_backtest(
         tables.overwrite_table(bucket_aggregates(keyed, width_ms), root / tables.BUCKETS)
         step("fan-out+buckets")
         alerts = evaluate_alerts(
-            keyed,
-            active,
-            width_ms,
-            decision_time,
-            settings.spark_shuffle_partitions,
-            buckets=tables.read_table(spark, root / tables.BUCKETS),
+            keyed, active, width_ms, decision_time, settings.spark_shuffle_partitions
         )
         tables.overwrite_table(alerts, root / tables.ALERTS)
         step("evaluate+alerts")

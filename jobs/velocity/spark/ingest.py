@@ -11,31 +11,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    BooleanType,
-    DecimalType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from velocity.arrival import Arrivals, Verdict
 from velocity.decimals import EXACT
-from velocity.delta.tables import AMOUNT_TYPE, EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
-from velocity.schema import (
-    EVENT_FIELDS,
-    FIELDS_BY_NAME,
-    MAX_EVENT_TIME,
-    FieldKind,
-    Rejection,
-    is_blank,
-    parse_event_line,
-)
+from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
+from velocity.schema import EVENT_FIELDS, FieldKind, Rejection, is_blank, parse_event_line
 
 ARRIVAL_ORDER = ("source_file", "source_block", "line_seq")
 _EVENT_COLUMNS = [f.name for f in EVENT_FIELDS]
@@ -47,7 +31,6 @@ _VERDICT_FIELDS = [
 ]
 VERDICT_TYPE = StructType([StructField("blank", BooleanType(), False), *_VERDICT_FIELDS])
 _VERDICT_ARROW = to_arrow_schema(VERDICT_TYPE)
-_VERDICT_ARROW_STRUCT = pa.struct(list(_VERDICT_ARROW))
 _AMOUNT_QUANTUM = Decimal("1e-8")
 
 
@@ -102,15 +85,10 @@ def line_texts(raws: pa.Array | pa.ChunkedArray) -> list[str | None]:
 
 
 def verdicts(raws: pa.Array) -> pa.Array:
-    """The pure parser over a batch of lines: one verdict struct per line, in order; a
-    null line (one the JVM already accepted) gets a null verdict without a Python step."""
-    present = pc.is_valid(raws)
-    if not pc.any(present).as_py():
-        return pa.nulls(len(raws), type=_VERDICT_ARROW_STRUCT)
-    positions = pc.indices_nonzero(present).to_pylist()
+    """The pure parser over a batch of lines: one verdict struct per line, in order."""
     columns: dict[str, list[object]] = {name: [] for name in _VERDICT_ARROW.names}
     rejected = dict.fromkeys(_EVENT_COLUMNS)
-    for raw in line_texts(raws.filter(present)):
+    for raw in line_texts(raws):
         if raw is None or is_blank(raw):
             row: dict[str, object] = {**rejected, "blank": True, "accepted": False}
         else:
@@ -135,139 +113,20 @@ def verdicts(raws: pa.Array) -> pa.Array:
                 }
         for name, values in columns.items():
             values.append(row.get(name))
-    judged = pa.StructArray.from_arrays(
+    return pa.StructArray.from_arrays(
         [pa.array(columns[f.name], type=f.type) for f in _VERDICT_ARROW],
         fields=list(_VERDICT_ARROW),
     )
-    if len(positions) == len(raws):
-        return judged
-    # Scatter the judged lines back to their places; the rest stay null.
-    take: list[int | None] = [None] * len(raws)
-    for judged_index, position in enumerate(positions):
-        take[position] = judged_index
-    slots = pa.array(take, type=pa.int64())
-    return judged.take(slots)
-
-
-# --- the JVM's share of parsing --------------------------------------------------------
-#
-# Most lines are plain: one flat JSON object, no escapes, no control characters, fields
-# of the declared types. The JVM accepts those by itself (``from_json``); every other line,
-# and every line it would reject, goes to the pure parser, which stays the one definition
-# of a bad event. So the JVM only ever *accepts*, and only what the pure parser accepts,
-# with the same values; tests/spark/test_ingest.py holds it to that on hostile lines.
-
-_WS = r"[ \t\r]*"
-# Escapes and control characters are the pure parser's: JSON forbids raw control
-# characters, and an escape may spell a lone surrogate, which is no text.
-_ESCAPES = r"[\x00-\x1f\\]"
-# The JVM's text of a literal, an object, an array or a non-finite number (quoted) where a
-# string belongs (the pure parser rejects those), and of a number with a fraction or an
-# exponent (the JVM passes it through a double, the pure parser keeps the Decimal's own
-# text). A string that merely looks like one goes to the pure parser too, which costs
-# time, never correctness.
-_TOKEN_TEXT = r'^(?:true|false|[{\["])'
-_DOUBLE_TEXT = r"^-?[0-9]+[.eE]"
-# The amount's own text, after its last key and up to the next comma: a plain decimal in
-# range with at most 8 places, as a number or a string.
-_AMOUNT_TEXT = rf'^{_WS}:{_WS}("?)([0-9]{{1,18}}(?:\.[0-9]{{1,8}})?)\1{_WS}}}?{_WS}$'
-# Python's str.strip() whitespace (every such character is below U+3001), as a Java
-# character class: a line of only these is blank, a value of only these is missing
-# (``velocity.schema``).
-_PY_SPACE = "".join(f"\\u{c:04x}" for c in range(0x3001) if chr(c).isspace())
-_BLANK = f"^[{_PY_SPACE}]*$"
-_HAS_TEXT = f"[^{_PY_SPACE}]"
-_JSON_FIELDS = StructType(
-    [
-        *(
-            StructField(f.name, LongType() if f.kind is FieldKind.TIME else StringType())
-            for f in EVENT_FIELDS
-        ),
-        StructField("_corrupt", StringType()),
-    ]
-)
-_JSON_OPTIONS = {
-    "columnNameOfCorruptRecord": "_corrupt",
-    "allowSingleQuotes": "false",
-    "allowNonNumericNumbers": "false",
-}
-
-
-def _present_text(column: Column) -> Column:
-    return column.isNotNull() & column.rlike(_HAS_TEXT)
-
-
-def with_plain_events(lines: DataFrame) -> DataFrame:
-    """``lines`` plus ``_plain``: the accepted event of a plain line as a verdict struct
-    (VERDICT_TYPE), or null when the line is not plain or the pure parser must judge it.
-
-    The JSON and the amount's text are read once per line, in a projection of their own:
-    inside the conditions below Spark would parse them again at every reference.
-    Everything here scans a line at most once; the checks read the short field values.
-    """
-    raw = F.col("raw")
-    after_amount = F.substring_index(F.substring_index(raw, '"paymentAmount"', -1), ",", 1)
-    read = lines.select(
-        "*",
-        F.from_json(raw, _JSON_FIELDS, _JSON_OPTIONS).alias("_json"),
-        F.regexp_extract(after_amount, _AMOUNT_TEXT, 2).try_cast(AMOUNT_TYPE).alias("_amount"),
-        (
-            F.is_valid_utf8(raw)
-            & F.ltrim(raw).startswith("{")
-            # One flat object and nothing after it (from_json ignores trailing text): its
-            # first closing brace is its last character.
-            & (F.instr(raw, "}") == F.length(F.rtrim(raw)))
-            & ~raw.rlike(_ESCAPES)
-        ).alias("_flat"),
-    )
-    fields, amount = F.col("_json"), F.col("_amount")
-    plain = (
-        F.col("_flat")
-        & fields["_corrupt"].isNull()
-        # The amount the JVM parsed is the one whose text was read (not an earlier duplicate key).
-        & (fields["paymentAmount"].try_cast(DecimalType(38, 18)) == amount)
-        & fields["eventTime"].between(0, MAX_EVENT_TIME - 1)
-        & fields["paymentType"].isin(*sorted(FIELDS_BY_NAME["paymentType"].allowed))
-    )
-    values: dict[str, Column] = {}
-    for spec in EVENT_FIELDS:
-        value = fields[spec.name]
-        if spec.kind in (FieldKind.KEY, FieldKind.IDENTITY):
-            plain = plain & (value.isNull() | ~value.rlike(_TOKEN_TEXT))
-            plain = plain & (value.isNull() | ~value.rlike(_DOUBLE_TEXT))
-            if spec.required:
-                plain = plain & _present_text(value)
-            else:
-                # Absent or "" is no value; only-whitespace is left to the pure parser.
-                plain = plain & (value.isNull() | (value == "") | value.rlike(_HAS_TEXT))
-                value = F.when(value != "", value)
-        values[spec.name] = value
-    values["paymentAmount"] = amount
-    verdict = {
-        **{name: F.lit(None) for name in VERDICT_TYPE.fieldNames()},
-        **values,
-        "blank": F.lit(False),
-        "accepted": F.lit(True),
-    }
-    event = F.struct(*[verdict[f.name].cast(f.dataType).alias(f.name) for f in VERDICT_TYPE.fields])
-    return read.withColumn("_plain", F.when(plain, event)).drop("_json", "_amount", "_flat")
 
 
 def parse_events(lines: DataFrame) -> DataFrame:
     """Validate each line (blank ones dropped): ``accepted`` rows carry the event, others a reason.
 
-    Plain lines are accepted in the JVM (``with_plain_events``); the rest go to the pure parser.
     Output columns are ``PARSED_SCHEMA``'s.
     """
     parse = F.arrow_udf(verdicts, VERDICT_TYPE)  # type: ignore[call-overload]
-    # Blank lines leave before parsing: a filter on the verdict would be pushed below the
-    # projections with every expression of the parse inlined into it, parsing twice.
-    present = lines.where(~F.col("raw").rlike(_BLANK))
-    judged = with_plain_events(present).withColumn(
-        "_verdict",
-        F.coalesce(F.col("_plain"), parse(F.when(F.col("_plain").isNull(), F.col("raw")))),
-    )
-    return judged.select(
+    parsed = lines.withColumn("_verdict", parse(F.col("raw")))
+    return parsed.where(~F.col("_verdict.blank")).select(
         *[
             F.col(f"_verdict.{f.name}").alias(f.name)
             if f.name in VERDICT_TYPE.fieldNames()
@@ -366,12 +225,7 @@ def canonical_text(column: str) -> Column:
     """
     kind = {f.name: f.kind for f in EVENT_FIELDS}[column]
     if kind is FieldKind.AMOUNT:
-        return decimal_text(F.col(column))
+        text = F.col(column).cast("string")
+        stripped = F.regexp_replace(F.regexp_replace(text, "0+$", ""), r"\.$", "")
+        return F.when(stripped == "", F.lit("0")).otherwise(stripped)
     return F.col(column)
-
-
-def decimal_text(value: Column) -> Column:
-    """A decimal column as ``velocity.decimals.format_decimal`` writes it: no trailing zeros."""
-    text = value.cast("string")
-    stripped = F.regexp_replace(F.regexp_replace(text, "0+$", ""), r"\.$", "")
-    return F.when(stripped == "", F.lit("0")).otherwise(stripped)

@@ -60,9 +60,6 @@ def build_spark(settings: Settings, app_name: str = "velocity") -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
-        # A join on (signature, key, bucket) of sides already partitioned by (signature,
-        # key) reuses that partitioning instead of shuffling both sides again.
-        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config(
             "spark.driver.extraJavaOptions",

@@ -14,7 +14,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from velocity.alerts import record_of_stored
@@ -128,33 +127,31 @@ def _run_backtest(
     width_ms = settings.bucket_width_ms
     active = active_rules(rules)
 
-    parsed = parse_events(read_event_lines(spark, events_path)).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    try:
-        ingested = split_parsed(parsed, settings.max_future_ms)
-        tables.overwrite_table(ingested.quarantine, root / tables.QUARANTINE)
-        step("parse+quarantine")
-        tables.overwrite_table(ingested.events, root / tables.EVENTS)
-        step("dedup+events")
-        tables.overwrite_table(ingested.duplicates, root / tables.DUPLICATES)
-        step("duplicates")
-    finally:
-        parsed.unpersist()
+    # Parsed once for the three tables below. A local checkpoint keeps the rows as they are;
+    # persist() would build compressed column batches, which cost more than the parse
+    # (24.5 s against 21.1 s for 1M lines, make bench). Local mode loses no executor; on
+    # a cluster a lost executor fails the run, which is then re-run whole.
+    parsed = parse_events(read_event_lines(spark, events_path)).localCheckpoint(eager=True)
+    ingested = split_parsed(parsed, settings.max_future_ms)
+    tables.overwrite_table(ingested.quarantine, root / tables.QUARANTINE)
+    step("parse+quarantine")
+    tables.overwrite_table(ingested.events, root / tables.EVENTS)
+    step("dedup+events")
+    tables.overwrite_table(ingested.duplicates, root / tables.DUPLICATES)
+    step("duplicates")
 
-    # Read back from Delta so parsing and de-duplication are not computed again.
+    # Read back from Delta so parsing and de-duplication are not computed again. The
+    # fan-out is recomputed for each use: reading the events' few columns and keying them
+    # is cheaper than Spark's cache of the 3M keyed rows (6.3 s against 5.3 + 10.4 s).
     events = tables.read_table(spark, root / tables.EVENTS)
-    keyed = keyed_events(events, rules_by_signature(active)).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        tables.overwrite_table(bucket_aggregates(keyed, width_ms), root / tables.BUCKETS)
-        step("fan-out+buckets")
-        alerts = evaluate_alerts(
-            keyed, active, width_ms, decision_time, settings.spark_shuffle_partitions
-        )
-        tables.overwrite_table(alerts, root / tables.ALERTS)
-        step("evaluate+alerts")
-    finally:
-        keyed.unpersist()
+    keyed = keyed_events(events, rules_by_signature(active))
+    tables.overwrite_table(bucket_aggregates(keyed, width_ms), root / tables.BUCKETS)
+    step("fan-out+buckets")
+    alerts = evaluate_alerts(
+        keyed, active, width_ms, decision_time, settings.spark_shuffle_partitions
+    )
+    tables.overwrite_table(alerts, root / tables.ALERTS)
+    step("evaluate+alerts")
 
     stored_alerts = tables.read_table(spark, root / tables.ALERTS)
     summary = BacktestSummary(tables_dir=str(root), alerts_file=str(out))

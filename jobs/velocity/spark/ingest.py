@@ -151,10 +151,12 @@ def arrival_order() -> list[Column]:
 
 def split_parsed(parsed: DataFrame, max_future_ms: int) -> Ingested:
     """Quarantine the rejected lines and the events far in the future, keep the first
-    arrival of each transactionId (``velocity.arrival``, one pass in arrival order)."""
+    arrival of each transactionId (``velocity.arrival``, one pass in arrival order, run
+    now: ``parsed`` should be materialized, or it is parsed again for the pass)."""
     accepted = parsed.where(F.col("accepted")).select(*EVENT_SCHEMA.fieldNames())
-    # Only the lines not accepted come back from the pass: few, so broadcast.
-    others = F.broadcast(arrival_verdicts(accepted, max_future_ms))
+    # Only the lines not accepted come back from the pass: few, so broadcast. The pass runs
+    # here, once: the three frames below would each run it again.
+    others = F.broadcast(arrival_verdicts(accepted, max_future_ms).localCheckpoint(eager=True))
     verdicts = accepted.join(others, list(ARRIVAL_ORDER), "left")
     first = verdicts.where(F.col("_verdict").isNull()).select(*EVENT_SCHEMA.fieldNames())
     later = verdicts.where(F.col("_verdict") == Verdict.DUPLICATE.value).select(

@@ -52,6 +52,12 @@ class Lease:
     token: str
     holder: str
     lost: threading.Event = field(default_factory=threading.Event)
+    acquired: float = field(default_factory=time.monotonic)
+    released: float | None = None
+
+    def held_seconds(self) -> float:
+        """How long the lock was (or, inside the block, has been) held."""
+        return (time.monotonic() if self.released is None else self.released) - self.acquired
 
     def check(self) -> None:
         """Raise ``StateLockLost`` when the lease is gone: call before each write."""
@@ -114,6 +120,7 @@ def state_lock(
     try:
         yield lease
     finally:
+        lease.released = time.monotonic()
         stop.set()
         renewer.join()
         try:

@@ -26,8 +26,10 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from functools import reduce
 from typing import Any
 
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -42,7 +44,14 @@ from velocity.redis import mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
-from velocity.spark.evaluate import HOUR_MS, bucket_aggregates, evaluate_alerts, keyed_events
+from velocity.spark.evaluate import (
+    BUCKET_FIGURES,
+    HOUR_MS,
+    bucket_aggregates,
+    evaluate_alerts,
+    keyed_events,
+    merged_figures,
+)
 from velocity.spark.progress import SparkProgress
 from velocity.spark.redis_state import RedisState
 from velocity.stream_control import source_is_kafka
@@ -65,12 +74,31 @@ class BackfillSummary:
     corrections: int = 0
     retractions: int = 0
     buckets_rebuilt: int = 0
+    # Seconds the run held the state lock, the longest the stream waited on it.
+    lock_seconds: float = 0.0
     republished: int = 0
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# A bucket's identity in the buckets table.
+_SLOT = ["signature_id", "key", "bucket_start"]
+
+
+@dataclass(frozen=True)
+class BucketChanges:
+    """The g-wide buckets of ``[lower, upper)`` whose recount at the pin differs from the
+    stored ones: ``rows`` (_SLOT and BUCKET_FIGURES, the figures null where the recount
+    has no event), of ``signature_ids``, pinned at stream batch ``pinned_batch``."""
+
+    rows: DataFrame
+    signature_ids: list[str]
+    lower: int
+    upper: int
+    pinned_batch: int
 
 
 def publish_order(record: dict[str, Any]) -> tuple[int, int, str, int, str]:
@@ -192,9 +220,11 @@ class Backfill:
         # 1. A consistent view: no micro-batch is half-committed while the lock is held.
         # The stream writes Delta behind: what it committed but has not written yet is
         # flushed first, under the lock, so Delta holds every decided batch.
-        with state_lock(self.redis, settings, f"backfill {summary.run_id} (pin)"):
+        with state_lock(self.redis, settings, f"backfill {summary.run_id} (pin)") as lease:
             self.mirror.flush_spooled()
             events_version = tables.table_version(spark, self.live.events)
+            buckets_version = tables.table_version(spark, self.live.buckets)
+        summary.lock_seconds += lease.held_seconds()
         timer.mark("pin")
 
         # 2. The complete-data decisions of the range (the backtest's engine).
@@ -210,12 +240,23 @@ class Backfill:
             keyed.unpersist()
             timer.mark("evaluate")
 
-            # 3. Rebuild, amend, publish, record: one writer at a time.
+            # 3. The range's buckets recounted from the pinned events against the stored
+            # ones at the same pin, outside the lock: the stream goes on meanwhile.
+            progress.step("recount-buckets")
+            changes = self._bucket_changes(
+                rules, history_from, to_ms, events_version, buckets_version
+            )
+            timer.mark("recount-buckets")
+
+            # 4. Repair, amend, publish, record: one writer at a time, for as long as the
+            # writes take.
             with state_lock(self.redis, settings, f"backfill {summary.run_id}") as lease:
-                progress.step("rebuild-buckets")
+                progress.step("repair-buckets")
                 self.mirror.flush_spooled()
-                summary.buckets_rebuilt = self._rebuild_buckets(rules, history_from, to_ms)
-                timer.mark("rebuild-buckets")
+                summary.buckets_rebuilt = (
+                    0 if changes is None else self._repair_buckets(changes, events_version)
+                )
+                timer.mark("repair-buckets")
                 progress.step("amend+publish")
                 records = self._amendments(
                     decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
@@ -228,6 +269,7 @@ class Backfill:
                     self._publish(records)
                 timer.mark("amend+publish")
                 self._record(summary, [r["alertId"] for r in records], started)
+            summary.lock_seconds += lease.held_seconds()
         finally:
             decisions.unpersist()
             keyed.unpersist()
@@ -245,42 +287,159 @@ class Backfill:
             keyed, rules, settings.bucket_width_ms, decided_at, settings.spark_shuffle_partitions
         ).where(F.col("eventTime").between(from_ms, to_ms))
 
-    def _rebuild_buckets(self, rules: list[Rule], history_from: int, to_ms: int) -> int:
-        """Recompute the buckets of the range's whole hours from the raw events (late ones
-        included) and replace the stored rows of those hours in one commit. Bounded below
-        by the horizon, so evicted history is not brought back; signatures the stream has
-        not built yet are left to its build from history."""
-        width = self.settings.bucket_width_ms
+    def _bucket_changes(
+        self,
+        rules: list[Rule],
+        history_from: int,
+        to_ms: int,
+        events_version: int,
+        buckets_version: int,
+    ) -> BucketChanges | None:
+        """The g-wide buckets of the range's whole hours whose recount from the pinned raw
+        events (late ones included) differs from the stored ones at the same pin: the
+        recounted figures, or none where the recount has no event. Bounded below by the
+        horizon, so evicted history is not brought back; signatures the stream has not
+        built yet are left to its build from history. None when nothing is in scope."""
+        spark, width = self.spark, self.settings.bucket_width_ms
         built = {r["signature_id"] for r in self.state.read("signatures").collect()}
         signatures = [s for s in rules_by_signature(rules) if s.signature_id in built]
         in_force = active_rules(self.state.rule_store.in_force())
         horizon_from = self.state.horizon_cutoff(in_force)
         if not signatures or horizon_from is None:
-            return 0
+            return None
         lower = max(history_from, horizon_from)
-        lower += -lower % HOUR_MS  # up to a whole hour: a compacted hour is replaced whole
+        lower += -lower % HOUR_MS  # whole hours, as compaction keeps them
         upper = to_ms - to_ms % HOUR_MS + HOUR_MS
         if lower >= upper:
+            return None
+        ids = [s.signature_id for s in signatures]
+        pinned = _read_at(spark, self.live.events, events_version)
+        raw = pinned.where(F.col("eventTime").between(lower, upper - 1))
+        recount = bucket_aggregates(keyed_events(raw, signatures), width).select(
+            *_SLOT, *[F.col(n).alias(f"new_{n}") for n in BUCKET_FIGURES]
+        )
+        stored_rows = _read_at(spark, self.live.buckets, buckets_version).where(
+            F.col("signature_id").isin(ids)
+        )
+        stored = (
+            self.state.window_buckets(stored_rows, since=lower)
+            .where(F.col("bucket_start") < upper)
+            .select(*_SLOT, *BUCKET_FIGURES)
+        )
+        same = reduce(
+            lambda a, b: a & b,
+            [F.col(n).eqNullSafe(F.col(f"new_{n}")) for n in BUCKET_FIGURES],
+        )
+        differ = recount.join(stored, _SLOT, "full_outer").where(~same)
+        rows = differ.select(*_SLOT, *[F.col(f"new_{n}").alias(n) for n in BUCKET_FIGURES])
+        frame = rows.localCheckpoint(eager=True)
+        pinned_batch = pinned.agg(F.max("stream_batch")).first()
+        return BucketChanges(
+            frame,
+            ids,
+            lower,
+            upper,
+            -1 if pinned_batch is None or pinned_batch[0] is None else int(pinned_batch[0]),
+        )
+
+    def _repair_buckets(self, changes: BucketChanges, events_version: int) -> int:
+        """Write the changed buckets (hold the state lock): each becomes one g-wide row of
+        its recount merged with the events the stream added to it since the pin, in one
+        Delta commit (a compacted hour holding one is laid out again as g-wide rows), and
+        the same absolute values in Redis. Returns the buckets written or removed."""
+        if changes.rows.isEmpty():
             return 0
-        ids = ", ".join(f"'{s.signature_id}'" for s in signatures)
-        span = f"signature_id IN ({ids}) AND bucket_start >= {lower} AND bucket_start < {upper}"
-        raw = self.state.read("events").where(F.col("eventTime").between(lower, upper - 1))
-        rebuilt = bucket_aggregates(keyed_events(raw, signatures), width).persist()
-        try:
-            count = rebuilt.count()
-            (
-                rebuilt.write.format("delta")
-                .mode("overwrite")
-                .option("replaceWhere", span)
-                .save(str(self.live.buckets))
+        spark, width = self.spark, self.settings.bucket_width_ms
+        signatures = [
+            s
+            for s in rules_by_signature(active_rules(self.state.rule_store.in_force()))
+            if s.signature_id in changes.signature_ids
+        ]
+        since_pin = self.state.read("events").where(
+            (F.col("stream_batch") > changes.pinned_batch)
+            & F.col("eventTime").between(changes.lower, changes.upper - 1)
+        )
+        added = bucket_aggregates(keyed_events(since_pin, signatures), width).join(
+            changes.rows.select(*_SLOT), _SLOT, "left_semi"
+        )
+        recounted = changes.rows.where(F.col("event_count").isNotNull())
+        final = (
+            recounted.select(*_SLOT, *BUCKET_FIGURES)
+            .unionByName(added.select(*_SLOT, *BUCKET_FIGURES))
+            .groupBy(*_SLOT)
+            .agg(*merged_figures())
+        )
+        slots = changes.rows.select(*_SLOT)
+        stored = self.state.read("buckets").where(
+            F.col("signature_id").isin(changes.signature_ids)
+            & (F.col("bucket_start") >= changes.lower - HOUR_MS)
+            & (F.col("bucket_start") < changes.upper)
+        )
+        hour_of = F.col("bucket_start") - F.pmod(F.col("bucket_start"), F.lit(HOUR_MS))
+        hours = (
+            stored.where(F.col("parts").isNotNull())
+            .join(
+                slots.select("signature_id", "key", hour_of.alias("bucket_start")).distinct(),
+                _SLOT,
+                "left_semi",
             )
-            self.mirror.write_buckets(
-                self.state.window_buckets(self.state.read("buckets").where(span), since=lower),
-                in_force,
+            .localCheckpoint(eager=True)
+        )
+        kept_parts = (
+            hours.select("signature_id", "key", F.explode("parts").alias("part"))
+            .select("signature_id", "key", "part.*")
+            .join(slots, _SLOT, "left_anti")
+        )
+        g_wide = F.lit(width).cast("long").alias("bucket_width_ms")
+        no_parts = F.lit(None).cast(tables.BUCKET_SCHEMA["parts"].dataType).alias("parts")
+        inserted = final.unionByName(kept_parts.select(*_SLOT, *BUCKET_FIGURES))
+        source = (
+            slots.select(*_SLOT, g_wide)
+            .unionByName(hours.select(*_SLOT, "bucket_width_ms"))
+            .select(
+                "*",
+                *[
+                    F.lit(None).cast(tables.BUCKET_SCHEMA[n].dataType).alias(n)
+                    for n in BUCKET_FIGURES
+                ],
+                no_parts,
             )
-        finally:
-            rebuilt.unpersist()
-        return count
+            .withColumn("_op", F.lit("delete"))
+            .unionByName(
+                inserted.select(*_SLOT, g_wide, *BUCKET_FIGURES, no_parts).withColumn(
+                    "_op", F.lit("insert")
+                ),
+                allowMissingColumns=True,
+            )
+        )
+        ids = ", ".join(f"'{i}'" for i in changes.signature_ids)
+        table = DeltaTable.forPath(spark, str(self.live.buckets))
+        (
+            table.alias("t")
+            .merge(
+                source.alias("s"),
+                "s._op = 'delete' AND t.signature_id = s.signature_id AND t.key = s.key"
+                " AND t.bucket_start = s.bucket_start"
+                " AND t.bucket_width_ms = s.bucket_width_ms"
+                f" AND t.signature_id IN ({ids})"
+                f" AND t.bucket_start >= {changes.lower - HOUR_MS}"
+                f" AND t.bucket_start < {changes.upper}",
+            )
+            .whenMatchedDelete()
+            .whenNotMatchedInsert(
+                condition="s._op = 'insert'",
+                values={n: f"s.{n}" for n in tables.BUCKET_SCHEMA.fieldNames()},
+            )
+            .execute()
+        )
+        in_force = active_rules(self.state.rule_store.in_force())
+        self.mirror.write_buckets(final.select(*_SLOT, g_wide, *BUCKET_FIGURES), in_force)
+        removed = [
+            (r["signature_id"], r["key"], r["bucket_start"])
+            for r in slots.join(final, _SLOT, "left_anti").collect()
+        ]
+        mirror.remove_buckets(self.redis, self.settings.redis_keys, removed)
+        return slots.count()
 
     def _amendments(
         self,

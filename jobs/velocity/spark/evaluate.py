@@ -117,7 +117,7 @@ def bucket_aggregates(keyed: DataFrame, width_ms: int) -> DataFrame:
     )
 
 
-def _merged_figures() -> list[Column]:
+def merged_figures() -> list[Column]:
     """Aggregations that merge bucket rows as ``BucketAggregate.merge`` does."""
     return [
         F.sum("event_count").cast("long").alias("event_count"),
@@ -149,7 +149,7 @@ def minute_buckets(buckets: DataFrame, width_ms: int) -> DataFrame:
     return (
         plain.unionByName(expanded)
         .groupBy("signature_id", "key", "bucket_start")
-        .agg(*_merged_figures())
+        .agg(*merged_figures())
         .select(
             "signature_id",
             "key",
@@ -170,7 +170,7 @@ def hour_buckets(minutes: DataFrame, width_ms: int) -> DataFrame:
     single = F.size("parts") == 1
     return (
         minutes.groupBy("signature_id", "key", hour.alias("hour_start"))
-        .agg(*_merged_figures(), F.array_sort(F.collect_list(part)).alias("parts"))
+        .agg(*merged_figures(), F.array_sort(F.collect_list(part)).alias("parts"))
         .select(
             "signature_id",
             "key",

@@ -19,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,8 @@ def main() -> int:
 
     from velocity.delta import tables
     from velocity.delta.live import LiveTables
+    from velocity.redis import mirror
+    from velocity.redis.lock import state_lock
     from velocity.redis.server import redis_down, redis_up
     from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
@@ -116,14 +119,34 @@ def main() -> int:
     ).write.format("delta").mode("append").save(str(live.signatures))
     day = events.agg(F.min("eventTime"), F.max("eventTime")).first()
 
+    backfill = Backfill(spark, settings)
+    waits: list[float] = []
+    probing = threading.Event()
+
+    def probe() -> None:
+        """Take and release the state lock every 0.2 s, as the stream's commits do: the
+        longest wait is the longest the stream would have paused."""
+        client = mirror.connect(settings)
+        while not probing.is_set():
+            asked = time.monotonic()
+            with state_lock(client, settings, "bench probe (a micro-batch's commit)"):
+                waits.append(time.monotonic() - asked)
+            probing.wait(0.2)
+
+    prober = threading.Thread(target=probe, daemon=True)
     started = time.monotonic()
-    summary = Backfill(spark, settings).run(int(day[0]), int(day[1]))
+    prober.start()
+    summary = backfill.run(int(day[0]), int(day[1]))
     seconds = time.monotonic() - started
+    probing.set()
+    prober.join()
     print(
         f"backfill of a day: {summary.events_evaluated} events in {seconds:.1f} s = "
         f"{summary.events_evaluated / seconds:,.0f} events/s; {summary.corrections} "
         f"corrections, {summary.retractions} retractions, {summary.buckets_rebuilt} buckets "
-        f"rebuilt; steps {summary.step_seconds}",
+        f"repaired; state lock held {summary.lock_seconds:.1f} s; longest wait of a "
+        f"commit beside it {max(waits, default=0.0):.1f} s ({len(waits)} commits); "
+        f"steps {summary.step_seconds}",
         flush=True,
     )
 

@@ -1,10 +1,12 @@
 """Backtest throughput benchmark (not a test): `make bench` or `python -m benchmarks.backtest`.
 
-Generates N events once (cached by their options), then runs `velocity backtest`
-as a fresh process over them with the 8 sample rules and prints:
+Generates the events once per size (cached by their options), then runs `velocity
+backtest` as a fresh process over 200k and over 1M of them with the 8 sample rules and
+prints, per size:
 - end-to-end events/s (the whole process: interpreter, JVM and Spark start-up, all writes),
 - events/s excluding Spark start-up (the backtest itself, as the job's summary times it),
-- Delta bytes per bucket (the buckets table's snapshot size over its row count).
+- the step timings, and Delta bytes per bucket;
+and the marginal events/s from 200k to 1M (start-up cancels out).
 """
 
 from __future__ import annotations
@@ -19,88 +21,47 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+VELOCITY = str(Path(sys.executable).parent / "velocity")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=100_000, help="distinct payers")
-    parser.add_argument("--rate", type=float, default=20.0, help="events per second of event time")
-    parser.add_argument("--bucket-seconds", type=int, default=60)
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench"))
-    args = parser.parse_args()
+def _events(work: Path, events: int, keys: int, rate: float) -> Path:
+    """The generated events of this size, made once."""
+    events_dir = work / f"events-{events}-{keys}-{rate}"
+    if (events_dir / ".complete").exists():
+        return events_dir
+    shutil.rmtree(events_dir, ignore_errors=True)
+    started = time.monotonic()
+    subprocess.run(
+        [VELOCITY, "generate", "--out", str(events_dir), "--events", str(events),
+         "--keys", str(keys), "--rate", str(rate), "--files", "8",
+         "--spike-fraction", "0.01", "--duplicate-fraction", "0.002",
+         "--malformed-fraction", "0.002", "--seed", "1"],
+        check=True,
+    )  # fmt: skip
+    (events_dir / ".complete").write_text("")
+    print(f"generated {events} events in {time.monotonic() - started:.1f} s")
+    return events_dir
 
-    work = Path(args.work_dir)
-    tag = f"{args.events}-{args.keys}-{args.rate}"
-    events_dir = work / f"events-{tag}"
-    velocity = str(Path(sys.executable).parent / "velocity")
-    if not (events_dir / ".complete").exists():
-        shutil.rmtree(events_dir, ignore_errors=True)
-        started = time.monotonic()
-        subprocess.run(
-            [
-                velocity,
-                "generate",
-                "--out",
-                str(events_dir),
-                "--events",
-                str(args.events),
-                "--keys",
-                str(args.keys),
-                "--rate",
-                str(args.rate),
-                "--files",
-                "8",
-                "--spike-fraction",
-                "0.01",
-                "--duplicate-fraction",
-                "0.002",
-                "--malformed-fraction",
-                "0.002",
-                "--seed",
-                "1",
-            ],
-            check=True,
-        )
-        (events_dir / ".complete").write_text("")
-        print(f"generated {args.events} events in {time.monotonic() - started:.1f} s")
 
+def _backtest(work: Path, events_dir: Path, bucket_seconds: int) -> tuple[float, dict]:
+    """One `velocity backtest` process over ``events_dir``: (wall seconds, its summary)."""
     rules = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
-    rows = []
-    for run in range(args.runs):
-        data_dir = work / "data"
-        shutil.rmtree(data_dir, ignore_errors=True)
-        summary_file = work / "summary.json"
-        env = {**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}
-        started = time.monotonic()
-        subprocess.run(
-            [
-                velocity,
-                "backtest",
-                "--rules",
-                str(rules),
-                "--events",
-                str(events_dir),
-                "--out",
-                str(work / "alerts.jsonl"),
-                "--bucket-seconds",
-                str(args.bucket_seconds),
-                "--summary-json",
-                str(summary_file),
-            ],
-            check=True,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-        wall = time.monotonic() - started
-        summary = json.loads(summary_file.read_text())
-        rows.append((wall, summary))
-        print(f"run {run + 1}: {wall:.1f} s end to end, {summary['seconds']:.1f} s backtest")
+    data_dir = work / "data"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    summary_file = work / "summary.json"
+    started = time.monotonic()
+    subprocess.run(
+        [VELOCITY, "backtest", "--rules", str(rules), "--events", str(events_dir),
+         "--out", str(work / "alerts.jsonl"), "--bucket-seconds", str(bucket_seconds),
+         "--summary-json", str(summary_file)],
+        check=True, env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir)},
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return time.monotonic() - started, json.loads(summary_file.read_text())
 
-    wall, summary = sorted(rows, key=lambda r: r[0])[len(rows) // 2]
+
+def _report(wall: float, summary: dict) -> None:
     lines = summary["lines"]
-    print()
     print(f"events (lines)            {lines}")
     print(f"accepted / quarantined    {summary['accepted']} / {summary['quarantined']}")
     print(f"rules / alerts            8 / {summary['alerts']}")
@@ -109,10 +70,54 @@ def main() -> int:
         f"excluding Spark start-up  {summary['seconds']:.1f} s  "
         f"{lines / summary['seconds']:,.0f} events/s"
     )
+    steps = ", ".join(f"{name} {sec:.1f}" for name, sec in summary["step_seconds"].items())
+    print(f"steps (s)                 {steps}")
     print(
         f"buckets                   {summary['buckets']}  "
         f"{summary['bucket_bytes'] / max(summary['buckets'], 1):.1f} Delta bytes per bucket"
     )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--baseline-events",
+        type=int,
+        default=200_000,
+        help="a smaller run for the marginal rate (0: none)",
+    )
+    parser.add_argument("--keys", type=int, default=100_000, help="distinct payers")
+    parser.add_argument("--rate", type=float, default=20.0, help="events per second of event time")
+    parser.add_argument("--bucket-seconds", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=1, help="runs per size; the median counts")
+    parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench"))
+    args = parser.parse_args()
+
+    work = Path(args.work_dir)
+    sizes = [n for n in (args.baseline_events, args.events) if n]
+    results: dict[int, tuple[float, dict]] = {}
+    for size in sizes:
+        events_dir = _events(work, size, args.keys, args.rate)
+        runs = []
+        for run in range(args.runs):
+            wall, summary = _backtest(work, events_dir, args.bucket_seconds)
+            runs.append((wall, summary))
+            backtest = summary["seconds"]
+            print(f"{size}: run {run + 1}: {wall:.1f} s end to end, {backtest:.1f} s backtest")
+        results[size] = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    for size in sizes:
+        print()
+        _report(*results[size])
+    if len(sizes) == 2:
+        (small_wall, small), (big_wall, big) = results[sizes[0]], results[sizes[1]]
+        extra = big["lines"] - small["lines"]
+        print()
+        print(
+            f"marginal {sizes[0]:,} -> {sizes[1]:,}: {extra / (big_wall - small_wall):,.0f} "
+            f"events/s end to end, {extra / (big['seconds'] - small['seconds']):,.0f} "
+            "events/s excluding start-up"
+        )
     return 0
 
 

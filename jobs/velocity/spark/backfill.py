@@ -248,8 +248,18 @@ class Backfill:
             )
             timer.mark("recount-buckets")
 
-            # 4. Repair, amend, publish, record: one writer at a time, for as long as the
-            # writes take.
+            # 4. The amendments, against the alerts in effect now. The stream adds no
+            # decision of a pinned event; only another backfill amends them, and that is
+            # checked under the lock below.
+            progress.step("amendments")
+            amended_before = self._amendment_count()
+            records = self._amendments(
+                decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
+            )
+            timer.mark("amendments")
+
+            # 5. Repair, publish, record: one writer at a time, for as long as the writes
+            # take.
             with state_lock(self.redis, settings, f"backfill {summary.run_id}") as lease:
                 progress.step("repair-buckets")
                 self.mirror.flush_spooled()
@@ -258,9 +268,11 @@ class Backfill:
                 )
                 timer.mark("repair-buckets")
                 progress.step("amend+publish")
-                records = self._amendments(
-                    decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
-                )
+                if self._amendment_count() != amended_before:
+                    # Another run amended meanwhile: decide against what is in effect now.
+                    records = self._amendments(
+                        decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
+                    )
                 summary.corrections = sum(r["kind"] == AlertKind.CORRECTION for r in records)
                 summary.retractions = len(records) - summary.corrections
                 lease.check()  # the rebuild took the lease's length: write nothing more
@@ -520,6 +532,11 @@ class Backfill:
             record["signature_id"] = signature_of[record["ruleId"]]
         records.sort(key=publish_order)
         return records
+
+    def _amendment_count(self) -> int:
+        """The CORRECTION and RETRACTION records in the alerts table (only backfills
+        write them)."""
+        return self.state.read("alerts").where(F.col("kind") != AlertKind.ALERT.value).count()
 
     def _append_alerts(self, rows: list[dict[str, Any]]) -> None:
         frame = self.spark.createDataFrame(rows, tables.ALERT_SCHEMA)

@@ -5,7 +5,8 @@ backtest` as a fresh process over 200k and over 1M of them with the 8 sample rul
 prints, per size:
 - end-to-end events/s (the whole process: interpreter, JVM and Spark start-up, all writes),
 - events/s excluding Spark start-up (the backtest itself, as the job's summary times it),
-- the step timings, and Delta bytes per bucket;
+- the step timings, Delta bytes per bucket, and the peak RSS of the process tree
+  (Python driver plus its JVM), sampled every 0.5 s;
 and the marginal events/s from 200k to 1M (start-up cancels out).
 """
 
@@ -17,8 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from benchmarks.stream import process_tree, rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 VELOCITY = str(Path(sys.executable).parent / "velocity")
@@ -44,20 +48,37 @@ def _events(work: Path, events: int, keys: int, rate: float) -> Path:
 
 
 def _backtest(work: Path, events_dir: Path, bucket_seconds: int) -> tuple[float, dict]:
-    """One `velocity backtest` process over ``events_dir``: (wall seconds, its summary)."""
+    """One `velocity backtest` process over ``events_dir``: (wall seconds, its summary with
+    the peak RSS of its process tree added)."""
     rules = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
     data_dir = work / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
     summary_file = work / "summary.json"
     started = time.monotonic()
-    subprocess.run(
+    backtest = subprocess.Popen(
         [VELOCITY, "backtest", "--rules", str(rules), "--events", str(events_dir),
          "--out", str(work / "alerts.jsonl"), "--bucket-seconds", str(bucket_seconds),
          "--summary-json", str(summary_file)],
-        check=True, env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir)},
+        env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir)},
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    return time.monotonic() - started, json.loads(summary_file.read_text())
+    peak = [0.0, 0.0]  # the whole tree, the driver's Python alone
+
+    def sample() -> None:
+        while backtest.poll() is None:
+            peak[0] = max(peak[0], rss_mb(process_tree(backtest.pid)))
+            peak[1] = max(peak[1], rss_mb([backtest.pid]))
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    if backtest.wait() != 0:
+        raise subprocess.CalledProcessError(backtest.returncode, backtest.args)
+    wall = time.monotonic() - started
+    sampler.join()
+    summary = json.loads(summary_file.read_text())
+    summary["peak_rss_mb"], summary["peak_rss_python_mb"] = peak
+    return wall, summary
 
 
 def _report(wall: float, summary: dict) -> None:
@@ -75,6 +96,10 @@ def _report(wall: float, summary: dict) -> None:
     print(
         f"buckets                   {summary['buckets']}  "
         f"{summary['bucket_bytes'] / max(summary['buckets'], 1):.1f} Delta bytes per bucket"
+    )
+    print(
+        f"peak RSS                  {summary['peak_rss_mb']:,.0f} MB "
+        f"(the driver's Python {summary['peak_rss_python_mb']:,.0f} MB, the JVM the rest)"
     )
 
 

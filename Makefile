@@ -34,6 +34,18 @@ lint: setup ## ruff and mypy
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket
 	@$(VENV)/python -m benchmarks.backtest
 
+bench-cluster: setup ## backtest throughput on local[2] vs the two-worker standalone cluster, same events
+	@bash infra/cluster.sh up
+	@$(VENV)/python -m benchmarks.backtest --baseline-events 0 \
+		--master 'local[2]' --master spark://127.0.0.1:$${VELOCITY_CLUSTER_PORT:-7077}; \
+		status=$$?; bash infra/cluster.sh down; exit $$status
+
+cluster: setup ## start a Spark standalone cluster on 127.0.0.1:7077 (master + 2 one-core workers)
+	@bash infra/cluster.sh up
+
+cluster-down: ## stop the Spark standalone cluster
+	@bash infra/cluster.sh down
+
 bench-stream: setup ## stream latency (alert in Redis - landed/produced), throughput; SOURCE=folder|kafka|both
 	@if [ -n "$(RATE)" ]; then \
 		$(VENV)/python -m benchmarks.stream --rate $(RATE) --seconds $(or $(SECONDS),300) \

@@ -7,7 +7,8 @@ prints, per size:
 - events/s excluding Spark start-up (the backtest itself, as the job's summary times it),
 - the step timings, Delta bytes per bucket, and the peak RSS of the process tree
   (Python driver plus its JVM), sampled every 0.5 s;
-and the marginal events/s from 200k to 1M (start-up cancels out).
+and the marginal events/s from 200k to 1M (start-up cancels out). With several
+``--master``s, each size runs on each master in turn and the throughput ratios follow.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def _events(work: Path, events: int, keys: int, rate: float) -> Path:
     return events_dir
 
 
-def _backtest(work: Path, events_dir: Path, bucket_seconds: int) -> tuple[float, dict]:
+def _backtest(
+    work: Path, events_dir: Path, bucket_seconds: int, master: str | None
+) -> tuple[float, dict]:
     """One `velocity backtest` process over ``events_dir``: (wall seconds, its summary with
     the peak RSS of its process tree added)."""
     rules = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
@@ -59,7 +62,8 @@ def _backtest(work: Path, events_dir: Path, bucket_seconds: int) -> tuple[float,
         [VELOCITY, "backtest", "--rules", str(rules), "--events", str(events_dir),
          "--out", str(work / "alerts.jsonl"), "--bucket-seconds", str(bucket_seconds),
          "--summary-json", str(summary_file)],
-        env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir)},
+        env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir),
+             **({"VELOCITY_SPARK_MASTER": master} if master else {})},
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     peak = [0.0, 0.0]  # the whole tree, the driver's Python alone
@@ -117,32 +121,53 @@ def main() -> int:
     parser.add_argument("--bucket-seconds", type=int, default=60)
     parser.add_argument("--runs", type=int, default=1, help="runs per size; the median counts")
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench"))
+    parser.add_argument(
+        "--master",
+        action="append",
+        help="Spark master (VELOCITY_SPARK_MASTER) to run on; repeat to compare masters "
+        "side by side, e.g. --master local[2] --master spark://127.0.0.1:7077",
+    )
     args = parser.parse_args()
 
     work = Path(args.work_dir)
     sizes = [n for n in (args.baseline_events, args.events) if n]
-    results: dict[int, tuple[float, dict]] = {}
+    masters: list[str | None] = args.master or [None]
+    results: dict[tuple[str | None, int], tuple[float, dict]] = {}
     for size in sizes:
         events_dir = _events(work, size, args.keys, args.rate)
-        runs = []
-        for run in range(args.runs):
-            wall, summary = _backtest(work, events_dir, args.bucket_seconds)
-            runs.append((wall, summary))
-            backtest = summary["seconds"]
-            print(f"{size}: run {run + 1}: {wall:.1f} s end to end, {backtest:.1f} s backtest")
-        results[size] = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
-    for size in sizes:
+        for master in masters:
+            runs = []
+            for run in range(args.runs):
+                wall, summary = _backtest(work, events_dir, args.bucket_seconds, master)
+                runs.append((wall, summary))
+                print(
+                    f"{size} on {master or 'the default master'}: run {run + 1}: "
+                    f"{wall:.1f} s end to end, {summary['seconds']:.1f} s backtest"
+                )
+            results[master, size] = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    for master in masters:
+        if master:
+            print(f"\n== master {master}")
+        for size in sizes:
+            print()
+            _report(*results[master, size])
+        if len(sizes) == 2:
+            (small_wall, small) = results[master, sizes[0]]
+            (big_wall, big) = results[master, sizes[1]]
+            extra = big["lines"] - small["lines"]
+            print()
+            print(
+                f"marginal {sizes[0]:,} -> {sizes[1]:,}: "
+                f"{extra / (big_wall - small_wall):,.0f} events/s end to end, "
+                f"{extra / (big['seconds'] - small['seconds']):,.0f} events/s excluding start-up"
+            )
+    if len(masters) > 1:
+        first = masters[0]
         print()
-        _report(*results[size])
-    if len(sizes) == 2:
-        (small_wall, small), (big_wall, big) = results[sizes[0]], results[sizes[1]]
-        extra = big["lines"] - small["lines"]
-        print()
-        print(
-            f"marginal {sizes[0]:,} -> {sizes[1]:,}: {extra / (big_wall - small_wall):,.0f} "
-            f"events/s end to end, {extra / (big['seconds'] - small['seconds']):,.0f} "
-            "events/s excluding start-up"
-        )
+        for master in masters[1:]:
+            for size in sizes:
+                ratio = results[first, size][0] / results[master, size][0]
+                print(f"{size:,} events: {master} is {ratio:.2f}x the throughput of {first}")
     return 0
 
 

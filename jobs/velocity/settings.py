@@ -30,6 +30,12 @@ DEFAULT_REDIS_PASSWORD = "velocity-local"
 DEFAULT_KAFKA_PORT = 9392
 
 
+def spark_master_on_loopback(master: str) -> bool:
+    """Whether the Spark master runs on this machine: local mode or a loopback URL."""
+    host = master.partition("://")[2].rpartition(":")[0]
+    return master.startswith("local") or host in {"127.0.0.1", "localhost"}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VELOCITY_", extra="forbid")
 
@@ -164,6 +170,11 @@ class Settings(BaseSettings):
         default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."
     )
     spark_driver_memory: str = Field(default="4g", description="spark.driver.memory.")
+    spark_executor_memory: str = Field(
+        default="2g",
+        description="spark.executor.memory on a cluster (in local mode the driver does the "
+        "work and this is unused).",
+    )
     jars_dir: Path = Field(
         default=PROJECT_ROOT / ".cache" / "jars",
         description="Folder of the Delta and Spark-Kafka JARs fetched by infra/fetch_jars.sh "

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from velocity.errors import UsageError
+from velocity.settings import spark_master_on_loopback
 from velocity.stream_control import KafkaSource
 
 # `velocity maintain …` steps in the order maintain_state runs them: compact sealed
@@ -277,8 +278,9 @@ def spark_job(
         # delta-spark and redis libraries. PYTHONSAFEPATH (3.11+) leaves it off.
         "PYTHONSAFEPATH": "1",
     }
-    if master.startswith("local"):
-        # One machine: bind Spark to loopback instead of guessing an interface.
+    if spark_master_on_loopback(master):
+        # One machine (local mode or a cluster on 127.0.0.1): bind Spark to loopback
+        # instead of guessing an interface.
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
     conf = {"spark.driver.memory": driver_memory}
     if log4j_config:

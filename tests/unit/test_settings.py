@@ -9,7 +9,7 @@ import pytest
 
 from velocity.errors import SettingsError, UsageError
 from velocity.redis.keys import default_prefix
-from velocity.settings import PROJECT_ROOT, Settings, load_settings
+from velocity.settings import PROJECT_ROOT, Settings, load_settings, spark_master_on_loopback
 
 
 @pytest.fixture(autouse=True)
@@ -105,12 +105,8 @@ def test_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.redis_alert_stream == "alerts:file"
 
 
-def test_environment_overrides_config_file(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    config = write_config(
-        tmp_path, f'data_dir = "{tmp_path / "from-file"}"\nbucket_seconds = 10\n'
-    )
+def test_environment_overrides_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = write_config(tmp_path, f'data_dir = "{tmp_path / "from-file"}"\nbucket_seconds = 10\n')
     monkeypatch.setenv("VELOCITY_CONFIG", str(config))
     monkeypatch.setenv("VELOCITY_BUCKET_SECONDS", "30")
     settings = load_settings()
@@ -170,3 +166,20 @@ def test_two_data_dirs_give_distinct_table_paths(tmp_path: Path) -> None:
     second = Settings(data_dir=tmp_path / "b")
     assert first.table_path("events") != second.table_path("events")
     assert first.table_path("events").is_relative_to(first.data_dir)
+
+
+@pytest.mark.parametrize(
+    ("master", "on_loopback"),
+    [
+        ("local[2]", True),
+        ("local[*]", True),
+        ("spark://127.0.0.1:7077", True),
+        ("spark://localhost:7077", True),
+        ("spark://spark-master:7077", False),
+        ("spark://10.0.0.5:7077", False),
+        ("yarn", False),
+    ],
+)
+def test_spark_master_on_loopback(master: str, on_loopback: bool) -> None:
+    """The driver binds to loopback exactly when the master runs on this machine."""
+    assert spark_master_on_loopback(master) is on_loopback

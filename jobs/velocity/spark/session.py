@@ -8,7 +8,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from velocity.errors import VelocityError
-from velocity.settings import PROJECT_ROOT, Settings
+from velocity.settings import PROJECT_ROOT, Settings, spark_master_on_loopback
 
 LOG4J_CONFIG = PROJECT_ROOT / "infra" / "spark" / "log4j2.properties"
 
@@ -37,8 +37,9 @@ def build_spark(settings: Settings, app_name: str = "velocity") -> SparkSession:
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if settings.spark_master.startswith("local"):
-        # One machine: bind to loopback instead of guessing an interface.
+    if spark_master_on_loopback(settings.spark_master):
+        # One machine (local mode, or a cluster on 127.0.0.1): bind the driver to
+        # loopback instead of guessing an interface the workers may not reach.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     warehouse = settings.data_dir / "spark-warehouse"
     builder = (
@@ -46,6 +47,7 @@ def build_spark(settings: Settings, app_name: str = "velocity") -> SparkSession:
         .appName(app_name)
         .config("spark.jars", ",".join(delta_jars(settings)))
         .config("spark.driver.memory", settings.spark_driver_memory)
+        .config("spark.executor.memory", settings.spark_executor_memory)
         .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
         .config("spark.default.parallelism", str(settings.spark_shuffle_partitions))
         # VACUUM lists files with this many tasks (10 000 by default: ~36 s of empty tasks

@@ -1,0 +1,177 @@
+"""Velocity on a real Spark standalone cluster (`infra/cluster.sh`: a master and two
+one-core workers on loopback): the backtest, the stream, the backfill and maintenance run
+there, and decide exactly what local mode decides."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from velocity.cli import sample_rules_path
+from velocity.delta import tables
+from velocity.delta.live import LiveTables
+from velocity.generate import GenerateOptions, generate_events
+from velocity.rules import Rule, parse_rules
+from velocity.settings import PROJECT_ROOT, Settings
+from velocity.spark.backtest import backtest_root, run_backtest
+from velocity.spark.evaluate import minute_buckets
+
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.redis]
+
+VELOCITY = str(Path(sys.executable).parent / "velocity")
+CLUSTER_SH = PROJECT_ROOT / "infra" / "cluster.sh"
+
+
+class SparkCluster:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.master = f"spark://127.0.0.1:{env['VELOCITY_CLUSTER_PORT']}"
+
+    def run(self, action: str) -> str:
+        done = subprocess.run(
+            ["bash", str(CLUSTER_SH), action],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def state(self) -> dict:
+        url = f"http://127.0.0.1:{self.env['VELOCITY_CLUSTER_UI_PORT']}/json/"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.load(answer)
+
+    def applications(self) -> list[str]:
+        """The names of the applications the master has run to the end."""
+        return [app["name"] for app in self.state()["completedapps"]]
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """`infra/cluster.sh up` on free loopback ports, once per run; `down` at the end."""
+    cluster = SparkCluster(
+        {
+            **os.environ,
+            "VELOCITY_CLUSTER_PORT": str(free_port()),
+            "VELOCITY_CLUSTER_UI_PORT": str(free_port()),
+            "VELOCITY_CLUSTER_WORKER_MEMORY": "2g",
+            "VELOCITY_CLUSTER_DIR": str(tmp_path_factory.mktemp("spark-cluster")),
+        }
+    )
+    cluster.run("up")
+    try:
+        yield cluster
+    finally:
+        cluster.run("down")
+
+
+def velocity(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [VELOCITY, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, f"velocity {args[0]}: {done.stderr[-3000:]}"
+    return done
+
+
+def test_cluster_decides_what_local_mode_decides(
+    spark, spark_cluster: SparkCluster, data_settings: Settings, tmp_path: Path
+) -> None:
+    state = spark_cluster.state()
+    assert state["aliveworkers"] == 2 and state["cores"] == 2
+
+    events = tmp_path / "events"
+    # Held-out style input: spikes, duplicates and malformed lines, in order (so the
+    # stream must decide what the backtest decides).
+    generated = generate_events(
+        events,
+        GenerateOptions(
+            events=3000,
+            rate=3.0,
+            payers=40,
+            files=3,
+            spike_fraction=0.03,
+            late_fraction=0.0,
+            duplicate_fraction=0.02,
+            malformed_fraction=0.02,
+            seed=1010,
+        ),
+    )
+    for order, path in enumerate(sorted(events.glob("*.jsonl"))):
+        os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
+    rules = str(sample_rules_path())
+    env = {
+        **os.environ,
+        "VELOCITY_DATA_DIR": str(data_settings.data_dir),
+        "VELOCITY_REDIS_URL": data_settings.redis_url,
+        "VELOCITY_SPARK_MASTER": spark_cluster.master,
+        "VELOCITY_SPARK_SHUFFLE_PARTITIONS": "4",
+        "VELOCITY_SPARK_DRIVER_MEMORY": "2g",
+        "VELOCITY_SPARK_EXECUTOR_MEMORY": "1g",
+    }
+
+    # The reference: this session's local Spark.
+    sample = [
+        e.with_version(1) for e in parse_rules(Path(rules).read_text()) if isinstance(e, Rule)
+    ]
+    local = data_settings.model_copy(update={"data_dir": tmp_path / "local"})
+    run_backtest(spark, local, sample, str(events), tmp_path / "local.jsonl")
+
+    velocity(
+        [
+            "backtest",
+            "--rules",
+            rules,
+            "--events",
+            str(events),
+            "--out",
+            str(tmp_path / "cluster.jsonl"),
+        ],
+        env,
+    )
+    velocity(
+        ["stream", "--events", str(events), "--rules", rules, "--trigger", "available-now"], env
+    )
+    velocity(["maintain", "compact"], env)
+    day = ["--from", str(generated.min_event_time), "--to", str(generated.max_event_time)]
+    backfilled = json.loads(velocity(["backfill", *day], env).stdout)
+    reconciled = velocity(["maintain", "reconcile"], env)
+
+    ran = spark_cluster.applications()
+    assert len(ran) >= 5, f"the commands ran on the cluster: {ran}"
+
+    def alerts(path: Path) -> list[str]:
+        """The alerts of an --out file; decisionTime is each run's clock, so it is left out."""
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        return sorted(json.dumps({**r, "decisionTime": None}, sort_keys=True) for r in records)
+
+    assert alerts(tmp_path / "cluster.jsonl") == alerts(tmp_path / "local.jsonl")
+
+    def rows(path: Path, columns: list[str]) -> list[tuple[object, ...]]:
+        return sorted(tuple(r) for r in tables.read_table(spark, path).select(*columns).collect())
+
+    live = LiveTables.of(data_settings)
+    columns = ["alertId", "ruleId", "transactionId", "aggregateValue", "windowStart"]
+    local_root = backtest_root(local)
+    # The backfill over the whole range agrees with the stream: nothing to amend.
+    assert backfilled["corrections"] == backfilled["retractions"] == 0
+    assert backfilled["buckets_rebuilt"] == 0
+    assert rows(live.alerts, columns) == rows(local_root / tables.ALERTS, columns)
+    width = data_settings.bucket_width_ms
+
+    def buckets(path: Path) -> list[tuple[object, ...]]:
+        merged = minute_buckets(tables.read_table(spark, path), width)
+        return sorted(tuple(r) for r in merged.drop("distinct_values").collect())
+
+    assert buckets(live.buckets) == buckets(local_root / tables.BUCKETS)
+    assert json.loads(reconciled.stdout)["clean_after"] is True

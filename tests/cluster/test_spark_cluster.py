@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,9 +78,12 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 
 def velocity(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One `velocity` process; its seconds are printed (pytest shows them on failure)."""
+    started = time.monotonic()
     done = subprocess.run(
         [VELOCITY, *args], env=env, capture_output=True, text=True, timeout=300, check=False
     )
+    print(f"velocity {' '.join(args[:2])}: {time.monotonic() - started:.1f} s")
     assert done.returncode == 0, f"velocity {args[0]}: {done.stderr[-3000:]}"
     return done
 

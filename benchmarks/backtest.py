@@ -103,7 +103,8 @@ def _report(wall: float, summary: dict) -> None:
     )
     print(
         f"peak RSS                  {summary['peak_rss_mb']:,.0f} MB "
-        f"(the driver's Python {summary['peak_rss_python_mb']:,.0f} MB; the rest is the JVM and its Python workers)"
+        f"(the driver's Python {summary['peak_rss_python_mb']:,.0f} MB; "
+        "the rest is the JVM and its Python workers)"
     )
 
 

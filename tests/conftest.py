@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from velocity.settings import Settings, load_settings
+from velocity.settings import PROJECT_ROOT, Settings, load_settings
+
+CLUSTER_SH = PROJECT_ROOT / "infra" / "cluster.sh"
 
 
 def free_port() -> int:
@@ -102,3 +109,100 @@ def data_settings(tmp_path: Path, spark_settings: Settings) -> Settings:
 
     redis.Redis.from_url(spark_settings.redis_url).flushall()
     return spark_settings.model_copy(update={"data_dir": tmp_path / "data"})
+
+
+class SparkCluster:
+    """The Spark standalone cluster of `infra/cluster.sh`, on this run's ports."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.master = f"spark://127.0.0.1:{env['VELOCITY_CLUSTER_PORT']}"
+
+    def run(self, action: str) -> str:
+        done = subprocess.run(
+            ["bash", str(CLUSTER_SH), action],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def state(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.env['VELOCITY_CLUSTER_UI_PORT']}/json/"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.load(answer)
+
+    def applications(self) -> list[str]:
+        """The names of the applications the master has run to the end."""
+        return [app["name"] for app in self.state()["completedapps"]]
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """`infra/cluster.sh up` on free loopback ports, once per run; `down` at the end."""
+    cluster = SparkCluster(
+        {
+            **os.environ,
+            "VELOCITY_CLUSTER_PORT": str(free_port()),
+            "VELOCITY_CLUSTER_UI_PORT": str(free_port()),
+            "VELOCITY_CLUSTER_WORKER_MEMORY": "2g",
+            "VELOCITY_CLUSTER_DIR": str(tmp_path_factory.mktemp("spark-cluster")),
+        }
+    )
+    cluster.run("up")
+    try:
+        yield cluster
+    finally:
+        cluster.run("down")
+
+
+REDIS_CLUSTER_SH = PROJECT_ROOT / "infra" / "redis-cluster.sh"
+
+
+def free_cluster_ports() -> int:
+    """A first port such that it, the next two and their cluster-bus ports (+10 000) are
+    free on loopback."""
+    import random
+
+    for _ in range(100):
+        first = random.randrange(20_000, 30_000)
+        ports = [first + i + bus for i in range(3) for bus in (0, 10_000)]
+        try:
+            for port in ports:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no free ports for a Redis Cluster")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`infra/redis-cluster.sh up`: three masters with a password, once per run."""
+    env = {
+        **os.environ,
+        "VELOCITY_REDIS_CLUSTER_PORT": str(free_cluster_ports()),
+        "VELOCITY_REDIS_CLUSTER_PASSWORD": "cluster-secret",
+        "VELOCITY_REDIS_CLUSTER_DIR": str(tmp_path_factory.mktemp("redis-cluster")),
+    }
+
+    def run(action: str) -> None:
+        done = subprocess.run(
+            ["bash", str(REDIS_CLUSTER_SH), action],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    run("up")
+    try:
+        yield f"redis+cluster://:cluster-secret@127.0.0.1:{env['VELOCITY_REDIS_CLUSTER_PORT']}/0"
+    finally:
+        run("down")

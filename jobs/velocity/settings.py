@@ -45,7 +45,8 @@ class Settings(BaseSettings):
     )
     redis_url: str = Field(
         default=f"redis://:{DEFAULT_REDIS_PASSWORD}@127.0.0.1:{DEFAULT_REDIS_PORT}/0",
-        description="Redis that mirrors the aggregates; `velocity up` starts this one locally.",
+        description="Redis that mirrors the aggregates; `velocity up` starts this one locally. "
+        "redis+cluster://:PASSWORD@HOST:PORT/0 names a Redis Cluster by any of its masters.",
     )
     redis_reader_password: str = Field(
         default="velocity-reader-local",
@@ -215,6 +216,11 @@ class Settings(BaseSettings):
     @property
     def max_future_ms(self) -> int:
         return self.max_future_seconds * 1000
+
+    @property
+    def redis_cluster(self) -> bool:
+        """Whether ``redis_url`` names a Redis Cluster (``redis+cluster://``)."""
+        return urlsplit(self.redis_url).scheme == "redis+cluster"
 
     @cached_property
     def redis_address(self) -> tuple[str, int, str | None]:

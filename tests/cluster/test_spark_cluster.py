@@ -9,72 +9,23 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import SparkCluster
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import Rule, parse_rules
-from velocity.settings import PROJECT_ROOT, Settings
+from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest
 from velocity.spark.evaluate import minute_buckets
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.redis]
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
-CLUSTER_SH = PROJECT_ROOT / "infra" / "cluster.sh"
-
-
-class SparkCluster:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.master = f"spark://127.0.0.1:{env['VELOCITY_CLUSTER_PORT']}"
-
-    def run(self, action: str) -> str:
-        done = subprocess.run(
-            ["bash", str(CLUSTER_SH), action],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
-    def state(self) -> dict:
-        url = f"http://127.0.0.1:{self.env['VELOCITY_CLUSTER_UI_PORT']}/json/"
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            return json.load(answer)
-
-    def applications(self) -> list[str]:
-        """The names of the applications the master has run to the end."""
-        return [app["name"] for app in self.state()["completedapps"]]
-
-
-@pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """`infra/cluster.sh up` on free loopback ports, once per run; `down` at the end."""
-    cluster = SparkCluster(
-        {
-            **os.environ,
-            "VELOCITY_CLUSTER_PORT": str(free_port()),
-            "VELOCITY_CLUSTER_UI_PORT": str(free_port()),
-            "VELOCITY_CLUSTER_WORKER_MEMORY": "2g",
-            "VELOCITY_CLUSTER_DIR": str(tmp_path_factory.mktemp("spark-cluster")),
-        }
-    )
-    cluster.run("up")
-    try:
-        yield cluster
-    finally:
-        cluster.run("down")
 
 
 def velocity(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

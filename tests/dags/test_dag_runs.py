@@ -7,10 +7,12 @@ the stream left. The stream policy's other branches are unit-tested in test_plan
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
+from tests.conftest import SparkCluster
 from tests.dags.conftest import StreamedData, run_dag
 
 from velocity.settings import Settings
@@ -111,6 +113,23 @@ def test_maintain_state(stopped_stream: StreamedData) -> None:
 def test_check_quality(stopped_stream: StreamedData) -> None:
     state, tasks = run_dag("check_quality")
     assert (state, tasks) == ("success", {"quality": "success"})
+
+
+@pytest.mark.cluster
+def test_check_quality_submits_to_the_spark_cluster_of_its_connection(
+    stopped_stream: StreamedData, spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The velocity_spark connection names a standalone master: spark-submit runs the task
+    there, with the JARs and the project's Python on the executors."""
+    host, _, port = spark_cluster.master.rpartition(":")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_VELOCITY_SPARK",
+        json.dumps({"conn_type": "spark", "host": host, "port": int(port)}),
+    )
+    before = len(spark_cluster.applications())
+    state, tasks = run_dag("check_quality")
+    assert (state, tasks) == ("success", {"quality": "success"})
+    assert len(spark_cluster.applications()) == before + 1
 
 
 def test_backfill_the_late_events(stopped_stream: StreamedData) -> None:

@@ -171,7 +171,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
             86_400,
             lease,
         )
-        mirror.send_stream_commit(client, commit, lease)
+        mirror.send_stream_commit(client, g1, commit, lease)
     assert_rollups_merge_their_buckets(client, name)
     assert_windows_match(client, name, buckets, rng)
 

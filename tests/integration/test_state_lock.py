@@ -132,7 +132,7 @@ def test_a_stream_commit_whose_lease_ran_out_writes_nothing(settings: Settings) 
             commit = mirror.stream_commit(
                 settings, 3, 5, {}, [], ["tx-1"], [{"alertId": "a"}], 60, lease
             )
-            mirror.send_stream_commit(client, commit, lease)
+            mirror.send_stream_commit(client, settings, commit, lease)
     assert client.xlen(settings.alert_stream) == 0
     assert not client.exists(settings.redis_keys.seen_prefix + "tx-1")
     assert mirror.committed_batch(client, settings) is None

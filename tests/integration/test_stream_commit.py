@@ -36,8 +36,8 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
         commit = mirror.stream_commit(
             settings, 0, 123, changed, dropped, accepted, alerts, 60, lease
         )
-        published = mirror.send_stream_commit(client, commit, lease)
-        again = mirror.send_stream_commit(client, commit, lease)
+        published = mirror.send_stream_commit(client, settings, commit, lease)
+        again = mirror.send_stream_commit(client, settings, commit, lease)
     assert (published, again) == (7, -1)
     entries = client.xrange(settings.alert_stream)
     assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(7))
@@ -65,7 +65,7 @@ def test_a_commit_checks_roll_ups_only_on_hashes_that_may_have_them(settings: Se
     client.config_resetstat()
     with state_lock(client, settings, "stream batch 0") as lease:
         commit = mirror.stream_commit(settings, 0, 1, changed, [], [], [], 3600, lease)
-        mirror.send_stream_commit(client, commit, lease)
+        mirror.send_stream_commit(client, settings, commit, lease)
     calls = client.info("commandstats")
     assert calls["cmdstat_hlen"]["calls"] == 1  # the larger hash only
     assert calls["cmdstat_hset"]["calls"] >= 101

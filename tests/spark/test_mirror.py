@@ -179,7 +179,7 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
         commit = mirror.stream_commit(
             streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60, lease
         )
-        replay = mirror.send_stream_commit(client, commit, lease)
+        replay = mirror.send_stream_commit(client, streamed.settings, commit, lease)
     assert replay == -1
     assert client.xlen(stream) == len(entries)
     assert not client.exists(keys.seen_prefix + "tx-replayed")

@@ -21,10 +21,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from velocity.errors import VelocityError
+from velocity.redis import cluster
 from velocity.redis.mirror import load_functions
 from velocity.settings import Settings
 
@@ -103,6 +106,10 @@ def state_lock(
         time.sleep(0.2)
     stop = threading.Event()
     lease = Lease(name, token, holder)
+    if cluster.is_cluster(client):
+        # A batch decided but not finished by a holder that died: finished before anyone
+        # writes, so no write of ours is overtaken by that holder's stale one.
+        cluster.finish_pending(cast(RedisCluster, client), settings)
 
     def renew() -> None:
         while not stop.wait(lease_ms / 3000):

@@ -13,9 +13,11 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.errors import UnknownRuleError
+from velocity.redis import cluster
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value,
@@ -42,7 +44,19 @@ FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothi
 
 
 def connect(settings: Settings) -> redis.Redis:
-    """A client of ``VELOCITY_REDIS_URL`` answering str; fails fast instead of retrying."""
+    """A client of ``VELOCITY_REDIS_URL`` answering str; fails fast instead of retrying.
+
+    A ``redis+cluster://`` URL names a Redis Cluster (any of its masters): the client is
+    then redis-py's ``RedisCluster``, which routes each command by its key's slot and
+    answers the commands this package sends; the stream's read and commit take the
+    cluster's own path (``velocity.redis.cluster``).
+    """
+    if settings.redis_cluster:
+        url = "redis://" + settings.redis_url.split("://", 1)[1]
+        return cast(
+            redis.Redis,
+            RedisCluster.from_url(url, decode_responses=True, socket_timeout=10),
+        )
     return redis.Redis.from_url(
         settings.redis_url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
     )
@@ -201,7 +215,8 @@ def publish_rules(
     in one MULTI/EXEC: a lookup never sees a rule between its DEL and its HSET."""
     wanted = {keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms) for r in rules}
     present = set(client.scan_iter(match=keys.rule_entries, count=1000))
-    pipe = client.pipeline(transaction=True)
+    # A cluster has no MULTI across slots: there a lookup may see a rule in between.
+    pipe = client.pipeline(transaction=not cluster.is_cluster(client))
     for name in present - set(wanted):
         pipe.delete(name)
     for name, entry in wanted.items():
@@ -336,23 +351,29 @@ def read_stream_state(
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
     names = [keys.bucket_hash(sig, key) for sig, key in slots]
-    request = json.dumps(
-        {"h": names, "s": [seen_prefix + tx for tx in transaction_ids]},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    reply = json.loads(
-        client.fcall_ro(
-            "velocity_stream_read",
-            3,
-            keys.stream_progress,
-            keys.buckets_epoch,
-            keys.mirror_marker,
-            request,
-        )  # type: ignore[arg-type]
-    )
-    progress = reply["p"] or {}
-    hashes = reply["h"] or {}
+    if cluster.is_cluster(client):
+        progress, seen_indices, epoch, mirror_of, hashes = cluster.read_stream_state(
+            cast(RedisCluster, client), settings, transaction_ids, names
+        )
+    else:
+        request = json.dumps(
+            {"h": names, "s": [seen_prefix + tx for tx in transaction_ids]},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        reply = json.loads(
+            client.fcall_ro(
+                "velocity_stream_read",
+                3,
+                keys.stream_progress,
+                keys.buckets_epoch,
+                keys.mirror_marker,
+                request,
+            )  # type: ignore[arg-type]
+        )
+        progress, hashes = reply["p"] or {}, reply["h"] or {}
+        seen_indices = {i - 1 for i in reply["s"] or []}
+        epoch, mirror_of = str(reply["e"]), str(reply["m"])
     states: dict[SignatureKey, KeyState] = {}
     for slot, name in zip(slots, names, strict=True):
         fields = hashes.get(name)
@@ -363,13 +384,12 @@ def read_stream_state(
             start = int(start_text)
             state.buckets[start], state.last_times[start] = parse_bucket(value)
         states[slot] = state
-    seen_indices = reply["s"] or []
     return StreamRead(
         committed_batch=int(progress["batch"]) if "batch" in progress else None,
         newest_event_time=int(progress["newest"]) if progress.get("newest") else None,
-        epoch=str(reply["e"]),
-        mirror_of=str(reply["m"]),
-        seen={transaction_ids[i - 1] for i in seen_indices},
+        epoch=epoch,
+        mirror_of=mirror_of,
+        seen={transaction_ids[i] for i in seen_indices},
         states=states,
     )
 
@@ -436,10 +456,22 @@ def stream_commit(
     )
 
 
-def send_stream_commit(client: redis.Redis, commit: Sequence[str], lease: Lease) -> int:
+def send_stream_commit(
+    client: redis.Redis, settings: Settings, commit: Sequence[str], lease: Lease
+) -> int:
     """Run a built ``stream_commit`` in Redis: the alerts published, -1 for a replay;
     ``StateLockLost`` when fenced (nothing written)."""
-    return PendingCommit(client, commit, lease).result()
+    return begin_stream_commit(client, settings, commit, lease).result()
+
+
+def begin_stream_commit(
+    client: redis.Redis, settings: Settings, commit: Sequence[str], lease: Lease
+) -> PendingCommit | cluster.ClusterCommit:
+    """Send a built ``stream_commit``; its ``result()`` is the answer. On one server Redis
+    runs it while the caller goes on; on a cluster it is staged and done here."""
+    if cluster.is_cluster(client):
+        return cluster.ClusterCommit(cast(RedisCluster, client), settings, commit, lease)
+    return PendingCommit(client, commit, lease)
 
 
 class PendingCommit:

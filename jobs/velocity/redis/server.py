@@ -114,7 +114,8 @@ def local_redis(settings: Settings) -> LocalRedis:
     if parts.scheme != "redis":
         raise UsageError(
             f"VELOCITY_REDIS_URL {shown} must start with redis:// for the local server "
-            "that `velocity up` manages (TLS and unix sockets are for servers you run yourself)"
+            "that `velocity up` manages (TLS and unix sockets are for servers you run yourself; "
+            "a Redis Cluster on this machine is `bash infra/redis-cluster.sh up`)"
         )
     host = (parts.hostname or "").lower()
     bind = loopback_address(host)

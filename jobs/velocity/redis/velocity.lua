@@ -495,6 +495,37 @@ local function velocity_renew(keys, args)
   return 0
 end
 
+-- Every bucket of the named hashes (roll-ups left out), by hash; empty hashes left out.
+local function read_hashes(names)
+  local hashes = {}
+  for _, name in ipairs(names) do
+    local buckets = redis.call("HGETALL", name)
+    if #buckets > 0 then
+      local map = {}
+      for i = 1, #buckets, 2 do
+        if is_bucket(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
+      end
+      hashes[name] = map
+    end
+  end
+  return hashes
+end
+
+-- The 1-based indices of the named keys that exist.
+local function existing(names)
+  local found = {}
+  for i, name in ipairs(names) do
+    if redis.call("EXISTS", name) == 1 then found[#found + 1] = i end
+  end
+  return found
+end
+
+-- The time of this call, epoch ms, as text.
+local function now_ms()
+  local now = redis.call("TIME")
+  return tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+end
+
 -- FCALL_RO velocity_stream_read 3 <progress hash> <buckets epoch> <mirror marker> <request json>
 -- The read half of a micro-batch, in one round trip: the stream's progress (last committed
 -- batch, newest eventTime), the buckets epoch, the mirror marker, which of the named
@@ -507,54 +538,20 @@ local function velocity_stream_read(keys, args)
   local progress = {}
   local fields = redis.call("HGETALL", keys[1])
   for i = 1, #fields, 2 do progress[fields[i]] = fields[i + 1] end
-  local seen = {}
-  for i, name in ipairs(request["s"]) do
-    if redis.call("EXISTS", name) == 1 then seen[#seen + 1] = i end
-  end
-  local hashes = {}
-  for _, name in ipairs(request["h"]) do
-    local buckets = redis.call("HGETALL", name)
-    if #buckets > 0 then
-      local map = {}
-      for i = 1, #buckets, 2 do
-        if is_bucket(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
-      end
-      hashes[name] = map
-    end
-  end
   return cjson.encode({
     p = progress,
     e = redis.call("GET", keys[2]) or "0",
     m = redis.call("GET", keys[3]) or "",
-    s = seen,
-    h = hashes,
+    s = existing(request["s"]),
+    h = read_hashes(request["h"]),
   })
 end
 
--- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
---   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
---   <changes json>...
--- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
--- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
--- transactionIds, the alerts on the stream, and the progress (with "at", the time of this
--- commit). Fenced: unless the state lock holds the caller's token (its lease ran out,
--- someone else may be writing) nothing is written and -2 returned. A batch not newer than
--- the progress was committed already: nothing is written and -1 returned (a replay
--- changes nothing twice).
--- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
---            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...]}, in one or
---            more parts (each argument a part of every list, in order, so no argument
---            grows without bound); "q" (optional) names changed hashes of at most 6
---            buckets that only grew: they cannot have roll-ups
-local function velocity_stream_commit(keys, args)
-  if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
-  local batch = tonumber(args[2])
-  local last = redis.call("HGET", keys[1], "batch")
-  if last and tonumber(last) >= batch then return -1 end
-  local parts = {}
-  for i = 8, #args do parts[#parts + 1] = cjson.decode(args[i]) end
+-- A micro-batch's bucket changes, given as parts (see velocity_stream_commit's changes):
+-- every changed bucket's absolute value, its hash's TTL and roll-ups, the dropped buckets.
+local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
   -- Kind by kind over all parts: a bucket both changed and dropped ends dropped.
-  local changed, lost, published = {}, {}, 0
+  local changed, lost = {}, {}
   for _, changes in ipairs(parts) do
     for _, b in ipairs(changes["b"]) do
       redis.call("HSET", b[1], b[2], b[3])
@@ -568,11 +565,11 @@ local function velocity_stream_commit(keys, args)
     end
   end
   for name in pairs(changed) do
-    redis.call("PEXPIRE", name, args[4])
+    redis.call("PEXPIRE", name, ttl_ms)
   end
   -- Roll-ups. A hash that only grew and has fewer than ROLLUP_KEEP_FIELDS fields has none
   -- (one HLEN, the common case); the few dense ones get their touched starts gathered.
-  local bucket_ms, dense = tonumber(args[7]), {}
+  local dense = {}
   local function check(name, only_grew)
     if only_grew and redis.call("HLEN", name) < ROLLUP_KEEP_FIELDS then return end
     if redis.call("HEXISTS", name, ROLLUP_FLAG) == 1 then
@@ -603,6 +600,32 @@ local function velocity_stream_commit(keys, args)
     end
     for name, starts in pairs(dense) do after_bucket_writes(name, starts, bucket_ms) end
   end
+end
+
+-- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
+--   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
+--   <changes json>...
+-- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
+-- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
+-- transactionIds, the alerts on the stream, and the progress (with "at", the time of this
+-- commit). Fenced: unless the state lock holds the caller's token (its lease ran out,
+-- someone else may be writing) nothing is written and -2 returned. A batch not newer than
+-- the progress was committed already: nothing is written and -1 returned (a replay
+-- changes nothing twice).
+-- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
+--            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...]}, in one or
+--            more parts (each argument a part of every list, in order, so no argument
+--            grows without bound); "q" (optional) names changed hashes of at most 6
+--            buckets that only grew: they cannot have roll-ups
+local function velocity_stream_commit(keys, args)
+  if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
+  local batch = tonumber(args[2])
+  local last = redis.call("HGET", keys[1], "batch")
+  if last and tonumber(last) >= batch then return -1 end
+  local parts = {}
+  for i = 8, #args do parts[#parts + 1] = cjson.decode(args[i]) end
+  apply_bucket_changes(parts, args[4], tonumber(args[7]))
+  local published = 0
   for _, changes in ipairs(parts) do
     for _, name in ipairs(changes["s"]) do redis.call("SET", name, args[2], "PX", args[5]) end
   end
@@ -612,10 +635,94 @@ local function velocity_stream_commit(keys, args)
       published = published + 1
     end
   end
-  local now = redis.call("TIME")
-  local at = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
-  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", at)
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
   return published
+end
+
+-- Redis Cluster. A micro-batch's keys live on several masters there, and a call may only
+-- touch keys of the master it runs on, so the commit is staged (velocity/redis/cluster.py):
+-- decide on the master of the progress (atomic, fenced), then finish: publish the alerts,
+-- apply each master's bucket changes, drop the pending record. Each finishing step is
+-- skipped where it was done already, so whoever finds a pending record finishes it.
+
+-- FCALL velocity_cluster_decide 3 <progress hash> <state lock> <pending hash> <lock token>
+--   <batch> <newest eventTime> <seen ttl ms> <pending json> <seen keys json>...
+-- Fenced and refused for a replay as velocity_stream_commit (-2, -1); else the accepted
+-- transactionIds, the pending record {batch, changes} and the progress, atomically (the
+-- four share the data dir's hash tag, so one slot). 0 when done.
+local function velocity_cluster_decide(keys, args)
+  if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
+  local last = redis.call("HGET", keys[1], "batch")
+  if last and tonumber(last) >= tonumber(args[2]) then return -1 end
+  for i = 6, #args do
+    for _, name in ipairs(cjson.decode(args[i])) do
+      redis.call("SET", name, args[2], "PX", args[4])
+    end
+  end
+  redis.call("DEL", keys[3])
+  redis.call("HSET", keys[3], "batch", args[2], "changes", args[5])
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
+  return 0
+end
+
+-- FCALL velocity_cluster_publish 1 <alert stream> <batch> <maxlen> <alert json>...
+-- A decided batch's alerts, unless the stream's newest entry is of this batch or a later
+-- one (a backfill's entries repeat the batch before them). The alerts published, or -1.
+local function velocity_cluster_publish(keys, args)
+  local last = redis.call("XREVRANGE", keys[1], "+", "-", "COUNT", 1)
+  if #last > 0 then
+    local entry = last[1][2]
+    for i = 1, #entry, 2 do
+      if entry[i] == "batch" and tonumber(entry[i + 1]) >= tonumber(args[1]) then
+        return -1
+      end
+    end
+  end
+  for i = 3, #args do
+    redis.call("XADD", keys[1], "MAXLEN", "~", args[2], "*", "alert", args[i], "batch", args[1])
+  end
+  return #args - 2
+end
+
+-- FCALL velocity_cluster_apply 1 <applied marker> <batch> <bucket ttl ms> <bucket ms>
+--   <changes json>...
+-- One master's bucket changes of a decided batch (changes as velocity_stream_commit's, of
+-- this master's hashes only), unless its marker (a key on the same master) says the batch
+-- is applied already (-1). 0 when applied.
+local function velocity_cluster_apply(keys, args)
+  local last = redis.call("GET", keys[1])
+  if last and tonumber(last) >= tonumber(args[1]) then return -1 end
+  local parts = {}
+  for i = 4, #args do parts[#parts + 1] = cjson.decode(args[i]) end
+  apply_bucket_changes(parts, args[2], tonumber(args[3]))
+  redis.call("SET", keys[1], args[1])
+  return 0
+end
+
+-- FCALL velocity_cluster_done 1 <pending hash> <batch>
+-- Drops the pending record once it is finished (1), unless it is another batch's (0).
+local function velocity_cluster_done(keys, args)
+  if redis.call("HGET", keys[1], "batch") == args[1] then return redis.call("DEL", keys[1]) end
+  return 0
+end
+
+-- FCALL_RO velocity_cluster_read_progress 2 <progress hash> <pending hash> <seen keys json>
+-- reply = {"p": {field: value}, "b": pending batch or "", "s": [1-based indices seen]}
+local function velocity_cluster_read_progress(keys, args)
+  local progress = {}
+  local fields = redis.call("HGETALL", keys[1])
+  for i = 1, #fields, 2 do progress[fields[i]] = fields[i + 1] end
+  return cjson.encode({
+    p = progress,
+    b = redis.call("HGET", keys[2], "batch") or "",
+    s = existing(cjson.decode(args[1])),
+  })
+end
+
+-- FCALL_RO velocity_cluster_read_buckets 1 <one of the hashes> <hash names json>
+-- The named hashes' buckets, all on this master: {hash: {start: value}}.
+local function velocity_cluster_read_buckets(keys, args)
+  return cjson.encode(read_hashes(cjson.decode(args[1])))
 end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
@@ -628,3 +735,13 @@ redis.register_function("velocity_renew", velocity_renew)
 redis.register_function{function_name = "velocity_stream_read", callback = velocity_stream_read,
                         flags = {"no-writes"}}
 redis.register_function("velocity_stream_commit", velocity_stream_commit)
+redis.register_function("velocity_cluster_decide", velocity_cluster_decide)
+redis.register_function("velocity_cluster_publish", velocity_cluster_publish)
+redis.register_function{function_name = "velocity_cluster_apply", callback = velocity_cluster_apply,
+                        flags = {"allow-cross-slot-keys"}}
+redis.register_function("velocity_cluster_done", velocity_cluster_done)
+redis.register_function{function_name = "velocity_cluster_read_progress",
+                        callback = velocity_cluster_read_progress, flags = {"no-writes"}}
+redis.register_function{function_name = "velocity_cluster_read_buckets",
+                        callback = velocity_cluster_read_buckets,
+                        flags = {"no-writes", "allow-cross-slot-keys"}}

@@ -301,7 +301,7 @@ class StreamJob:
         memory behind. Then the alerts go to Kafka (when it publishes there): at least
         once, since a batch that fails here is replayed, finds itself committed in Redis
         and publishes them again. Returns the alerts published."""
-        pending = mirror.PendingCommit(self.redis, prepared.commit, lease)
+        pending = mirror.begin_stream_commit(self.redis, self.settings, prepared.commit, lease)
         alerts = prepared.alerts
         try:
             try:

@@ -1,0 +1,225 @@
+"""The stream's read and commit on a Redis Cluster, where a data dir's keys live on
+several masters.
+
+On one server a micro-batch's commit is one Function call (velocity_stream_commit),
+atomic. A Redis Cluster refuses a call that touches keys of another master, so there
+the commit is staged:
+
+1. **decide**, on the master of the stream's progress, in one call, fenced by the state
+   lock and refused for a replay: the accepted transactionIds, the progress and a
+   *pending* record holding the batch's alerts and each master's bucket changes (these
+   keys share the data dir's hash tag, so they live in one slot);
+2. **finish**: the alerts go on the alert stream (skipped if it has the batch already),
+   each master applies its bucket changes (skipped where its *applied* marker, a key on
+   that master, has the batch), and the pending record goes.
+
+A crash between the two leaves the pending record. Whoever reads the stream's state next,
+or takes the state lock, finishes it first, so buckets are never read behind the progress
+and nothing is applied twice. Reads are one call on the progress's master plus one call
+per master for the buckets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import redis
+from redis.cluster import RedisCluster
+
+from velocity.redis.keys import RedisKeys, data_dir_tag
+from velocity.settings import Settings
+
+if TYPE_CHECKING:
+    from velocity.redis.lock import Lease
+
+REPLAYED = -1  # decide: the batch is committed already (nothing written)
+FENCED = -2  # decide: the state lock is not the caller's (nothing written)
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def pending_record(keys: RedisKeys) -> str:
+    """The pending record of a decided, unfinished batch (the data dir's slot)."""
+    return f"{keys.prefix}:pending:{{{data_dir_tag(keys.data_dir)}}}"
+
+
+def applied_marker(client: RedisCluster, keys: RedisKeys, node_name: str) -> str:
+    """A key on master ``node_name`` holding the last batch it applied: the first of
+    ``<prefix>:applied:{<digest>-<n>}`` whose slot that master serves."""
+    tag = data_dir_tag(keys.data_dir)
+    for n in range(100_000):
+        name = f"{keys.prefix}:applied:{{{tag}-{n}}}"
+        if client.get_node_from_key(name).name == node_name:
+            return name
+    raise RuntimeError(f"no slot of master {node_name} found for an applied marker")
+
+
+def by_master(client: RedisCluster, names: Sequence[str]) -> dict[str, list[str]]:
+    """``names`` grouped by the master that serves each one's slot."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(client.get_node_from_key(name).name, []).append(name)
+    return groups
+
+
+def read_stream_state(
+    client: RedisCluster,
+    settings: Settings,
+    transaction_ids: Sequence[str],
+    names: Sequence[str],
+) -> tuple[dict[str, str], set[int], str, str, dict[str, dict[str, str]]]:
+    """(progress, 0-based indices of the seen transactionIds, epoch, mirror marker, the
+    named hashes' buckets): mirror.read_stream_state's inputs, on a cluster. A pending
+    batch is finished first."""
+    keys = settings.redis_keys
+    seen_names = json.dumps([keys.seen_prefix + tx for tx in transaction_ids], ensure_ascii=False)
+
+    def progress_read() -> dict[str, Any]:
+        return json.loads(
+            client.fcall_ro(  # type: ignore[arg-type]
+                "velocity_cluster_read_progress",
+                2,
+                keys.stream_progress,
+                pending_record(keys),
+                seen_names,
+            )
+        )
+
+    reply = progress_read()
+    if reply["b"]:
+        finish_pending(client, settings)
+        reply = progress_read()
+    hashes: dict[str, dict[str, str]] = {}
+    for group in by_master(client, names).values():
+        hashes.update(
+            json.loads(
+                client.fcall_ro(  # type: ignore[arg-type]
+                    "velocity_cluster_read_buckets",
+                    1,
+                    group[0],
+                    json.dumps(group, ensure_ascii=False),
+                )
+            )
+            or {}
+        )
+    return (
+        reply["p"] or {},
+        {i - 1 for i in reply["s"] or []},
+        str(client.get(keys.buckets_epoch) or "0"),
+        str(client.get(keys.mirror_marker) or ""),
+        hashes,
+    )
+
+
+def finish_pending(client: RedisCluster, settings: Settings) -> None:
+    """Finish the decided batch the pending record holds, if any (idempotent)."""
+    keys = settings.redis_keys
+    record = cast(dict[str, str], client.hgetall(pending_record(keys)))
+    if record:
+        _finish(client, keys, record["batch"], json.loads(record["changes"]))
+
+
+def _finish(client: RedisCluster, keys: RedisKeys, batch: str, changes: Mapping[str, Any]) -> int:
+    """Publish the alerts and apply each master's buckets of decided ``batch``; drop the
+    pending record. Returns the alerts published (0 if they were already)."""
+    published = int(
+        client.fcall(  # type: ignore[arg-type]
+            "velocity_cluster_publish",
+            1,
+            changes["alert_stream"],
+            batch,
+            changes["maxlen"],
+            *changes["a"],
+        )
+    )
+    for marker, parts in changes["m"]:
+        client.fcall(
+            "velocity_cluster_apply",
+            1,
+            marker,
+            batch,
+            changes["ttl"],
+            changes["bucket_ms"],
+            *(json.dumps(p, separators=(",", ":"), ensure_ascii=False) for p in parts),
+        )
+    client.fcall("velocity_cluster_done", 1, pending_record(keys), batch)
+    return max(published, 0)
+
+
+class ClusterCommit:
+    """A built ``mirror.stream_commit`` run on a Redis Cluster (decide, then finish);
+    ``result`` as ``mirror.PendingCommit.result``. Runs when constructed: there is no one
+    connection to leave the answer on while the caller goes on."""
+
+    def __init__(
+        self, client: RedisCluster, settings: Settings, commit: Sequence[str], lease: Lease
+    ) -> None:
+        self._lease = lease
+        self._error: BaseException | None = None
+        try:
+            self._result = self._run(client, settings, commit)
+        except redis.RedisError as exc:
+            self._error = exc
+
+    def _run(self, client: RedisCluster, settings: Settings, commit: Sequence[str]) -> int:
+        keys = settings.redis_keys
+        progress, alert_stream, _lock, token, batch, newest, ttl, seen_ttl, maxlen, width = commit[
+            :10
+        ]
+        parts = [json.loads(part) for part in commit[10:]]
+        seen = [name for part in parts for name in part["s"]]
+        alerts = [alert for part in parts for alert in part["a"]]
+        per_master: dict[str, dict[str, list[Any]]] = {}
+
+        def master_of(name: str) -> dict[str, list[Any]]:
+            node = client.get_node_from_key(name).name
+            return per_master.setdefault(node, {"b": [], "d": [], "q": []})
+
+        for part in parts:
+            for kind in ("b", "d"):
+                for entry in part[kind]:
+                    master_of(entry[0])[kind].append(entry)
+            for name in part.get("q", ()):
+                master_of(name)["q"].append(name)
+        changes = {
+            "alert_stream": alert_stream,
+            "maxlen": maxlen,
+            "ttl": ttl,
+            "bucket_ms": width,
+            "a": alerts,
+            "m": [
+                [applied_marker(client, keys, node), [entries]]
+                for node, entries in sorted(per_master.items())
+            ],
+        }
+        decided = int(
+            client.fcall(  # type: ignore[arg-type]
+                "velocity_cluster_decide",
+                3,
+                progress,
+                self._lease.name,
+                pending_record(keys),
+                token,
+                batch,
+                newest,
+                seen_ttl,
+                json.dumps(changes, separators=(",", ":"), ensure_ascii=False),
+                json.dumps(seen, ensure_ascii=False),
+            )
+        )
+        if decided in (REPLAYED, FENCED):
+            return decided
+        return _finish(client, keys, batch, changes)
+
+    def result(self) -> int:
+        """The alerts published, -1 for a replay; ``StateLockLost`` when fenced."""
+        if self._error is not None:
+            raise self._error
+        if self._result == FENCED:
+            self._lease.lost.set()
+            self._lease.check()
+        return self._result

@@ -1,0 +1,162 @@
+"""Velocity on a real Redis Cluster (`infra/redis-cluster.sh`: three masters, a password):
+the layout spreads keys over the masters and keeps a (signature, key) in one slot; the
+Functions are on every master; the stream's staged commit is exactly once, fenced, and
+finished by whoever comes next after a crash between its two halves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from redis.cluster import RedisCluster
+
+from velocity.buckets import BucketAggregate
+from velocity.redis import cluster, mirror
+from velocity.redis.keys import parse_bucket
+from velocity.redis.lock import StateLockLost, state_lock
+from velocity.settings import Settings, load_settings
+from velocity.stream_batch import KeyState
+
+pytestmark = [pytest.mark.cluster, pytest.mark.redis]
+
+ONE = BucketAggregate.of_event("12.5", Decimal("12.5"))
+
+
+@pytest.fixture
+def settings(redis_cluster_url: str, tmp_path: Path) -> Iterator[Settings]:
+    settings = load_settings(data_dir=tmp_path / "data", redis_url=redis_cluster_url)
+    client = mirror.connect(settings)
+    client.flushall()
+    mirror.load_functions(client)
+    yield settings
+    client.close()
+
+
+def changes(payers: int) -> dict[tuple[str, str], tuple[KeyState, list[int]]]:
+    return {
+        ("sig", f'["p-{i}"]'): (KeyState({60_000: ONE, 120_000: ONE}, {60_000: 60_001}), [60_000])
+        for i in range(payers)
+    }
+
+
+def test_keys_spread_over_the_masters_and_a_key_stays_in_one_slot(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    assert isinstance(client, RedisCluster)
+    masters = {node.name for node in client.get_primaries()}
+    assert len(masters) == 3
+    libraries = client.function_list()  # each master's own list
+    assert set(libraries) == masters
+    assert all(library[0][1] == "velocity" for library in libraries.values())
+    keys = settings.redis_keys
+    names = [keys.bucket_hash("sig", f'["p-{i}"]') for i in range(60)]
+    assert set(cluster.by_master(client, names)) == masters
+    # Every key of one (signature, key) hashes by its tag alone.
+    one = keys.bucket_hash("sig", '["p-7"]')
+    assert client.keyslot(one) == client.keyslot('{sig:["p-7"]}')
+    # The stream's own keys share the data dir's slot: its decide step is one call.
+    own = [keys.stream_progress, keys.state_lock, keys.seen_prefix + "tx-1"]
+    own.append(cluster.pending_record(keys))
+    assert len({client.keyslot(name) for name in own}) == 1
+
+
+def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    alerts = [{"alertId": f"a-{i}", "n": i} for i in range(5)]
+    accepted = [f"tx-{i}" for i in range(8)]
+    with state_lock(client, settings, "stream batch 0") as lease:
+        commit = mirror.stream_commit(
+            settings, 0, 123, changes(40), [("sig", '["p-0"]', 60_000)], accepted, alerts, 60, lease
+        )
+        published = mirror.send_stream_commit(client, settings, commit, lease)
+        again = mirror.send_stream_commit(client, settings, commit, lease)
+    assert (published, again) == (5, -1)
+    entries = client.xrange(settings.alert_stream)
+    assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(5))
+    read = mirror.read_stream_state(
+        client, settings, ["tx-3", "tx-new"], [("sig", f'["p-{i}"]') for i in range(40)]
+    )
+    assert (read.committed_batch, read.newest_event_time, read.seen) == (0, 123, {"tx-3"})
+    # Only the changed bucket (60 000) is written; p-0's was dropped in the same batch.
+    assert ("sig", '["p-0"]') not in read.states
+    for i in range(1, 40):
+        assert read.states[("sig", f'["p-{i}"]')].buckets == {60_000: ONE}
+    assert not client.exists(cluster.pending_record(settings.redis_keys))
+    assert mirror.committed_batch(client, settings) == 0
+
+
+def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = mirror.connect(settings)
+    finished = cluster._finish
+
+    def crash(*args: object) -> int:
+        raise KeyboardInterrupt("the stream dies between decide and finish")
+
+    monkeypatch.setattr(cluster, "_finish", crash)
+    with pytest.raises(KeyboardInterrupt), state_lock(client, settings, "stream batch 0") as lease:
+        commit = mirror.stream_commit(
+            settings, 0, 5, changes(30), [], ["tx-a"], [{"alertId": "x"}], 60, lease
+        )
+        mirror.send_stream_commit(client, settings, commit, lease)
+    # Decided (progress, seen) but no bucket or alert written yet.
+    assert mirror.committed_batch(client, settings) == 0
+    assert client.xlen(settings.alert_stream) == 0
+    hash_name = settings.redis_keys.bucket_hash("sig", '["p-1"]')
+    assert client.hget(hash_name, "60000") is None
+
+    monkeypatch.setattr(cluster, "_finish", finished)
+    read = mirror.read_stream_state(client, settings, [], [("sig", '["p-1"]')])
+    assert read.states[("sig", '["p-1"]')].buckets == {60_000: ONE}
+    assert parse_bucket(client.hget(hash_name, "60000")) == (ONE, 60_001)  # type: ignore[arg-type]
+    assert client.xlen(settings.alert_stream) == 1
+    # Finishing again (a second reader, or the lock's taker) changes nothing.
+    cluster.finish_pending(client, settings)  # type: ignore[arg-type]
+    with state_lock(client, settings, "compaction"):
+        pass
+    assert client.xlen(settings.alert_stream) == 1
+
+
+def test_a_commit_whose_lease_ran_out_writes_nothing_on_the_cluster(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    with (
+        pytest.raises(StateLockLost),
+        state_lock(client, settings, "stream batch 3", lease_ms=60_000) as lease,
+    ):
+        client.delete(lease.name)  # the lease ran out; someone else may hold it now
+        commit = mirror.stream_commit(settings, 3, 1, changes(5), [], ["tx"], [{"a": 1}], 60, lease)
+        mirror.send_stream_commit(client, settings, commit, lease)
+    assert mirror.committed_batch(client, settings) is None
+    assert client.xlen(settings.alert_stream) == 0
+    assert not client.exists(cluster.pending_record(settings.redis_keys))
+
+
+def test_lookups_and_the_mirror_writes_work_on_the_cluster(settings: Settings) -> None:
+    client = mirror.connect(settings)
+    keys = settings.redis_keys
+    rows = [
+        {
+            "signature_id": "sig",
+            "key": f'["p-{i}"]',
+            "bucket_start": 60_000 * m,
+            "event_count": 1,
+            "value_count": 1,
+            "value_sum": Decimal(i),
+            "value_min": Decimal(i),
+            "value_max": Decimal(i),
+            "distinct_values": [],
+        }
+        for i in range(30)
+        for m in range(1, 4)
+    ]
+    assert mirror.write_bucket_rows(client, keys, rows, 60_000, 3600) == 90
+    drift = mirror.compare_buckets(client, keys, rows, signatures={"sig"})
+    assert drift.clean and drift.checked == 90
+    assert len(list(mirror.bucket_hashes(client, keys))) == 30
+    window = ["SUM", "600000", "60000", "240000"]
+    name = keys.bucket_hash("sig", '["p-7"]')
+    result = json.loads(client.fcall("velocity_window", 1, name, *window))  # type: ignore[arg-type]
+    assert result["aggregateValue"] == "21"

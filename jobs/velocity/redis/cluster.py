@@ -58,6 +58,15 @@ def applied_marker(client: RedisCluster, keys: RedisKeys, node_name: str) -> str
     raise RuntimeError(f"no slot of master {node_name} found for an applied marker")
 
 
+def forget_staging(client: RedisCluster, keys: RedisKeys) -> None:
+    """Drop the pending record and every applied marker: a rebuild from Delta sets the
+    progress itself, and a batch after it must be decided and applied anew."""
+    names = [pending_record(keys)]
+    names.extend(client.scan_iter(match=f"{keys.prefix}:applied:*", count=1000))
+    for name in names:
+        client.delete(name)
+
+
 def by_master(client: RedisCluster, names: Sequence[str]) -> dict[str, list[str]]:
     """``names`` grouped by the master that serves each one's slot."""
     groups: dict[str, list[str]] = {}

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import redis
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from redis.cluster import RedisCluster
 
 from velocity.delta.live import LiveState, last_committed_batch
-from velocity.redis import mirror
+from velocity.redis import cluster, mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules
 
@@ -65,6 +66,8 @@ class RedisState:
         self.state.flush_spool(through)
         rules = active_rules(self.state.rule_store.in_force())
         keys = self.settings.redis_keys
+        if cluster.is_cluster(self.redis):
+            cluster.forget_staging(cast(RedisCluster, self.redis), keys)
         mirror.publish_rules(self.redis, keys, rules, self.settings.bucket_width_ms)
         buckets = self.state.buckets_in_horizon(rules)
         written = buckets.count()

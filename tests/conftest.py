@@ -17,6 +17,10 @@ import pytest
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
 
 CLUSTER_SH = PROJECT_ROOT / "infra" / "cluster.sh"
+# The spark-submits and `velocity` processes of tests are short drivers on tiny data: the
+# client compiler only and the serial collector start them about a third faster. Set for
+# those JVMs only.
+FAST_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SparkCluster
+from tests.conftest import FAST_JVM, SparkCluster
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
@@ -79,6 +79,7 @@ def test_cluster_decides_what_local_mode_decides(
     rules = str(sample_rules_path())
     env = {
         **os.environ,
+        **FAST_JVM,
         "VELOCITY_DATA_DIR": str(settings.data_dir),
         "VELOCITY_REDIS_URL": redis_cluster_url,
         "VELOCITY_SPARK_MASTER": spark_cluster.master,
@@ -110,10 +111,11 @@ def test_cluster_decides_what_local_mode_decides(
     velocity([*stream, "--max-files-per-trigger", "1"], env)  # a staged commit per file
     day = ["--from", str(generated.min_event_time), "--to", str(generated.max_event_time)]
     backfilled = json.loads(velocity(["backfill", *day], env).stdout)
+    evicted = json.loads(velocity(["maintain", "evict"], env).stdout)
     reconciled = velocity(["maintain", "reconcile"], env)
 
     ran = spark_cluster.applications()
-    assert len(ran) >= 4, f"the commands ran on the cluster: {ran}"
+    assert len(ran) >= 5, f"the commands ran on the cluster: {ran}"
 
     def alerts(path: Path) -> list[str]:
         """The alerts of an --out file; decisionTime is each run's clock, so it is left out."""
@@ -142,6 +144,9 @@ def test_cluster_decides_what_local_mode_decides(
     # Redis Cluster: every bucket equals Delta's (reconcile reads each hash through the
     # cluster client), the alerts are on its stream once each, and a lookup of a SUM rule
     # through the cluster client equals the sum of the Delta buckets of its window.
+    # Eviction walked every master's hashes (all inside the horizon: nothing dropped).
+    assert evicted["redis_buckets_dropped"] == evicted["redis_hashes_dropped"] == 0
+    assert evicted["bucket_rows_after"] == evicted["bucket_rows_before"] > 0
     assert json.loads(reconciled.stdout)["clean_after"] is True
     published = [json.loads(f["alert"]) for _, f in redis_cluster.xrange(settings.alert_stream)]
     assert sorted(a["alertId"] for a in published) == [r[0] for r in rows(live.alerts, ["alertId"])]

@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import free_port
+from tests.conftest import FAST_JVM, free_port
 
 from velocity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW_SH = ROOT / "infra" / "airflow.sh"
 SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[2]"})
-# The spark-submits of these tests are short drivers on tiny data: the client compiler only
-# and the serial collector start them about a third faster. Set for those JVMs only.
-FAST_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def airflow_environment(home: Path, port: int) -> dict[str, str]:

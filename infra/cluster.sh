@@ -23,6 +23,12 @@ master_url="spark://127.0.0.1:$port"
 # Daemons bind to loopback only; the workers' Python comes from the driver
 # (PYSPARK_PYTHON, the project's interpreter), so executors run the locked packages.
 export SPARK_LOCAL_IP=127.0.0.1 SPARK_LOG_DIR="$dir/logs"
+# spark-class finds Spark through SPARK_HOME, else by importing pyspark with whatever
+# python3 is first on PATH: name the project's own.
+if [ -x "$root/.venv/bin/python" ]; then
+  SPARK_HOME="$("$root/.venv/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+  export SPARK_HOME PYSPARK_PYTHON="$root/.venv/bin/python"
+fi
 export SPARK_NO_DAEMONIZE=1
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -90,11 +96,11 @@ status() {
   state | "$root/.venv/bin/python" -c '
 import json, sys
 s = json.load(sys.stdin)
-print(f"{s[\"url\"]}: {s[\"status\"]}, {s[\"aliveworkers\"]} workers alive, {s[\"cores\"]} cores")
+print("%s: %s, %d workers alive, %d cores" % (s["url"], s["status"], s["aliveworkers"], s["cores"]))
 for w in s["workers"]:
-    print(f"  worker {w[\"host\"]}:{w[\"port\"]} {w[\"state\"]} cores {w[\"coresused\"]}/{w[\"cores\"]}")
+    print("  worker %s:%s %s, cores %d/%d" % (w["host"], w["port"], w["state"], w["coresused"], w["cores"]))
 for a in s["activeapps"]:
-    print(f"  application {a[\"id\"]} {a[\"name\"]} cores {a[\"cores\"]}")
+    print("  application %s %s, cores %d" % (a["id"], a["name"], a["cores"]))
 ' || { echo "no Spark cluster at $master_url" >&2; exit 1; }
 }
 

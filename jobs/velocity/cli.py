@@ -555,6 +555,28 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from velocity.delta.reader import explain
+
+    explanation = explain(_settings(args), args.alert_id)
+    if args.json:
+        print(dumps_json(explanation.to_json()))
+        return EXIT_OK
+    alert = explanation.alert
+    print(
+        f"{alert['kind']} {alert['alertId']}: ruleId {alert['ruleId']} v{alert['ruleVersion']} "
+        f"{alert['aggregatorFunctionType']} {alert['aggregateValue']} "
+        f"{alert['limitOperatorType']} {alert['limit']}, key {json.dumps(alert['key'])}, "
+        f"window {alert['windowStart']}..{alert['windowEnd']}, transaction {alert['transactionId']}"
+    )
+    for event in explanation.to_json()["events"]:
+        value = "" if event["value"] is None else f"  {event['value']}"
+        print(f"  {event['eventTime']}  {event['transactionId']}{value}")
+    print(explanation.arithmetic)
+    print(explanation.verdict)
+    return EXIT_OK if explanation.agrees else EXIT_FAILURE
+
+
 def _redis_state(settings: Settings) -> Any:
     from velocity.delta.live import LiveState
     from velocity.redis import mirror
@@ -810,6 +832,13 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("--key", required=True, help="field=value[,field=value]")
     lookup.add_argument("--at", type=int, default=None, help="as of this time (epoch ms)")
     lookup.set_defaults(run=cmd_lookup)
+
+    explain = sub.add_parser(
+        "explain", help="the events of an alert's window and the figures that make its value"
+    )
+    explain.add_argument("alert_id", metavar="ALERT_ID")
+    explain.add_argument("--json", action="store_true", help="one JSON object")
+    explain.set_defaults(run=cmd_explain)
 
     mirror_cmd = sub.add_parser("mirror", help="the Redis mirror of the Delta buckets")
     mirror_sub = mirror_cmd.add_subparsers(

@@ -8,12 +8,14 @@ is planned, so a file applies whole or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
-from velocity.errors import UnknownRuleError
-from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange
+from velocity.errors import UnknownRuleError, VelocityError
+from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange, parse_rule
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,34 @@ class ApplyResult:
     changes: list[RuleChange] = field(default_factory=list)
     exports: list[list[dict[str, Any]]] = field(default_factory=list)
     clear_state: bool = False
+
+
+def stored_rule(row: Mapping[str, Any]) -> Rule:
+    """One row of the rules table (ruleId, version, ruleState, rule_json) as its Rule."""
+    entry, problems = parse_rule(json.loads(row["rule_json"], parse_float=Decimal))
+    if not isinstance(entry, Rule):
+        # Only validated rules are ever written, so this means the table was edited by hand.
+        raise VelocityError(
+            f"rules table holds an unreadable version {row['version']} of ruleId {row['ruleId']}: "
+            f"{'; '.join(str(p) for p in problems)}"
+        )
+    return entry.with_version(row["version"]).with_state(RuleState(row["ruleState"]))
+
+
+def latest_versions(history: Iterable[Rule]) -> dict[int, Rule]:
+    """The latest version of each ruleId, deleted ones included."""
+    latest: dict[int, Rule] = {}
+    for rule in sorted(history, key=lambda r: (r.rule_id, r.version)):
+        latest[rule.rule_id] = rule
+    return latest
+
+
+def in_force(history: Iterable[Rule]) -> list[Rule]:
+    """ACTIVE and PAUSE rules at their latest version, by ruleId."""
+    return sorted(
+        (r for r in latest_versions(history).values() if r.state is not RuleState.DELETE),
+        key=lambda r: r.rule_id,
+    )
 
 
 def plan_changes(

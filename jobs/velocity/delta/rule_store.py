@@ -8,32 +8,19 @@ are serialised by Delta's optimistic concurrency (an insert-only MERGE on
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
-from decimal import Decimal
 from pathlib import Path
 
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import SparkSession
 
 from velocity.decimals import dumps_json
 from velocity.delta.tables import RULE_SCHEMA, create_if_missing, read_table
 from velocity.errors import VelocityError
-from velocity.rule_changes import ApplyResult, plan_changes
-from velocity.rules import Rule, RuleEntry, RuleState, parse_rule
+from velocity.rule_changes import ApplyResult, in_force, latest_versions, plan_changes, stored_rule
+from velocity.rules import Rule, RuleEntry
 
 _APPLY_ATTEMPTS = 3
-
-
-def _rule_from_row(row: Row) -> Rule:
-    entry, problems = parse_rule(json.loads(row["rule_json"], parse_float=Decimal))
-    if not isinstance(entry, Rule):
-        # Only validated rules are ever written, so this means the table was edited by hand.
-        raise VelocityError(
-            f"rules table holds an unreadable version {row['version']} of ruleId {row['ruleId']}: "
-            f"{'; '.join(str(p) for p in problems)}"
-        )
-    return entry.with_version(row["version"]).with_state(RuleState(row["ruleState"]))
 
 
 class RuleStore:
@@ -50,21 +37,15 @@ class RuleStore:
         """Every version of every rule, by (ruleId, version)."""
         self._ensure()
         rows = read_table(self._spark, self._path).orderBy("ruleId", "version").collect()
-        return [_rule_from_row(row) for row in rows]
+        return [stored_rule(row.asDict()) for row in rows]
 
     def latest(self) -> dict[int, Rule]:
         """The latest version of each ruleId, deleted ones included."""
-        latest: dict[int, Rule] = {}
-        for rule in self.history():
-            latest[rule.rule_id] = rule
-        return latest
+        return latest_versions(self.history())
 
     def in_force(self) -> list[Rule]:
         """ACTIVE and PAUSE rules at their latest version, by ruleId."""
-        return sorted(
-            (r for r in self.latest().values() if r.state is not RuleState.DELETE),
-            key=lambda r: r.rule_id,
-        )
+        return in_force(self.history())
 
     def apply(self, entries: Sequence[RuleEntry], now_ms: int | None = None) -> ApplyResult:
         """Write the versions ``entries`` make, in one commit; nothing on any error."""

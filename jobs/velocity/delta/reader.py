@@ -1,0 +1,114 @@
+"""Read-only views of the live tables for people, without a JVM (delta-rs).
+
+The Airflow page and `velocity explain` answer in well under a second, where a Spark
+session takes ten or more to start. Only reads live here: every write (rules, buckets,
+alerts) goes through Spark, so Delta's commit protocol has one writer implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from velocity.alerts import AlertKind
+from velocity.delta.tables import ALERTS, EVENTS, RULES
+from velocity.errors import UsageError
+from velocity.explain import Explanation, explain_alert
+from velocity.rule_changes import in_force, stored_rule
+from velocity.rules import Rule
+from velocity.schema import FIELDS_BY_NAME, Event, FieldKind, parse_event_line
+from velocity.settings import Settings
+
+
+def _table(path: Path) -> DeltaTable | None:
+    try:
+        return DeltaTable(str(path))
+    except TableNotFoundError:
+        return None
+
+
+def rule_history(settings: Settings) -> list[Rule]:
+    """Every version of every rule, by (ruleId, version); empty before any rule was applied."""
+    table = _table(settings.table_path(RULES))
+    if table is None:
+        return []
+    rows = table.to_pyarrow_table(
+        columns=["ruleId", "version", "ruleState", "rule_json"]
+    ).to_pylist()
+    return sorted((stored_rule(row) for row in rows), key=lambda r: (r.rule_id, r.version))
+
+
+def rules_in_force(settings: Settings) -> list[Rule]:
+    return in_force(rule_history(settings))
+
+
+def _alert_record(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row of the alerts table as its SPEC §4 record (the map column comes as pairs)."""
+    record = {k: v for k, v in row.items() if k != "signature_id"}
+    key = row["key"]
+    record["key"] = dict(key) if not isinstance(key, dict) else key
+    return record
+
+
+def find_alert(settings: Settings, alert_id: str) -> dict[str, Any]:
+    table = _table(settings.table_path(ALERTS))
+    if table is None:
+        raise UsageError(f"no alerts table under {settings.data_dir}: the stream has not run")
+    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("alertId") == alert_id)
+    if rows.num_rows == 0:
+        raise UsageError(f"no alert {alert_id!r} in the alerts table under {settings.data_dir}")
+    return _alert_record(rows.to_pylist()[0])
+
+
+def _window_events(settings: Settings, alert: Mapping[str, Any], rule: Rule) -> list[Event]:
+    """The accepted events of the alert's key and window that counted when it was decided."""
+    table = _table(settings.table_path(EVENTS))
+    if table is None:
+        return []
+    dataset = table.to_pyarrow_dataset()
+    where = (pc.field("eventTime") >= alert["windowStart"]) & (
+        pc.field("eventTime") <= alert["windowEnd"]
+    )
+    for name in rule.grouping_keys:
+        # Key columns hold canonical strings; an amount column is a decimal: match it exactly
+        # on the parsed event instead.
+        if FIELDS_BY_NAME[name].kind is not FieldKind.AMOUNT:
+            where = where & (pc.field(name) == str(alert["key"][name]))
+    rows = dataset.to_table(filter=where, columns=["raw", "transactionId", "stream_batch"])
+    if alert["kind"] == AlertKind.ALERT:
+        # The stream decided it with the events of its own micro-batch and the earlier ones.
+        own = dataset.to_table(
+            filter=pc.field("transactionId") == alert["transactionId"], columns=["stream_batch"]
+        )
+        if own.num_rows:
+            decided_in = own.column("stream_batch")[0].as_py()
+            rows = rows.filter(pc.field("stream_batch") <= decided_in)
+    events = []
+    for line in rows.column("raw").to_pylist():
+        event = parse_event_line(line)
+        if isinstance(event, Event):  # accepted events were valid when they arrived
+            events.append(event)
+    return events
+
+
+def explain(
+    settings: Settings, alert_id: str, alert: Mapping[str, Any] | None = None
+) -> Explanation:
+    """The explanation of one alert of the live system (``velocity explain``). ``alert``:
+    its record when the caller read it already (from the Redis stream, say: the stream
+    writes the alerts table behind Redis, so the newest alerts may not be in it yet)."""
+    if alert is None:
+        alert = find_alert(settings, alert_id)
+    versions = {(r.rule_id, r.version): r for r in rule_history(settings)}
+    rule = versions.get((alert["ruleId"], alert["ruleVersion"]))
+    if rule is None:
+        raise UsageError(
+            f"alert {alert_id} names ruleId {alert['ruleId']} version {alert['ruleVersion']}, "
+            "which the rules table does not hold"
+        )
+    return explain_alert(alert, rule, _window_events(settings, alert, rule))

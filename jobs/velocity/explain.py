@@ -1,0 +1,145 @@
+"""Why an alert fired: the events of its window and the figures that make its value (pure).
+
+An alert names its rule version, key and window ``[windowStart, windowEnd]`` (SPEC §4).
+Its explanation is every accepted event of that key that passes the rule's filter inside
+the window, and the aggregate recomputed from exactly those events, shown as the figures
+an analyst can add up by hand. ``agrees`` says whether they give the alert's value.
+
+A stream ALERT counts the events that had arrived up to and including its micro-batch
+(SPEC §3, Streaming): the caller passes only those. An amendment (CORRECTION) counts
+complete data: every event known when it was decided. Events that arrived after a
+decision make the recount differ; the explanation then says so rather than hiding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from velocity.alerts import AlertKind
+from velocity.buckets import BucketAggregate, merge_all
+from velocity.rules import Aggregator, Rule, key_text
+from velocity.schema import Event
+from velocity.stream_batch import key_groups
+from velocity.windows import KeyedEvent, aggregate_value, format_aggregate
+
+# A window can hold months of a busy key's payments: show the first ones, count them all.
+SHOWN_EVENTS = 200
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """An alert, the events of its window, and the aggregate they give."""
+
+    alert: Mapping[str, Any]
+    rule: Rule
+    events: tuple[KeyedEvent, ...]
+    figures: BucketAggregate
+    recomputed: str | None  # None: the window holds no value for the aggregator
+
+    @property
+    def agrees(self) -> bool:
+        if self.recomputed is None:
+            return False
+        return Decimal(self.recomputed) == Decimal(self.alert["aggregateValue"])
+
+    @property
+    def arithmetic(self) -> str:
+        """The one line that adds up to the value: ``a + b + c = total``, ``n events``, …"""
+        figures, rule = self.figures, self.rule
+        shown = [e.value for e in self.events if e.value is not None][:SHOWN_EVENTS]
+        more = figures.value_count - len(shown)
+        terms = " + ".join(shown) + (f" + … ({more} more)" if more > 0 else "")
+        match rule.aggregator:
+            case Aggregator.COUNT:
+                return f"{figures.count} events in the window"
+            case Aggregator.UNIQUE_COUNT:
+                values = ", ".join(sorted(figures.distinct))
+                return f"{figures.distinct_count} distinct {rule.aggregate_field}: {values}"
+            case Aggregator.SUM:
+                return f"{terms} = {self.recomputed}"
+            case Aggregator.AVG:
+                total = _text(figures.total)
+                count = figures.value_count
+                return f"({terms}) / {count} = {total} / {count} = {self.recomputed}"
+            case Aggregator.MIN:
+                return f"min({terms}) = {self.recomputed}"
+            case Aggregator.MAX:
+                return f"max({terms}) = {self.recomputed}"
+        raise AssertionError(rule.aggregator)  # unreachable: match is exhaustive
+
+    @property
+    def verdict(self) -> str:
+        if self.agrees:
+            return (
+                f"the {len(self.events)} events of the window give {self.recomputed}, "
+                f"the alert's value: {self.alert['aggregateValue']} "
+                f"{self.alert['limitOperatorType']} {self.alert['limit']}"
+            )
+        return (
+            f"the {len(self.events)} events known now give {self.recomputed}, not the alert's "
+            f"{self.alert['aggregateValue']}: events of the window arrived after the decision "
+            "(a backfill amends it), or the alert was retracted"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alert": dict(self.alert),
+            "rule": {"version": self.rule.version, **self.rule.to_json()},
+            "eventCount": len(self.events),
+            "events": [
+                {
+                    "transactionId": e.transaction_id,
+                    "eventTime": e.event_time,
+                    "value": e.value,
+                }
+                for e in self.events[:SHOWN_EVENTS]
+            ],
+            "figures": {
+                "count": self.figures.count,
+                "valueCount": self.figures.value_count,
+                "sum": _text(self.figures.total),
+                "min": _text(self.figures.minimum),
+                "max": _text(self.figures.maximum),
+                "distinctCount": self.figures.distinct_count,
+            },
+            "arithmetic": self.arithmetic,
+            "recomputedValue": self.recomputed,
+            "agrees": self.agrees,
+            "verdict": self.verdict,
+        }
+
+
+def _text(value: Decimal | None) -> str | None:
+    return None if value is None else format_aggregate(value)
+
+
+def alert_key_text(alert: Mapping[str, Any], rule: Rule) -> str:
+    """The alert's key as the signature's key text (its fields in signature order)."""
+    key = alert["key"]
+    return key_text(tuple(str(key[name]) for name in rule.signature.grouping_keys))
+
+
+def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event]) -> Explanation:
+    """The explanation of ``alert`` (a SPEC §4 record) by ``rule`` (its version) from
+    ``events``: any accepted events, at least those of the window that counted."""
+    if alert["ruleId"] != rule.rule_id or alert["ruleVersion"] != rule.version:
+        raise ValueError(
+            f"alert of ruleId {alert['ruleId']} v{alert['ruleVersion']} explained with "
+            f"ruleId {rule.rule_id} v{rule.version}"
+        )
+    if alert["kind"] == AlertKind.RETRACTION:
+        raise ValueError("a RETRACTION withdraws an earlier alert; explain that alert instead")
+    lower, upper = alert["windowStart"], alert["windowEnd"]
+    signature = rule.signature
+    groups = key_groups((e for e in events if lower <= e.event_time <= upper), [signature])
+    in_window = sorted(
+        groups.get((signature.signature_id, alert_key_text(alert, rule)), []),
+        key=lambda e: (e.event_time, e.transaction_id),
+    )
+    figures = merge_all(BucketAggregate.of_event(e.value, e.number) for e in in_window)
+    value = aggregate_value(figures, rule.aggregator)
+    recomputed = None if value is None else format_aggregate(value)
+    return Explanation(alert, rule, tuple(in_window), figures, recomputed)

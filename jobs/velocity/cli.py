@@ -22,6 +22,7 @@ from typing import Any
 from velocity.decimals import dumps_json
 from velocity.errors import InvalidRuleError, UsageError, VelocityError
 from velocity.rules import Rule, RuleEntry, RuleState, StateChange, parse_rules
+from velocity.schema import parse_key_values
 from velocity.settings import Settings, load_settings
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -519,36 +520,17 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _parse_key(text: str) -> dict[str, str]:
-    """``field=value[,field=value]`` with each value canonical (``12`` and ``"12"`` agree)."""
-    from velocity.schema import FIELDS_BY_NAME, RULE_FIELDS, canonical_value
-
-    key: dict[str, str] = {}
-    for part in filter(None, text.split(",")):
-        name, sep, value = part.partition("=")
-        if not sep or name not in FIELDS_BY_NAME or name not in RULE_FIELDS:
-            raise UsageError(
-                f"--key part {part!r} must be field=value with a field of {RULE_FIELDS}"
-            )
-        try:
-            canonical = canonical_value(name, value)
-        except ValueError as exc:
-            raise UsageError(f"--key {name}: {exc}") from exc
-        if canonical is None:
-            raise UsageError(f"--key {name} has an empty value")
-        key[name] = canonical
-    return key
-
-
 def cmd_lookup(args: argparse.Namespace) -> int:
     from velocity.redis import mirror
 
     settings = _settings(args)
     client = mirror.connect(settings)
     try:
-        result = mirror.lookup(
-            client, settings.redis_keys, args.rule, _parse_key(args.key), args.at
-        )
+        key = parse_key_values(args.key)
+    except ValueError as exc:
+        raise UsageError(f"--key {exc}") from exc
+    try:
+        result = mirror.lookup(client, settings.redis_keys, args.rule, key, args.at)
     except KeyError as exc:
         raise UsageError(f"--key: {exc.args[0]}") from exc
     print(json.dumps(result))

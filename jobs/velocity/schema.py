@@ -196,6 +196,21 @@ def canonical_value(field: str, raw: object) -> str | None:
         raise ValueError(exc.message) from exc
 
 
+def parse_key_values(text: str) -> dict[str, str]:
+    """A key written ``field=value[,field=value]``, each value canonical (``12`` and ``"12"``
+    agree). Raises ``ValueError`` naming the part that is wrong."""
+    key: dict[str, str] = {}
+    for part in filter(None, text.split(",")):
+        name, sep, value = part.partition("=")
+        if not sep or name not in RULE_FIELDS:
+            raise ValueError(f"part {part!r} must be field=value with a field of {RULE_FIELDS}")
+        canonical = canonical_value(name, value)
+        if canonical is None:
+            raise ValueError(f"{name} has an empty value")
+        key[name] = canonical
+    return key
+
+
 def _canonical(spec: FieldSpec, raw: object) -> str:
     if spec.kind is FieldKind.AMOUNT:
         return format_decimal(parse_amount(raw, spec.name))

@@ -1,7 +1,8 @@
 """Velocity on a real Spark standalone cluster (`infra/cluster.sh`: a master and two
 one-core workers on loopback) with a real Redis Cluster (`infra/redis-cluster.sh`: three
-masters): the backtest, the stream, the backfill and maintenance run there, and decide
-exactly what local mode decides; lookups through the cluster client equal Delta."""
+masters): the stream, the backfill and maintenance run there, and decide exactly what a
+local-mode backtest decides; lookups through the cluster client equal Delta. (A backtest
+on the cluster is `make bench-cluster`'s; here it would add a minute of Spark start-up.)"""
 
 from __future__ import annotations
 
@@ -96,18 +97,6 @@ def test_cluster_decides_what_local_mode_decides(
     local = data_settings.model_copy(update={"data_dir": tmp_path / "local"})
     run_backtest(spark, local, sample, str(events), tmp_path / "local.jsonl")
 
-    velocity(
-        [
-            "backtest",
-            "--rules",
-            rules,
-            "--events",
-            str(events),
-            "--out",
-            str(tmp_path / "cluster.jsonl"),
-        ],
-        env,
-    )
     stream = ["stream", "--events", str(events), "--rules", rules, "--trigger", "available-now"]
     velocity([*stream, "--max-files-per-trigger", "1"], env)  # a staged commit per file
     day = ["--from", str(generated.min_event_time), "--to", str(generated.max_event_time)]
@@ -115,14 +104,7 @@ def test_cluster_decides_what_local_mode_decides(
     evicted = json.loads(velocity(["maintain", "evict"], env).stdout)
 
     ran = spark_cluster.applications()
-    assert len(ran) >= 4, f"the commands ran on the cluster: {ran}"
-
-    def alerts(path: Path) -> list[str]:
-        """The alerts of an --out file; decisionTime is each run's clock, so it is left out."""
-        records = [json.loads(line) for line in path.read_text().splitlines()]
-        return sorted(json.dumps({**r, "decisionTime": None}, sort_keys=True) for r in records)
-
-    assert alerts(tmp_path / "cluster.jsonl") == alerts(tmp_path / "local.jsonl")
+    assert len(ran) >= 3, f"the commands ran on the cluster: {ran}"
 
     def rows(path: Path, columns: list[str]) -> list[tuple[object, ...]]:
         return sorted(tuple(r) for r in tables.read_table(spark, path).select(*columns).collect())

@@ -1,0 +1,296 @@
+"""The Velocity page's FastAPI app, mounted in Airflow's api-server at ``/velocity``.
+
+Reads answer from Redis (alerts, lookups), the stream's status file (health) and the
+Delta tables through delta-rs (rules, explanations): no JVM in the api-server. Every rule
+change runs the `velocity rules` command with the ``velocity_default`` connection's
+settings, exactly as an operator would, so it goes through the versioned rule store.
+
+Airflow's authentication guards every route: the page needs a signed-in user; a change
+needs permission to edit the ``run_stream`` DAG (SimpleAuthManager: roles user, op and
+admin, not viewer), since a rule change changes what the stream does. A change must come
+from this page (its ``Origin``), so another site cannot post one with the user's cookie.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode, urlsplit
+
+from fastapi import Depends, FastAPI, Form, HTTPException, Request, status
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from velocity_airflow.page_html import ALERTS_SHOWN, Flash, PageData, render_page
+
+URL_PREFIX = "/velocity"
+# Who may edit this DAG may change the rules it runs with.
+RULES_DAG_ID = "run_stream"
+_ACTIONS = ("pause", "activate", "delete")
+
+app = FastAPI(title="Velocity", description="Rules, alerts and the stream of Velocity")
+
+
+class _SignIn(Exception):
+    """No signed-in user: an HTML request goes to Airflow's login page and back."""
+
+
+async def _user(request: Request) -> Any:
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.security import HTTPAuthorizationCredentials
+
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    bearer = HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if token else None
+    try:
+        return await get_user(request, None, bearer)
+    except HTTPException as exc:
+        if exc.status_code in (status.HTTP_401_UNAUTHORIZED, status.HTTP_403_FORBIDDEN):
+            raise _SignIn from exc
+        raise
+
+
+def _can_edit(user: Any) -> bool:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    return bool(
+        get_auth_manager().is_authorized_dag(
+            method="PUT", user=user, details=DagDetails(id=RULES_DAG_ID)
+        )
+    )
+
+
+async def _editor(request: Request) -> Any:
+    user = await _user(request)
+    if not _can_edit(user):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{user.get_name()} may not change rules: that needs edit permission on the "
+            f"{RULES_DAG_ID} DAG",
+        )
+    origin = request.headers.get("origin") or request.headers.get("referer") or ""
+    if origin and urlsplit(origin).netloc != request.url.netloc:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "a rule change must come from this page")
+    return user
+
+
+User = Annotated[Any, Depends(_user)]
+Editor = Annotated[Any, Depends(_editor)]
+
+
+@app.exception_handler(_SignIn)
+async def _sign_in(request: Request, exc: _SignIn) -> Response:
+    if "text/html" in request.headers.get("accept", ""):
+        back = urlencode({"next": f"/plugin/velocity{request.url.path}"})
+        return RedirectResponse(f"/api/v2/auth/login?{back}", status.HTTP_303_SEE_OTHER)
+    return JSONResponse({"detail": "Not authenticated"}, status.HTTP_401_UNAUTHORIZED)
+
+
+def _hook() -> Any:
+    from velocity_airflow.hooks import VelocityHook
+
+    return VelocityHook()
+
+
+def _settings() -> Any:
+    return _hook().get_conn()
+
+
+def _read(section: str, read: Any) -> tuple[Any, str | None]:
+    """``read()``, or None and a message naming the section that could not be read."""
+    try:
+        return read(), None
+    except Exception as exc:  # a page with one broken section still shows the others
+        return None, f"cannot read the {section}: {exc}"
+
+
+def recent_alerts(settings: Any, rule_id: int | None, limit: int = ALERTS_SHOWN) -> list[dict]:
+    """The newest alerts on the Redis alert stream, of one rule or all, newest first."""
+    from velocity.redis import mirror
+
+    client = mirror.connect(settings)
+    found: list[dict] = []
+    upper = "+"
+    scanned = 0
+    # A busy stream holds mostly other rules' alerts: page back, but not forever.
+    while len(found) < limit and scanned < 20_000:
+        page = client.xrevrange(settings.alert_stream, max=upper, min="-", count=500)
+        for _, fields in page:  # type: ignore[union-attr]
+            alert = json.loads(fields["alert"])
+            if rule_id is None or alert["ruleId"] == rule_id:
+                found.append(alert)
+                if len(found) == limit:
+                    break
+        scanned += len(page)  # type: ignore[arg-type]
+        if len(page) < 500:  # type: ignore[arg-type]
+            break
+        upper = "(" + page[-1][0]  # type: ignore[index]
+    return found
+
+
+def _explain(settings: Any, alert_id: str) -> dict[str, Any]:
+    from velocity.delta.reader import explain
+
+    # The alert may be newer than the alerts table (written behind Redis): take it from Redis.
+    on_stream = next(
+        (a for a in recent_alerts(settings, None, 5_000) if a["alertId"] == alert_id), None
+    )
+    return explain(settings, alert_id, on_stream).to_json()
+
+
+def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
+    from velocity.redis import mirror
+    from velocity.schema import parse_key_values
+
+    if not rule.strip().isdigit():
+        raise ValueError(f"ruleId must be a number, got {rule!r}")
+    return mirror.lookup(
+        mirror.connect(settings), settings.redis_keys, int(rule), parse_key_values(key)
+    )
+
+
+def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
+    from velocity import stream_control
+    from velocity.delta.reader import rules_in_force
+
+    query = request.query_params
+    settings, settings_error = _read("Velocity settings", _settings)
+    data = PageData(user=user.get_name(), can_edit=_can_edit(user), base=URL_PREFIX, **extra)
+    if settings is None:
+        data.health_error = data.rules_error = data.alerts_error = settings_error
+        return data
+    health, data.health_error = _read(
+        "stream status", lambda: stream_control.check_health(settings).to_json()
+    )
+    data.health = health
+    rules, data.rules_error = _read("rules", lambda: rules_in_force(settings))
+    data.rules = rules or ()
+    rule = query.get("rule", "")
+    data.alert_rule = int(rule) if rule.isdigit() else None
+    alerts, data.alerts_error = _read(
+        "alerts from Redis", lambda: recent_alerts(settings, data.alert_rule)
+    )
+    data.alerts = alerts or ()
+    if query.get("alert"):
+        data.explanation, data.explanation_error = _read(
+            "explanation", lambda: _explain(settings, query["alert"])
+        )
+    if query.get("lookup_rule") or query.get("lookup_key"):
+        data.lookup_form = {k: query.get(k, "") for k in ("lookup_rule", "lookup_key")}
+        data.lookup, data.lookup_error = _read(
+            "window aggregate",
+            lambda: _lookup(settings, query.get("lookup_rule", ""), query.get("lookup_key", "")),
+        )
+    if query.get("msg"):
+        data.flash = Flash(query.get("ok") == "1", query["msg"])
+    return data
+
+
+@app.get("/", response_class=HTMLResponse)
+def page(request: Request, user: User) -> str:
+    return render_page(_page_data(request, user))
+
+
+def _back(ok: bool, text: str) -> RedirectResponse:
+    return RedirectResponse(
+        f"{URL_PREFIX}/?{urlencode({'ok': int(ok), 'msg': text})}", status.HTTP_303_SEE_OTHER
+    )
+
+
+def _command_outcome(result: Any) -> tuple[bool, str]:
+    output = (result.stdout + result.stderr).strip()
+    lines = [line for line in output.splitlines() if "WARN" not in line and line.strip()]
+    return result.returncode == 0, "\n".join(lines[-12:]) or f"exit {result.returncode}"
+
+
+@app.post("/rules/{rule_id}/{action}")
+def change_rule_state(rule_id: int, action: str, user: Editor) -> RedirectResponse:
+    if action not in _ACTIONS:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
+    ok, text = _command_outcome(_hook().run(["rules", action, str(rule_id)], timeout=300))
+    return _back(ok, text)
+
+
+@app.post("/rules", response_model=None)
+def add_rules(
+    request: Request,
+    user: Editor,
+    rules_json: Annotated[str, Form()] = "",
+    intent: Annotated[str, Form()] = "validate",
+) -> RedirectResponse | HTMLResponse:
+    from velocity.errors import InvalidRuleError, UsageError
+    from velocity.rules import parse_rules
+
+    try:
+        entries = parse_rules(rules_json)
+    except InvalidRuleError as exc:
+        # The lines `velocity rules validate` prints, so the page and the CLI agree.
+        text = "invalid rules, nothing applied:\n" + "\n".join(f"  {p}" for p in exc.problems)
+        return _page_again(request, user, rules_json, Flash(False, text))
+    except UsageError as exc:
+        return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"))
+    if intent != "apply":
+        text = f"{len(entries)} valid rule entries"
+        return _page_again(request, user, rules_json, Flash(True, text))
+    with tempfile.TemporaryDirectory(prefix="velocity-rules-") as folder:
+        path = Path(folder) / "rules.json"
+        path.write_text(rules_json, encoding="utf-8")
+        ok, text = _command_outcome(_hook().run(["rules", "apply", str(path)], timeout=300))
+    return _back(ok, text)
+
+
+def _page_again(request: Request, user: Any, rule_text: str, flash: Flash) -> HTMLResponse:
+    """The page with the rule text kept in the form and what was wrong with it."""
+    data = _page_data(request, user, rule_text=rule_text)
+    data.flash = flash
+    return HTMLResponse(render_page(data), status_code=200 if flash.ok else 422)
+
+
+# JSON for scripts and tests: the same data the page shows.
+
+
+@app.get("/api/rules")
+def rules_json(user: User) -> list[dict[str, Any]]:
+    from velocity.decimals import dumps_json
+    from velocity.delta.reader import rules_in_force
+
+    return [
+        json.loads(dumps_json({"version": r.version, **r.to_json()}))
+        for r in rules_in_force(_settings())
+    ]
+
+
+@app.get("/api/alerts")
+def alerts_json(user: User, rule: int | None = None, limit: int = ALERTS_SHOWN) -> list[dict]:
+    return recent_alerts(_settings(), rule, limit)
+
+
+@app.get("/api/alerts/{alert_id}/explanation")
+def explanation_json(alert_id: str, user: User) -> Response:
+    from velocity.decimals import dumps_json
+    from velocity.errors import UsageError
+
+    try:
+        explained = _explain(_settings(), alert_id)
+    except UsageError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    return Response(dumps_json(explained), media_type="application/json")
+
+
+@app.get("/api/health")
+def health_json(user: User) -> dict[str, Any]:
+    from velocity import stream_control
+
+    return stream_control.check_health(_settings()).to_json()
+
+
+@app.get("/api/lookup")
+def lookup_json(user: User, rule: str, key: str) -> dict[str, Any]:
+    from velocity.errors import UsageError
+
+    try:
+        return _lookup(_settings(), rule, key)
+    except (ValueError, KeyError, UsageError) as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc

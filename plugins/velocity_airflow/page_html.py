@@ -1,0 +1,275 @@
+"""The Velocity page in the Airflow UI, rendered from plain data (pure: no Airflow, no I/O).
+
+``velocity_airflow.page`` gathers the data (rules, alerts, health, lookups) and hands it to
+``render_page``; everything shown is escaped here. Forms post back to the page's own app;
+the Airflow UI shows it in a sandboxed iframe that blocks ``confirm()``, so a delete is
+confirmed by a second button inside a ``<details>`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+from velocity.rules import Rule, RuleState
+
+# How many alerts the page lists, newest first.
+ALERTS_SHOWN = 50
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1rem 1.5rem; color: #1a202c; }
+h1 { font-size: 1.4rem; margin: 0 0 .5rem; } h2 { font-size: 1.1rem; margin: 1.5rem 0 .5rem; }
+table { border-collapse: collapse; width: 100%; font-size: .9rem; }
+th, td { text-align: left; padding: .3rem .5rem; border-bottom: 1px solid #e2e8f0; }
+td { vertical-align: top; }
+th { background: #f7fafc; } code, pre { font-size: .85rem; }
+.ok { color: #276749; } .bad { color: #c53030; } .muted { color: #718096; }
+.flash { padding: .5rem .75rem; border-radius: 4px; margin: .5rem 0; white-space: pre-wrap; }
+.flash.ok { background: #f0fff4; border: 1px solid #9ae6b4; }
+.flash.bad { background: #fff5f5; border: 1px solid #feb2b2; }
+.state-ACTIVE { color: #276749; font-weight: 600; }
+.state-PAUSE { color: #b7791f; font-weight: 600; }
+form.inline { display: inline; } button { cursor: pointer; margin-right: .25rem; }
+textarea { width: 100%; font-family: monospace; }
+.health { display: flex; gap: 1.5rem; flex-wrap: wrap; }
+"""
+
+
+@dataclass(frozen=True)
+class Flash:
+    """The outcome of the last action, shown once at the top."""
+
+    ok: bool
+    text: str
+
+
+@dataclass
+class PageData:
+    """Everything the page shows; a section whose data could not be read carries its error."""
+
+    user: str
+    can_edit: bool
+    base: str  # the app's URL prefix, e.g. /velocity
+    health: Mapping[str, Any] | None = None
+    health_error: str | None = None
+    rules: Sequence[Rule] = ()
+    rules_error: str | None = None
+    alerts: Sequence[Mapping[str, Any]] = ()
+    alerts_error: str | None = None
+    alert_rule: int | None = None  # the alerts shown are of this rule only
+    explanation: Mapping[str, Any] | None = None
+    explanation_error: str | None = None
+    lookup_form: Mapping[str, str] = field(default_factory=dict)
+    lookup: Mapping[str, Any] | None = None
+    lookup_error: str | None = None
+    rule_text: str = ""
+    flash: Flash | None = None
+
+
+def rule_summary(rule: Rule) -> str:
+    """``SUM(paymentAmount) > 200000 over 1440 min by payerId, beneficiaryId``."""
+    measured = rule.aggregate_field if rule.aggregate_field else ""
+    text = (
+        f"{rule.aggregator.value}({measured}) {rule.operator.value} {rule.limit} "
+        f"over {rule.window_minutes} min by {', '.join(rule.grouping_keys)}"
+    )
+    if rule.filter:
+        kept = "; ".join(f"{name} in {', '.join(values)}" for name, values in rule.filter)
+        text += f" where {kept}"
+    return text
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _error(text: str | None) -> str:
+    return f'<p class="bad">{escape(text)}</p>' if text else ""
+
+
+def _ms(value: int | None) -> str | None:
+    return None if value is None else f"{value} ms"
+
+
+def _health(data: PageData) -> str:
+    if data.health is None:
+        return _error(data.health_error or "no stream status")
+    h = data.health
+    verdict_class = "ok" if h.get("healthy") else "bad"
+    figures = [
+        ("state", h.get("state")),
+        ("batch", h.get("batch")),
+        ("heartbeat age", _ms(h.get("heartbeatAgeMs"))),
+        ("lag", _ms(h.get("lagMs"))),
+        ("last batch", _ms(h.get("lastBatchDurationMs"))),
+        ("rows/s", h.get("processedRowsPerSecond")),
+    ]
+    shown = "".join(
+        f"<span>{escape(name)}: <b>{escape(str(value))}</b></span>"
+        for name, value in figures
+        if value is not None
+    )
+    return (
+        f'<p data-testid="stream-verdict" class="{verdict_class}">'
+        f"<b>{escape(str(h.get('verdict')))}</b> — {escape(str(h.get('reason', '')))}</p>"
+        f'<div class="health">{shown}</div>'
+    )
+
+
+def _rule_actions(rule: Rule, base: str) -> str:
+    def button(action: str, label: str) -> str:
+        return (
+            f'<form class="inline" method="post" action="{base}/rules/{rule.rule_id}/{action}">'
+            f'<button type="submit" data-testid="{action}-{rule.rule_id}">{label}</button></form>'
+        )
+
+    toggle = (
+        button("pause", "Pause")
+        if rule.state is RuleState.ACTIVE
+        else button("activate", "Activate")
+    )
+    confirm = button("delete", f"Delete ruleId {rule.rule_id}")
+    delete = f'<details class="inline"><summary>Delete…</summary>{confirm}</details>'
+    return toggle + delete
+
+
+def _rules(data: PageData) -> str:
+    if data.rules_error:
+        return _error(data.rules_error)
+    if not data.rules:
+        return '<p class="muted">No rules in force.</p>'
+    head = "<tr><th>ruleId</th><th>version</th><th>state</th><th>rule</th>"
+    head += "<th>actions</th></tr>" if data.can_edit else "</tr>"
+    rows = []
+    for rule in data.rules:
+        actions = f"<td>{_rule_actions(rule, data.base)}</td>" if data.can_edit else ""
+        rows.append(
+            f'<tr data-testid="rule-{rule.rule_id}"><td>{rule.rule_id}</td><td>{rule.version}</td>'
+            f'<td class="state-{rule.state.value}">{rule.state.value}</td>'
+            f"<td>{escape(rule_summary(rule))}</td>{actions}</tr>"
+        )
+    return f'<table data-testid="rules">{head}{"".join(rows)}</table>'
+
+
+def _add_rule(data: PageData) -> str:
+    if not data.can_edit:
+        return '<p class="muted">Your role may read the rules but not change them.</p>'
+    return (
+        f'<form method="post" action="{data.base}/rules">'
+        "<p>A rule or an array of rules as JSON (SPEC §2), applied all or nothing as new "
+        "versions, exactly as <code>velocity rules apply</code>.</p>"
+        f'<textarea name="rules_json" rows="6" data-testid="rule-json">{escape(data.rule_text)}'
+        "</textarea><br>"
+        '<button type="submit" name="intent" value="validate" data-testid="validate-rule">'
+        "Validate</button>"
+        '<button type="submit" name="intent" value="apply" data-testid="apply-rule">Apply</button>'
+        "</form>"
+    )
+
+
+def _alerts(data: PageData) -> str:
+    options = ['<option value="">every rule</option>'] + [
+        f'<option value="{r.rule_id}"{" selected" if r.rule_id == data.alert_rule else ""}>'
+        f"ruleId {r.rule_id}</option>"
+        for r in data.rules
+    ]
+    chooser = (
+        f'<form method="get" action="{data.base}/">Rule <select name="rule" '
+        f'data-testid="alert-rule">{"".join(options)}</select> '
+        '<button type="submit">Show</button></form>'
+    )
+    if data.alerts_error:
+        return chooser + _error(data.alerts_error)
+    if not data.alerts:
+        return chooser + '<p class="muted" data-testid="no-alerts">No alerts.</p>'
+    rows = []
+    for alert in data.alerts:
+        shown_rule = "" if data.alert_rule is None else f"rule={data.alert_rule}&"
+        link = f"{data.base}/?{shown_rule}alert={escape(alert['alertId'])}#explanation"
+        explain = f'<a href="{link}">explain</a>' if alert.get("kind") != "RETRACTION" else ""
+        rows.append(
+            f'<tr data-testid="alert-row" data-rule="{alert["ruleId"]}">'
+            f"<td>{escape(str(alert.get('kind')))}</td><td>{alert['ruleId']}</td>"
+            f"<td><code>{escape(json.dumps(alert['key']))}</code></td>"
+            f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
+            f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"
+            f"<td>{_time(alert.get('eventTime'))}</td><td>{explain}</td></tr>"
+        )
+    head = (
+        "<tr><th>kind</th><th>ruleId</th><th>key</th><th>aggregate</th><th>transaction</th>"
+        "<th>event time</th><th></th></tr>"
+    )
+    return chooser + f'<table data-testid="alerts">{head}{"".join(rows)}</table>'
+
+
+def _explanation(data: PageData) -> str:
+    if data.explanation_error:
+        return f'<h2 id="explanation">Explanation</h2>{_error(data.explanation_error)}'
+    if data.explanation is None:
+        return ""
+    e = data.explanation
+    alert = e["alert"]
+    rows = "".join(
+        f"<tr><td>{_time(ev['eventTime'])}</td><td>{escape(ev['transactionId'])}</td>"
+        f"<td>{escape(ev['value'] or '')}</td></tr>"
+        for ev in e["events"]
+    )
+    more = e["eventCount"] - len(e["events"])
+    more_text = f'<p class="muted">… and {more} more events</p>' if more > 0 else ""
+    verdict_class = "ok" if e["agrees"] else "bad"
+    return (
+        f'<h2 id="explanation">Explanation of {escape(alert["kind"])} '
+        f"<code>{escape(alert['alertId'])}</code></h2>"
+        f"<p>ruleId {alert['ruleId']} v{alert['ruleVersion']}, key "
+        f"<code>{escape(json.dumps(alert['key']))}</code>, window {_time(alert['windowStart'])} "
+        f"… {_time(alert['windowEnd'])}</p>"
+        f'<table data-testid="explanation-events"><tr><th>event time</th><th>transaction</th>'
+        f"<th>value</th></tr>{rows}</table>{more_text}"
+        f'<p data-testid="explanation-arithmetic"><code>{escape(e["arithmetic"])}</code></p>'
+        f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'
+    )
+
+
+def _lookup(data: PageData) -> str:
+    form = data.lookup_form
+    result = ""
+    if data.lookup_error:
+        result = _error(data.lookup_error)
+    elif data.lookup is not None:
+        shown = escape(json.dumps(data.lookup, indent=1))
+        result = f'<pre data-testid="lookup-result">{shown}</pre>'
+    return (
+        f'<form method="get" action="{data.base}/" data-testid="lookup">'
+        f'ruleId <input name="lookup_rule" size="5" value="{escape(form.get("lookup_rule", ""))}"> '
+        f'key <input name="lookup_key" size="40" placeholder="payerId=25,beneficiaryId=12" '
+        f'value="{escape(form.get("lookup_key", ""))}"> '
+        '<button type="submit">Look up</button></form>'
+        f"{result}"
+    )
+
+
+def render_page(data: PageData) -> str:
+    flash = ""
+    if data.flash is not None:
+        kind = "ok" if data.flash.ok else "bad"
+        flash = f'<div class="flash {kind}" data-testid="flash">{escape(data.flash.text)}</div>'
+    role = "may change rules" if data.can_edit else "read-only"
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
+        f"<style>{_STYLE}</style></head><body>"
+        f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
+        f"{flash}"
+        f"<h2>Stream</h2>{_health(data)}"
+        f"<h2>Rules in force</h2>{_rules(data)}"
+        f"<h2>Add or change rules</h2>{_add_rule(data)}"
+        f"<h2>Window lookup</h2>{_lookup(data)}"
+        f"<h2>Latest alerts</h2>{_alerts(data)}"
+        f"{_explanation(data)}"
+        "</body></html>"
+    )

@@ -1,15 +1,22 @@
-"""Backfill alerts for a time range, or for the late events not yet backfilled.
+"""Backfill alerts for an event-time range, or for the late events not yet backfilled.
 
-What: the trigger form takes ``from_ms`` / ``to_ms`` (epoch milliseconds; both empty
-means the recorded late events not yet backfilled, `velocity backfill --late`) and
-optional ``rule_ids``. The form checks types and bounds; the first task checks the
-range (from ≤ to, both or neither) and names a bad field; then `velocity backfill`
-runs through spark-submit: buckets rebuilt from raw events, events re-evaluated,
-CORRECTION / RETRACTION alerts emitted, Redis refreshed.
-Why: late events and new rules change past windows; this is how an operator replays
-them without stopping the stream.
-Needs: the ``velocity_spark`` and ``velocity_default`` connections and the
-``velocity_spark`` pool; Redis running.
+What: replays the payments of a range through the rules and emits the difference from
+what was already emitted: CORRECTION alerts for decisions that should have fired,
+RETRACTION alerts for those that should not have (SPEC §3). Buckets are rebuilt from the
+raw events and Redis is refreshed; the stream keeps running and waits only for the
+backfill's final commit (about a second).
+Why: late events and new rules change past windows; this is how an analyst replays them
+without stopping the stream.
+When: after late events (leave From and To empty: the windows the recorded late events
+touched, `velocity backfill --late`); after adding or changing a rule, to see what it would
+have raised over a past range (pick it under Rules); after fixing quarantined events.
+The form: From and To are event times in the UI's timezone, both inclusive; give both or
+neither. Rules: only these (the rules in force when the DAG was last parsed); none means
+every rule in force. A wrong form fails the first task, plan_backfill, naming the field,
+before any Spark starts. The corrections show on the Velocity page (Latest alerts) and on
+the alert stream.
+Needs: the ``velocity_spark`` and ``velocity_default`` connections, the ``velocity_spark``
+pool (one Spark batch job at a time), and Redis.
 """
 
 from __future__ import annotations
@@ -17,35 +24,43 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, task
 
 from velocity_airflow import SPARK_BATCH_POOL
+from velocity_airflow.hooks import rules_in_force_for_forms
 from velocity_airflow.operators import VelocitySparkSubmitOperator
+from velocity_airflow.plans import rule_choices
+
+# The rules in force when the dag-processor last parsed this file (every 30 s or so).
+RULE_IDS, RULE_LABELS = rule_choices(rules_in_force_for_forms())
 
 
 @dag(
     schedule=None,
     catchup=False,
     tags=["velocity", "backfill"],
+    doc_md=__doc__,
     params={
-        "from_ms": Param(
+        "from_time": Param(
             None,
-            type=["null", "integer"],
-            minimum=0,
-            title="From (epoch ms)",
-            description="Start of the event-time range, inclusive. Empty with To empty: "
+            type=["null", "string"],
+            format="date-time",
+            title="From",
+            description="First event time of the range, inclusive. Empty with To empty: "
             "the recorded late events not yet backfilled.",
         ),
-        "to_ms": Param(
+        "to_time": Param(
             None,
-            type=["null", "integer"],
-            minimum=0,
-            title="To (epoch ms)",
-            description="End of the event-time range, inclusive; not before From.",
+            type=["null", "string"],
+            format="date-time",
+            title="To",
+            description="Last event time of the range, inclusive; not before From.",
         ),
         "rule_ids": Param(
             None,
             type=["null", "array"],
-            items={"type": "integer", "minimum": 1},
+            items={"type": "string", "pattern": "^[1-9][0-9]*$"},
             uniqueItems=True,
-            title="Rule ids",
+            examples=RULE_IDS,
+            values_display=RULE_LABELS,
+            title="Rules",
             description="Only these rules; empty: every rule in force.",
         ),
     },
@@ -53,10 +68,10 @@ from velocity_airflow.operators import VelocitySparkSubmitOperator
 def backfill_alerts() -> None:
     @task
     def plan_backfill(params: dict) -> list[str]:
-        """The `velocity backfill` arguments; fails naming the field when the range is wrong."""
+        """The `velocity backfill` arguments; fails naming the field when the form is wrong."""
         from velocity_airflow.plans import backfill_args
 
-        return backfill_args(params["from_ms"], params["to_ms"], params["rule_ids"])
+        return backfill_args(params["from_time"], params["to_time"], params["rule_ids"])
 
     VelocitySparkSubmitOperator(task_id="backfill", command=plan_backfill(), pool=SPARK_BATCH_POOL)
 

@@ -6,6 +6,8 @@ exit 1 with a readable summary, which fails the task and shows in its log (and a
 end of the error); the command keeps the validation results in the data dir.
 Why: bad input or a bug in the stream shows up as broken expectations before anyone
 acts on wrong alerts.
+When: hourly by itself; trigger it after a deploy, a backfill or a rules change to
+check now.
 Needs: the ``velocity_spark`` and ``velocity_default`` connections and the
 ``velocity_spark`` pool. Scheduled at minute 45, away from maintain_state (minute 15).
 """
@@ -20,6 +22,7 @@ from velocity_airflow.plans import QUALITY_SUITES
 
 
 @dag(
+    doc_md=__doc__,
     schedule="45 * * * *",
     catchup=False,
     max_active_runs=1,

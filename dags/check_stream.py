@@ -9,6 +9,7 @@ stream-stop`, a duration) → leave it stopped. Never started, or a run_stream r
 already queued or running → wait for the next check.
 Why: the stream is long-running; a crash or a stuck micro-batch must not go unnoticed
 for longer than one check interval.
+When: it runs by itself every 5 minutes; trigger it to check (and restart) now.
 Needs: the ``velocity_default`` connection (data dir), the run_stream DAG unpaused
 (a triggered run of a paused DAG waits until it is unpaused).
 """
@@ -21,6 +22,7 @@ from airflow.sdk import Param, dag, task
 
 
 @dag(
+    doc_md=__doc__,
     schedule="*/5 * * * *",
     catchup=False,
     max_active_runs=1,

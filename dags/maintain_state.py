@@ -6,6 +6,8 @@ reconcile Redis against Delta, repairing drift. Each step is a `velocity maintai
 command submitted through spark-submit; each is idempotent, so a rerun does nothing new.
 Why: the stream appends small files and buckets every micro-batch; without this, reads
 slow down, storage grows and Redis can drift from the state of record.
+When: hourly by itself; trigger it after a large backfill, or when lookups or
+micro-batches slow down.
 Needs: the ``velocity_spark`` and ``velocity_default`` connections and the
 ``velocity_spark`` pool (infra/airflow.sh creates them), Redis running.
 Scheduled at minute 15, away from check_quality (minute 45): two cores run one Spark
@@ -21,7 +23,13 @@ from velocity_airflow.operators import VelocitySparkSubmitOperator
 from velocity_airflow.plans import MAINTENANCE_STEPS
 
 
-@dag(schedule="15 * * * *", catchup=False, max_active_runs=1, tags=["velocity", "maintenance"])
+@dag(
+    schedule="15 * * * *",
+    doc_md=__doc__,
+    catchup=False,
+    max_active_runs=1,
+    tags=["velocity", "maintenance"],
+)
 def maintain_state() -> None:
     chain(
         *(

@@ -7,6 +7,8 @@ Why: the stream is the one long-running job; starting it from Airflow puts its
 lifecycle next to the health check (check_stream) that restarts it and the stop
 request (stop_stream). Its checkpoint is under ``$VELOCITY_DATA_DIR/checkpoints/stream``,
 so a new run resumes where the last one stopped.
+When: to start the stream the first time, or again after stop_stream; after a
+crash check_stream triggers it by itself.
 Needs: the ``velocity_spark`` and ``velocity_default`` connections (infra/airflow.sh
 creates both), Redis running (`velocity up`), events landing in the events folder or, with the
 source param kafka, a broker (`velocity up` starts a local one).
@@ -20,6 +22,7 @@ from velocity_airflow.operators import VelocitySparkSubmitOperator
 
 
 @dag(
+    doc_md=__doc__,
     schedule=None,
     catchup=False,
     # Two streams on one checkpoint would corrupt it; a restart queues behind the old run.

@@ -6,6 +6,8 @@ that is not running is fine (nothing to stop). check_stream leaves a stopped str
 stopped; run_stream starts it again.
 Why: a stop from the UI, next to the start and the health check, instead of killing
 a Spark driver by hand mid-batch.
+When: before an upgrade, a Spark or Kafka setting change, or moving the data dir;
+run_stream starts it again, resuming from its checkpoint.
 Needs: the ``velocity_default`` connection (data dir).
 """
 
@@ -15,6 +17,7 @@ from airflow.sdk import Param, dag, task
 
 
 @dag(
+    doc_md=__doc__,
     schedule=None,
     catchup=False,
     tags=["velocity", "stream"],

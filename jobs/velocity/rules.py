@@ -200,6 +200,20 @@ class Rule:
         return out
 
 
+def rule_summary(rule: Rule) -> str:
+    """One line for people, like
+    ``SUM(paymentAmount) > 200000 over 1440 min by payerId, beneficiaryId``."""
+    measured = rule.aggregate_field if rule.aggregate_field else ""
+    text = (
+        f"{rule.aggregator.value}({measured}) {rule.operator.value} {rule.limit} "
+        f"over {rule.window_minutes} min by {', '.join(rule.grouping_keys)}"
+    )
+    if rule.filter:
+        kept = "; ".join(f"{name} in {', '.join(values)}" for name, values in rule.filter)
+        text += f" where {kept}"
+    return text
+
+
 def _limit_json(limit: Decimal) -> int | Decimal:
     """Integers stay ints; other limits stay exact Decimals (write them with ``dumps_json``)."""
     if decimal_places(limit) == 0:

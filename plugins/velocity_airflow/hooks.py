@@ -12,6 +12,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from velocity.rules import Rule
 from velocity.settings import Settings, load_settings
 from velocity_airflow import VELOCITY_CONN_ID
 from velocity_airflow.plans import (
@@ -137,3 +138,19 @@ def _load_with(env: dict[str, str]) -> Settings:
         if f"VELOCITY_{name.upper()}" in env
     }
     return load_settings(**overrides)
+
+
+def rules_in_force_for_forms() -> list[Rule]:
+    """The rules in force, for a trigger form's choices, read when a DAG file is parsed
+    (delta-rs: no Spark). Empty when they cannot be read: the form then offers no choices,
+    and a run still takes any rule id."""
+    from velocity.delta.reader import rules_in_force
+
+    try:
+        try:
+            settings = VelocityHook().get_conn()
+        except Exception:  # no connection access while parsing: the environment's settings
+            settings = load_settings()
+        return rules_in_force(settings)
+    except Exception:
+        return []

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from velocity.rules import Rule, RuleState
+from velocity.rules import Rule, RuleState, rule_summary
 
 # How many alerts the page lists, newest first.
 ALERTS_SHOWN = 50
@@ -68,19 +68,6 @@ class PageData:
     lookup_error: str | None = None
     rule_text: str = ""
     flash: Flash | None = None
-
-
-def rule_summary(rule: Rule) -> str:
-    """``SUM(paymentAmount) > 200000 over 1440 min by payerId, beneficiaryId``."""
-    measured = rule.aggregate_field if rule.aggregate_field else ""
-    text = (
-        f"{rule.aggregator.value}({measured}) {rule.operator.value} {rule.limit} "
-        f"over {rule.window_minutes} min by {', '.join(rule.grouping_keys)}"
-    )
-    if rule.filter:
-        kept = "; ".join(f"{name} in {', '.join(values)}" for name, values in rule.filter)
-        text += f" where {kept}"
-    return text
 
 
 def _time(ms: int | None) -> str:

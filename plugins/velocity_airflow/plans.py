@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
 from velocity.errors import UsageError
+from velocity.rules import Rule, rule_summary
 from velocity.settings import spark_master_on_loopback
 from velocity.stream_control import KafkaSource
 
@@ -116,23 +118,50 @@ def stream_stop_args(
     return [*args, "--force"] if force else args
 
 
-def backfill_args(
-    from_ms: object = None, to_ms: object = None, rule_ids: object = None
-) -> list[str]:
-    """``velocity backfill`` for the backfill form: a time range, or ``--late`` when both are empty.
+def event_time_ms(name: str, value: object) -> int | None:
+    """A form's date-time as epoch milliseconds: ISO 8601 (``2026-01-01T00:10:00.000Z``,
+    the trigger form's picker; without an offset it is UTC), or epoch ms as an integer
+    for scripts; None when empty. Raises UsageError naming the field."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise UsageError(f"{name} must be at or after 1970-01-01T00:00:00Z, got {value}")
+        return value
+    if not isinstance(value, str):
+        raise UsageError(f"{name} must be a date-time like 2026-01-01T00:10:00Z, got {value!r}")
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise UsageError(
+            f"{name} must be a date-time like 2026-01-01T00:10:00Z, got {value!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    ms = int(moment.timestamp() * 1000)
+    if ms < 0:
+        raise UsageError(f"{name} must be at or after 1970-01-01T00:00:00Z, got {value!r}")
+    return ms
 
-    Raises UsageError naming the bad field: negative or non-integer times, only one end
-    of the range, ``from_ms`` after ``to_ms``, or rule ids that are not positive integers.
+
+def backfill_args(
+    from_time: object = None, to_time: object = None, rule_ids: object = None
+) -> list[str]:
+    """``velocity backfill`` for the backfill form: an event-time range (both ends
+    inclusive), or ``--late`` when both are empty; only the chosen rules, or all.
+
+    Raises UsageError naming the bad field: an unreadable or pre-1970 time, only one end
+    of the range, From after To, or rule ids that are not positive integers.
     """
-    start = _optional_int("from_ms", from_ms, 0)
-    end = _optional_int("to_ms", to_ms, 0)
+    start = event_time_ms("From", from_time)
+    end = event_time_ms("To", to_time)
     if (start is None) != (end is None):
         raise UsageError(
-            f"give both from_ms and to_ms, or neither to backfill the recorded late events; "
-            f"got from_ms={from_ms!r}, to_ms={to_ms!r}"
+            "give both From and To, or neither to backfill the recorded late events; "
+            f"got From={from_time!r}, To={to_time!r}"
         )
     if start is not None and end is not None and start > end:
-        raise UsageError(f"from_ms {start} is after to_ms {end}; swap them")
+        raise UsageError(f"From ({from_time}) is after To ({to_time}); swap them")
     if start is None:
         args = ["backfill", "--late"]
     else:
@@ -140,15 +169,24 @@ def backfill_args(
     if rule_ids is None or rule_ids == []:
         return args
     if not isinstance(rule_ids, list | tuple):
-        raise UsageError(f"rule_ids must be a list of positive integers, got {rule_ids!r}")
+        raise UsageError(f"Rules must be a list of rule ids, got {rule_ids!r}")
     ids: list[int] = []
     for index, value in enumerate(rule_ids):
-        rule_id = _optional_int(f"rule_ids[{index}]", value, 1)
+        # The form's multi-select sends ids as strings.
+        number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+        rule_id = _optional_int(f"Rules[{index}]", number, 1)
         if rule_id is None:
-            raise UsageError(f"rule_ids[{index}] is empty; remove it or give a rule id ≥ 1")
+            raise UsageError(f"Rules[{index}] is empty; remove it or give a rule id ≥ 1")
         if rule_id not in ids:
             ids.append(rule_id)
     return [*args, "--rules", ",".join(str(i) for i in sorted(ids))]
+
+
+def rule_choices(rules: Sequence[Rule]) -> tuple[list[str], dict[str, str]]:
+    """The backfill form's rule multi-select: ids (as the form sends them) and their labels."""
+    ids = [str(r.rule_id) for r in rules]
+    labels = {str(r.rule_id): f"{r.rule_id} · {r.state.value} · {rule_summary(r)}" for r in rules}
+    return ids, labels
 
 
 class StreamAction(StrEnum):

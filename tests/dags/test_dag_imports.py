@@ -42,7 +42,9 @@ def test_dag_file_imports_and_follows_the_rules(path: Path, airflow_home: Path) 
     assert dag.tags == {"velocity", *tags}
     docstring = ast.get_docstring(ast.parse(path.read_text()))
     assert docstring is not None
-    assert "Needs:" in docstring and "Why:" in docstring
+    assert all(f"{part}:" in docstring for part in ("What", "Why", "When", "Needs"))
+    # The operator reads it in the UI, on the DAG's page.
+    assert dag.doc_md == docstring.strip() or dag.doc_md.strip() == docstring.strip()
 
 
 def test_parsing_the_dags_starts_no_spark_redis_or_network() -> None:

@@ -138,7 +138,10 @@ def test_backfill_the_late_events(stopped_stream: StreamedData) -> None:
 
 
 def test_backfill_refuses_a_reversed_range_before_any_spark(airflow_home: Path) -> None:
-    state, tasks = run_dag("backfill_alerts", conf={"from_ms": 2_000, "to_ms": 1_000})
+    state, tasks = run_dag(
+        "backfill_alerts",
+        conf={"from_time": "2026-01-02T00:00:00Z", "to_time": "2026-01-01T00:00:00Z"},
+    )
     assert (state, tasks) == (
         "failed",
         {"plan_backfill": "failed", "backfill": "upstream_failed"},

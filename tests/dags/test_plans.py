@@ -14,6 +14,7 @@ from velocity_airflow.plans import (
     backfill_args,
     decide_stream_action,
     parse_summary,
+    rule_choices,
     spark_job,
     stream_args,
     stream_health,
@@ -29,8 +30,11 @@ def test_backfill_without_a_range_backfills_the_late_events() -> None:
     assert backfill_args("", "", []) == ["backfill", "--late"]
 
 
-def test_backfill_range_and_rules_sorted_without_repeats() -> None:
-    assert backfill_args(0, 60_000, [3, 1, 3]) == [
+def test_backfill_range_from_the_form_pickers_and_rules_sorted_without_repeats() -> None:
+    # The picker sends UTC ISO strings; the multi-select sends rule ids as strings.
+    assert backfill_args(
+        "1970-01-01T00:00:00.000Z", "1970-01-01T00:01:00.000Z", ["3", "1", "3"]
+    ) == [
         "backfill",
         "--from",
         "0",
@@ -39,30 +43,60 @@ def test_backfill_range_and_rules_sorted_without_repeats() -> None:
         "--rules",
         "1,3",
     ]
-    assert backfill_args(5, 5) == ["backfill", "--from", "5", "--to", "5"]
+    # Scripts may give epoch ms and int ids; a time without an offset is UTC.
+    assert backfill_args(5, 5, [2]) == ["backfill", "--from", "5", "--to", "5", "--rules", "2"]
+    assert backfill_args("2026-01-01T01:00:00+01:00", "2026-01-01T00:00:00") == [
+        "backfill",
+        "--from",
+        "1767225600000",
+        "--to",
+        "1767225600000",
+    ]
 
 
 @pytest.mark.parametrize(
-    ("from_ms", "to_ms", "rule_ids", "names"),
+    ("from_time", "to_time", "rule_ids", "names"),
     [
-        (10, 5, None, "from_ms 10 is after to_ms 5"),
-        (10, None, None, "give both from_ms and to_ms"),
-        (None, 10, None, "give both from_ms and to_ms"),
-        (-1, 5, None, "from_ms must be ≥ 0, got -1"),
-        ("10", 20, None, "from_ms must be an integer"),
-        (True, 20, None, "from_ms must be an integer"),
-        (0, 10, [0], "rule_ids[0] must be ≥ 1, got 0"),
-        (0, 10, ["x"], "rule_ids[0] must be an integer"),
-        (0, 10, [None], "rule_ids[0] is empty"),
-        (0, 10, 7, "rule_ids must be a list"),
+        (
+            "2026-01-02T00:00:00Z",
+            "2026-01-01T00:00:00Z",
+            None,
+            "From (2026-01-02T00:00:00Z) is after To",
+        ),
+        (10, None, None, "give both From and To"),
+        (None, "2026-01-01T00:00:00Z", None, "give both From and To"),
+        (-1, 5, None, "From must be at or after 1970"),
+        (
+            "yesterday",
+            20,
+            None,
+            "From must be a date-time like 2026-01-01T00:10:00Z, got 'yesterday'",
+        ),
+        (0, "1969-12-31T23:59:59Z", None, "To must be at or after 1970"),
+        (True, 20, None, "From must be a date-time"),
+        (0, 10, ["0"], "Rules[0] must be ≥ 1, got 0"),
+        (0, 10, ["x"], "Rules[0] must be an integer"),
+        (0, 10, [None], "Rules[0] is empty"),
+        (0, 10, 7, "Rules must be a list"),
     ],
 )
 def test_backfill_rejects_bad_forms_naming_the_field(
-    from_ms: object, to_ms: object, rule_ids: object, names: str
+    from_time: object, to_time: object, rule_ids: object, names: str
 ) -> None:
     with pytest.raises(UsageError) as raised:
-        backfill_args(from_ms, to_ms, rule_ids)
+        backfill_args(from_time, to_time, rule_ids)
     assert names in str(raised.value)
+
+
+def test_the_rule_choices_are_the_ids_the_form_sends_with_their_rules() -> None:
+    from tests.builders import make_rule
+
+    rules = [make_rule(ruleId=2), make_rule(ruleId=7, ruleState="PAUSE", windowMinutes=10)]
+    ids, labels = rule_choices(rules)
+    assert ids == ["2", "7"]
+    assert labels["7"] == (
+        "7 · PAUSE · SUM(paymentAmount) > 200000 over 10 min by payerId, beneficiaryId"
+    )
 
 
 def test_stream_args() -> None:

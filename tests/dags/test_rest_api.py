@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ def _until(what: str, probe: Any, timeout: float, log: Path) -> Any:
         time.sleep(2)
     tail = "\n".join(log.read_text().splitlines()[-60:]) if log.exists() else ""
     pytest.fail(f"no {what} within {timeout} s; standalone log:\n{tail}")
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def test_backfill_triggered_through_the_rest_api(
@@ -75,14 +80,14 @@ def test_backfill_triggered_through_the_rest_api(
             # The form's schema is enforced on every trigger, the REST API's too.
             refused = client.post(
                 "/api/v2/dags/backfill_alerts/dagRuns",
-                json={"logical_date": None, "conf": {"from_ms": -1, "to_ms": 5}},
+                json={"logical_date": None, "conf": {"rule_ids": ["one"]}},
             )
             assert refused.status_code == 400, refused.text
 
             conf = {
-                "from_ms": stopped_stream.first_event_ms,
-                "to_ms": stopped_stream.last_event_ms,
-                "rule_ids": [1, 2],
+                "from_time": _iso(stopped_stream.first_event_ms),
+                "to_time": _iso(stopped_stream.last_event_ms),
+                "rule_ids": ["1", "2"],
             }
             triggered = client.post(
                 "/api/v2/dags/backfill_alerts/dagRuns", json={"logical_date": None, "conf": conf}

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from velocity.alerts import AlertKind
-from velocity.delta.tables import ALERTS, EVENTS, RULES
+from velocity.delta.names import ALERTS, EVENTS, RULES
 from velocity.errors import UsageError
 from velocity.explain import Explanation, explain_alert
 from velocity.rule_changes import in_force, stored_rule

@@ -22,19 +22,33 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from velocity.delta.names import (
+    ALERTS,
+    BACKFILLS,
+    BUCKETS,
+    DUPLICATES,
+    EVENTS,
+    LATE_EVENTS,
+    QUARANTINE,
+    RULES,
+    SIGNATURES,
+)
+
+__all__ = [
+    "ALERTS",
+    "BACKFILLS",
+    "BUCKETS",
+    "DUPLICATES",
+    "EVENTS",
+    "LATE_EVENTS",
+    "QUARANTINE",
+    "RULES",
+    "SIGNATURES",
+]
+
 # Amounts: < 10^18 with 8 places (SPEC §1); sums keep 8 places with room for 10^20 events.
 AMOUNT_TYPE = DecimalType(26, 8)
 SUM_TYPE = DecimalType(38, 8)
-
-EVENTS = "events"
-QUARANTINE = "quarantine"
-DUPLICATES = "duplicates"
-BUCKETS = "buckets"
-ALERTS = "alerts"
-RULES = "rules"
-LATE_EVENTS = "late_events"
-SIGNATURES = "signatures"
-BACKFILLS = "backfills"
 
 # Where each line came from; (source_file, source_block, line_seq) orders lines by arrival.
 _SOURCE_FIELDS = [

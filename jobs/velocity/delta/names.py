@@ -1,0 +1,13 @@
+"""The names of the Delta tables under a table root (no Spark: readers without a JVM use them)."""
+
+from __future__ import annotations
+
+EVENTS = "events"
+QUARANTINE = "quarantine"
+DUPLICATES = "duplicates"
+BUCKETS = "buckets"
+ALERTS = "alerts"
+RULES = "rules"
+LATE_EVENTS = "late_events"
+SIGNATURES = "signatures"
+BACKFILLS = "backfills"

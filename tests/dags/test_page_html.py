@@ -1,0 +1,83 @@
+"""The Velocity page's HTML from plain data: what each role sees, and nothing unescaped."""
+
+from __future__ import annotations
+
+from tests.builders import make_rule
+
+from velocity_airflow.page_html import Flash, PageData, render_page
+
+RULES = [make_rule(ruleId=1), make_rule(ruleId=2, ruleState="PAUSE")]
+ALERT = {
+    "alertId": "a-1",
+    "kind": "ALERT",
+    "ruleId": 1,
+    "ruleVersion": 1,
+    "transactionId": "tx-<b>",
+    "key": {"payerId": "<script>alert(1)</script>", "beneficiaryId": "b"},
+    "eventTime": 1767225600000,
+    "aggregatorFunctionType": "SUM",
+    "aggregateValue": "250000",
+    "limitOperatorType": ">",
+    "limit": "200000",
+    "windowStart": 1767139200000,
+    "windowEnd": 1767225600000,
+}
+
+
+def _page(**fields: object) -> str:
+    data = PageData(user="ana", can_edit=True, base="/velocity", rules=RULES)
+    for name, value in fields.items():
+        setattr(data, name, value)
+    return render_page(data)
+
+
+def test_an_editor_may_pause_an_active_rule_and_activate_a_paused_one() -> None:
+    html = _page()
+    assert 'action="/velocity/rules/1/pause"' in html
+    assert 'action="/velocity/rules/2/activate"' in html
+    assert 'action="/velocity/rules/2/pause"' not in html
+    assert html.count('/delete"') == 2
+    assert 'data-testid="apply-rule"' in html
+    assert "SUM(paymentAmount) &gt; 200000 over 1440 min by payerId, beneficiaryId" in html
+
+
+def test_a_viewer_sees_the_rules_but_no_way_to_change_them() -> None:
+    html = _page(can_edit=False, user="vic")
+    assert 'data-testid="rule-1"' in html and 'data-testid="rule-2"' in html
+    assert "/rules/" not in html
+    assert 'data-testid="apply-rule"' not in html
+    assert "vic (read-only)" in html
+
+
+def test_alert_values_are_escaped_and_link_to_their_explanation() -> None:
+    html = _page(alerts=[ALERT], alert_rule=1)
+    assert "<script>alert(1)" not in html
+    assert "&lt;script&gt;" in html and "tx-&lt;b&gt;" in html
+    assert 'href="/velocity/?rule=1&alert=a-1#explanation"' in html
+    assert '<option value="1" selected>' in html
+
+
+def test_an_explanation_shows_its_events_the_sum_and_the_verdict() -> None:
+    explanation = {
+        "alert": ALERT,
+        "eventCount": 2,
+        "events": [
+            {"transactionId": "t1", "eventTime": 1767225500000, "value": "200000"},
+            {"transactionId": "t2", "eventTime": 1767225600000, "value": "50000"},
+        ],
+        "arithmetic": "200000 + 50000 = 250000",
+        "agrees": True,
+        "verdict": "the 2 events of the window give 250000, the alert's value",
+    }
+    html = _page(explanation=explanation)
+    assert "200000 + 50000 = 250000" in html
+    assert 'data-testid="explanation-verdict" class="ok"' in html
+    assert html.count("<tr><td>2025-12-31 23:58:20") == html.count("<tr><td>2026-01-01") == 1
+
+
+def test_a_section_that_cannot_be_read_says_why_and_the_rest_still_shows() -> None:
+    html = _page(alerts_error="cannot read the alerts from Redis: Connection refused")
+    assert "Connection refused" in html
+    assert 'data-testid="rule-1"' in html
+    flash = _page(flash=Flash(False, "invalid rules, nothing applied:\n  rule #1: <x>"))
+    assert 'class="flash bad"' in flash and "rule #1: &lt;x&gt;" in flash

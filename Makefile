@@ -22,7 +22,8 @@ backtest-demo: setup ## set up, generate 200k sample events, backtest the sample
 	@$(VENV)/velocity backtest --rules jobs/velocity/resources/sample_rules.json \
 		--events $(DEMO_DIR)/events --out $(DEMO_DIR)/alerts.jsonl
 
-test: setup ## set up, lint, and run every test (unit, Spark + Delta, Redis)
+test: ## set up (with chromium for the browser tests), lint, and run every test
+	@VELOCITY_SETUP_BROWSER=1 bash infra/setup.sh
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
 	@$(VENV)/mypy
 	@$(VENV)/python -m pytest tests

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.charts import latency_histogram
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 RULES = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
@@ -384,11 +386,21 @@ def main() -> int:
     runs = [("old", "folder")] if args.design in ("old", "both") else []
     if args.design != "old":
         runs += [("new", source) for source in sources]
-    results = []
+    results, latencies = [], []
     for design, source in runs:
         run = run_design(design, source, data, args.rate, args.seconds, args.keys, work, args.port)
         results.append(run.summary())
+        latencies.append((f"{design}/{source}", run.latencies))
         print(json.dumps(results[-1]), flush=True)
+    figures = work / "figures.jsonl"
+    figures.write_text("".join(json.dumps(r) + "\n" for r in results))
+    chart = latency_histogram(
+        latencies,
+        work / "latency.png",
+        f"Velocity stream: {args.rate} events/s for {args.seconds} s, {args.keys} payers, "
+        "8 rules (2 cores)",
+    )
+    print(f"figures: {figures}; latency histogram: {chart}")
     if len(results) == 2:
         first, second = results
         ratio = {

@@ -26,6 +26,11 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server" >&2; apt_install redis-server; }
 command -v mvn >/dev/null 2>&1 || { echo "installing maven" >&2; apt_install maven; }
+# The browser tests (make test) drive Debian's chromium through its chromedriver.
+if [ "${VELOCITY_SETUP_BROWSER:-0}" = 1 ] && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+  echo "installing chromium and chromedriver for the browser tests" >&2
+  apt_install chromium chromium-driver
+fi
 
 stamp=".venv/.velocity-lock.sha256"
 lock_sum="$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)"

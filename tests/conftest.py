@@ -7,8 +7,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,19 @@ CLUSTER_SH = PROJECT_ROOT / "infra" / "cluster.sh"
 # client compiler only and the serial collector start them about a third faster. Set for
 # those JVMs only.
 FAST_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
+def poll_until(what: str, probe: Callable[[], Any], timeout: float, log: Path | None = None) -> Any:
+    """``probe()`` every second until it is truthy, and its value; else fail naming ``what``
+    with the tail of ``log`` (the log of the process being waited for)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(1)
+    tail = "\n".join(log.read_text().splitlines()[-60:]) if log and log.exists() else ""
+    pytest.fail(f"no {what} within {timeout} s\n{tail}")
 
 
 def free_port() -> int:
@@ -210,3 +224,9 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield f"redis+cluster://:cluster-secret@127.0.0.1:{env['VELOCITY_REDIS_CLUSTER_PORT']}/0"
     finally:
         run("down")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests run last: they start airflow standalone and a stream beside chromium,
+    and the rest of the suite need not wait for, or share two cores with, any of it."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

@@ -178,6 +178,8 @@ def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
         result = _rule_store(_settings(args)).apply([StateChange(args.rule_id, state)])
         for change in result.changes:
             print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
+        if not result.changes:
+            print(f"ruleId {args.rule_id} is {state.value} already: nothing to apply")
         return EXIT_OK
 
     return run
@@ -701,7 +703,11 @@ def build_parser() -> argparse.ArgumentParser:
     export = rules_sub.add_parser("export", help="the rules in force as a re-appliable file")
     export.add_argument("--out", help="write to this file instead of standard output")
     export.set_defaults(run=cmd_rules_export)
-    for name, state in (("pause", RuleState.PAUSE), ("delete", RuleState.DELETE)):
+    for name, state in (
+        ("pause", RuleState.PAUSE),
+        ("activate", RuleState.ACTIVE),
+        ("delete", RuleState.DELETE),
+    ):
         change = rules_sub.add_parser(name, help=f"set a rule in force to {state.value}")
         change.add_argument("rule_id", type=int, metavar="ID")
         change.set_defaults(run=_change_state(state))

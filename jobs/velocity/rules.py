@@ -223,7 +223,7 @@ def _limit_json(limit: Decimal) -> int | Decimal:
 
 @dataclass(frozen=True)
 class StateChange:
-    """PAUSE or DELETE naming only a ruleId: changes the state of the rule in force."""
+    """PAUSE, ACTIVE or DELETE naming only a ruleId: changes the state of the rule in force."""
 
     rule_id: int
     state: RuleState

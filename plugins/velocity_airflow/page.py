@@ -200,9 +200,17 @@ def _back(ok: bool, text: str) -> RedirectResponse:
 
 
 def _command_outcome(result: Any) -> tuple[bool, str]:
-    output = (result.stdout + result.stderr).strip()
-    lines = [line for line in output.splitlines() if "WARN" not in line and line.strip()]
-    return result.returncode == 0, "\n".join(lines[-12:]) or f"exit {result.returncode}"
+    """What the page says of a finished `velocity` command: what it printed on success,
+    its error lines otherwise (the JVM's start-up chatter on stderr left out)."""
+    if result.returncode == 0:
+        return True, result.stdout.strip() or "done"
+    noise = ("Picked up ", "WARNING: ", "Setting default log level", "To adjust logging level")
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not line.startswith(noise) and " WARN " not in line
+    ]
+    return False, "\n".join(lines[-12:]) or f"velocity exited {result.returncode}"
 
 
 @app.post("/rules/{rule_id}/{action}")

@@ -181,7 +181,9 @@ def _alerts(data: PageData) -> str:
         link = f"{data.base}/?{shown_rule}alert={escape(alert['alertId'])}#explanation"
         explain = f'<a href="{link}">explain</a>' if alert.get("kind") != "RETRACTION" else ""
         rows.append(
-            f'<tr data-testid="alert-row" data-rule="{alert["ruleId"]}">'
+            f'<tr data-testid="alert-row" data-rule="{alert["ruleId"]}" '
+            f'data-kind="{escape(str(alert.get("kind")))}" '
+            f'data-tx="{escape(str(alert["transactionId"]))}">'
             f"<td>{escape(str(alert.get('kind')))}</td><td>{alert['ruleId']}</td>"
             f"<td><code>{escape(json.dumps(alert['key']))}</code></td>"
             f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
@@ -216,10 +218,10 @@ def _explanation(data: PageData) -> str:
         f"<p>ruleId {alert['ruleId']} v{alert['ruleVersion']}, key "
         f"<code>{escape(json.dumps(alert['key']))}</code>, window {_time(alert['windowStart'])} "
         f"… {_time(alert['windowEnd'])}</p>"
+        f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'
+        f'<p data-testid="explanation-arithmetic"><code>{escape(e["arithmetic"])}</code></p>'
         f'<table data-testid="explanation-events"><tr><th>event time</th><th>transaction</th>'
         f"<th>value</th></tr>{rows}</table>{more_text}"
-        f'<p data-testid="explanation-arithmetic"><code>{escape(e["arithmetic"])}</code></p>'
-        f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'
     )
 
 
@@ -252,11 +254,12 @@ def render_page(data: PageData) -> str:
         f"<style>{_STYLE}</style></head><body>"
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
         f"{flash}"
+        # An explanation is what the analyst just asked for: first.
+        f"{_explanation(data)}"
         f"<h2>Stream</h2>{_health(data)}"
         f"<h2>Rules in force</h2>{_rules(data)}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
         f"<h2>Window lookup</h2>{_lookup(data)}"
         f"<h2>Latest alerts</h2>{_alerts(data)}"
-        f"{_explanation(data)}"
         "</body></html>"
     )

@@ -81,3 +81,14 @@ def test_a_section_that_cannot_be_read_says_why_and_the_rest_still_shows() -> No
     assert 'data-testid="rule-1"' in html
     flash = _page(flash=Flash(False, "invalid rules, nothing applied:\n  rule #1: <x>"))
     assert 'class="flash bad"' in flash and "rule #1: &lt;x&gt;" in flash
+
+
+def test_a_command_outcome_is_its_output_or_its_errors_without_jvm_chatter() -> None:
+    from velocity_airflow.hooks import CommandResult
+    from velocity_airflow.page import _command_outcome
+
+    jvm = "Picked up JAVA_TOOL_OPTIONS: -XX:+UseSerialGC\nWARNING: Using incubator modules\n"
+    ok = CommandResult(["rules"], 0, "ruleId 4: version 2 PAUSE\n", jvm, None)
+    assert _command_outcome(ok) == (True, "ruleId 4: version 2 PAUSE")
+    failed = CommandResult(["rules"], 2, "", jvm + "error: ruleId 9 is not in force\n", None)
+    assert _command_outcome(failed) == (False, "error: ruleId 9 is not in force")

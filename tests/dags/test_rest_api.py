@@ -7,28 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import free_port
+from tests.conftest import free_port, poll_until
 from tests.dags.conftest import AIRFLOW_SH, FAST_JVM, StreamedData
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.redis]
-
-
-def _until(what: str, probe: Any, timeout: float, log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(2)
-    tail = "\n".join(log.read_text().splitlines()[-60:]) if log.exists() else ""
-    pytest.fail(f"no {what} within {timeout} s; standalone log:\n{tail}")
 
 
 def _iso(ms: int) -> str:
@@ -68,7 +55,7 @@ def test_backfill_triggered_through_the_rest_api(
             token = client.post("/auth/token", json={"username": "admin", "password": password})
             assert token.status_code in (200, 201), token.text
             client.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
-            _until(
+            poll_until(
                 "backfill_alerts parsed by the dag-processor",
                 lambda: client.get("/api/v2/dags/backfill_alerts").status_code == 200,
                 120,
@@ -101,7 +88,7 @@ def test_backfill_triggered_through_the_rest_api(
                 state = client.get(run_url).json()["state"]
                 return state if state in ("success", "failed") else None
 
-            assert _until("backfill run finished", finished, 600, log) == "success"
+            assert poll_until("backfill run finished", finished, 600, log) == "success"
             tasks = client.get(f"{run_url}/taskInstances").json()["task_instances"]
             assert {t["task_id"]: t["state"] for t in tasks} == {
                 "plan_backfill": "success",

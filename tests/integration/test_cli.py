@@ -153,6 +153,8 @@ def test_rules_apply_is_all_or_nothing_and_backtest_uses_rules_in_force(tmp_path
 
     exported = run("rules", "export", data_dir=data)
     assert [r["ruleId"] for r in json.loads(exported.stdout)] == [1, 2, 3, 4, 5, 6, 7, 8]
+    activated = run("rules", "activate", "4", data_dir=data)
+    assert activated.returncode == 0 and "ruleId 4: version 3 ACTIVE" in activated.stdout
 
 
 @pytest.mark.redis

@@ -25,6 +25,10 @@ from velocity.schema import FIELDS_BY_NAME, Event, FieldKind, parse_event_line
 from velocity.settings import Settings
 
 
+class NotWrittenYetError(UsageError):
+    """The alert is newer than the events table: the stream has not written it yet."""
+
+
 def _table(path: Path) -> DeltaTable | None:
     try:
         return DeltaTable(str(path))
@@ -85,9 +89,14 @@ def _window_events(settings: Settings, alert: Mapping[str, Any], rule: Rule) -> 
         own = dataset.to_table(
             filter=pc.field("transactionId") == alert["transactionId"], columns=["stream_batch"]
         )
-        if own.num_rows:
-            decided_in = own.column("stream_batch")[0].as_py()
-            rows = rows.filter(pc.field("stream_batch") <= decided_in)
+        if own.num_rows == 0:
+            raise NotWrittenYetError(
+                f"transaction {alert['transactionId']} of this alert is not in the events "
+                "table yet: the stream writes Delta behind Redis (write_behind_seconds "
+                f"{settings.write_behind_seconds}); explain it again in a few seconds"
+            )
+        decided_in = own.column("stream_batch")[0].as_py()
+        rows = rows.filter(pc.field("stream_batch") <= decided_in)
     events = []
     for line in rows.column("raw").to_pylist():
         event = parse_event_line(line)

@@ -1,0 +1,184 @@
+"""A real deployment for the browser tests: the stream with the sample rules, `airflow
+standalone` started by `infra/airflow.sh up`, and Debian's headless chromium driven by
+Selenium through Debian's chromedriver (nothing is downloaded).
+
+Screenshots of each step go to ``$VELOCITY_TEST_OUTPUT/browser`` (default
+``<checkout>/test-output/browser``), where CI keeps them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import FAST_JVM, free_port, poll_until
+from velocity.settings import PROJECT_ROOT, Settings
+
+AIRFLOW_SH = PROJECT_ROOT / "infra" / "airflow.sh"
+SAMPLE_RULES = PROJECT_ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
+VELOCITY = str(Path(sys.executable).parent / "velocity")
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@dataclass
+class Deployment:
+    """Velocity streaming into Redis and Delta, with Airflow serving its page."""
+
+    settings: Settings
+    base: str  # the Airflow UI, http://127.0.0.1:<port>
+    passwords: dict[str, str]
+    events: Path  # the folder the stream reads
+    waves: list[Path]  # generated files, landed one at a time
+    stream: subprocess.Popen[str]
+    stream_log: Path
+    shots: Path
+
+    def land(self, wave: int) -> None:
+        """Land a file as writers should: a hidden name, then renamed."""
+        source = self.waves[wave]
+        hidden = self.events / f".{source.name}"
+        shutil.copy(source, hidden)
+        hidden.rename(self.events / source.name)
+
+    def batches(self) -> int:
+        """Micro-batches this run with nothing left to read (0 while files wait)."""
+        from velocity import stream_control
+
+        status = stream_control.read_status(self.settings.data_dir) or {}
+        return int(status.get("batchesThisRun") or 0) if status.get("backlogFiles") == 0 else 0
+
+
+def _env(settings: Settings, home: Path, port: int) -> dict[str, str]:
+    # Only the script's own Airflow configuration: tests/dags sets AIRFLOW_* for its own
+    # in-process instance.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        VELOCITY_AIRFLOW_HOME=str(home),
+        VELOCITY_AIRFLOW_PORT=str(port),
+        VELOCITY_AIRFLOW_USERS="admin:admin,viewer:viewer",
+        VELOCITY_DATA_DIR=str(settings.data_dir),
+        VELOCITY_REDIS_URL=settings.redis_url,
+        VELOCITY_SPARK_SHUFFLE_PARTITIONS="2",
+        VELOCITY_SPARK_DRIVER_MEMORY="1g",
+        **FAST_JVM,
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    spark_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    import redis
+
+    from velocity.generate import GenerateOptions, generate_events
+
+    redis.Redis.from_url(spark_settings.redis_url).flushall()
+    base_dir = tmp_path_factory.mktemp("browser")
+    settings = spark_settings.model_copy(update={"data_dir": base_dir / "data"})
+    events = settings.data_dir / "events"
+    events.mkdir(parents=True)
+    # One generation (distinct transactionIds), landed as two waves: the second holds the
+    # late events and comes after a rule is paused.
+    generate_events(
+        base_dir / "generated",
+        GenerateOptions(
+            events=400,
+            rate=2.0,
+            payers=8,
+            files=2,
+            spike_fraction=0.05,
+            late_fraction=0.05,
+            duplicate_fraction=0.02,
+            malformed_fraction=0.02,
+            seed=11,
+        ),
+    )
+    waves = sorted((base_dir / "generated").glob("*.jsonl"))
+    home, port = base_dir / "airflow_home", free_port()
+    env = _env(settings, home, port)
+    shots = Path(os.environ.get("VELOCITY_TEST_OUTPUT", PROJECT_ROOT / "test-output")) / "browser"
+    shutil.rmtree(shots, ignore_errors=True)
+    shots.mkdir(parents=True)
+    airflow_up = subprocess.Popen(
+        ["bash", str(AIRFLOW_SH), "up"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    stream_log = base_dir / "stream.log"
+    with stream_log.open("w") as out:
+        stream = subprocess.Popen(
+            [VELOCITY, "stream", "--events", str(events), "--rules", str(SAMPLE_RULES)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    deployment = Deployment(
+        settings, f"http://127.0.0.1:{port}", {}, events, waves, stream, stream_log, shots
+    )
+    deployment.land(0)
+    try:
+        output, _ = airflow_up.communicate(timeout=300)
+        assert airflow_up.returncode == 0, output
+        passwords = home / "simple_auth_manager_passwords.json.generated"
+        deployment.passwords = json.loads(passwords.read_text())
+        poll_until(
+            "the stream's first micro-batch", lambda: deployment.batches() >= 1, 300, stream_log
+        )
+        yield deployment
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "velocity.cli", "stream-stop", "--wait", "60", "--force"],
+            env=env,
+            capture_output=True,
+            check=False,
+            timeout=200,
+        )
+        if deployment.stream.poll() is None:
+            os.killpg(deployment.stream.pid, signal.SIGKILL)
+        subprocess.run(
+            ["bash", str(AIRFLOW_SH), "down"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless chromium, 1400×1000, driven through Debian's chromedriver."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail(
+            "chromium and chromedriver are missing: `make test` installs them "
+            "(VELOCITY_SETUP_BROWSER=1 bash infra/setup.sh)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()

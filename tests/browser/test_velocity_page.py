@@ -1,0 +1,302 @@
+"""What an analyst sees, in a real browser: sign in, the Velocity page with the rules in
+force, pausing a rule (the stream's next micro-batch stops firing it), an alert's
+explanation, a viewer who may not change anything, and a backfill triggered from its
+form whose corrections the page lists.
+
+The tests run in file order against one deployment (``conftest.deployment``); the
+second wave of events lands after the pause. Each step leaves a screenshot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser.conftest import Deployment
+from tests.conftest import poll_until
+from tests.reference import reference_alerts
+from velocity.rules import Rule, parse_rules
+from velocity.schema import Event, parse_event_line
+
+pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.redis, pytest.mark.airflow]
+
+PAUSED_RULE = 4  # COUNT > 5 over 10 min by payerId: fires on the generated spikes
+
+
+def _by(kind: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return getattr(By, kind)
+
+
+def _wait(driver: Any, timeout: float = 60) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout)
+
+
+def _shot(deployment: Deployment, driver: Any, name: str) -> None:
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(deployment.shots / f"{name}.png"))
+
+
+def sign_in(driver: Any, deployment: Deployment, user: str, path: str) -> None:
+    """Sign in as ``user`` through Airflow's login page, landing on ``path``."""
+    driver.delete_all_cookies()
+    driver.get(deployment.base + path)
+    wait = _wait(driver)
+    wait.until(lambda d: d.find_elements(_by("NAME"), "username"))
+    driver.find_element(_by("NAME"), "username").send_keys(user)
+    driver.find_element(_by("NAME"), "password").send_keys(deployment.passwords[user])
+    driver.find_element(_by("CSS_SELECTOR"), "button[type=submit]").click()
+    wait.until(lambda d: "/auth/login" not in d.current_url)
+    if driver.current_url.rstrip("/") != (deployment.base + path).rstrip("/"):
+        driver.get(deployment.base + path)
+
+
+def open_page(driver: Any, timeout: float = 60) -> None:
+    """Into the Velocity page's frame (the Airflow UI shows plugin pages in an iframe)."""
+    frame = _wait(driver, timeout).until(
+        lambda d: d.find_elements(_by("CSS_SELECTOR"), "iframe[title=Velocity]")
+    )[0]
+    driver.switch_to.frame(frame)
+    _wait(driver, timeout).until(
+        lambda d: d.find_elements(_by("CSS_SELECTOR"), '[data-testid="rules"]')
+    )
+
+
+def _testid(driver: Any, name: str) -> list[Any]:
+    return list(driver.find_elements(_by("CSS_SELECTOR"), f'[data-testid="{name}"]'))
+
+
+def _alerts(deployment: Deployment) -> list[dict[str, Any]]:
+    import redis
+
+    client = redis.Redis.from_url(deployment.settings.redis_url, decode_responses=True)
+    stream = client.xrange(deployment.settings.alert_stream)
+    return [json.loads(fields["alert"]) for _, fields in stream]
+
+
+def _wave_events(deployment: Deployment) -> list[list[Event]]:
+    """The accepted events of each wave, first arrival of each transactionId winning."""
+    seen: set[str] = set()
+    waves = []
+    for path in deployment.waves:
+        events = []
+        for line in path.read_text().splitlines():
+            event = parse_event_line(line)
+            if isinstance(event, Event) and event.transaction_id not in seen:
+                seen.add(event.transaction_id)
+                events.append(event)
+        waves.append(events)
+    return waves
+
+
+def _token(deployment: Deployment, user: str) -> str:
+    reply = httpx.post(
+        f"{deployment.base}/auth/token",
+        json={"username": user, "password": deployment.passwords[user]},
+        timeout=30,
+    )
+    assert reply.status_code in (200, 201), reply.text
+    return str(reply.json()["access_token"])
+
+
+def test_sign_in_and_see_the_rules_in_force(deployment: Deployment, browser: Any) -> None:
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    rows = browser.find_elements(_by("CSS_SELECTOR"), '[data-testid^="rule-"]')
+    shown = {row.get_attribute("data-testid") for row in rows if row.tag_name == "tr"}
+    assert shown == {f"rule-{n}" for n in range(1, 9)}
+    first = _testid(browser, "rule-1")[0].text
+    assert "SUM(paymentAmount) > 200000 over 1440 min by payerId, beneficiaryId" in first
+    assert "ACTIVE" in first
+    assert _testid(browser, "stream-verdict")[0].text.startswith("running")
+    assert _testid(browser, "alert-row"), "the first wave raised alerts"
+    _shot(deployment, browser, "01-rules-in-force")
+
+
+def test_a_viewer_reads_the_page_but_may_not_change_rules(
+    deployment: Deployment, browser: Any
+) -> None:
+    sign_in(browser, deployment, "viewer", "/plugin/velocity")
+    open_page(browser)
+    assert "viewer (read-only)" in browser.find_element(_by("TAG_NAME"), "body").text
+    assert _testid(browser, "rule-1") and not _testid(browser, "pause-1")
+    assert not _testid(browser, "apply-rule")
+    _shot(deployment, browser, "02-viewer-read-only")
+    # Not only hidden: Airflow's own permission check refuses the change.
+    refused = httpx.post(
+        f"{deployment.base}/velocity/rules/1/pause",
+        cookies={"_token": _token(deployment, "viewer")},
+        timeout=30,
+    )
+    assert refused.status_code == 403, refused.text
+    assert "may not change rules" in refused.text
+
+
+def test_pausing_a_rule_stops_the_stream_firing_it(deployment: Deployment, browser: Any) -> None:
+    sample = [r for r in parse_rules(deployment_rules()) if isinstance(r, Rule)]
+    first, second = _wave_events(deployment)
+    # The test could not fail if the rule would not fire on the second wave anyway.
+    would_fire = reference_alerts(first + second, [sample[PAUSED_RULE - 1]], 60).fired
+    second_ids = {e.transaction_id for e in second}
+    assert {tx for _, tx in would_fire} & second_ids, "precondition: the rule fires in wave 2"
+    fired_before = {a["transactionId"] for a in _alerts(deployment) if a["ruleId"] == PAUSED_RULE}
+    assert fired_before, "precondition: the rule fired on the first wave"
+
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    _testid(browser, f"pause-{PAUSED_RULE}")[0].click()
+    # `velocity rules pause` runs with a Spark session of its own: tens of seconds.
+    flash = _wait(browser, 240).until(lambda d: _testid(d, "flash"))[0]
+    assert flash.text == f"ruleId {PAUSED_RULE}: version 2 PAUSE"
+    assert "PAUSE" in _testid(browser, f"rule-{PAUSED_RULE}")[0].text
+    assert _testid(browser, f"activate-{PAUSED_RULE}")
+    _shot(deployment, browser, "03-rule-paused")
+
+    batches = deployment.batches()
+    deployment.land(1)
+    poll_until(
+        "the stream's micro-batch of the second wave",
+        lambda: deployment.batches() > batches,
+        240,
+        deployment.stream_log,
+    )
+    after = [a for a in _alerts(deployment) if a["transactionId"] in second_ids]
+    assert after, "the other rules still fire on the second wave"
+    assert PAUSED_RULE not in {a["ruleId"] for a in after}
+
+    browser.get(f"{deployment.base}/plugin/velocity/velocity/?rule={PAUSED_RULE}")
+    open_page(browser)
+    listed = {row.get_attribute("data-rule") for row in _testid(browser, "alert-row")}
+    assert listed == {str(PAUSED_RULE)}
+    shown_tx = {row.get_attribute("data-tx") for row in _testid(browser, "alert-row")}
+    assert shown_tx <= fired_before
+    _shot(deployment, browser, "04-paused-rule-alerts")
+
+
+def test_an_alert_is_explained_by_the_events_of_its_window(
+    deployment: Deployment, browser: Any
+) -> None:
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+
+    def explained() -> Any:
+        """The verdict of the newest alert's explanation; None while the stream has not
+        yet written its events to Delta (write-behind), and the page says so."""
+        browser.get(f"{deployment.base}/plugin/velocity")
+        open_page(browser)
+        browser.find_element(_by("LINK_TEXT"), "explain").click()
+        _wait(browser).until(lambda d: d.find_elements(_by("ID"), "explanation"))
+        verdict = _testid(browser, "explanation-verdict")
+        if verdict:
+            return verdict[0]
+        problem = browser.find_element(_by("TAG_NAME"), "body").text
+        assert "not in the events table yet" in problem, problem
+        return None
+
+    verdict = poll_until("an explanation of the newest alert", explained, 120)
+    assert verdict.get_attribute("class") == "ok", verdict.text
+    assert "the alert's value" in verdict.text
+    assert _testid(browser, "explanation-arithmetic")[0].text
+    _shot(deployment, browser, "05-explanation")
+
+
+def _minute(ms: int, up: bool) -> tuple[str, str]:
+    """The form's date and time fields (minutes, UTC) of a range end that covers ``ms``."""
+    minute = (ms // 60_000 + (1 if up else 0)) * 60
+    moment = datetime.fromtimestamp(minute, UTC)
+    return moment.strftime("%Y/%m/%d"), moment.strftime("%H:%M")
+
+
+def _pick(driver: Any, label: str, day: str, clock: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    row = driver.find_element(
+        _by("XPATH"),
+        f"//div[contains(@class,'chakra-field__root')][.//label[normalize-space()='{label}']]",
+    )
+    row.find_element(_by("CSS_SELECTOR"), '[data-testid="datetime-input"]').click()
+
+    def visible(placeholder: str) -> Any:
+        found = driver.find_elements(_by("CSS_SELECTOR"), f'input[placeholder="{placeholder}"]')
+        shown = [e for e in found if e.is_displayed()]
+        return shown[0] if shown else None
+
+    date = _wait(driver).until(lambda d: visible("YYYY/MM/DD"))
+    date.send_keys(Keys.CONTROL, "a")
+    date.send_keys(day)
+    hours = visible("HH:mm")
+    hours.send_keys(Keys.CONTROL, "a")
+    hours.send_keys(clock)
+    hours.send_keys(Keys.ESCAPE)
+    _wait(driver).until(lambda d: visible("HH:mm") is None)
+
+
+def test_a_backfill_triggered_from_its_form_lists_its_corrections(
+    deployment: Deployment, browser: Any
+) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    first, second = _wave_events(deployment)
+    times = [e.event_time for e in first + second]
+    sign_in(browser, deployment, "admin", "/dags/backfill_alerts")
+    wait = _wait(browser, 90)
+    wait.until(lambda d: d.find_elements(_by("CSS_SELECTOR"), '[data-testid="trigger-dag-button"]'))
+    browser.find_element(_by("CSS_SELECTOR"), '[data-testid="trigger-dag-button"]').click()
+    _pick(browser, "From", *_minute(min(times), up=False))
+    _pick(browser, "To", *_minute(max(times), up=True))
+    rules = browser.find_element(
+        _by("XPATH"),
+        "//div[contains(@class,'chakra-field__root')][.//label[normalize-space()='Rules']]",
+    )
+    chooser = rules.find_element(_by("CSS_SELECTOR"), "input[role=combobox]")
+    for rule_id in (5, 7):  # the day-long COUNT and UNIQUE_COUNT: the late events change them
+        chooser.send_keys(f"{rule_id} · ")
+        time.sleep(0.3)
+        chooser.send_keys(Keys.ENTER)
+    assert "5 · ACTIVE · COUNT() >= 20 over 1440 min by payerId" in rules.text
+    _shot(deployment, browser, "06-backfill-form")
+    started = time.time()
+    browser.find_element(_by("CSS_SELECTOR"), '[data-testid="trigger-dag-submit"]').click()
+
+    headers = {"Authorization": f"Bearer {_token(deployment, 'admin')}"}
+    runs_url = f"{deployment.base}/api/v2/dags/backfill_alerts/dagRuns"
+
+    def finished() -> dict[str, Any] | None:
+        runs = httpx.get(runs_url, headers=headers, timeout=30).json()["dag_runs"]
+        done = [r for r in runs if r["state"] in ("success", "failed")]
+        return done[0] if done else None
+
+    run = poll_until("the backfill run to finish", finished, 360)
+    assert run["state"] == "success", run
+    assert run["conf"]["rule_ids"] == ["5", "7"]
+    assert run["conf"]["from_time"].endswith("Z") and run["conf"]["to_time"].endswith("Z")
+    browser.get(f"{deployment.base}/dags/backfill_alerts/runs/{run['dag_run_id']}")
+    time.sleep(3)
+    _shot(deployment, browser, "07-backfill-run")
+
+    amended = [
+        a
+        for a in _alerts(deployment)
+        if a["kind"] in ("CORRECTION", "RETRACTION") and a["decisionTime"] >= started * 1000
+    ]
+    assert amended, "the late events of the second wave change rules 5 and 7"
+    assert {a["ruleId"] for a in amended} <= {5, 7}
+    browser.get(f"{deployment.base}/plugin/velocity")
+    open_page(browser)
+    kinds = [row.get_attribute("data-kind") for row in _testid(browser, "alert-row")]
+    assert kinds.count("CORRECTION") + kinds.count("RETRACTION") >= min(len(amended), 50)
+    browser.execute_script("document.querySelector('[data-testid=alerts]').scrollIntoView()")
+    _shot(deployment, browser, "08-corrections-listed")
+
+
+def deployment_rules() -> str:
+    from tests.browser.conftest import SAMPLE_RULES
+
+    return SAMPLE_RULES.read_text()

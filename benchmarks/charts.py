@@ -40,6 +40,7 @@ def latency_histogram(runs: Sequence[tuple[str, Sequence[float]]], path: Path, t
                     xytext=(3, 0),
                     textcoords="offset points",
                 )
+    axes.set_xlim(0, top * 1.18)  # room for the p99 label
     axes.set_xlabel("alert latency: event landed or produced → alert read from Redis (s)")
     axes.set_ylabel("alerts")
     axes.set_title(title, fontsize=10)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -112,6 +115,33 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
     assert counts == {
         name: tables.read_table(spark, getattr(live, name)).count() for name in counts
     }
+
+    # Every alert is explained by the events of its window (read without Spark), and
+    # `velocity explain` shows figures that add up to the alert's value.
+    from velocity.delta.reader import explain
+
+    alerts = tables.read_table(spark, live.alerts).select("alertId", "aggregatorFunctionType")
+    by_aggregator = {}
+    for row in alerts.collect():
+        assert explain(data_settings, row["alertId"]).agrees, row["alertId"]
+        by_aggregator.setdefault(row["aggregatorFunctionType"], row["alertId"])
+    sum_alert = by_aggregator["SUM"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "velocity.cli", "explain", sum_alert, "--json"],
+        env={**os.environ, "VELOCITY_DATA_DIR": str(data_settings.data_dir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    explained = json.loads(shown.stdout)
+    values = [Decimal(e["value"]) for e in explained["events"]]
+    assert explained["eventCount"] == len(values) > 0
+    assert sum(values, Decimal(0)) == Decimal(explained["alert"]["aggregateValue"])
+    assert explained["agrees"] and explained["arithmetic"].endswith(
+        f"= {explained['recomputedValue']}"
+    )
 
 
 def test_a_backlog_runs_as_batches_bounded_in_bytes(

@@ -92,3 +92,16 @@ def test_a_command_outcome_is_its_output_or_its_errors_without_jvm_chatter() -> 
     assert _command_outcome(ok) == (True, "ruleId 4: version 2 PAUSE")
     failed = CommandResult(["rules"], 2, "", jvm + "error: ruleId 9 is not in force\n", None)
     assert _command_outcome(failed) == (False, "error: ruleId 9 is not in force")
+
+
+def test_without_a_login_a_person_is_sent_to_sign_in_and_a_script_gets_401() -> None:
+    from fastapi.testclient import TestClient
+
+    from velocity_airflow.page import app
+
+    client = TestClient(app)
+    page = client.get("/", headers={"accept": "text/html"}, follow_redirects=False)
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/api/v2/auth/login?next=%2Fplugin%2Fvelocity")
+    assert client.get("/api/rules").status_code == 401
+    assert client.post("/rules/1/pause").status_code == 401

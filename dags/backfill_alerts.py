@@ -69,9 +69,9 @@ def backfill_alerts() -> None:
     @task
     def plan_backfill(params: dict) -> list[str]:
         """The `velocity backfill` arguments; fails naming the field when the form is wrong."""
-        from velocity_airflow.plans import backfill_args
+        from velocity_airflow.plans import backfill_form_args
 
-        return backfill_args(params["from_time"], params["to_time"], params["rule_ids"])
+        return backfill_form_args(params)
 
     VelocitySparkSubmitOperator(task_id="backfill", command=plan_backfill(), pool=SPARK_BATCH_POOL)
 

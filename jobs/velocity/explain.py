@@ -19,14 +19,17 @@ from decimal import Decimal
 from typing import Any
 
 from velocity.alerts import AlertKind
-from velocity.buckets import BucketAggregate, merge_all
+from velocity.buckets import BucketAggregate
+from velocity.decimals import exact_add
 from velocity.rules import Aggregator, Rule, key_text
 from velocity.schema import Event
 from velocity.stream_batch import key_groups
 from velocity.windows import KeyedEvent, aggregate_value, format_aggregate
 
-# A window can hold months of a busy key's payments: show the first ones, count them all.
+# A window can hold months of a busy key's payments: show the newest (the alerted one
+# among them), count them all.
 SHOWN_EVENTS = 200
+SHOWN_VALUES = 50
 
 
 @dataclass(frozen=True)
@@ -47,27 +50,37 @@ class Explanation:
 
     @property
     def arithmetic(self) -> str:
-        """The one line that adds up to the value: ``a + b + c = total``, ``n events``, …"""
+        """The one line that adds up to the value: ``a + b + c = total``, ``n events``, …
+        (a busy window shows its newest values and counts the earlier ones)."""
         figures, rule = self.figures, self.rule
-        shown = [e.value for e in self.events if e.value is not None][:SHOWN_EVENTS]
-        more = figures.value_count - len(shown)
-        terms = " + ".join(shown) + (f" + … ({more} more)" if more > 0 else "")
+        valued = [e.value for e in self.events if e.value is not None]
+        shown, earlier = valued[-SHOWN_EVENTS:], max(0, len(valued) - SHOWN_EVENTS)
+
+        def listed(separator: str) -> str:
+            return (f"… ({earlier} earlier){separator}" if earlier else "") + separator.join(shown)
+
         match rule.aggregator:
             case Aggregator.COUNT:
                 return f"{figures.count} events in the window"
             case Aggregator.UNIQUE_COUNT:
-                values = ", ".join(sorted(figures.distinct))
-                return f"{figures.distinct_count} distinct {rule.aggregate_field}: {values}"
+                values = sorted(figures.distinct)
+                more = (
+                    f", … ({len(values) - SHOWN_VALUES} more)" if len(values) > SHOWN_VALUES else ""
+                )
+                return (
+                    f"{figures.distinct_count} distinct {rule.aggregate_field}: "
+                    f"{', '.join(values[:SHOWN_VALUES])}{more}"
+                )
             case Aggregator.SUM:
-                return f"{terms} = {self.recomputed}"
+                return f"{listed(' + ')} = {self.recomputed}"
             case Aggregator.AVG:
                 total = _text(figures.total)
                 count = figures.value_count
-                return f"({terms}) / {count} = {total} / {count} = {self.recomputed}"
+                return f"({listed(' + ')}) / {count} = {total} / {count} = {self.recomputed}"
             case Aggregator.MIN:
-                return f"min({terms}) = {self.recomputed}"
+                return f"min({listed(', ')}) = {self.recomputed}"
             case Aggregator.MAX:
-                return f"max({terms}) = {self.recomputed}"
+                return f"max({listed(', ')}) = {self.recomputed}"
         raise AssertionError(rule.aggregator)  # unreachable: match is exhaustive
 
     @property
@@ -95,7 +108,7 @@ class Explanation:
                     "eventTime": e.event_time,
                     "value": e.value,
                 }
-                for e in self.events[:SHOWN_EVENTS]
+                for e in self.events[-SHOWN_EVENTS:]
             ],
             "figures": {
                 "count": self.figures.count,
@@ -122,6 +135,28 @@ def alert_key_text(alert: Mapping[str, Any], rule: Rule) -> str:
     return key_text(tuple(str(key[name]) for name in rule.signature.grouping_keys))
 
 
+def window_figures(events: Iterable[KeyedEvent]) -> BucketAggregate:
+    """The figures of a window's events, as ``BucketAggregate.of_event`` merged one by one
+    would give them, in one pass (a busy window holds hundreds of thousands of events)."""
+    count = value_count = 0
+    total: Decimal | None = None
+    minimum: Decimal | None = None
+    maximum: Decimal | None = None
+    distinct: set[str] = set()
+    for event in events:
+        count += 1
+        if event.value is None:
+            continue
+        value_count += 1
+        distinct.add(event.value)
+        number = event.number
+        if number is not None:
+            total = number if total is None else exact_add(total, number)
+            minimum = number if minimum is None or number < minimum else minimum
+            maximum = number if maximum is None or number > maximum else maximum
+    return BucketAggregate(count, value_count, total, minimum, maximum, frozenset(distinct))
+
+
 def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event]) -> Explanation:
     """The explanation of ``alert`` (a SPEC §4 record) by ``rule`` (its version) from
     ``events``: any accepted events, at least those of the window that counted."""
@@ -139,7 +174,7 @@ def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event])
         groups.get((signature.signature_id, alert_key_text(alert, rule)), []),
         key=lambda e: (e.event_time, e.transaction_id),
     )
-    figures = merge_all(BucketAggregate.of_event(e.value, e.number) for e in in_window)
+    figures = window_figures(in_window)
     value = aggregate_value(figures, rule.aggregator)
     recomputed = None if value is None else format_aggregate(value)
     return Explanation(alert, rule, tuple(in_window), figures, recomputed)

@@ -14,7 +14,10 @@ from this page (its ``Origin``), so another site cannot post one with the user's
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
@@ -28,6 +31,25 @@ URL_PREFIX = "/velocity"
 # Who may edit this DAG may change the rules it runs with.
 RULES_DAG_ID = "run_stream"
 _ACTIONS = ("pause", "activate", "delete")
+# One rule change at a time: each starts a Spark session in the api-server's process tree.
+_RULE_CHANGE = threading.Lock()
+_RULE_ID = re.compile(r"^[0-9]{1,18}$")
+# A message shown once travels in the redirect's URL: keep it short.
+_FLASH_CHARS = 1500
+# Fields a published alert must have to be listed (SPEC §4).
+_ALERT_FIELDS = frozenset(
+    (
+        "alertId",
+        "kind",
+        "ruleId",
+        "transactionId",
+        "key",
+        "eventTime",
+        "aggregateValue",
+        "limitOperatorType",
+        "limit",
+    )
+)
 
 app = FastAPI(title="Velocity", description="Rules, alerts and the stream of Velocity")
 
@@ -70,9 +92,12 @@ async def _editor(request: Request) -> Any:
             f"{user.get_name()} may not change rules: that needs edit permission on the "
             f"{RULES_DAG_ID} DAG",
         )
-    origin = request.headers.get("origin") or request.headers.get("referer") or ""
-    if origin and urlsplit(origin).netloc != request.url.netloc:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "a rule change must come from this page")
+    # A browser's change must come from this page: the login cookie goes with any form
+    # post to this host. A script authenticates with a bearer token instead.
+    if not request.headers.get("authorization"):
+        origin = request.headers.get("origin") or request.headers.get("referer") or ""
+        if urlsplit(origin).netloc != request.url.netloc:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "a rule change must come from this page")
     return user
 
 
@@ -83,7 +108,10 @@ Editor = Annotated[Any, Depends(_editor)]
 @app.exception_handler(_SignIn)
 async def _sign_in(request: Request, exc: _SignIn) -> Response:
     if "text/html" in request.headers.get("accept", ""):
-        back = urlencode({"next": f"/plugin/velocity{request.url.path}"})
+        # Back to the page asked for; a post is not repeated: back to the page itself.
+        here = request.url.path if request.method == "GET" else f"{URL_PREFIX}/"
+        query = f"?{request.url.query}" if request.method == "GET" and request.url.query else ""
+        back = urlencode({"next": f"/plugin/velocity{here}{query}"})
         return RedirectResponse(f"/api/v2/auth/login?{back}", status.HTTP_303_SEE_OTHER)
     return JSONResponse({"detail": "Not authenticated"}, status.HTTP_401_UNAUTHORIZED)
 
@@ -118,7 +146,9 @@ def recent_alerts(settings: Any, rule_id: int | None, limit: int = ALERTS_SHOWN)
     while len(found) < limit and scanned < 20_000:
         page = client.xrevrange(settings.alert_stream, max=upper, min="-", count=500)
         for _, fields in page:  # type: ignore[union-attr]
-            alert = json.loads(fields["alert"])
+            alert = _published_alert(fields)
+            if alert is None:
+                continue
             if rule_id is None or alert["ruleId"] == rule_id:
                 found.append(alert)
                 if len(found) == limit:
@@ -130,13 +160,27 @@ def recent_alerts(settings: Any, rule_id: int | None, limit: int = ALERTS_SHOWN)
     return found
 
 
+def _published_alert(fields: Any) -> dict[str, Any] | None:
+    """An entry of the alert stream as its record; None for an entry that is not one."""
+    try:
+        alert = json.loads(fields["alert"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not isinstance(alert, dict) or not alert.keys() >= _ALERT_FIELDS:
+        return None
+    return alert
+
+
 def _explain(settings: Any, alert_id: str) -> dict[str, Any]:
     from velocity.delta.reader import explain
 
-    # The alert may be newer than the alerts table (written behind Redis): take it from Redis.
-    on_stream = next(
-        (a for a in recent_alerts(settings, None, 5_000) if a["alertId"] == alert_id), None
-    )
+    # The alert may be newer than the alerts table (written behind Redis): take it from
+    # Redis when Redis has it; the alerts table answers for the rest, Redis or not.
+    try:
+        recent = recent_alerts(settings, None, 5_000)
+    except Exception:
+        recent = []
+    on_stream = next((a for a in recent if a["alertId"] == alert_id), None)
     return explain(settings, alert_id, on_stream).to_json()
 
 
@@ -144,7 +188,7 @@ def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
     from velocity.redis import mirror
     from velocity.schema import parse_key_values
 
-    if not rule.strip().isdigit():
+    if not _RULE_ID.match(rule.strip()):
         raise ValueError(f"ruleId must be a number, got {rule!r}")
     return mirror.lookup(
         mirror.connect(settings), settings.redis_keys, int(rule), parse_key_values(key)
@@ -168,7 +212,7 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     rules, data.rules_error = _read("rules", lambda: rules_in_force(settings))
     data.rules = rules or ()
     rule = query.get("rule", "")
-    data.alert_rule = int(rule) if rule.isdigit() else None
+    data.alert_rule = int(rule) if _RULE_ID.match(rule) else None
     alerts, data.alerts_error = _read(
         "alerts from Redis", lambda: recent_alerts(settings, data.alert_rule)
     )
@@ -184,7 +228,7 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
             lambda: _lookup(settings, query.get("lookup_rule", ""), query.get("lookup_key", "")),
         )
     if query.get("msg"):
-        data.flash = Flash(query.get("ok") == "1", query["msg"])
+        data.flash = Flash(query.get("ok") == "1", query["msg"][:_FLASH_CHARS])
     return data
 
 
@@ -194,9 +238,23 @@ def page(request: Request, user: User) -> str:
 
 
 def _back(ok: bool, text: str) -> RedirectResponse:
+    if len(text) > _FLASH_CHARS:
+        text = text[: _FLASH_CHARS - 1] + "…"
     return RedirectResponse(
         f"{URL_PREFIX}/?{urlencode({'ok': int(ok), 'msg': text})}", status.HTTP_303_SEE_OTHER
     )
+
+
+def _run_rules_command(args: list[str]) -> tuple[bool, str]:
+    """`velocity rules …` with the connection's settings, one at a time."""
+    with _RULE_CHANGE:
+        try:
+            return _command_outcome(_hook().run(args, timeout=300))
+        except subprocess.TimeoutExpired:
+            return False, (
+                f"velocity {' '.join(args)} did not finish within 300 s; it may still have "
+                "applied: check the rules in force before trying again"
+            )
 
 
 def _command_outcome(result: Any) -> tuple[bool, str]:
@@ -217,8 +275,7 @@ def _command_outcome(result: Any) -> tuple[bool, str]:
 def change_rule_state(rule_id: int, action: str, user: Editor) -> RedirectResponse:
     if action not in _ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
-    ok, text = _command_outcome(_hook().run(["rules", action, str(rule_id)], timeout=300))
-    return _back(ok, text)
+    return _back(*_run_rules_command(["rules", action, str(rule_id)]))
 
 
 @app.post("/rules", response_model=None)
@@ -245,7 +302,7 @@ def add_rules(
     with tempfile.TemporaryDirectory(prefix="velocity-rules-") as folder:
         path = Path(folder) / "rules.json"
         path.write_text(rules_json, encoding="utf-8")
-        ok, text = _command_outcome(_hook().run(["rules", "apply", str(path)], timeout=300))
+        ok, text = _run_rules_command(["rules", "apply", str(path)])
     return _back(ok, text)
 
 
@@ -260,14 +317,13 @@ def _page_again(request: Request, user: Any, rule_text: str, flash: Flash) -> HT
 
 
 @app.get("/api/rules")
-def rules_json(user: User) -> list[dict[str, Any]]:
+def rules_json(user: User) -> Response:
     from velocity.decimals import dumps_json
     from velocity.delta.reader import rules_in_force
 
-    return [
-        json.loads(dumps_json({"version": r.version, **r.to_json()}))
-        for r in rules_in_force(_settings())
-    ]
+    # dumps_json keeps a decimal limit exact (a float would round it).
+    rules = [{"version": r.version, **r.to_json()} for r in rules_in_force(_settings())]
+    return Response(dumps_json(rules), media_type="application/json")
 
 
 @app.get("/api/alerts")
@@ -278,12 +334,17 @@ def alerts_json(user: User, rule: int | None = None, limit: int = ALERTS_SHOWN) 
 @app.get("/api/alerts/{alert_id}/explanation")
 def explanation_json(alert_id: str, user: User) -> Response:
     from velocity.decimals import dumps_json
+    from velocity.delta.reader import NotWrittenYetError
     from velocity.errors import UsageError
 
     try:
         explained = _explain(_settings(), alert_id)
+    except NotWrittenYetError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     except UsageError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except ValueError as exc:  # a RETRACTION: explain the alert it withdraws
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     return Response(dumps_json(explained), media_type="application/json")
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from velocity.rules import Rule, RuleState, rule_summary
 
@@ -70,10 +71,15 @@ class PageData:
     flash: Flash | None = None
 
 
-def _time(ms: int | None) -> str:
-    if ms is None:
-        return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+def _time(ms: object) -> str:
+    """Epoch ms as UTC time; anything else (a hand-written alert) as escaped text."""
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        return "" if ms is None else escape(str(ms))
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return escape(str(ms))
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
 def _error(text: str | None) -> str:
@@ -178,13 +184,14 @@ def _alerts(data: PageData) -> str:
     rows = []
     for alert in data.alerts:
         shown_rule = "" if data.alert_rule is None else f"rule={data.alert_rule}&"
-        link = f"{data.base}/?{shown_rule}alert={escape(alert['alertId'])}#explanation"
+        target = escape(quote(str(alert["alertId"]), safe=""))
+        link = f"{data.base}/?{shown_rule}alert={target}#explanation"
         explain = f'<a href="{link}">explain</a>' if alert.get("kind") != "RETRACTION" else ""
         rows.append(
-            f'<tr data-testid="alert-row" data-rule="{alert["ruleId"]}" '
+            f'<tr data-testid="alert-row" data-rule="{escape(str(alert["ruleId"]))}" '
             f'data-kind="{escape(str(alert.get("kind")))}" '
             f'data-tx="{escape(str(alert["transactionId"]))}">'
-            f"<td>{escape(str(alert.get('kind')))}</td><td>{alert['ruleId']}</td>"
+            f"<td>{escape(str(alert.get('kind')))}</td><td>{escape(str(alert['ruleId']))}</td>"
             f"<td><code>{escape(json.dumps(alert['key']))}</code></td>"
             f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
             f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"
@@ -215,7 +222,7 @@ def _explanation(data: PageData) -> str:
     return (
         f'<h2 id="explanation">Explanation of {escape(alert["kind"])} '
         f"<code>{escape(alert['alertId'])}</code></h2>"
-        f"<p>ruleId {alert['ruleId']} v{alert['ruleVersion']}, key "
+        f"<p>ruleId {escape(str(alert['ruleId']))} v{escape(str(alert['ruleVersion']))}, key "
         f"<code>{escape(json.dumps(alert['key']))}</code>, window {_time(alert['windowStart'])} "
         f"… {_time(alert['windowEnd'])}</p>"
         f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'

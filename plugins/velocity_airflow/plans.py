@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
@@ -118,6 +118,11 @@ def stream_stop_args(
     return [*args, "--force"] if force else args
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The backfill form's fields; a conf naming anything else is a mistake, not a wish.
+BACKFILL_FIELDS = ("from_time", "to_time", "rule_ids")
+
+
 def event_time_ms(name: str, value: object) -> int | None:
     """A form's date-time as epoch milliseconds: ISO 8601 (``2026-01-01T00:10:00.000Z``,
     the trigger form's picker; without an offset it is UTC), or epoch ms as an integer
@@ -138,7 +143,8 @@ def event_time_ms(name: str, value: object) -> int | None:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    ms = int(moment.timestamp() * 1000)
+    # Integer arithmetic: a float timestamp would round 23:59:59.9995 before 1970 to 0.
+    ms = (moment - _EPOCH) // timedelta(milliseconds=1)
     if ms < 0:
         raise UsageError(f"{name} must be at or after 1970-01-01T00:00:00Z, got {value!r}")
     return ms
@@ -173,13 +179,26 @@ def backfill_args(
     ids: list[int] = []
     for index, value in enumerate(rule_ids):
         # The form's multi-select sends ids as strings.
-        number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+        text = value.strip() if isinstance(value, str) else ""
+        number = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else value
         rule_id = _optional_int(f"Rules[{index}]", number, 1)
         if rule_id is None:
             raise UsageError(f"Rules[{index}] is empty; remove it or give a rule id ≥ 1")
         if rule_id not in ids:
             ids.append(rule_id)
     return [*args, "--rules", ",".join(str(i) for i in sorted(ids))]
+
+
+def backfill_form_args(params: Mapping[str, object]) -> list[str]:
+    """``backfill_args`` of a run's params; a conf field the form does not have (say an old
+    script's ``from_ms``) is refused rather than silently ignored."""
+    unknown = sorted(set(params) - set(BACKFILL_FIELDS))
+    if unknown:
+        raise UsageError(
+            f"unknown field {', '.join(unknown)}: the backfill form takes From (from_time), "
+            "To (to_time) and Rules (rule_ids)"
+        )
+    return backfill_args(params.get("from_time"), params.get("to_time"), params.get("rule_ids"))
 
 
 def rule_choices(rules: Sequence[Rule]) -> tuple[list[str], dict[str, str]]:

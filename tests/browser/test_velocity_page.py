@@ -155,7 +155,7 @@ def test_pausing_a_rule_stops_the_stream_firing_it(deployment: Deployment, brows
     _testid(browser, f"pause-{PAUSED_RULE}")[0].click()
     # `velocity rules pause` runs with a Spark session of its own: tens of seconds.
     flash = _wait(browser, 240).until(lambda d: _testid(d, "flash"))[0]
-    assert flash.text == f"ruleId {PAUSED_RULE}: version 2 PAUSE"
+    assert f"ruleId {PAUSED_RULE}: version 2 PAUSE" in flash.text
     assert "PAUSE" in _testid(browser, f"rule-{PAUSED_RULE}")[0].text
     assert _testid(browser, f"activate-{PAUSED_RULE}")
     _shot(deployment, browser, "03-rule-paused")
@@ -196,8 +196,7 @@ def test_an_alert_is_explained_by_the_events_of_its_window(
         verdict = _testid(browser, "explanation-verdict")
         if verdict:
             return verdict[0]
-        problem = browser.find_element(_by("TAG_NAME"), "body").text
-        assert "not in the events table yet" in problem, problem
+        # Not written to Delta yet (write-behind), or a read that failed once: again.
         return None
 
     verdict = poll_until("an explanation of the newest alert", explained, 120)
@@ -231,7 +230,7 @@ def _pick(driver: Any, label: str, day: str, clock: str) -> None:
     date = _wait(driver).until(lambda d: visible("YYYY/MM/DD"))
     date.send_keys(Keys.CONTROL, "a")
     date.send_keys(day)
-    hours = visible("HH:mm")
+    hours = _wait(driver).until(lambda d: visible("HH:mm"))
     hours.send_keys(Keys.CONTROL, "a")
     hours.send_keys(clock)
     hours.send_keys(Keys.ESCAPE)
@@ -241,8 +240,6 @@ def _pick(driver: Any, label: str, day: str, clock: str) -> None:
 def test_a_backfill_triggered_from_its_form_lists_its_corrections(
     deployment: Deployment, browser: Any
 ) -> None:
-    from selenium.webdriver.common.keys import Keys
-
     first, second = _wave_events(deployment)
     times = [e.event_time for e in first + second]
     sign_in(browser, deployment, "admin", "/dags/backfill_alerts")
@@ -258,20 +255,27 @@ def test_a_backfill_triggered_from_its_form_lists_its_corrections(
     chooser = rules.find_element(_by("CSS_SELECTOR"), "input[role=combobox]")
     for rule_id in (5, 7):  # the day-long COUNT and UNIQUE_COUNT: the late events change them
         chooser.send_keys(f"{rule_id} · ")
-        time.sleep(0.3)
-        chooser.send_keys(Keys.ENTER)
+
+        def option(d: Any, rule_id: int = rule_id) -> Any:
+            found = d.find_elements(_by("CSS_SELECTOR"), "[role=option]")
+            return next((o for o in found if o.text.startswith(f"{rule_id} · ")), None)
+
+        _wait(browser).until(option).click()
     assert "5 · ACTIVE · COUNT() >= 20 over 1440 min by payerId" in rules.text
     _shot(deployment, browser, "06-backfill-form")
+    headers = {"Authorization": f"Bearer {_token(deployment, 'admin')}"}
+    runs_url = f"{deployment.base}/api/v2/dags/backfill_alerts/dagRuns"
+    before = {
+        r["dag_run_id"] for r in httpx.get(runs_url, headers=headers, timeout=30).json()["dag_runs"]
+    }
     started = time.time()
     browser.find_element(_by("CSS_SELECTOR"), '[data-testid="trigger-dag-submit"]').click()
 
-    headers = {"Authorization": f"Bearer {_token(deployment, 'admin')}"}
-    runs_url = f"{deployment.base}/api/v2/dags/backfill_alerts/dagRuns"
-
     def finished() -> dict[str, Any] | None:
+        """The run this form triggered, once it has finished."""
         runs = httpx.get(runs_url, headers=headers, timeout=30).json()["dag_runs"]
-        done = [r for r in runs if r["state"] in ("success", "failed")]
-        return done[0] if done else None
+        ours = [r for r in runs if r["dag_run_id"] not in before]
+        return ours[0] if ours and ours[0]["state"] in ("success", "failed") else None
 
     run = poll_until("the backfill run to finish", finished, 360)
     assert run["state"] == "success", run

@@ -12,6 +12,7 @@ from velocity_airflow.plans import (
     StreamAction,
     StreamHealth,
     backfill_args,
+    backfill_form_args,
     decide_stream_action,
     parse_summary,
     rule_choices,
@@ -43,7 +44,8 @@ def test_backfill_range_from_the_form_pickers_and_rules_sorted_without_repeats()
         "--rules",
         "1,3",
     ]
-    # Scripts may give epoch ms and int ids; a time without an offset is UTC.
+    # Callers other than the form may give epoch ms and int ids; a time without an offset
+    # is UTC.
     assert backfill_args(5, 5, [2]) == ["backfill", "--from", "5", "--to", "5", "--rules", "2"]
     assert backfill_args("2026-01-01T01:00:00+01:00", "2026-01-01T00:00:00") == [
         "backfill",
@@ -86,6 +88,21 @@ def test_backfill_rejects_bad_forms_naming_the_field(
     with pytest.raises(UsageError) as raised:
         backfill_args(from_time, to_time, rule_ids)
     assert names in str(raised.value)
+
+
+def test_the_form_refuses_fields_it_does_not_have_and_times_just_before_1970() -> None:
+    with pytest.raises(UsageError, match="unknown field from_ms, to_ms"):
+        backfill_form_args({"from_ms": 1, "to_ms": 2, "rule_ids": None})
+    assert backfill_form_args({"from_time": None, "to_time": None, "rule_ids": ["2"]}) == [
+        "backfill",
+        "--late",
+        "--rules",
+        "2",
+    ]
+    with pytest.raises(UsageError, match="From must be at or after 1970"):
+        backfill_args("1969-12-31T23:59:59.9995Z", 5)
+    with pytest.raises(UsageError, match="Rules\\[0\\] must be an integer"):
+        backfill_args(0, 5, ["²"])
 
 
 def test_the_rule_choices_are_the_ids_the_form_sends_with_their_rules() -> None:

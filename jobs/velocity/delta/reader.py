@@ -69,12 +69,22 @@ def find_alert(settings: Settings, alert_id: str) -> dict[str, Any]:
     return _alert_record(rows.to_pylist()[0])
 
 
+def _not_written_yet(settings: Settings, alert: Mapping[str, Any]) -> NotWrittenYetError:
+    return NotWrittenYetError(
+        f"transaction {alert['transactionId']} of this alert is not in the events table "
+        "yet: the stream writes Delta behind Redis (write_behind_seconds "
+        f"{settings.write_behind_seconds}); explain it again in a few seconds"
+    )
+
+
 def _window_events(settings: Settings, alert: Mapping[str, Any], rule: Rule) -> list[Event]:
     """The accepted events of the alert's key and window that counted when it was decided."""
+    stream_alert = alert["kind"] == AlertKind.ALERT
     table = _table(settings.table_path(EVENTS))
     if table is None:
+        if stream_alert:
+            raise _not_written_yet(settings, alert)
         return []
-    dataset = table.to_pyarrow_dataset()
     where = (pc.field("eventTime") >= alert["windowStart"]) & (
         pc.field("eventTime") <= alert["windowEnd"]
     )
@@ -83,18 +93,17 @@ def _window_events(settings: Settings, alert: Mapping[str, Any], rule: Rule) -> 
         # on the parsed event instead.
         if FIELDS_BY_NAME[name].kind is not FieldKind.AMOUNT:
             where = where & (pc.field(name) == str(alert["key"][name]))
-    rows = dataset.to_table(filter=where, columns=["raw", "transactionId", "stream_batch"])
-    if alert["kind"] == AlertKind.ALERT:
-        # The stream decided it with the events of its own micro-batch and the earlier ones.
-        own = dataset.to_table(
-            filter=pc.field("transactionId") == alert["transactionId"], columns=["stream_batch"]
+    columns = ["raw", "transactionId", "eventTime", "stream_batch"]
+    rows = table.to_pyarrow_dataset().to_table(filter=where, columns=columns)
+    if stream_alert:
+        # The stream decided it with the events of its own micro-batch and the earlier ones;
+        # its own event is in the window (its time is the upper edge).
+        own = rows.filter(
+            (pc.field("transactionId") == alert["transactionId"])
+            & (pc.field("eventTime") == alert["eventTime"])
         )
         if own.num_rows == 0:
-            raise NotWrittenYetError(
-                f"transaction {alert['transactionId']} of this alert is not in the events "
-                "table yet: the stream writes Delta behind Redis (write_behind_seconds "
-                f"{settings.write_behind_seconds}); explain it again in a few seconds"
-            )
+            raise _not_written_yet(settings, alert)
         decided_in = own.column("stream_batch")[0].as_py()
         rows = rows.filter(pc.field("stream_batch") <= decided_in)
     events = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,6 +36,14 @@ def poll_until(what: str, probe: Callable[[], Any], timeout: float, log: Path | 
         time.sleep(1)
     tail = "\n".join(log.read_text().splitlines()[-60:]) if log and log.exists() else ""
     pytest.fail(f"no {what} within {timeout} s\n{tail}")
+
+
+def land_file(source: Path, folder: Path) -> None:
+    """Land a file as writers should: a hidden name, then renamed (name order = mtime order)."""
+    hidden = folder / f".{source.name}"
+    shutil.copy(source, hidden)
+    hidden.rename(folder / source.name)
+    time.sleep(0.01)
 
 
 def free_port() -> int:

@@ -543,8 +543,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from velocity.delta.reader import explain
 
     explanation = explain(_settings(args), args.alert_id)
+    shown = explanation.to_json()
     if args.json:
-        print(dumps_json(explanation.to_json()))
+        print(dumps_json(shown))
         return EXIT_OK
     alert = explanation.alert
     print(
@@ -553,11 +554,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         f"{alert['limitOperatorType']} {alert['limit']}, key {json.dumps(alert['key'])}, "
         f"window {alert['windowStart']}..{alert['windowEnd']}, transaction {alert['transactionId']}"
     )
-    for event in explanation.to_json()["events"]:
+    for event in shown["events"]:
         value = "" if event["value"] is None else f"  {event['value']}"
         print(f"  {event['eventTime']}  {event['transactionId']}{value}")
-    print(explanation.arithmetic)
-    print(explanation.verdict)
+    print(shown["arithmetic"])
+    print(shown["verdict"])
     return EXIT_OK if explanation.agrees else EXIT_FAILURE
 
 

@@ -19,8 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from velocity.alerts import AlertKind
-from velocity.buckets import BucketAggregate
-from velocity.decimals import exact_add
+from velocity.buckets import BucketAggregate, aggregate_of_events
 from velocity.rules import Aggregator, Rule, key_text
 from velocity.schema import Event
 from velocity.stream_batch import key_groups
@@ -135,28 +134,6 @@ def alert_key_text(alert: Mapping[str, Any], rule: Rule) -> str:
     return key_text(tuple(str(key[name]) for name in rule.signature.grouping_keys))
 
 
-def window_figures(events: Iterable[KeyedEvent]) -> BucketAggregate:
-    """The figures of a window's events, as ``BucketAggregate.of_event`` merged one by one
-    would give them, in one pass (a busy window holds hundreds of thousands of events)."""
-    count = value_count = 0
-    total: Decimal | None = None
-    minimum: Decimal | None = None
-    maximum: Decimal | None = None
-    distinct: set[str] = set()
-    for event in events:
-        count += 1
-        if event.value is None:
-            continue
-        value_count += 1
-        distinct.add(event.value)
-        number = event.number
-        if number is not None:
-            total = number if total is None else exact_add(total, number)
-            minimum = number if minimum is None or number < minimum else minimum
-            maximum = number if maximum is None or number > maximum else maximum
-    return BucketAggregate(count, value_count, total, minimum, maximum, frozenset(distinct))
-
-
 def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event]) -> Explanation:
     """The explanation of ``alert`` (a SPEC §4 record) by ``rule`` (its version) from
     ``events``: any accepted events, at least those of the window that counted."""
@@ -174,7 +151,7 @@ def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event])
         groups.get((signature.signature_id, alert_key_text(alert, rule)), []),
         key=lambda e: (e.event_time, e.transaction_id),
     )
-    figures = window_figures(in_window)
+    figures = aggregate_of_events((e.value, e.number) for e in in_window)
     value = aggregate_value(figures, rule.aggregator)
     recomputed = None if value is None else format_aggregate(value)
     return Explanation(alert, rule, tuple(in_window), figures, recomputed)

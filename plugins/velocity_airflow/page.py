@@ -18,6 +18,7 @@ import re
 import subprocess
 import tempfile
 import threading
+from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
@@ -34,6 +35,10 @@ _ACTIONS = ("pause", "activate", "delete")
 # One rule change at a time: each starts a Spark session in the api-server's process tree.
 _RULE_CHANGE = threading.Lock()
 _RULE_ID = re.compile(r"^[0-9]{1,18}$")
+# How far back the alert stream is searched for a rule's alerts, and for the record of an
+# alert to explain (older ones are in the alerts table).
+_ALERTS_SEARCHED = 20_000
+_EXPLAINED_SEARCHED = 5_000
 # A message shown once travels in the redirect's URL: keep it short.
 _FLASH_CHARS = 1500
 # Fields a published alert must have to be listed (SPEC §4).
@@ -138,25 +143,15 @@ def recent_alerts(settings: Any, rule_id: int | None, limit: int = ALERTS_SHOWN)
     """The newest alerts on the Redis alert stream, of one rule or all, newest first."""
     from velocity.redis import mirror
 
-    client = mirror.connect(settings)
+    entries = mirror.newest_alert_entries(mirror.connect(settings), settings.alert_stream)
     found: list[dict] = []
-    upper = "+"
-    scanned = 0
-    # A busy stream holds mostly other rules' alerts: page back, but not forever.
-    while len(found) < limit and scanned < 20_000:
-        page = client.xrevrange(settings.alert_stream, max=upper, min="-", count=500)
-        for _, fields in page:  # type: ignore[union-attr]
-            alert = _published_alert(fields)
-            if alert is None:
-                continue
-            if rule_id is None or alert["ruleId"] == rule_id:
-                found.append(alert)
-                if len(found) == limit:
-                    break
-        scanned += len(page)  # type: ignore[arg-type]
-        if len(page) < 500:  # type: ignore[arg-type]
-            break
-        upper = "(" + page[-1][0]  # type: ignore[index]
+    # A busy stream holds mostly other rules' alerts: look back, but not forever.
+    for fields in islice(entries, _ALERTS_SEARCHED):
+        alert = _published_alert(fields)
+        if alert is not None and (rule_id is None or alert["ruleId"] == rule_id):
+            found.append(alert)
+            if len(found) == limit:
+                break
     return found
 
 
@@ -173,14 +168,21 @@ def _published_alert(fields: Any) -> dict[str, Any] | None:
 
 def _explain(settings: Any, alert_id: str) -> dict[str, Any]:
     from velocity.delta.reader import explain
+    from velocity.redis import mirror
 
     # The alert may be newer than the alerts table (written behind Redis): take it from
     # Redis when Redis has it; the alerts table answers for the rest, Redis or not.
+    on_stream = None
     try:
-        recent = recent_alerts(settings, None, 5_000)
+        entries = mirror.newest_alert_entries(mirror.connect(settings), settings.alert_stream)
+        for fields in islice(entries, _EXPLAINED_SEARCHED):
+            if alert_id in fields.get("alert", ""):  # parse only the one entry that names it
+                alert = _published_alert(fields)
+                if alert is not None and alert["alertId"] == alert_id:
+                    on_stream = alert
+                    break
     except Exception:
-        recent = []
-    on_stream = next((a for a in recent if a["alertId"] == alert_id), None)
+        on_stream = None
     return explain(settings, alert_id, on_stream).to_json()
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAST_JVM, free_port, poll_until
+from tests.conftest import FAST_JVM, free_port, land_file, poll_until
 from velocity.settings import PROJECT_ROOT, Settings
 
 AIRFLOW_SH = PROJECT_ROOT / "infra" / "airflow.sh"
@@ -44,11 +44,7 @@ class Deployment:
     shots: Path
 
     def land(self, wave: int) -> None:
-        """Land a file as writers should: a hidden name, then renamed."""
-        source = self.waves[wave]
-        hidden = self.events / f".{source.name}"
-        shutil.copy(source, hidden)
-        hidden.rename(self.events / source.name)
+        land_file(self.waves[wave], self.events)
 
     def batches(self) -> int:
         """Micro-batches this run with nothing left to read (0 while files wait)."""

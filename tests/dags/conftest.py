@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import FAST_JVM, free_port
+from tests.conftest import FAST_JVM, free_port, land_file
 
 from velocity.settings import Settings
 
@@ -155,14 +155,6 @@ class StreamedData:
     last_event_ms: int
 
 
-def _land(source: Path, events: Path) -> None:
-    """Land a file as writers should: a hidden name, then renamed (name order = mtime order)."""
-    hidden = events / f".{source.name}"
-    shutil.copy(source, hidden)
-    hidden.rename(events / source.name)
-    time.sleep(0.01)
-
-
 def _start_run_stream(connection: str, log: Path) -> subprocess.Popen[str]:
     """`airflow dags test run_stream` with the sample rules, in a session of its own."""
     env = {**os.environ, **FAST_JVM, "AIRFLOW_CONN_VELOCITY_DEFAULT": connection}
@@ -223,7 +215,7 @@ def streamed(
     connection = velocity_connection(settings)
     log = base / "run_stream.log"
     for source in sorted((base / "wave1").glob("*.jsonl")):
-        _land(source, events)
+        land_file(source, events)
     data = StreamedData(
         settings=settings,
         connection=connection,
@@ -240,7 +232,7 @@ def streamed(
     try:
         wait_for("first micro-batch of run_stream", lambda: batches() >= 1, 300, data.process, log)
         for source in sorted((base / "wave2").glob("*.jsonl")):
-            _land(source, events)
+            land_file(source, events)
         wait_for("second micro-batch of run_stream", lambda: batches() >= 2, 180, data.process, log)
         yield data
     finally:

@@ -254,3 +254,18 @@ def test_merged_aggregate_matches_its_events(events: list[KeyedEvent]) -> None:
         assert agg.maximum == max(numbers)
     else:
         assert (agg.total, agg.minimum, agg.maximum) == (None, None, None)
+
+
+_EVENT_FIELDS = st.one_of(
+    st.just((None, None)),
+    st.text(max_size=3).map(lambda text: (text, None)),
+    st.decimals(min_value=-1000, max_value=1000, places=2).map(lambda d: (str(d), d)),
+)
+
+
+@given(st.lists(_EVENT_FIELDS, max_size=40))
+def test_aggregate_of_events_is_merging_each_event(events) -> None:
+    from velocity.buckets import aggregate_of_events
+
+    merged = merge_all(BucketAggregate.of_event(value, number) for value, number in events)
+    assert aggregate_of_events(events) == merged

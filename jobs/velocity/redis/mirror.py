@@ -187,25 +187,33 @@ def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[
     return added
 
 
+def newest_alert_entries(client: redis.Redis, stream: str) -> Iterator[dict[str, Any]]:
+    """The alert stream's entries (their fields), newest first, read back 500 at a time as
+    the caller consumes them."""
+    upper = "+"
+    while True:
+        page = cast(list[Any], client.xrevrange(stream, max=upper, min="-", count=500))
+        for _, fields in page:
+            yield fields
+        if len(page) < 500:
+            return
+        upper = "(" + page[-1][0]
+
+
 def batch_alerts(client: redis.Redis, stream: str, batch_id: int) -> list[str]:
     """The alerts micro-batch ``batch_id`` published on the alert stream (SPEC §4 JSON, in
     order), read back from the stream's end: a replay of the newest committed batch
     publishes them to Kafka again. Backfill entries (marked ``backfill``) are left out."""
     found: list[str] = []
-    upper = "+"
-    while True:
-        page = cast(list[Any], client.xrevrange(stream, max=upper, min="-", count=500))
-        for _, fields in page:
-            if fields.get("backfill"):
-                continue
-            batch = int(fields.get("batch", -1))
-            if batch < batch_id:
-                return found[::-1]
-            if batch == batch_id:
-                found.append(fields["alert"])
-        if len(page) < 500:
-            return found[::-1]
-        upper = "(" + page[-1][0]
+    for fields in newest_alert_entries(client, stream):
+        if fields.get("backfill"):
+            continue
+        batch = int(fields.get("batch", -1))
+        if batch < batch_id:
+            break
+        if batch == batch_id:
+            found.append(fields["alert"])
+    return found[::-1]
 
 
 def publish_rules(

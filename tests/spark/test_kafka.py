@@ -6,6 +6,7 @@ restart test runs a broker of its own.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -364,4 +365,27 @@ def test_a_broker_restart_while_the_stream_runs_loses_nothing(
     finally:
         if stream is not None and stream.poll() is None:
             os.killpg(stream.pid, signal.SIGKILL)
+        kafka_down(broker)
+
+
+@pytest.mark.timeout(180)
+def test_a_data_dir_whose_cluster_id_starts_with_a_dash_formats_and_starts(
+    data_settings: Settings, tmp_path: Path
+) -> None:
+    """One id in 64 starts with "-" (URL-safe base64); the storage tool once read it as an
+    option and the broker never started. Ids made now never start so, but one stored by an
+    older version must still work."""
+    from velocity.kafka.topics import cluster_id_of
+
+    broker = data_settings.model_copy(
+        update={"data_dir": tmp_path / "broker", "kafka_bootstrap": f"127.0.0.1:{free_port_pair()}"}
+    )
+    home = tmp_path / "broker" / "kafka"
+    home.mkdir(parents=True)
+    stored = "-" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")[1:]
+    (home / "cluster.id").write_text(stored + "\n")
+    try:
+        assert kafka_up(broker) is not None
+        assert cluster_id_of(broker.kafka_bootstrap, timeout_seconds=10) == stored
+    finally:
         kafka_down(broker)

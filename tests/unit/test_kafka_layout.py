@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 
 from velocity.errors import UsageError
-from velocity.kafka.broker import broker_command, local_kafka, render_config
+from velocity.kafka.broker import (
+    broker_command,
+    format_command,
+    local_kafka,
+    new_cluster_id,
+    render_config,
+)
 from velocity.kafka.topics import kafka_alerts_on, payer_key
 from velocity.settings import load_settings
 from velocity.stream_control import KafkaSource, StreamStatus, read_status, source_is_kafka
@@ -83,3 +90,20 @@ def test_the_status_file_says_which_source_the_stream_reads(tmp_path) -> None:
         "127.0.0.1:9400", "velocity.events"
     )
     assert KafkaSource.from_text(str(tmp_path / "events")) is None
+
+
+def test_a_new_cluster_id_never_starts_with_a_dash(monkeypatch) -> None:
+    """0xF8 encodes as "-" first; a command line would read such an id as an option."""
+    draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" * 16)])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(draws))
+    cluster_id = new_cluster_id()
+    assert cluster_id == "AQEBAQEBAQEBAQEBAQEBAQ"
+    assert len(cluster_id) == 22
+
+
+def test_the_storage_is_formatted_with_the_id_fused_to_its_option(tmp_path) -> None:
+    broker = local_kafka(settings_for(tmp_path, "127.0.0.1:9400"))
+    assert broker is not None
+    command = format_command("java", tmp_path / "libs", broker, "-dashFirst")
+    assert "--cluster-id=-dashFirst" in command
+    assert "-dashFirst" not in command

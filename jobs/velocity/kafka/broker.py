@@ -204,7 +204,8 @@ def format_command(java: str, libs: Path, broker: LocalKafka, cluster_id: str) -
     return [
         java, f"-Dlog4j2.configurationFile={broker.log_config_path}",
         "-cp", _class_path(libs), "kafka.tools.StorageTool", "format",
-        "-t", cluster_id, "-c", str(broker.config_path),
+        # `=` keeps an id that starts with "-" from being read as an option.
+        f"--cluster-id={cluster_id}", "-c", str(broker.config_path),
     ]  # fmt: skip
 
 
@@ -290,10 +291,19 @@ def _cluster_id(broker: LocalKafka) -> str:
     """This data dir's cluster id, made once: it also tells our broker from another."""
     if broker.cluster_id_path.exists():
         return broker.cluster_id_path.read_text().strip()
-    # Kafka's ids are 16 random bytes in URL-safe base64 without padding.
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     broker.cluster_id_path.write_text(cluster_id + "\n")
     return cluster_id
+
+
+def new_cluster_id() -> str:
+    """A cluster id as Kafka's ``Uuid.randomUuid`` makes one: 16 random bytes in URL-safe
+    base64 without padding, drawn again when it starts with "-" (1 in 64), which command
+    lines would take for an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _running_status(broker: LocalKafka, libs: Path, *, started: bool) -> KafkaStatus | None:

@@ -13,11 +13,14 @@ from this page (its ``Origin``), so another site cannot post one with the user's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import secrets
 import subprocess
 import tempfile
 import threading
+from functools import cache
 from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +29,7 @@ from urllib.parse import urlencode, urlsplit
 from fastapi import Depends, FastAPI, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from velocity_airflow import flash
 from velocity_airflow.page_html import ALERTS_SHOWN, Flash, PageData, render_page
 
 URL_PREFIX = "/velocity"
@@ -39,8 +43,6 @@ _RULE_ID = re.compile(r"^[0-9]{1,18}$")
 # alert to explain (older ones are in the alerts table).
 _ALERTS_SEARCHED = 20_000
 _EXPLAINED_SEARCHED = 5_000
-# A message shown once travels in the redirect's URL: keep it short.
-_FLASH_CHARS = 1500
 # Fields a published alert must have to be listed (SPEC §4).
 _ALERT_FIELDS = frozenset(
     (
@@ -56,7 +58,15 @@ _ALERT_FIELDS = frozenset(
     )
 )
 
-app = FastAPI(title="Velocity", description="Rules, alerts and the stream of Velocity")
+# No docs pages (the Swagger UI would load its scripts from a CDN, and Airflow does not
+# guard them): the schema is served at /api/openapi.json behind the login.
+app = FastAPI(
+    title="Velocity",
+    description="Rules, alerts and the stream of Velocity",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
+)
 
 
 class _SignIn(Exception):
@@ -229,22 +239,40 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
             "window aggregate",
             lambda: _lookup(settings, query.get("lookup_rule", ""), query.get("lookup_key", "")),
         )
-    if query.get("msg"):
-        data.flash = Flash(query.get("ok") == "1", query["msg"][:_FLASH_CHARS])
     return data
 
 
 @app.get("/", response_class=HTMLResponse)
-def page(request: Request, user: User) -> str:
-    return render_page(_page_data(request, user))
+def page(request: Request, user: User) -> HTMLResponse:
+    data = _page_data(request, user)
+    sealed = request.cookies.get(flash.COOKIE)
+    if sealed:
+        data.flash = flash.unseal(sealed, _flash_key())
+    response = HTMLResponse(render_page(data))
+    if sealed:
+        response.delete_cookie(flash.COOKIE, path=URL_PREFIX)  # shown once
+    return response
+
+
+@cache
+def _flash_key() -> bytes:
+    """A key of the page's own, derived from the api-server's secret: the same on every
+    api-server worker. Without a secret, a random one: a worker that did not seal a
+    message then shows none, which is better than one anybody could seal."""
+    from airflow.configuration import conf
+
+    secret = conf.get("api", "secret_key", fallback="") or secrets.token_hex(32)
+    return hashlib.sha256(b"velocity-flash\0" + secret.encode()).digest()
 
 
 def _back(ok: bool, text: str) -> RedirectResponse:
-    if len(text) > _FLASH_CHARS:
-        text = text[: _FLASH_CHARS - 1] + "…"
-    return RedirectResponse(
-        f"{URL_PREFIX}/?{urlencode({'ok': int(ok), 'msg': text})}", status.HTTP_303_SEE_OTHER
-    )
+    """Back to the page, which shows ``text`` once."""
+    response = RedirectResponse(f"{URL_PREFIX}/", status.HTTP_303_SEE_OTHER)
+    response.set_cookie(
+        flash.COOKIE, flash.seal(Flash(ok, text), _flash_key()),
+        max_age=300, path=URL_PREFIX, httponly=True, samesite="lax",
+    )  # fmt: skip
+    return response
 
 
 def _run_rules_command(args: list[str]) -> tuple[bool, str]:
@@ -348,6 +376,11 @@ def explanation_json(alert_id: str, user: User) -> Response:
     except ValueError as exc:  # a RETRACTION: explain the alert it withdraws
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     return Response(dumps_json(explained), media_type="application/json")
+
+
+@app.get("/api/openapi.json", include_in_schema=False)
+def openapi_json(user: User) -> dict[str, Any]:
+    return app.openapi()
 
 
 @app.get("/api/health")

@@ -130,6 +130,10 @@ def test_a_viewer_reads_the_page_but_may_not_change_rules(
     assert _testid(browser, "rule-1") and not _testid(browser, "pause-1")
     assert not _testid(browser, "apply-rule")
     _shot(deployment, browser, "02-viewer-read-only")
+    # A crafted link cannot make the page announce a change: outcomes come sealed.
+    browser.get(f"{deployment.base}/velocity/?ok=1&msg=ruleId+1%3A+version+9+ACTIVE")
+    _wait(browser).until(lambda d: _testid(d, "rules"))
+    assert not _testid(browser, "flash")
     # Not only hidden: Airflow's own permission check refuses the change.
     refused = httpx.post(
         f"{deployment.base}/velocity/rules/1/pause",
@@ -159,6 +163,9 @@ def test_pausing_a_rule_stops_the_stream_firing_it(deployment: Deployment, brows
     assert "PAUSE" in _testid(browser, f"rule-{PAUSED_RULE}")[0].text
     assert _testid(browser, f"activate-{PAUSED_RULE}")
     _shot(deployment, browser, "03-rule-paused")
+    browser.refresh()  # the outcome is shown once
+    open_page(browser)
+    assert not _testid(browser, "flash")
 
     batches = deployment.batches()
     deployment.land(1)

@@ -105,3 +105,33 @@ def test_without_a_login_a_person_is_sent_to_sign_in_and_a_script_gets_401() -> 
     assert page.headers["location"].startswith("/api/v2/auth/login?next=%2Fplugin%2Fvelocity")
     assert client.get("/api/rules").status_code == 401
     assert client.post("/rules/1/pause").status_code == 401
+
+
+def test_the_api_schema_needs_a_login_and_there_are_no_docs_pages() -> None:
+    from fastapi.testclient import TestClient
+
+    from velocity_airflow.page import app
+
+    client = TestClient(app)
+    for unserved in ("/docs", "/redoc", "/openapi.json"):
+        assert client.get(unserved).status_code == 404, unserved
+    assert client.get("/api/openapi.json").status_code == 401
+    assert "/api/lookup" in app.openapi()["paths"]
+
+
+def test_a_change_outcome_survives_the_redirect_sealed_and_only_so() -> None:
+    from velocity_airflow.flash import MAX_BYTES, seal, unseal
+
+    key, other = b"k" * 32, b"o" * 32
+    said = Flash(False, "invalid rules, nothing applied:\n  ruleId: ≥ 1 — «é»")
+    assert unseal(seal(said, key), key) == said
+    assert unseal(seal(said, key), other) is None  # another deployment's, or forged
+    body, _, signature = seal(said, key).rpartition(".")
+    forged = seal(Flash(True, "ruleId 4: version 2 ACTIVE"), other).rpartition(".")[0]
+    assert unseal(f"{forged}.{signature}", key) is None
+    for junk in ("", ".", "x", "a.b", f"{body}!.{signature}"):
+        assert unseal(junk, key) is None
+    long = seal(Flash(True, "é" * 5000), key)
+    assert len(long) < 4000  # fits a cookie
+    text = unseal(long, key).text  # type: ignore[union-attr]
+    assert text.endswith("…") and len(text.encode()) <= MAX_BYTES

@@ -18,6 +18,9 @@ Measured from outside the job, as a fraud team would see it:
 earlier commit (``--old-ref``, the Delta-MERGE-per-batch stream) from a git worktree,
 with the same packages, JARs and data. ``--design both`` runs both on the same files.
 ``--source both`` runs this checkout's stream on the folder, then on Kafka, same events.
+``--redis cluster`` runs it against a Redis Cluster of three masters on this machine
+(``infra/redis-cluster.sh``: the staged commit of ``velocity.redis.cluster``) instead of one
+Redis; ``--redis both`` runs one Redis, then the cluster, same events.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 from benchmarks.charts import latency_histogram
 
 ROOT = Path(__file__).resolve().parents[1]
+REDIS_CLUSTER_SH = ROOT / "infra" / "redis-cluster.sh"
 PYTHON = sys.executable
 RULES = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
 # The last commit of the Delta-MERGE-per-batch stream (before the in-memory hot path).
@@ -135,6 +139,7 @@ def rss_mb(pids: list[int]) -> float:
 class Run:
     design: str
     source: str
+    redis: str
     rate: int
     seconds: int
     keys: int
@@ -159,6 +164,7 @@ class Run:
         return {
             "design": self.design,
             "source": self.source,
+            "redis": self.redis,
             "rate": self.rate,
             "seconds": self.seconds,
             "keys": self.keys,
@@ -183,6 +189,7 @@ class Run:
 def run_design(
     design: str,
     source: str,
+    redis_kind: str,
     data: Dataset,
     rate: int,
     seconds: int,
@@ -190,14 +197,17 @@ def run_design(
     work: Path,
     port: int,
 ) -> Run:
-    import redis
-
-    run = Run(design, source, rate, seconds, keys)
-    home = work / f"{design}-{source}"
+    run = Run(design, source, redis_kind, rate, seconds, keys)
+    home = work / f"{design}-{source}-{redis_kind}"
     shutil.rmtree(home, ignore_errors=True)
     events = home / "events"
     events.mkdir(parents=True)
-    redis_url = f"redis://:velocity-bench@127.0.0.1:{port}/0"
+    on_cluster = redis_kind == "cluster"
+    redis_url = (
+        f"redis+cluster://:velocity-bench@127.0.0.1:{port + 1000}/0"
+        if on_cluster
+        else f"redis://:velocity-bench@127.0.0.1:{port}/0"
+    )
     env = {
         **os.environ,
         "VELOCITY_DATA_DIR": str(home / "data"),
@@ -217,10 +227,17 @@ def run_design(
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         env["PYTHONPATH"] = str(tree / "jobs")
-    velocity("down", env=env, check=False, stdout=subprocess.DEVNULL)
-    velocity("up", env=env, stdout=subprocess.DEVNULL)
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    client.flushall()
+    if on_cluster:
+        env.update(
+            VELOCITY_REDIS_CLUSTER_PORT=str(port + 1000),
+            VELOCITY_REDIS_CLUSTER_PASSWORD="velocity-bench",
+            VELOCITY_REDIS_CLUSTER_DIR=str(home / "redis-cluster"),
+        )
+    redis_service(on_cluster, "down", env)
+    redis_service(on_cluster, "up", env)
+    client = redis_client(redis_url)
+    if not on_cluster:
+        client.flushall()  # the cluster's nodes start empty: `down` removed their files
     log = home / "stream.log"
     reads = ["--source", "kafka"] if source == "kafka" else ["--events", str(events)]
     stream = subprocess.Popen(
@@ -284,8 +301,11 @@ def run_design(
         else:
             run.latencies.append(math.inf)
             run.missing += 1
-    info = client.info("memory")
-    run.redis_mb = int(info["used_memory"]) / 2**20
+    if on_cluster:  # every master's memory, summed
+        per_node = client.info("memory", target_nodes=client.PRIMARIES).values()
+    else:
+        per_node = [client.info("memory")]
+    run.redis_mb = sum(int(node["used_memory"]) for node in per_node) / 2**20
     run.bucket_hashes = sum(1 for _ in client.scan_iter(match="velocity:{*}:buckets", count=5000))
 
     batch_seconds, lines, finished = [], 0, 0
@@ -306,9 +326,32 @@ def run_design(
         # (the old design logs no line counts: all of them, once every alert arrived).
         decided = lines or (data.events if not run.missing else 0)
         run.processed_per_s = decided / ((finished - first_landing) / 1000)
-    run.lookups = lookup_latency(client, 2000)
-    velocity("down", env=env, check=False, stdout=subprocess.DEVNULL)
+    # The cluster's lookups take velocity.redis.cluster's path: `make bench-lookup` is one Redis.
+    run.lookups = "" if on_cluster else lookup_latency(client, 2000)
+    redis_service(on_cluster, "down", env)
     return run
+
+
+def redis_service(on_cluster: bool, action: str, env: dict[str, str]) -> None:
+    """`velocity up|down` (one Redis, and the broker when Kafka is read), or
+    `infra/redis-cluster.sh up|down` (the cluster's settings are in ``env``)."""
+    if not on_cluster:
+        velocity(action, env=env, check=action == "up", stdout=subprocess.DEVNULL)
+        return
+    subprocess.run(
+        ["bash", str(REDIS_CLUSTER_SH), action],
+        env=env, check=action == "up", stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def redis_client(redis_url: str) -> Any:
+    import redis
+    from redis.cluster import RedisCluster
+
+    if redis_url.startswith("redis+cluster://"):
+        url = "redis://" + redis_url.split("://", 1)[1]
+        return RedisCluster.from_url(url, decode_responses=True)
+    return redis.Redis.from_url(redis_url, decode_responses=True)
 
 
 def folder_lander(events: Path) -> Any:
@@ -367,9 +410,19 @@ def main() -> int:
         default="folder",
         help="where the new design reads: files landing in a folder, or a Kafka topic",
     )
+    parser.add_argument(
+        "--redis",
+        choices=["single", "cluster", "both"],
+        default="single",
+        help="one Redis (`velocity up`), a Redis Cluster of three masters, or each in turn",
+    )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
-    parser.add_argument("--port", type=int, default=6392, help="the benchmark's own Redis")
+    parser.add_argument(
+        "--port", type=int, default=6392, help="the benchmark's own Redis (its cluster: +1000)"
+    )
     args = parser.parse_args()
+    if args.redis != "single" and (args.source != "folder" or args.design != "new"):
+        parser.error("--redis cluster|both runs this checkout's stream on a folder only")
 
     work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}"
     work.mkdir(parents=True, exist_ok=True)
@@ -383,14 +436,18 @@ def main() -> int:
         flush=True,
     )
     sources = ["folder", "kafka"] if args.source == "both" else [args.source]
-    runs = [("old", "folder")] if args.design in ("old", "both") else []
+    kinds = ["single", "cluster"] if args.redis == "both" else [args.redis]
+    runs = [("old", "folder", "single")] if args.design in ("old", "both") else []
     if args.design != "old":
-        runs += [("new", source) for source in sources]
+        runs += [("new", source, kind) for source in sources for kind in kinds]
     results, latencies = [], []
-    for design, source in runs:
-        run = run_design(design, source, data, args.rate, args.seconds, args.keys, work, args.port)
+    for design, source, kind in runs:
+        run = run_design(
+            design, source, kind, data, args.rate, args.seconds, args.keys, work, args.port
+        )
         results.append(run.summary())
-        latencies.append((f"{design}/{source}", run.latencies))
+        label = f"{design}/{source}" + ("/cluster" if kind == "cluster" else "")
+        latencies.append((label, run.latencies))
         print(json.dumps(results[-1]), flush=True)
     figures = work / "figures.jsonl"
     figures.write_text("".join(json.dumps(r) + "\n" for r in results))
@@ -411,7 +468,7 @@ def main() -> int:
             )
             for k in ("p50_s", "p99_s", "batch_p50_s", "processed_events_per_s")
         }
-        names = [f"{r['design']}/{r['source']}" for r in results]
+        names = [label for label, _ in latencies]
         print(f"{names[0]} / {names[1]}: {json.dumps(ratio)}")
     return 0
 

@@ -15,8 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
+
+# No per-example deadline: on a shared two-core machine a scheduler stall would fail a
+# property that holds ("Unreliable test timings"); each test's pytest-timeout still bounds it.
+hypothesis_settings.register_profile("velocity", deadline=None)
+hypothesis_settings.load_profile("velocity")
 
 CLUSTER_SH = PROJECT_ROOT / "infra" / "cluster.sh"
 # The spark-submits and `velocity` processes of tests are short drivers on tiny data: the
@@ -67,17 +73,31 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     redis_down(settings)
 
 
+def free_ports_from(offsets: tuple[int, ...], low: int, high: int) -> int:
+    """A first port P, drawn from [low, high), such that P + each offset is free on loopback.
+
+    Below Linux's ephemeral range (32768 up): a service binds its ports seconds after this
+    check (a JVM starts first), and an outgoing connection of any test would otherwise take
+    one of them as its local port meanwhile. Each kind of service draws from a range of its
+    own: the Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
+    22 000-23 000, Kafka brokers 23 000-30 000."""
+    import random
+
+    for _ in range(100):
+        first = random.randrange(low, high)
+        try:
+            for offset in offsets:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no free loopback ports at offsets {offsets} in [{low}, {high})")
+
+
 def free_port_pair() -> int:
     """A free loopback port whose next port is free too (the broker's controller)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports")
+    return free_ports_from((0, 1), low=23_000, high=30_000)
 
 
 @pytest.fixture(scope="session")
@@ -170,11 +190,12 @@ class SparkCluster:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """`infra/cluster.sh up` on free loopback ports, once per run; `down` at the end."""
+    master = free_ports_from((0, 1), low=22_000, high=23_000)  # the master and its UI
     cluster = SparkCluster(
         {
             **os.environ,
-            "VELOCITY_CLUSTER_PORT": str(free_port()),
-            "VELOCITY_CLUSTER_UI_PORT": str(free_port()),
+            "VELOCITY_CLUSTER_PORT": str(master),
+            "VELOCITY_CLUSTER_UI_PORT": str(master + 1),
             "VELOCITY_CLUSTER_WORKER_MEMORY": "2g",
             "VELOCITY_CLUSTER_DIR": str(tmp_path_factory.mktemp("spark-cluster")),
         }
@@ -192,19 +213,7 @@ REDIS_CLUSTER_SH = PROJECT_ROOT / "infra" / "redis-cluster.sh"
 def free_cluster_ports() -> int:
     """A first port such that it, the next two and their cluster-bus ports (+10 000) are
     free on loopback."""
-    import random
-
-    for _ in range(100):
-        first = random.randrange(20_000, 30_000)
-        ports = [first + i + bus for i in range(3) for bus in (0, 10_000)]
-        try:
-            for port in ports:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError("no free ports for a Redis Cluster")
+    return free_ports_from((0, 1, 2, 10_000, 10_001, 10_002), low=20_000, high=22_000)
 
 
 @pytest.fixture(scope="session")

@@ -128,7 +128,7 @@ def deployment(
     )
     deployment.land(0)
     try:
-        output, _ = airflow_up.communicate(timeout=300)
+        output, _ = airflow_up.communicate(timeout=600)  # migrations + standalone, beside a stream
         assert airflow_up.returncode == 0, output
         passwords = home / "simple_auth_manager_passwords.json.generated"
         deployment.passwords = json.loads(passwords.read_text())

@@ -57,11 +57,13 @@ def test_a_waiter_gives_up_naming_the_holder(settings: Settings) -> None:
 
 def test_a_working_holder_keeps_its_lock_past_the_lease(settings: Settings) -> None:
     client = mirror.connect(settings)
-    with state_lock(client, settings, "long batch", lease_ms=300):
-        time.sleep(1.0)  # three leases long: renewed meanwhile
+    # A lease of 1.5 s (renewed every 0.5 s) so that a GC pause or a busy core cannot
+    # let it lapse; the holder works for three leases.
+    with state_lock(client, settings, "long batch", lease_ms=1500):
+        time.sleep(4.5)
         with (
             pytest.raises(StateLockTimeout, match="long batch"),
-            state_lock(client, settings, "compaction", wait_seconds=0.3),
+            state_lock(client, settings, "compaction", wait_seconds=1.5),
         ):
             pass
 
@@ -113,10 +115,10 @@ def test_only_the_exact_token_releases_or_renews(settings: Settings) -> None:
 
 def test_a_holder_learns_that_its_lease_was_lost(settings: Settings) -> None:
     client = mirror.connect(settings)
-    with state_lock(client, settings, "stalled batch", lease_ms=300) as lease:
+    with state_lock(client, settings, "stalled batch", lease_ms=1500) as lease:
         lease.check()
         client.set(lease.name, '{"token": "next-holder"}')  # its lease ran out meanwhile
-        time.sleep(0.5)  # a renewal (every 100 ms) finds the lock someone else's
+        time.sleep(2)  # a renewal (every 0.5 s) finds the lock someone else's
         assert lease.lost.is_set()
         with pytest.raises(StateLockLost, match="stalled batch"):
             lease.check()

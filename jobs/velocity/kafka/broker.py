@@ -27,6 +27,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +219,14 @@ def kafka_up(settings: Settings, *, timeout_seconds: float = 90.0) -> KafkaStatu
         return None
     libs = broker_libs(settings)
     running = _running_status(broker, libs, started=False)
+    pid = _pidfile_broker(broker)
+    if running is None and pid is not None:
+        # Ours runs but did not answer the probe's second (still starting, or a busy
+        # machine): wait for it; a second broker would die on the same log dirs.
+        running = _await_answer(
+            broker, libs, lambda: None if process_alive(pid) else "exited",
+            started=False, timeout_seconds=timeout_seconds,
+        )  # fmt: skip
     if running is not None:
         topics.ensure_topics(settings)
         return running
@@ -243,24 +252,13 @@ def kafka_up(settings: Settings, *, timeout_seconds: float = 90.0) -> KafkaStatu
             start_new_session=True,  # outlives `velocity up`, like the daemonised Redis
         )  # fmt: skip
     broker.pid_path.write_text(f"{process.pid}\n")
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        status = _running_status(broker, libs, started=True)
-        if status is not None:
-            topics.ensure_topics(settings)
-            return status
-        if process.poll() is not None:
-            broker.pid_path.unlink(missing_ok=True)
-            raise VelocityError(
-                f"the Kafka broker exited with {process.returncode} while starting"
-                f"{log_tail(broker.log_path)}"
-            )
-        if time.monotonic() > deadline:
-            raise VelocityError(
-                f"the Kafka broker started but did not answer on {broker.bootstrap} within "
-                f"{timeout_seconds:g}s{log_tail(broker.log_path)}"
-            )
-        time.sleep(_POLL_SECONDS)
+    status = _await_answer(
+        broker, libs,
+        lambda: None if process.poll() is None else f"exited with {process.returncode}",
+        started=True, timeout_seconds=timeout_seconds,
+    )  # fmt: skip
+    topics.ensure_topics(settings)
+    return status
 
 
 def kafka_down(settings: Settings, *, timeout_seconds: float = 60.0) -> bool:
@@ -324,6 +322,34 @@ def _running_status(broker: LocalKafka, libs: Path, *, started: bool) -> KafkaSt
     return KafkaStatus(
         broker.bootstrap, _pidfile_broker(broker), broker_version(libs), started, broker.log_path
     )
+
+
+def _await_answer(
+    broker: LocalKafka,
+    libs: Path,
+    exited: Callable[[], str | None],
+    *,
+    started: bool,
+    timeout_seconds: float,
+) -> KafkaStatus:
+    """The broker's status once it answers; ``exited()`` says how it ended, if it did."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        status = _running_status(broker, libs, started=started)
+        if status is not None:
+            return status
+        ended = exited()
+        if ended is not None:
+            broker.pid_path.unlink(missing_ok=True)
+            raise VelocityError(
+                f"the Kafka broker {ended} while starting{log_tail(broker.log_path)}"
+            )
+        if time.monotonic() > deadline:
+            raise VelocityError(
+                f"the Kafka broker started but did not answer on {broker.bootstrap} within "
+                f"{timeout_seconds:g}s{log_tail(broker.log_path)}"
+            )
+        time.sleep(_POLL_SECONDS)
 
 
 def _pidfile_broker(broker: LocalKafka) -> int | None:

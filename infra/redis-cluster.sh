@@ -7,9 +7,14 @@
 #   bash infra/redis-cluster.sh status   CLUSTER NODES: masters and their slots
 #
 # Then: VELOCITY_REDIS_URL=redis+cluster://:<password>@127.0.0.1:<port>/0
+# Downstream services read as velocity-reader (lookups through FCALL_RO, rule entries, the
+# alert stream, keys under the prefix only), as on the server `velocity up` starts.
 # Settings (environment): VELOCITY_REDIS_CLUSTER_PORT (7100; the masters take it and the
 # next two), VELOCITY_REDIS_CLUSTER_PASSWORD (velocity-cluster),
-# VELOCITY_REDIS_CLUSTER_DIR (.cache/redis-cluster: configs, node files, logs).
+# VELOCITY_REDIS_CLUSTER_DIR (.cache/redis-cluster: configs, node files, logs),
+# VELOCITY_REDIS_READER_PASSWORD (velocity-reader-local) and VELOCITY_REDIS_KEY_PREFIX
+# (velocity: every data dir's default prefix starts so) for the reader.
+# A running master keeps the config it started with: `down` and `up` to change them.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 first="${VELOCITY_REDIS_CLUSTER_PORT:-7100}"
@@ -25,7 +30,13 @@ cli() { # port, command...
 
 up() {
   command -v redis-server >/dev/null || { echo "no redis-server; run \`make setup\`" >&2; exit 1; }
-  local port
+  local port reader
+  # The reader's ACL line is velocity's own (velocity.redis.server), quoted for redis.conf.
+  reader="$("$root/.venv/bin/python" -c '
+import sys
+from velocity.redis.server import reader_user_config
+print(reader_user_config(sys.argv[1], sys.argv[2], cluster=True))
+' "${VELOCITY_REDIS_READER_PASSWORD:-velocity-reader-local}" "${VELOCITY_REDIS_KEY_PREFIX:-velocity}")"
   for port in "${ports[@]}"; do
     mkdir -p "$dir/$port"
     cat >"$dir/$port/redis.conf" <<EOF
@@ -34,6 +45,7 @@ port $port
 protected-mode yes
 requirepass $password
 masterauth $password
+$reader
 cluster-enabled yes
 cluster-config-file $dir/$port/nodes.conf
 cluster-node-timeout 5000

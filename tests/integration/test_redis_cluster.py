@@ -160,3 +160,55 @@ def test_lookups_and_the_mirror_writes_work_on_the_cluster(settings: Settings) -
     name = keys.bucket_hash("sig", '["p-7"]')
     result = json.loads(client.fcall("velocity_window", 1, name, *window))  # type: ignore[arg-type]
     assert result["aggregateValue"] == "21"
+
+
+def test_the_reader_reads_the_cluster_and_cannot_change_anything(
+    settings: Settings, redis_cluster_url: str
+) -> None:
+    """`infra/redis-cluster.sh` gives every master the read-only user of `velocity up`."""
+    from urllib.parse import urlsplit
+
+    from redis.exceptions import NoPermissionError
+
+    from velocity.redis.server import READER_USER
+
+    owner = mirror.connect(settings)
+    keys = settings.redis_keys
+    names = [keys.bucket_hash("sig", f'["p-{i}"]') for i in range(12)]
+    for name in names:
+        owner.hset(name, "60000", '[2,2,"30.5","10","20.5",[]]')
+    owner.hset(keys.rule_entry(901), mapping={"signatureId": "sig", "windowMs": "600000"})
+    owner.xadd(keys.alert_stream, {"alert": "{}", "batch": "0"})
+    parts = urlsplit(redis_cluster_url)
+    reader = RedisCluster(
+        host=parts.hostname,
+        port=parts.port,
+        username=READER_USER,
+        password=Settings.model_fields["redis_reader_password"].default,
+        decode_responses=True,
+    )
+    try:
+        # Lookups on every master (the names spread over all three).
+        assert len({owner.keyslot(n) for n in names}) > 1
+        assert set(cluster.by_master(owner, names)) == {n.name for n in owner.get_primaries()}
+        for name in names:
+            window = reader.fcall_ro("velocity_window", 1, name, "SUM", "600000", "60000",
+                                     "90000")  # fmt: skip
+            assert json.loads(str(window))["aggregateValue"] == "30.5"
+        assert reader.hgetall(keys.rule_entry(901))["signatureId"] == "sig"
+        assert reader.xrange(keys.alert_stream)
+        forbidden = [
+            lambda: reader.hset(names[0], "1", "x"),
+            lambda: reader.delete(names[1]),
+            lambda: reader.xadd(keys.alert_stream, {"alert": "{}"}),
+            lambda: reader.fcall("velocity_evict", 1, names[2], "9999999999999"),
+            lambda: reader.get("other:key"),
+            lambda: reader.flushall(),
+            lambda: reader.function_flush(),
+        ]
+        for attempt in forbidden:
+            with pytest.raises(NoPermissionError):
+                attempt()
+    finally:
+        reader.close()
+    assert owner.hgetall(names[0]) == {"60000": '[2,2,"30.5","10","20.5",[]]'}

@@ -52,6 +52,11 @@ READER_COMMANDS = " ".join(
         "client|setname", "hello", "select",
     )
 )  # fmt: skip
+# A cluster client asks a master for the slot map and the command table before it can
+# route a single read.
+CLUSTER_READER_COMMANDS = (
+    "+cluster|slots +cluster|shards +cluster|nodes +cluster|info +command +readonly +asking"
+)
 
 
 @dataclass(frozen=True)
@@ -154,11 +159,7 @@ def render_config(server: LocalRedis) -> str:
         f"port {server.port}",
         "protected-mode yes",
         f"requirepass {_config_quote('password', server.password)}",
-        # Downstream services read as this user: window lookups through the no-writes
-        # Function (FCALL_RO), rule entries, the alert stream; nothing else.
-        f"user {READER_USER} on {_config_quote('reader password', '>' + server.reader_password)}"
-        f" resetkeys {_config_quote('key prefix', f'%R~{server.key_prefix}:*')}"
-        f" resetchannels -@all {READER_COMMANDS}",
+        reader_user_config(server.reader_password, server.key_prefix),
         "daemonize yes",
         "supervised no",
         f"pidfile {_config_quote('pidfile', str(server.pid_path))}",
@@ -398,6 +399,18 @@ def _same_path(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
+
+
+def reader_user_config(password: str, key_prefix: str, *, cluster: bool = False) -> str:
+    """The redis.conf line of ``READER_USER``. Downstream services read as this user:
+    window lookups through the no-writes Function (FCALL_RO), rule entries, the alert
+    stream, under ``key_prefix``; nothing else. Raises ``UsageError`` for unquotable values."""
+    commands = f"{READER_COMMANDS} {CLUSTER_READER_COMMANDS}" if cluster else READER_COMMANDS
+    return (
+        f"user {READER_USER} on {_config_quote('reader password', '>' + password)}"
+        f" resetkeys {_config_quote('key prefix', f'%R~{key_prefix}:*')}"
+        f" resetchannels -@all {commands}"
+    )
 
 
 def _config_quote(name: str, value: str) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import subprocess
 import tempfile
@@ -31,6 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from velocity_airflow import flash
 from velocity_airflow.page_html import ALERTS_SHOWN, Flash, PageData, render_page
+from velocity_airflow.plans import rule_id_text
 
 URL_PREFIX = "/velocity"
 # Who may edit this DAG may change the rules it runs with.
@@ -38,7 +38,6 @@ RULES_DAG_ID = "run_stream"
 _ACTIONS = ("pause", "activate", "delete")
 # One rule change at a time: each starts a Spark session in the api-server's process tree.
 _RULE_CHANGE = threading.Lock()
-_RULE_ID = re.compile(r"^[0-9]{1,18}$")
 # How far back the alert stream is searched for a rule's alerts, and for the record of an
 # alert to explain (older ones are in the alerts table).
 _ALERTS_SEARCHED = 20_000
@@ -200,10 +199,11 @@ def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
     from velocity.redis import mirror
     from velocity.schema import parse_key_values
 
-    if not _RULE_ID.match(rule.strip()):
+    rule_id = rule_id_text(rule.strip())
+    if rule_id is None:
         raise ValueError(f"ruleId must be a number, got {rule!r}")
     return mirror.lookup(
-        mirror.connect(settings), settings.redis_keys, int(rule), parse_key_values(key)
+        mirror.connect(settings), settings.redis_keys, rule_id, parse_key_values(key)
     )
 
 
@@ -223,8 +223,7 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     data.health = health
     rules, data.rules_error = _read("rules", lambda: rules_in_force(settings))
     data.rules = rules or ()
-    rule = query.get("rule", "")
-    data.alert_rule = int(rule) if _RULE_ID.match(rule) else None
+    data.alert_rule = rule_id_text(query.get("rule", ""))
     alerts, data.alerts_error = _read(
         "alerts from Redis", lambda: recent_alerts(settings, data.alert_rule)
     )

@@ -179,14 +179,19 @@ def backfill_args(
     ids: list[int] = []
     for index, value in enumerate(rule_ids):
         # The form's multi-select sends ids as strings.
-        text = value.strip() if isinstance(value, str) else ""
-        number = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else value
-        rule_id = _optional_int(f"Rules[{index}]", number, 1)
+        parsed = rule_id_text(value.strip()) if isinstance(value, str) else None
+        rule_id = _optional_int(f"Rules[{index}]", value if parsed is None else parsed, 1)
         if rule_id is None:
             raise UsageError(f"Rules[{index}] is empty; remove it or give a rule id ≥ 1")
         if rule_id not in ids:
             ids.append(rule_id)
     return [*args, "--rules", ",".join(str(i) for i in sorted(ids))]
+
+
+def rule_id_text(text: str) -> int | None:
+    """The rule id a form field or a URL gives as text; None unless it is 1 to 18 ASCII
+    digits (no sign, no "²", nothing past a 64-bit id)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def backfill_form_args(params: Mapping[str, object]) -> list[str]:

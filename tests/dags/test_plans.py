@@ -16,6 +16,7 @@ from velocity_airflow.plans import (
     decide_stream_action,
     parse_summary,
     rule_choices,
+    rule_id_text,
     spark_job,
     stream_args,
     stream_health,
@@ -103,6 +104,13 @@ def test_the_form_refuses_fields_it_does_not_have_and_times_just_before_1970() -
         backfill_args("1969-12-31T23:59:59.9995Z", 5)
     with pytest.raises(UsageError, match="Rules\\[0\\] must be an integer"):
         backfill_args(0, 5, ["²"])
+
+
+def test_a_rule_id_as_text_is_one_to_eighteen_ascii_digits() -> None:
+    assert rule_id_text("42") == 42
+    assert rule_id_text("9" * 18) == int("9" * 18)
+    for not_an_id in ("", " 42", "+4", "-4", "4.0", "²", "٤", "9" * 19, "12\n"):
+        assert rule_id_text(not_an_id) is None, not_an_id
 
 
 def test_the_rule_choices_are_the_ids_the_form_sends_with_their_rules() -> None:

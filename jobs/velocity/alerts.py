@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
+from hashlib import sha1
 from typing import Any
 
 from velocity.rules import Rule
@@ -31,6 +32,24 @@ def alert_id(
     return str(
         uuid.uuid5(_ALERT_NAMESPACE, f"{rule_id}|{rule_version}|{kind.value}|{transaction_id}{run}")
     )
+
+
+def alert_ids(
+    rule_id: int, rule_version: int, kind: AlertKind, transaction_ids: Sequence[str]
+) -> list[str]:
+    """``alert_id`` of many transactions of one rule version and kind (no backfill run):
+    the same UUID 5 (SHA-1 of the namespace and the name, version and variant bits set),
+    without a ``uuid.UUID`` object per alert."""
+    prefix = f"{rule_id}|{rule_version}|{kind.value}|".encode()
+    namespace = _ALERT_NAMESPACE.bytes
+    out = []
+    for transaction_id in transaction_ids:
+        digest = bytearray(sha1(namespace + prefix + transaction_id.encode()).digest()[:16])
+        digest[6] = (digest[6] & 0x0F) | 0x50
+        digest[8] = (digest[8] & 0x3F) | 0x80
+        text = digest.hex()
+        out.append(f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}")
+    return out
 
 
 def rule_key(rule: Rule, signature_key: Sequence[str]) -> dict[str, str]:

@@ -1,33 +1,29 @@
 """Events -> dynamic keys per rule signature -> buckets and complete-data alerts.
 
-The fan-out and the bucket aggregation are plain Spark operations; the per-key
-window evaluation runs the pure ``velocity.windows`` engine inside Arrow batches,
-one (signature, key) group at a time, after Spark has partitioned and sorted the
-keyed events so that each group is contiguous in one partition.
+The fan-out and the bucket aggregation are plain Spark operations; the decisions are
+made by the columnar kernel (``velocity.engine.kernel``) in the executors' Python
+workers, after Spark has shuffled the keyed events by (signature, key) and sorted each
+partition so that every key's rows are contiguous.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial, reduce
-from itertools import groupby
-from operator import itemgetter
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
-from velocity.alerts import AlertKind, alert_record, rule_key
-from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_PART_TYPE, SUM_TYPE
-from velocity.rules import Rule, RuleSignature, rules_by_signature
+from velocity.engine.kernel import decide_history
+from velocity.engine.records import alert_rows
+from velocity.rules import Rule, RuleSignature
 from velocity.schema import NUMERIC_FIELDS
 from velocity.spark.ingest import canonical_text
-from velocity.windows import Decision, KeyedEvent, evaluate_key_history, evaluate_with_buckets
 
 KEYED_SCHEMA = StructType(
     [
@@ -187,159 +183,69 @@ def hour_buckets(minutes: DataFrame, width_ms: int) -> DataFrame:
     )
 
 
-def _alert_row(
-    decision: Decision, signature_id: str, key_values: Sequence[str], decision_time: int
-) -> dict[str, Any]:
-    """An ALERT_SCHEMA row (key as key/value pairs, for Arrow's map type)."""
-    record = alert_record(
-        decision, rule_key(decision.rule, key_values), decision_time, AlertKind.ALERT
-    )
-    record["signature_id"] = signature_id
-    record["key"] = list(record["key"].items())
-    return record
+# Keyed rows the kernel decides at a time: a partition's rows arrive sorted by
+# (signature, key) and are cut at a key's end once this many have gathered, so a
+# partition of any size is decided in bounded memory.
+KERNEL_CHUNK_ROWS = 1_000_000
 
 
 def _alert_batches(
     batches: Iterator[pa.RecordBatch],
-    rules: Mapping[str, Sequence[Rule]],
+    rules: Sequence[Rule],
     width_ms: int,
     decision_time: int,
-    batch_rows: int = 4096,
+    chunk_rows: int = KERNEL_CHUNK_ROWS,
 ) -> Iterator[pa.RecordBatch]:
-    def rows() -> Iterator[tuple[str, str, int, str, object, object]]:
-        for batch in batches:
-            yield from zip(
-                *(batch.column(name).to_pylist() for name in KEYED_SCHEMA.fieldNames()),
-                strict=True,
-            )
+    """The alerts of one partition's keyed rows (sorted by signature, key): the columnar
+    kernel over chunks that each hold whole keys."""
 
-    out: list[dict[str, object]] = []
-    for (signature_id, key), group in groupby(rows(), key=itemgetter(0, 1)):
-        events = [KeyedEvent(t, tx, value, number) for _, _, t, tx, value, number in group]  # type: ignore[arg-type]
-        key_values = json.loads(key)
-        for decision in evaluate_key_history(events, rules[signature_id], width_ms):
-            out.append(_alert_row(decision, signature_id, key_values, decision_time))
-            if len(out) >= batch_rows:
-                yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
-                out = []
-    if out:
-        yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
+    def decided(chunk: pa.Table) -> Iterator[pa.RecordBatch]:
+        decisions = decide_history(chunk, rules, width_ms)
+        yield from alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW).to_batches()
+
+    pending: list[pa.RecordBatch] = []
+    gathered = 0
+    for batch in batches:
+        pending.append(batch)
+        gathered += batch.num_rows
+        if gathered < chunk_rows:
+            continue
+        chunk = pa.Table.from_batches(pending)
+        cut = _last_key_start(chunk)
+        if cut == 0:
+            continue  # one key so far: keep gathering
+        yield from decided(chunk.slice(0, cut))
+        rest = chunk.slice(cut)
+        pending, gathered = rest.to_batches(), rest.num_rows
+    if gathered:
+        yield from decided(pa.Table.from_batches(pending))
 
 
-def _per_key(
-    rows: DataFrame,
-    rules: Iterable[Rule],
-    order: Sequence[str],
-    evaluate: Any,
-    width_ms: int,
-    decision_time: int,
-    partitions: int,
-) -> DataFrame:
-    """Run ``evaluate`` over ``rows`` with each (signature, key) contiguous in one partition,
-    sorted by ``order`` after the key; rows of signatures without a rule are dropped."""
-    grouped = {sig.signature_id: group for sig, group in rules_by_signature(rules).items()}
-    ordered = (
-        rows.where(F.col("signature_id").isin(list(grouped)))
-        .repartition(partitions, "signature_id", "key")
-        .sortWithinPartitions("signature_id", "key", *order)
+def _last_key_start(chunk: pa.Table) -> int:
+    """Where the chunk's last (signature, key) begins (its rows may go on in the next)."""
+    last = chunk.num_rows - 1
+    same = pc.and_(
+        pc.equal(chunk.column("signature_id"), chunk.column("signature_id")[last]),
+        pc.equal(chunk.column("key"), chunk.column("key")[last]),
     )
-    run = partial(evaluate, rules=grouped, width_ms=width_ms, decision_time=decision_time)
-    return ordered.mapInArrow(run, ALERT_SCHEMA)
+    return int(pc.index(same, True).as_py())
 
 
 def evaluate_alerts(
     keyed: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
 ) -> DataFrame:
-    """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA)."""
-    return _per_key(
-        keyed, rules, ["eventTime"], _alert_batches, width_ms, decision_time, partitions
+    """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA):
+    shuffled by (signature, key), each partition decided by the columnar kernel."""
+    rules = list(rules)
+    signatures = sorted({rule.signature.signature_id for rule in rules})
+    ordered = (
+        keyed.where(F.col("signature_id").isin(signatures))
+        .repartition(partitions, "signature_id", "key")
+        .sortWithinPartitions("signature_id", "key")
     )
+    run = partial(_alert_batches, rules=rules, width_ms=width_ms, decision_time=decision_time)
+    return ordered.select(*KEYED_SCHEMA.fieldNames()).mapInArrow(run, ALERT_SCHEMA)
 
 
 def empty_alerts(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], ALERT_SCHEMA)
-
-
-# --- the stream's evaluation: stored buckets + the own buckets' raw events ---------------
-
-# One row per input of a (signature, key) group: a stored bucket ("B"), a raw event of a
-# target's own bucket ("E") or a target to decide ("T", also present as an "E" row).
-STATE_ROW_SCHEMA = StructType(
-    [
-        StructField("signature_id", StringType(), False),
-        StructField("key", StringType(), False),
-        StructField("row_kind", StringType(), False),
-        StructField("time", LongType(), False),
-        StructField("transactionId", StringType(), True),
-        StructField("value", StringType(), True),
-        StructField("number", AMOUNT_TYPE, True),
-        StructField("event_count", LongType(), True),
-        StructField("value_count", LongType(), True),
-        StructField("value_sum", SUM_TYPE, True),
-        StructField("value_min", AMOUNT_TYPE, True),
-        StructField("value_max", AMOUNT_TYPE, True),
-        StructField("distinct_values", ArrayType(StringType(), False), True),
-    ]
-)
-
-
-def state_rows(buckets: DataFrame, own_events: DataFrame, targets: DataFrame) -> DataFrame:
-    """The union of stored buckets, own-bucket raw events and targets, as STATE_ROW_SCHEMA."""
-    null = {
-        name: F.lit(None).cast(STATE_ROW_SCHEMA[name].dataType)
-        for name in STATE_ROW_SCHEMA.fieldNames()
-    }
-
-    def shaped(df: DataFrame, kind: str, columns: Mapping[str, Column]) -> DataFrame:
-        exprs = {**null, **columns, "row_kind": F.lit(kind)}
-        return df.select(*[exprs[n].alias(n) for n in STATE_ROW_SCHEMA.fieldNames()])
-
-    event_columns = {
-        "signature_id": F.col("signature_id"),
-        "key": F.col("key"),
-        "time": F.col("eventTime"),
-        "transactionId": F.col("transactionId"),
-        "value": F.col("value"),
-        "number": F.col("number"),
-    }
-    bucket_columns = {name: F.col(name) for name in ("signature_id", "key", *BUCKET_FIGURES)}
-    return (
-        shaped(buckets, "B", {**bucket_columns, "time": F.col("bucket_start")})
-        .unionByName(shaped(own_events, "E", event_columns))
-        .unionByName(shaped(targets, "T", event_columns))
-    )
-
-
-def _state_alert_batches(
-    batches: Iterator[pa.RecordBatch],
-    rules: Mapping[str, Sequence[Rule]],
-    width_ms: int,
-    decision_time: int,
-) -> Iterator[pa.RecordBatch]:
-    def rows() -> Iterator[dict[str, Any]]:
-        for batch in batches:
-            yield from batch.to_pylist()
-
-    out: list[dict[str, Any]] = []
-    for (signature_id, key), group in groupby(rows(), key=itemgetter("signature_id", "key")):
-        buckets: dict[int, BucketAggregate] = {}
-        own: list[KeyedEvent] = []
-        targets: list[KeyedEvent] = []
-        for row in group:
-            if row["row_kind"] == "B":
-                buckets[row["time"]] = bucket_from_columns(row)
-                continue
-            event = KeyedEvent(row["time"], row["transactionId"], row["value"], row["number"])
-            (own if row["row_kind"] == "E" else targets).append(event)
-        key_values = json.loads(key)
-        for decision in evaluate_with_buckets(buckets, own, targets, rules[signature_id], width_ms):
-            out.append(_alert_row(decision, signature_id, key_values, decision_time))
-    if out:
-        yield pa.RecordBatch.from_pylist(out, schema=_ALERT_ARROW)
-
-
-def evaluate_from_state(
-    rows: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
-) -> DataFrame:
-    """Alerts of the "T" rows of ``rows`` (STATE_ROW_SCHEMA) under ``rules`` (ALERT_SCHEMA)."""
-    return _per_key(rows, rules, [], _state_alert_batches, width_ms, decision_time, partitions)

@@ -1,0 +1,100 @@
+"""The SPEC §4 alert rows of the kernel's decisions, built column by column (pure).
+
+The row of each decision equals ``velocity.alerts.alert_record`` of it (plus its
+signature), with the per-rule fields filled once per rule and the key's JSON parsed
+once per distinct key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from velocity.alerts import AlertKind, alert_ids
+from velocity.engine.kernel import Decisions
+from velocity.rules import Rule
+from velocity.schema import format_decimal
+
+
+def alert_rows(
+    decisions: Decisions,
+    events: pa.Table,
+    rules: Sequence[Rule],
+    decision_time: int,
+    schema: pa.Schema,
+) -> pa.Table:
+    """ALERT rows (``schema``: the alerts table's columns) of ``decisions`` over
+    ``events`` (the kernel's input, ``velocity.engine.kernel.KEYED_COLUMNS``)."""
+    parts = []
+    for index in np.unique(decisions.rules).tolist():
+        chosen = np.flatnonzero(decisions.rules == index)
+        parts.append(_rule_rows(decisions, chosen, events, rules[index], decision_time, schema))
+    if not parts:
+        return schema.empty_table()
+    return pa.concat_tables(parts)
+
+
+def _rule_rows(
+    decisions: Decisions,
+    chosen: np.ndarray,
+    events: pa.Table,
+    rule: Rule,
+    decision_time: int,
+    schema: pa.Schema,
+) -> pa.Table:
+    n = len(chosen)
+    rows = pa.array(decisions.rows[chosen])
+    taken = events.select(["signature_id", "key", "eventTime", "transactionId"]).take(rows)
+    transaction_ids = taken.column("transactionId").to_pylist()
+    event_times = taken.column("eventTime").combine_chunks()
+
+    def constant(value: object, name: str) -> pa.Array:
+        return pa.repeat(pa.scalar(value, schema.field(name).type), n)
+
+    columns = {
+        "alertId": pa.array(
+            alert_ids(rule.rule_id, rule.version, AlertKind.ALERT, transaction_ids), pa.string()
+        ),
+        "kind": constant(AlertKind.ALERT.value, "kind"),
+        "ruleId": constant(rule.rule_id, "ruleId"),
+        "ruleVersion": constant(rule.version, "ruleVersion"),
+        "transactionId": taken.column("transactionId").combine_chunks(),
+        "key": _keys(taken.column("key"), rule, schema.field("key").type),
+        "eventTime": event_times,
+        "aggregatorFunctionType": constant(rule.aggregator.value, "aggregatorFunctionType"),
+        "aggregateValue": pa.array(decisions.values[chosen].tolist(), pa.string()),
+        "limitOperatorType": constant(rule.operator.value, "limitOperatorType"),
+        "limit": constant(format_decimal(rule.limit), "limit"),
+        "windowStart": pa.array(decisions.window_starts[chosen], pa.int64()),
+        "windowEnd": event_times,
+        "decisionTime": constant(decision_time, "decisionTime"),
+        "signature_id": taken.column("signature_id").combine_chunks(),
+    }
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def _keys(texts: pa.ChunkedArray, rule: Rule, map_type: pa.DataType) -> pa.Array:
+    """Each key's JSON text (values in the signature's field order) as the map of the
+    rule's grouping fields, in the rule's order (``velocity.alerts.rule_key``)."""
+    names = list(rule.grouping_keys)
+    position = [rule.signature.grouping_keys.index(name) for name in names]
+    encoded = texts.combine_chunks().dictionary_encode()
+    parsed = [json.loads(text) for text in encoded.dictionary.to_pylist()]
+    by_key = np.array(
+        [[str(values[p]) for p in position] for values in parsed], dtype=object
+    ).reshape(len(parsed), len(names))
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    width = len(names)
+    items = by_key[codes].reshape(-1) if len(codes) else np.array([], dtype=object)
+    offsets = pa.array(
+        np.arange(0, (len(codes) + 1) * width, width, dtype=np.int32)
+        if width
+        else np.zeros(len(codes) + 1, dtype=np.int32)
+    )
+    keys = pa.array(names * len(codes), pa.string())
+    return pa.MapArray.from_arrays(offsets, keys, pa.array(items.tolist(), pa.string())).cast(
+        map_type
+    )

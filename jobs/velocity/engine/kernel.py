@@ -27,15 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
-from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from velocity.rules import Aggregator, Operator, Rule
-from velocity.windows import KeyedEvent, evaluate_key_history, format_aggregate
 
 # The amount's decimal places (``AMOUNT_TYPE``): numbers are kept as integer units of
 # 10^-AMOUNT_PLACES. AVG is shown with as many places (``AVG_DISPLAY_PLACES``).
@@ -48,8 +47,22 @@ _INT64_MIN = int(np.iinfo(np.int64).min)
 _SAFE_TOTAL = float(2**62)
 _NEEDS_NUMBERS = frozenset({Aggregator.SUM, Aggregator.AVG, Aggregator.MIN, Aggregator.MAX})
 
-# The keyed events' columns (``velocity.spark.evaluate.KEYED_SCHEMA``).
+# The keyed events' columns (``velocity.spark.evaluate.KEYED_SCHEMA``); an optional
+# boolean ``decide`` column marks the events to decide (all of them without it).
 KEYED_COLUMNS = ("signature_id", "key", "eventTime", "transactionId", "value", "number")
+# Stored buckets beside them: ``time`` is where the bucket stands on the time axis, the
+# newest eventTime counted in it (its start when only whole-bucket windows read it).
+BUCKET_COLUMNS = (
+    "signature_id",
+    "key",
+    "time",
+    "event_count",
+    "value_count",
+    "value_sum",
+    "value_min",
+    "value_max",
+    "distinct_values",
+)
 
 
 @dataclass(frozen=True)
@@ -84,9 +97,25 @@ def _ints(values: Sequence[int] = ()) -> np.ndarray:
 def decide_history(events: pa.Table, rules: Sequence[Rule], width_ms: int) -> Decisions:
     """Every decision that fires over the complete history in ``events`` (KEYED_COLUMNS,
     any order), for every rule of ``rules`` whose signature has events there."""
+    return decide(events, None, rules, width_ms)
+
+
+def decide(
+    events: pa.Table, buckets: pa.Table | None, rules: Sequence[Rule], width_ms: int
+) -> Decisions:
+    """The decisions of ``events`` (KEYED_COLUMNS; those whose ``decide`` is true, when
+    that column is there) over the windows they see: the events themselves plus the
+    stored ``buckets`` (BUCKET_COLUMNS) of the same (signature, key).
+
+    A bucket counts whole in the window of an event at ``t`` when its ``time`` is at or
+    before ``t`` and its start at or after the window's lower edge; so a bucket that also
+    holds events later than an event in it must come as those raw events instead (the
+    stream's own-bucket history). Decisions equal the reference engine's over the events
+    the buckets were made of plus ``events``.
+    """
     if events.num_rows == 0 or not rules:
         return Decisions.concat([])
-    columns = _Columns.of(events)
+    columns = _Columns.of(events, buckets)
     by_signature: dict[str, list[int]] = {}
     for index, rule in enumerate(rules):
         by_signature.setdefault(rule.signature.signature_id, []).append(index)
@@ -101,49 +130,143 @@ def decide_history(events: pa.Table, rules: Sequence[Rule], width_ms: int) -> De
 
 @dataclass(frozen=True)
 class _Columns:
-    """The input's columns as numpy arrays, decoded once."""
+    """Window rows as numpy arrays, decoded once: the events, then the stored buckets,
+    then one row per distinct value of each bucket (which counts only for UNIQUE_COUNT).
 
-    table: pa.Table
+    Amount figures are int64 units of 10^-8; ``too_wide`` marks a row with a figure
+    beyond int64, whose exact value ``exact_units`` gives.
+    """
+
+    events: pa.Table
+    buckets: pa.Table | None
     signatures: list[str]
     signature_codes: np.ndarray
     key_codes: np.ndarray
     times: np.ndarray
+    origins: np.ndarray  # the event's row in ``events``; -1 for a bucket's rows
+    targets: np.ndarray  # the events to decide
+    counts: np.ndarray
+    value_counts: np.ndarray
+    number_counts: np.ndarray
     value_codes: np.ndarray  # -1: no value
-    units: np.ndarray  # the number in 10^-8 units (0 where none or too wide)
-    has_number: np.ndarray
-    too_wide: np.ndarray  # a number whose units do not fit in int64
+    totals: np.ndarray
+    minimums: np.ndarray
+    maximums: np.ndarray
+    too_wide: np.ndarray
 
     @classmethod
-    def of(cls, table: pa.Table) -> _Columns:
-        signature_codes, signatures = _dictionary_codes(table.column("signature_id"))
-        key_codes, _ = _dictionary_codes(table.column("key"))
-        value_codes, _ = _dictionary_codes(table.column("value"))
-        units, has_number, too_wide = _decimal_units(table.column("number"))
-        times = table.column("eventTime").to_numpy().astype(np.int64, copy=False)
+    def of(cls, events: pa.Table, buckets: pa.Table | None) -> _Columns:
+        n = events.num_rows
+        ones = np.ones(n, dtype=np.int64)
+        units, has_number, wide = _decimal_units(events.column("number"))
+        targets = (
+            events.column("decide").to_numpy(zero_copy_only=False).astype(bool)
+            if "decide" in events.column_names
+            else np.ones(n, dtype=bool)
+        )
+        has_value = events.column("value").is_valid().to_numpy(zero_copy_only=False)
+        parts = {
+            "signature_id": [events.column("signature_id")],
+            "key": [events.column("key")],
+            "value": [events.column("value")],
+        }
+        times = [events.column("eventTime").to_numpy().astype(np.int64)]
+        origins, target_parts = [np.arange(n, dtype=np.int64)], [targets]
+        counts, value_counts = [ones], [has_value.astype(np.int64)]
+        number_counts = [has_number.astype(np.int64)]
+        totals, minimums, maximums, too_wide = [units], [units], [units], [wide]
+        if buckets is not None and buckets.num_rows:
+            b = buckets.num_rows
+            values = buckets.column("distinct_values").combine_chunks()
+            flat = pc.list_flatten(values)
+            parent = pc.list_parent_indices(values).to_numpy().astype(np.int64)
+            x = len(flat)
+            for name in ("signature_id", "key"):
+                column = buckets.column(name).combine_chunks()
+                parts[name] += [column, column.take(pa.array(parent))]
+            parts["value"] += [pa.nulls(b, pa.string()), flat.cast(pa.string())]
+            bucket_times = buckets.column("time").to_numpy().astype(np.int64)
+            times += [bucket_times, bucket_times[parent]]
+            origins.append(np.full(b + x, -1, dtype=np.int64))
+            target_parts.append(np.zeros(b + x, dtype=bool))
+            event_count = buckets.column("event_count").to_numpy().astype(np.int64)
+            value_count = buckets.column("value_count").to_numpy().astype(np.int64)
+            total, has_total, wide_total = _decimal_units(buckets.column("value_sum"))
+            low, _, wide_low = _decimal_units(buckets.column("value_min"))
+            high, _, wide_high = _decimal_units(buckets.column("value_max"))
+            none = np.zeros(x, dtype=np.int64)
+            counts += [event_count, none]
+            value_counts += [value_count, none]
+            number_counts += [np.where(has_total, value_count, 0), none]
+            totals += [total, none]
+            minimums += [low, none]
+            maximums += [high, none]
+            too_wide += [wide_total | wide_low | wide_high, np.zeros(x, dtype=bool)]
+        signature_codes, signatures = _dictionary_codes(parts["signature_id"])
+        key_codes, _ = _dictionary_codes(parts["key"])
+        value_codes, _ = _dictionary_codes(parts["value"])
         return cls(
-            table,
+            events,
+            buckets,
             signatures,
             signature_codes,
             key_codes,
-            times,
+            np.concatenate(times),
+            np.concatenate(origins),
+            np.concatenate(target_parts),
+            np.concatenate(counts),
+            np.concatenate(value_counts),
+            np.concatenate(number_counts),
             value_codes,
-            units,
-            has_number,
-            too_wide,
+            np.concatenate(totals),
+            np.concatenate(minimums),
+            np.concatenate(maximums),
+            np.concatenate(too_wide),
         )
 
     def signature_rows(self) -> Iterator[tuple[str, np.ndarray]]:
-        """Per signature, its rows ordered by (key, eventTime, input order)."""
+        """Per signature, its rows ordered by (key, time)."""
         order = np.lexsort((self.times, self.key_codes, self.signature_codes))
         codes = self.signature_codes[order]
         edges = np.flatnonzero(np.diff(codes)) + 1
         for part in np.split(order, edges):
             yield self.signatures[int(self.signature_codes[part[0]])], part
 
+    def exact_units(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(totals, minimums, maximums) of ``rows`` as Python integers (object arrays)."""
+        out = [
+            figure[rows].astype(object) for figure in (self.totals, self.minimums, self.maximums)
+        ]
+        wide = np.flatnonzero(self.too_wide[rows])
+        n = self.events.num_rows
+        for position in wide.tolist():
+            row = int(rows[position])
+            if row < n:
+                number = _units_of(self.events.column("number")[row].as_py())
+                out[0][position] = out[1][position] = out[2][position] = number
+            else:
+                assert self.buckets is not None
+                bucket = row - n
+                for figure, name in zip(out, ("value_sum", "value_min", "value_max"), strict=True):
+                    figure[position] = _units_of(self.buckets.column(name)[bucket].as_py())
+        return out[0], out[1], out[2]
 
-def _dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """Integer codes of a string column's values (-1 for null) and the values by code."""
-    encoded = pc.dictionary_encode(column).combine_chunks()
+
+def _units_of(value: Decimal | None) -> int:
+    return 0 if value is None else int(value.scaleb(AMOUNT_PLACES))
+
+
+def _dictionary_codes(
+    columns: Sequence[pa.Array | pa.ChunkedArray],
+) -> tuple[np.ndarray, list[str]]:
+    """Integer codes of string columns' values, one dictionary for all (-1 for null),
+    and the values by code."""
+    chunks = [
+        c
+        for column in columns
+        for c in (column.chunks if isinstance(column, pa.ChunkedArray) else [column])
+    ]
+    encoded = pc.dictionary_encode(pa.chunked_array(chunks, pa.string())).combine_chunks()
     codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False)
     return codes, encoded.dictionary.to_pylist()
 
@@ -155,12 +278,12 @@ def _decimal_units(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.
     sign extension of its low word.
     """
     number = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_decimal(number.type) or number.type.scale != AMOUNT_PLACES:
+    if not pa.types.is_decimal128(number.type) or number.type.scale != AMOUNT_PLACES:
         number = pc.cast(number, pa.decimal128(38, AMOUNT_PLACES))
     n = len(number)
     has_number = number.is_valid().to_numpy(zero_copy_only=False)
-    if number.type.bit_width != 128 or n == 0:
-        number = pc.cast(number, pa.decimal128(38, AMOUNT_PLACES))
+    if n == 0:
+        return _ints(), has_number, np.zeros(0, dtype=bool)
     words = np.frombuffer(number.buffers()[1], dtype="<i8")
     words = words[2 * number.offset : 2 * (number.offset + n)].reshape(n, 2)
     low, high = words[:, 0], words[:, 1]
@@ -173,105 +296,118 @@ def _decimal_units(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.
 def _decide_signature(
     columns: _Columns, rows: np.ndarray, rules: Sequence[tuple[int, Rule]], width_ms: int
 ) -> Decisions:
-    """The decisions of one signature's rows (ordered by key, then eventTime)."""
+    """The decisions of one signature's rows (ordered by key, then time): keys whose
+    amounts fit int64 sums in int64, the rare others in Python integers."""
     keys = columns.key_codes[rows]
-    times = columns.times[rows]
-    key_starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    key_rank = np.cumsum(np.r_[False, keys[1:] != keys[:-1]], dtype=np.int64)
-
+    starts = np.r_[True, keys[1:] != keys[:-1]]
+    key_rank = np.cumsum(starts, dtype=np.int64) - 1
     exact = np.zeros(len(rows), dtype=bool)
     if any(rule.aggregator in _NEEDS_NUMBERS for _, rule in rules):
-        exact = _keys_beyond_int64(columns, rows, key_starts, key_rank)
-
-    window = _Windows(columns, rows, key_rank, times, width_ms)
-    parts = [_fired(window, index, rule, ~exact) for index, rule in rules]
-    if exact.any():
-        parts.append(_decide_exactly(columns, rows[exact], key_rank[exact], rules, width_ms))
+        totals = np.add.reduceat(
+            np.abs(columns.totals[rows]).astype(np.float64), np.flatnonzero(starts)
+        )
+        wide = np.add.reduceat(columns.too_wide[rows].astype(np.int64), np.flatnonzero(starts)) > 0
+        exact = ((totals > _SAFE_TOTAL) | wide)[key_rank]
+    parts = []
+    for chosen in (~exact, exact):
+        if not chosen.any():
+            continue
+        subset = rows[chosen]
+        figures = columns.exact_units(subset) if chosen is exact else None
+        window = _Windows(columns, subset, width_ms, figures)
+        parts += [_fired(window, index, rule) for index, rule in rules]
     return Decisions.concat(parts)
 
 
-def _keys_beyond_int64(
-    columns: _Columns, rows: np.ndarray, key_starts: np.ndarray, key_rank: np.ndarray
-) -> np.ndarray:
-    """Rows of keys whose amounts could take a window sum past int64: decided exactly."""
-    units = columns.units[rows]
-    wide = columns.too_wide[rows]
-    totals = np.add.reduceat(np.abs(units).astype(np.float64), key_starts)
-    wide_keys = np.add.reduceat(wide.astype(np.int64), key_starts) > 0
-    beyond = (totals > _SAFE_TOTAL) | wide_keys
-    return beyond[key_rank]
-
-
 class _Windows:
-    """Each event's window per window length, and the figures over it, computed once."""
+    """Each target's window per window length, and the figures over it, computed once.
+
+    ``exact``: the rows' (totals, minimums, maximums) as Python integers, for keys whose
+    sums could pass int64 (None: int64, whose prefix sums may wrap, but whose differences
+    inside a key are exact).
+    """
 
     def __init__(
         self,
         columns: _Columns,
         rows: np.ndarray,
-        key_rank: np.ndarray,
-        times: np.ndarray,
         width_ms: int,
+        exact: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     ) -> None:
         self.columns = columns
         self.rows = rows
-        self.key_rank = key_rank
-        self.times = times
         self.width_ms = width_ms
-        self._unique_times = np.unique(times)
+        keys = columns.key_codes[rows]
+        self.key_rank = np.cumsum(np.r_[True, keys[1:] != keys[:-1]], dtype=np.int64) - 1
+        self.times = columns.times[rows]
+        self.targets = np.flatnonzero(columns.targets[rows])
+        self._exact = exact
+        self._unique_times = np.unique(self.times)
         self._span = np.int64(len(self._unique_times) + 1)
-        self._composite = key_rank * self._span + np.searchsorted(self._unique_times, times)
-        # The upper edge: past the last event of the key at or before t (ties included).
-        self.hi = np.searchsorted(self._composite, self._composite, side="right")
+        self._composite = self.key_rank * self._span + np.searchsorted(
+            self._unique_times, self.times
+        )
+        # The upper edge: past the key's last row at or before t (ties included).
+        at = self._composite[self.targets]
+        self.hi = np.searchsorted(self._composite, at, side="right")
         self._lower: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._figures: dict[tuple[str, int], np.ndarray] = {}
         self._prefix: dict[str, np.ndarray] = {}
 
     def lower(self, window_ms: int) -> tuple[np.ndarray, np.ndarray]:
-        """(the window's first row, its lower edge floor_g(t) - W) per event."""
+        """(the window's first row, its lower edge floor_g(t) - W) per target."""
         if window_ms not in self._lower:
-            own = self.times - np.mod(self.times, self.width_ms)
-            edge = own - window_ms
+            times = self.times[self.targets]
+            edge = times - np.mod(times, self.width_ms) - window_ms
             first_time = np.searchsorted(self._unique_times, edge, side="left")
             lo = np.searchsorted(
-                self._composite, self.key_rank * self._span + first_time, side="left"
+                self._composite,
+                self.key_rank[self.targets] * self._span + first_time,
+                side="left",
             )
             self._lower[window_ms] = (lo, edge)
         return self._lower[window_ms]
 
-    def _prefix_sum(self, name: str, values: Callable[[], np.ndarray]) -> np.ndarray:
+    def _amounts(self, index: int) -> np.ndarray:
+        if self._exact is not None:
+            return self._exact[index]
+        figure = (self.columns.totals, self.columns.minimums, self.columns.maximums)[index]
+        return figure[self.rows]
+
+    def _range_sum(self, name: str, window_ms: int) -> np.ndarray:
         if name not in self._prefix:
-            # Wraps past 2^63 where a key is wide; differences inside a key stay exact.
-            self._prefix[name] = np.concatenate(([0], np.cumsum(values(), dtype=np.int64)))
-        return self._prefix[name]
+            if name == "totals":
+                values = self._amounts(0)
+            else:
+                values = getattr(self.columns, name)[self.rows]
+            dtype = object if values.dtype == object else np.int64
+            # int64 sums wrap past 2^63 only where a key is wide (then ``exact`` is used).
+            self._prefix[name] = np.concatenate(([0], np.cumsum(values, dtype=dtype)))
+        lo, _ = self.lower(window_ms)
+        prefix = self._prefix[name]
+        return prefix[self.hi] - prefix[lo]
 
     def figure(self, name: str, window_ms: int) -> np.ndarray:
         """``count``, ``value_count``, ``number_count``, ``total``, ``minimum``,
-        ``maximum`` or ``distinct_count`` of every event's window."""
+        ``maximum`` or ``distinct_count`` of every target's window."""
         slot = (name, window_ms)
         if slot in self._figures:
             return self._figures[slot]
         lo, _ = self.lower(window_ms)
-        hi, columns, rows = self.hi, self.columns, self.rows
-        if name == "count":
-            out = hi - lo
-        elif name == "value_count":
-            prefix = self._prefix_sum("value", lambda: columns.value_codes[rows] >= 0)
-            out = prefix[hi] - prefix[lo]
-        elif name == "number_count":
-            prefix = self._prefix_sum("number", lambda: columns.has_number[rows])
-            out = prefix[hi] - prefix[lo]
+        numbered = self.columns.number_counts[self.rows] > 0
+        if name in ("count", "value_count", "number_count"):
+            out = self._range_sum(f"{name}s", window_ms)
         elif name == "total":
-            prefix = self._prefix_sum("total", lambda: columns.units[rows])
-            out = prefix[hi] - prefix[lo]
+            out = self._range_sum("totals", window_ms)
         elif name == "minimum":
-            units = np.where(columns.has_number[rows], columns.units[rows], _INT64_MAX)
-            out = range_extreme(units, lo, hi, np.minimum)
+            high = _INT64_MAX if self._exact is None else 10**40
+            out = range_extreme(np.where(numbered, self._amounts(1), high), lo, self.hi, np.minimum)
         elif name == "maximum":
-            units = np.where(columns.has_number[rows], columns.units[rows], _INT64_MIN)
-            out = range_extreme(units, lo, hi, np.maximum)
+            low = _INT64_MIN if self._exact is None else -(10**40)
+            out = range_extreme(np.where(numbered, self._amounts(2), low), lo, self.hi, np.maximum)
         elif name == "distinct_count":
-            out = distinct_counts(columns.value_codes[rows], self.key_rank, lo, hi)
+            codes = self.columns.value_codes[self.rows]
+            out = distinct_counts(codes, self.key_rank, lo, self.hi)
         else:
             raise ValueError(f"no window figure {name!r}")
         self._figures[slot] = out
@@ -350,20 +486,20 @@ def distinct_counts(
     return out
 
 
-def _fired(window: _Windows, index: int, rule: Rule, eligible: np.ndarray) -> Decisions:
-    """One rule's decisions among the ``eligible`` rows of a signature."""
+def _fired(window: _Windows, index: int, rule: Rule) -> Decisions:
+    """One rule's decisions of a signature's targets."""
     w = rule.window_ms
     aggregator, op, limit = rule.aggregator, rule.operator, Fraction(rule.limit)
     text: Callable[[np.ndarray], np.ndarray]
     if aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT):
         name = "count" if aggregator is Aggregator.COUNT else "distinct_count"
         figure = window.figure(name, w)
-        fired = eligible & holds(figure, op, limit)
+        fired = holds(figure, op, limit)
         text = lambda chosen: figure[chosen].astype(str)  # noqa: E731
     elif aggregator is Aggregator.AVG:
         total, count = window.figure("total", w), window.figure("value_count", w)
         has = window.figure("number_count", w) > 0
-        fired = eligible & has & (count > 0)
+        fired = has & (count > 0)
         fired[fired] = average_holds(total[fired], count[fired], op, limit * UNITS)
         text = lambda chosen: units_text(rounded_average(total[chosen], count[chosen]))  # noqa: E731
     else:
@@ -372,12 +508,12 @@ def _fired(window: _Windows, index: int, rule: Rule, eligible: np.ndarray) -> De
         ]
         figure = window.figure(name, w)
         has = window.figure("number_count", w) > 0
-        fired = eligible & has & holds(figure, op, limit * UNITS)
+        fired = has & holds(figure, op, limit * UNITS)
         text = lambda chosen: units_text(figure[chosen])  # noqa: E731
     chosen = np.flatnonzero(fired)
     _, edge = window.lower(w)
     return Decisions(
-        window.rows[chosen],
+        window.columns.origins[window.rows[window.targets[chosen]]],
         np.full(len(chosen), index, dtype=np.int64),
         text(chosen),
         edge[chosen],
@@ -404,6 +540,8 @@ def holds(figures: np.ndarray, op: Operator, limit: Fraction) -> np.ndarray:
 
 def _compare(figures: np.ndarray, op: Operator, bound: int) -> np.ndarray:
     """``figures OP bound`` for an integer bound that may lie outside int64."""
+    if figures.dtype == object:
+        return np.asarray(op.comparison(figures, bound), dtype=bool)
     if bound > _INT64_MAX:
         below = op in (Operator.LESS, Operator.LESS_EQUAL, Operator.NOT_EQUAL)
         return np.full(len(figures), below)
@@ -433,7 +571,12 @@ def average_holds(
 def rounded_average(totals: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``total / count`` in units, rounded half to even (as ``format_aggregate`` shows AVG
     with ``AMOUNT_PLACES`` places)."""
-    quotient, remainder = np.divmod(totals, counts)
+    if totals.dtype == object:
+        pairs = [divmod(t, int(c)) for t, c in zip(totals.tolist(), counts.tolist(), strict=True)]
+        quotient = np.array([q for q, _ in pairs] or [0], dtype=object)[: len(pairs)]
+        remainder = np.array([r for _, r in pairs] or [0], dtype=object)[: len(pairs)]
+    else:
+        quotient, remainder = np.divmod(totals, counts)
     twice = 2 * remainder
     up = (twice > counts) | ((twice == counts) & (quotient % 2 == 1))
     return quotient + up
@@ -442,43 +585,12 @@ def rounded_average(totals: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def units_text(units: np.ndarray) -> np.ndarray:
     """Integer units of 10^-8 as decimal text with no exponent and no trailing zeros, as
     ``velocity.decimals.format_decimal`` writes them (``0``, ``250000``, ``0.5``)."""
-    units = units.astype(np.int64)
     if len(units) == 0:
         return np.array([], dtype=str)
-    magnitude = np.abs(units.astype(object)) if (units == _INT64_MIN).any() else np.abs(units)
+    if units.dtype != object and (units == _INT64_MIN).any():
+        units = units.astype(object)
+    magnitude = np.abs(units)
     whole = (magnitude // UNITS).astype(str)
     fraction = np.strings.rstrip(np.strings.zfill((magnitude % UNITS).astype(str), 8), "0")
     text = np.where(fraction == "", whole, np.strings.add(np.strings.add(whole, "."), fraction))
     return np.where(units < 0, np.strings.add("-", text), text)
-
-
-def _decide_exactly(
-    columns: _Columns,
-    rows: np.ndarray,
-    key_rank: np.ndarray,
-    rules: Sequence[tuple[int, Rule]],
-    width_ms: int,
-) -> Decisions:
-    """The reference engine over the keys that do not fit the int64 kernel (rare)."""
-    table = columns.table.take(pa.array(rows))
-    times = table.column("eventTime").to_pylist()
-    ids = table.column("transactionId").to_pylist()
-    values = table.column("value").to_pylist()
-    numbers = table.column("number").to_pylist()
-    index_of = {id(rule): index for index, rule in rules}
-    out_rows: list[int] = []
-    out_rules: list[int] = []
-    out_values: list[str] = []
-    out_edges: list[int] = []
-    edges = [*np.flatnonzero(np.r_[True, key_rank[1:] != key_rank[:-1]]).tolist(), len(rows)]
-    for start, end in pairwise(edges):
-        events = [KeyedEvent(times[i], ids[i], values[i], numbers[i]) for i in range(start, end)]
-        row_of = {id(event): int(rows[start + i]) for i, event in enumerate(events)}
-        for decision in evaluate_key_history(events, [rule for _, rule in rules], width_ms):
-            out_rows.append(row_of[id(decision.event)])
-            out_rules.append(index_of[id(decision.rule)])
-            out_values.append(format_aggregate(decision.value))
-            out_edges.append(decision.window_start)
-    return Decisions(
-        _ints(out_rows), _ints(out_rules), np.array(out_values, dtype=str), _ints(out_edges)
-    )

@@ -48,22 +48,32 @@ def _events(work: Path, events: int, keys: int, rate: float) -> Path:
     return events_dir
 
 
+SAMPLE_RULES = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
+
+
 def _backtest(
-    work: Path, events_dir: Path, bucket_seconds: int, master: str | None
+    work: Path,
+    events_dir: Path,
+    bucket_seconds: int,
+    master: str | None,
+    rules: Path = SAMPLE_RULES,
+    code: Path | None = None,
 ) -> tuple[float, dict]:
     """One `velocity backtest` process over ``events_dir``: (wall seconds, its summary with
-    the peak RSS of its process tree added)."""
-    rules = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"
+    the peak RSS of its process tree added). ``code``: another checkout whose ``jobs/``
+    runs instead of this one (the design before, side by side in one run)."""
     data_dir = work / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
     summary_file = work / "summary.json"
     started = time.monotonic()
     backtest = subprocess.Popen(
-        [VELOCITY, "backtest", "--rules", str(rules), "--events", str(events_dir),
+        [sys.executable, "-m", "velocity.cli", "backtest", "--rules", str(rules),
+         "--events", str(events_dir),
          "--out", str(work / "alerts.jsonl"), "--bucket-seconds", str(bucket_seconds),
          "--summary-json", str(summary_file)],
         env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir),
-             **({"VELOCITY_SPARK_MASTER": master} if master else {})},
+             **({"VELOCITY_SPARK_MASTER": master} if master else {}),
+             **({"PYTHONPATH": str(code / "jobs")} if code else {})},
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     peak = [0.0, 0.0]  # the whole tree, the driver's Python alone
@@ -89,7 +99,7 @@ def _report(wall: float, summary: dict) -> None:
     lines = summary["lines"]
     print(f"events (lines)            {lines}")
     print(f"accepted / quarantined    {summary['accepted']} / {summary['quarantined']}")
-    print(f"rules / alerts            8 / {summary['alerts']}")
+    print(f"rules / alerts            {len(summary['alerts_by_rule'])} / {summary['alerts']}")
     print(f"end to end                {wall:.1f} s  {lines / wall:,.0f} events/s")
     print(
         f"excluding Spark start-up  {summary['seconds']:.1f} s  "
@@ -123,6 +133,19 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs per size; the median counts")
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench"))
     parser.add_argument(
+        "--rules",
+        type=Path,
+        default=SAMPLE_RULES,
+        help="rules file (default: the 8 sample rules; benchmarks/rules/fire_often.json: "
+        "8 rules that fire on most events, one keyed by the three-valued action)",
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a checkout of the design before (e.g. a git worktree): each run is paired "
+        "with one of its backtest on the same events, and the ratios follow",
+    )
+    parser.add_argument(
         "--master",
         action="append",
         help="Spark master (VELOCITY_SPARK_MASTER) to run on; repeat to compare masters "
@@ -133,19 +156,29 @@ def main() -> int:
     work = Path(args.work_dir)
     sizes = [n for n in (args.baseline_events, args.events) if n]
     masters: list[str | None] = args.master or [None]
+    designs: list[Path | None] = [None, args.before] if args.before else [None]
     results: dict[tuple[str | None, int], tuple[float, dict]] = {}
+    before: dict[int, tuple[float, dict]] = {}
     for size in sizes:
         events_dir = _events(work, size, args.keys, args.rate)
         for master in masters:
-            runs = []
+            runs: dict[Path | None, list[tuple[float, dict]]] = {d: [] for d in designs}
             for run in range(args.runs):
-                wall, summary = _backtest(work, events_dir, args.bucket_seconds, master)
-                runs.append((wall, summary))
-                print(
-                    f"{size} on {master or 'the default master'}: run {run + 1}: "
-                    f"{wall:.1f} s end to end, {summary['seconds']:.1f} s backtest"
-                )
-            results[master, size] = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+                for code in designs:  # interleaved: the machine's noise hits both alike
+                    wall, summary = _backtest(
+                        work, events_dir, args.bucket_seconds, master, args.rules, code
+                    )
+                    runs[code].append((wall, summary))
+                    print(
+                        f"{size} on {master or 'the default master'}"
+                        f"{' (before)' if code else ''}: run {run + 1}: "
+                        f"{wall:.1f} s end to end, {summary['seconds']:.1f} s backtest"
+                    )
+            median = {d: sorted(r, key=lambda x: x[0])[len(r) // 2] for d, r in runs.items()}
+            results[master, size] = median[None]
+            if args.before and master == masters[0]:
+                before[size] = median[args.before]
+    print(f"\nrules: {args.rules}")
     for master in masters:
         if master:
             print(f"\n== master {master}")
@@ -162,6 +195,15 @@ def main() -> int:
                 f"{extra / (big_wall - small_wall):,.0f} events/s end to end, "
                 f"{extra / (big['seconds'] - small['seconds']):,.0f} events/s excluding start-up"
             )
+    for size, (wall, summary) in before.items():
+        now_wall, now = results[masters[0], size]
+        print(f"\n== before ({args.before}), {size:,} events")
+        _report(wall, summary)
+        print(
+            f"now / before, {size:,} events: {wall / now_wall:.2f}x end to end, "
+            f"{summary['seconds'] / now['seconds']:.2f}x excluding start-up; "
+            f"alerts {now['alerts']} now, {summary['alerts']} before"
+        )
     if len(masters) > 1:
         first = masters[0]
         print()

@@ -202,7 +202,7 @@ class _Columns:
             minimums += [low, none]
             maximums += [high, none]
             too_wide += [wide_total | wide_low | wide_high, np.zeros(x, dtype=bool)]
-        signature_codes, signatures = _dictionary_codes(parts["signature_id"])
+        signature_codes, signatures = _dictionary_codes(parts["signature_id"], values=True)
         key_codes, _ = _dictionary_codes(parts["key"])
         value_codes, _ = _dictionary_codes(parts["value"])
         return cls(
@@ -257,10 +257,10 @@ def _units_of(value: Decimal | None) -> int:
 
 
 def _dictionary_codes(
-    columns: Sequence[pa.Array | pa.ChunkedArray],
+    columns: Sequence[pa.Array | pa.ChunkedArray], values: bool = False
 ) -> tuple[np.ndarray, list[str]]:
     """Integer codes of string columns' values, one dictionary for all (-1 for null),
-    and the values by code."""
+    and (``values``) the values by code."""
     chunks = [
         c
         for column in columns
@@ -268,7 +268,7 @@ def _dictionary_codes(
     ]
     encoded = pc.dictionary_encode(pa.chunked_array(chunks, pa.string())).combine_chunks()
     codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False)
-    return codes, encoded.dictionary.to_pylist()
+    return codes, encoded.dictionary.to_pylist() if values else []
 
 
 def _decimal_units(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -342,27 +342,39 @@ class _Windows:
         self.times = columns.times[rows]
         self.targets = np.flatnonzero(columns.targets[rows])
         self._exact = exact
-        self._unique_times = np.unique(self.times)
-        self._span = np.int64(len(self._unique_times) + 1)
-        self._composite = self.key_rank * self._span + np.searchsorted(
-            self._unique_times, self.times
+        # Sortable (key, time): key rank × span + the time's place. The place is the time
+        # itself past the oldest one while that fits int64 with room, else its rank.
+        self._oldest = int(self.times.min()) if len(self.times) else 0
+        reach = int(self.times.max()) - self._oldest + 2 if len(self.times) else 2
+        self._ranks = (
+            None if reach * (int(self.key_rank[-1]) + 1) < _SAFE_TOTAL else np.unique(self.times)
         )
-        # The upper edge: past the key's last row at or before t (ties included).
-        at = self._composite[self.targets]
-        self.hi = np.searchsorted(self._composite, at, side="right")
+        self._span = np.int64(reach if self._ranks is None else len(self._ranks) + 1)
+        self._composite = self.key_rank * self._span + self._place(self.times)
+        # The upper edge: past the last row of the target's run of equal (key, time).
+        composite = self._composite
+        run_ends = np.flatnonzero(np.r_[composite[1:] != composite[:-1], True]) + 1
+        run = np.cumsum(np.r_[True, composite[1:] != composite[:-1]]) - 1
+        self.hi = run_ends[run[self.targets]]
         self._lower: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._figures: dict[tuple[str, int], np.ndarray] = {}
         self._prefix: dict[str, np.ndarray] = {}
+
+    def _place(self, times: np.ndarray) -> np.ndarray:
+        """Where ``times`` sort among the rows' times (any time at or before the oldest
+        row's sorts first)."""
+        if self._ranks is None:
+            return np.maximum(times - self._oldest, 0)
+        return np.searchsorted(self._ranks, times, side="left")
 
     def lower(self, window_ms: int) -> tuple[np.ndarray, np.ndarray]:
         """(the window's first row, its lower edge floor_g(t) - W) per target."""
         if window_ms not in self._lower:
             times = self.times[self.targets]
             edge = times - np.mod(times, self.width_ms) - window_ms
-            first_time = np.searchsorted(self._unique_times, edge, side="left")
             lo = np.searchsorted(
                 self._composite,
-                self.key_rank[self.targets] * self._span + first_time,
+                self.key_rank[self.targets] * self._span + self._place(edge),
                 side="left",
             )
             self._lower[window_ms] = (lo, edge)

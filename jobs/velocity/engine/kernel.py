@@ -475,9 +475,16 @@ def distinct_counts(
     blocks: dict[int, np.ndarray] = {}
 
     def count_block(level: int, chosen: np.ndarray, start: np.ndarray) -> None:
-        if level not in blocks:
-            composite = (index >> level) * span + shifted
-            blocks[level] = composite if level == 0 else np.sort(composite)
+        while level not in blocks:
+            # A level's blocks are two sorted blocks of the level below: re-keyed, a stable
+            # sort only merges them.
+            below = len(blocks) - 1
+            if below < 0:
+                blocks[0] = index * span + shifted
+            else:
+                lower = blocks[below]
+                composite = (lower // span >> 1) * span + lower % span
+                blocks[below + 1] = np.sort(composite, kind="stable")
         block = start >> level
         below = np.searchsorted(blocks[level], block * span + lo[chosen] + 1, side="left")
         out[chosen] += below - block * (1 << level)

@@ -108,3 +108,52 @@ def plan_changes(
             else:
                 result.clear_state = True
     return written, result
+
+
+# --- which rule versions the stream decided with ---------------------------------------
+
+RuleVersion = tuple[int, int]  # (ruleId, version)
+
+
+def rule_versions(rules: Iterable[Rule]) -> tuple[RuleVersion, ...]:
+    """The (ruleId, version)s of ``rules``, sorted: what a micro-batch decided with."""
+    return tuple(sorted((rule.rule_id, rule.version) for rule in rules))
+
+
+def rule_versions_text(versions: Sequence[RuleVersion]) -> str:
+    """Compact JSON of (ruleId, version) pairs, as the rule_epochs table keeps them."""
+    return json.dumps([list(pair) for pair in versions], separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RuleEpochs:
+    """The rule versions the stream decided with, from which micro-batch on (SPEC §3: a
+    backfill decides each event with the versions in force when the stream accepted it).
+
+    ``starts`` increase; epoch ``i`` covers the batches from ``starts[i]`` up to the next
+    start. A batch before the first start has no record (a data dir of an older Velocity).
+    """
+
+    starts: tuple[int, ...] = ()
+    versions: tuple[tuple[RuleVersion, ...], ...] = ()
+
+    @classmethod
+    def of_rows(cls, rows: Iterable[tuple[int, int, str]]) -> RuleEpochs:
+        """From rule_epochs rows (from_batch, recorded_at, rule_versions): of several rows
+        for one batch (a batch replayed after a crash, with rules changed meanwhile), the
+        latest recorded is the one it decided with."""
+        latest: dict[int, tuple[int, str]] = {}
+        for from_batch, recorded_at, text in rows:
+            if from_batch not in latest or recorded_at >= latest[from_batch][0]:
+                latest[from_batch] = (recorded_at, text)
+        starts = tuple(sorted(latest))
+        return cls(
+            starts,
+            tuple(
+                tuple(sorted((int(i), int(v)) for i, v in json.loads(latest[s][1])))
+                for s in starts
+            ),
+        )
+
+    def newest(self) -> tuple[RuleVersion, ...] | None:
+        return self.versions[-1] if self.versions else None

@@ -21,7 +21,7 @@ from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
-from velocity.rules import Rule, parse_rules
+from velocity.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backfill import Backfill
@@ -110,6 +110,47 @@ def test_backfill_rejects_a_bad_range_and_unknown_rules(spark, data_settings: Se
         backfill.run(10, 5)
     with pytest.raises(UsageError, match=r"\[99\]"):
         backfill.run(0, 5, rule_ids=[1, 99])
+
+
+def test_backfill_decides_each_event_with_the_rule_versions_its_batch_was_decided_with(
+    spark, data_settings: Settings, tmp_path: Path
+) -> None:
+    """The sequence found by hand (issue 22): rule 4 paused, then re-activated with the
+    same body (version 3), after the stream decided with version 1; a backfill of the
+    range re-sent every version-1 ALERT as a version-3 CORRECTION. Now it amends nothing:
+    events of batches decided under version 1 are decided with version 1, those streamed
+    after the re-activation with version 3 (SPEC §3)."""
+    staging = generated_in_arrival_order(
+        tmp_path / "staging",
+        GenerateOptions(events=1600, rate=0.5, payers=20, files=4, late_fraction=0.0,
+                        duplicate_fraction=0.01, malformed_fraction=0.01, seed=44),
+    )  # fmt: skip
+    files = sorted(staging.glob("*.jsonl"))
+    events = tmp_path / "events"
+    events.mkdir()
+    for order, path in enumerate(files[:3]):
+        shutil.copy(path, events / path.name)
+        os.utime(events / path.name, (1_700_000_000 + order, 1_700_000_000 + order))
+    stream_sample_rules(spark, data_settings, events)
+    store = LiveState(spark, data_settings).rule_store
+    store.apply([StateChange(4, RuleState.PAUSE)])  # `velocity rules pause 4`
+    store.apply([StateChange(4, RuleState.ACTIVE)])  # `velocity rules activate 4`
+    assert {r.rule_id: r.version for r in store.in_force()}[4] == 3
+    shutil.copy(files[3], events / files[3].name)
+    os.utime(events / files[3].name, (1_700_000_010, 1_700_000_010))
+    run_available_now(StreamJob(spark, data_settings), events)
+
+    alerts = [r.asDict() for r in tables.read_table(spark, LiveTables.of(data_settings).alerts)
+              .where("ruleId = 4").collect()]  # fmt: skip
+    versions = Counter(a["ruleVersion"] for a in alerts)
+    assert versions[1] > 0 and versions[3] > 0, versions
+    epochs = LiveState(spark, data_settings).rule_epochs()
+    assert [dict(v)[4] for v in epochs.versions] == [1, 3]
+
+    newest = max(a["eventTime"] for a in alerts)
+    summary = Backfill(spark, data_settings).run(0, newest)
+    assert (summary.corrections, summary.retractions) == (0, 0)
+    assert summary.decisions_fired >= len(alerts)
 
 
 def stream_sample_rules(spark, settings: Settings, events: Path) -> StreamJob:

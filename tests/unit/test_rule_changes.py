@@ -47,3 +47,20 @@ def test_export_sees_the_entries_before_it() -> None:
         {}, [make_rule(ruleId=5), Control(ControlType.EXPORT_RULES_CURRENT), make_rule(ruleId=6)]
     )
     assert [r["ruleId"] for r in result.exports[0]] == [5]
+
+
+def test_rule_epochs_keep_the_latest_record_of_a_batch_in_batch_order() -> None:
+    from velocity.rule_changes import RuleEpochs, rule_versions, rule_versions_text
+
+    rules = [make_rule(ruleId=4).with_version(3), make_rule(ruleId=1).with_version(1)]
+    assert rule_versions(rules) == ((1, 1), (4, 3))
+    rows = [
+        (7, 2_000, rule_versions_text([(1, 1), (4, 3)])),
+        (0, 1_000, rule_versions_text([(1, 1), (4, 1)])),
+        (7, 1_500, rule_versions_text([(1, 1)])),  # the same batch, recorded before its replay
+    ]
+    epochs = RuleEpochs.of_rows(rows)
+    assert epochs.starts == (0, 7)
+    assert epochs.versions == (((1, 1), (4, 1)), ((1, 1), (4, 3)))
+    assert epochs.newest() == ((1, 1), (4, 3))
+    assert RuleEpochs.of_rows([]).newest() is None

@@ -9,6 +9,7 @@ dir's state lock (``velocity.redis.lock``) around what they change.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from velocity.delta.rule_store import RuleStore
 from velocity.delta.write_behind import Flushed, Spool
 from velocity.errors import UsageError
 from velocity.redis.mirror import horizon_seconds
+from velocity.rule_changes import RuleEpochs, RuleVersion, rule_versions, rule_versions_text
 from velocity.rules import Rule
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
@@ -39,6 +41,7 @@ class LiveTables:
     signatures: Path
     rules: Path
     backfills: Path
+    rule_epochs: Path
 
     @classmethod
     def of(cls, settings: Settings) -> LiveTables:
@@ -101,6 +104,28 @@ class LiveState:
         refuse_another_bucket_width(self.read("buckets"), settings)
         self.spool = Spool(settings)
         self._flush_mutex = threading.Lock()
+        self._recorded_versions: tuple[RuleVersion, ...] | None = None
+
+    def rule_epochs(self) -> RuleEpochs:
+        rows = self.read("rule_epochs").collect()
+        return RuleEpochs.of_rows(
+            (r["from_batch"], r["recorded_at"], r["rule_versions"]) for r in rows
+        )
+
+    def record_rule_versions(self, batch_id: int, rules: list[Rule]) -> None:
+        """Record that the stream decides ``batch_id`` (and on) with ``rules``' versions,
+        unless they are those recorded last. The stream calls it for every batch it
+        decides, under the state lock."""
+        versions = rule_versions(rules)
+        if self._recorded_versions is None:
+            self._recorded_versions = self.rule_epochs().newest()
+        if versions == self._recorded_versions:
+            return
+        row = (batch_id, int(time.time() * 1000), rule_versions_text(versions))
+        self.spark.createDataFrame([row], tables.RULE_EPOCH_SCHEMA).write.format("delta").mode(
+            "append"
+        ).save(str(self.live.rule_epochs))
+        self._recorded_versions = versions
 
     def read(self, name: str) -> DataFrame:
         return tables.read_table(self.spark, getattr(self.live, name))

@@ -30,6 +30,7 @@ from velocity.delta.names import (
     EVENTS,
     LATE_EVENTS,
     QUARANTINE,
+    RULE_EPOCHS,
     RULES,
     SIGNATURES,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "LATE_EVENTS",
     "QUARANTINE",
     "RULES",
+    "RULE_EPOCHS",
     "SIGNATURES",
 ]
 
@@ -213,6 +215,17 @@ RULE_SCHEMA = StructType(
 )
 
 
+# The rule versions the stream decided with from a micro-batch on (a row when they change;
+# of two rows for one batch, the later recorded). The backfill decides each event with
+# the versions of its batch (SPEC §3).
+RULE_EPOCH_SCHEMA = StructType(
+    [
+        StructField("from_batch", LongType(), False),
+        StructField("recorded_at", LongType(), False),
+        StructField("rule_versions", StringType(), False),  # JSON [[ruleId, version], ...]
+    ]
+)
+
 # The live system's tables (``<data_dir>/tables/<name>``) and their schemas.
 LIVE_SCHEMAS: dict[str, StructType] = {
     EVENTS: LIVE_EVENT_SCHEMA,
@@ -224,6 +237,7 @@ LIVE_SCHEMAS: dict[str, StructType] = {
     SIGNATURES: SIGNATURE_SCHEMA,
     RULES: RULE_SCHEMA,
     BACKFILLS: BACKFILL_SCHEMA,
+    RULE_EPOCHS: RULE_EPOCH_SCHEMA,
 }
 
 

@@ -17,8 +17,9 @@ added to the state but not decided. A backfill over ``[from, to]``:
 
 Afterwards ALERT + CORRECTION − RETRACTION equals the complete-data result for the range,
 values included: the latest record of each decision by decisionTime is the one in effect.
-A second run over the same range finds nothing to amend. Only the rule versions in
-force are replayed; alerts of earlier versions stand as they were decided.
+A second run over the same range finds nothing to amend. Each event is decided with the
+versions of the rules (ACTIVE now) that the stream decided its micro-batch with (the
+``rule_epochs`` table, SPEC §3); alerts of rules not ACTIVE now stand as they were.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.progress import QUIET, Progress
 from velocity.redis import mirror
 from velocity.redis.lock import state_lock
+from velocity.rule_changes import RuleEpochs
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
@@ -99,6 +101,17 @@ class BucketChanges:
     lower: int
     upper: int
     pinned_batch: int
+
+
+@dataclass(frozen=True)
+class AcceptedVersions:
+    """The rule versions a backfill decides with: ``rules``, every version of the asked
+    rule ids that the stream decided some batch with (``epochs``), plus ``now``, the
+    versions in force, for events of batches before any record."""
+
+    rules: list[Rule]
+    now: list[Rule]
+    epochs: RuleEpochs
 
 
 def publish_order(record: dict[str, Any]) -> tuple[int, int, str, int, str]:
@@ -212,8 +225,10 @@ class Backfill:
             self._record(summary, [], started)
             return summary
 
+        # Each event is decided with the versions in force when the stream accepted it.
+        versions = self._versions_at_acceptance(rules)
         width = settings.bucket_width_ms
-        widest = max(r.window_ms for r in rules)
+        widest = max(r.window_ms for r in versions.rules)
         history_from = max(0, bucket_start(from_ms - widest, width))
 
         progress.step("pin")
@@ -232,8 +247,8 @@ class Backfill:
         history = events.where(F.col("eventTime").between(history_from, to_ms))
         summary.history_events = history.count()
         progress.step("evaluate", summary.history_events)
-        keyed = keyed_events(history, rules_by_signature(rules)).persist()
-        decisions = self._decide(keyed, rules, from_ms, to_ms, decided_at).persist()
+        keyed = keyed_events(history, rules_by_signature(versions.rules)).persist()
+        decisions = self._decide(keyed, versions, events, from_ms, to_ms, decided_at).persist()
         try:
             summary.events_evaluated = history.where(F.col("eventTime") >= from_ms).count()
             summary.decisions_fired = decisions.count()
@@ -254,7 +269,7 @@ class Backfill:
             progress.step("amendments")
             amended_before = self._amendment_count()
             records = self._amendments(
-                decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
+                decisions, versions.rules, events, from_ms, to_ms, decided_at, summary.run_id
             )
             timer.mark("amendments")
 
@@ -271,7 +286,13 @@ class Backfill:
                 if self._amendment_count() != amended_before:
                     # Another run amended meanwhile: decide against what is in effect now.
                     records = self._amendments(
-                        decisions, rules, events, from_ms, to_ms, decided_at, summary.run_id
+                        decisions,
+                        versions.rules,
+                        events,
+                        from_ms,
+                        to_ms,
+                        decided_at,
+                        summary.run_id,
                     )
                 summary.corrections = sum(r["kind"] == AlertKind.CORRECTION for r in records)
                 summary.retractions = len(records) - summary.corrections
@@ -289,15 +310,60 @@ class Backfill:
         summary.seconds = timer.total
         return summary
 
+    def _versions_at_acceptance(self, rules: list[Rule]) -> AcceptedVersions:
+        """The versions of ``rules``' ids that the stream decided with (rule_epochs), and
+        the versions in force now for the events of batches before any record."""
+        epochs = self.state.rule_epochs()
+        ids = {rule.rule_id for rule in rules}
+        recorded = {pair for versions in epochs.versions for pair in versions if pair[0] in ids}
+        history = {(r.rule_id, r.version): r for r in self.state.rule_store.history()}
+        now = {(r.rule_id, r.version): r for r in rules}
+        chosen = {**{pair: history[pair] for pair in recorded if pair in history}, **now}
+        return AcceptedVersions([chosen[pair] for pair in sorted(chosen)], rules, epochs)
+
     def _decide(
-        self, keyed: DataFrame, rules: list[Rule], from_ms: int, to_ms: int, decided_at: int
+        self,
+        keyed: DataFrame,
+        versions: AcceptedVersions,
+        pinned_events: DataFrame,
+        from_ms: int,
+        to_ms: int,
+        decided_at: int,
     ) -> DataFrame:
         """The decisions of the events in ``[from_ms, to_ms]`` over ``keyed`` (the pinned
-        history), as alert rows."""
+        history), as alert rows: each event's under the rule versions its batch was decided
+        with."""
         settings = self.settings
-        return evaluate_alerts(
-            keyed, rules, settings.bucket_width_ms, decided_at, settings.spark_shuffle_partitions
+        decided = evaluate_alerts(
+            keyed,
+            versions.rules,
+            settings.bucket_width_ms,
+            decided_at,
+            settings.spark_shuffle_partitions,
         ).where(F.col("eventTime").between(from_ms, to_ms))
+        if not versions.epochs.starts:
+            return decided  # no batch recorded its versions: today's for every event
+        epoch = F.lit(-1)
+        for index, start in enumerate(versions.epochs.starts):
+            epoch = F.when(F.col("stream_batch") >= start, F.lit(index)).otherwise(epoch)
+        ids = {rule.rule_id for rule in versions.now}
+        allowed = [(-1, rule.rule_id, rule.version) for rule in versions.now] + [
+            (index, rule_id, version)
+            for index, pairs in enumerate(versions.epochs.versions)
+            for rule_id, version in pairs
+            if rule_id in ids
+        ]
+        allowed_frame = self.spark.createDataFrame(
+            allowed, "_epoch int, ruleId long, ruleVersion int"
+        )
+        in_force = (
+            pinned_events.where(F.col("eventTime").between(from_ms, to_ms))
+            .select("transactionId", "eventTime", epoch.alias("_epoch"))
+            .join(F.broadcast(allowed_frame), "_epoch")
+            .select("transactionId", "eventTime", "ruleId", "ruleVersion")
+        )
+        keys = ["transactionId", "eventTime", "ruleId", "ruleVersion"]
+        return decided.join(in_force, keys, "left_semi")
 
     def _bucket_changes(
         self,
@@ -527,9 +593,9 @@ class Backfill:
             amended(record_of_stored(r.asDict()), AlertKind.CORRECTION, decided_at + 1, run_id)
             for r in to_correct.collect()
         ]
-        signature_of = {r.rule_id: r.signature.signature_id for r in rules}
+        signature_of = {(r.rule_id, r.version): r.signature.signature_id for r in rules}
         for record in records:
-            record["signature_id"] = signature_of[record["ruleId"]]
+            record["signature_id"] = signature_of[(record["ruleId"], record["ruleVersion"])]
         records.sort(key=publish_order)
         return records
 

@@ -225,6 +225,8 @@ class StreamJob:
             return None
         lease.check()  # a batch that stalled past its lease must not write anything
         self.spool.discard_from(batch_id)
+        # What a backfill decides this batch's events with (SPEC §3).
+        self.state.record_rule_versions(batch_id, rules)
 
         admitted = admit(
             events,

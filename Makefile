@@ -32,8 +32,12 @@ lint: setup ## ruff and mypy
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
 	@$(VENV)/mypy
 
-bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket
-	@$(VENV)/python -m benchmarks.backtest
+bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket; RULES=file, BEFORE=checkout
+	@$(VENV)/python -m benchmarks.backtest $(if $(RULES),--rules $(RULES)) $(if $(BEFORE),--before $(BEFORE))
+
+bench-kernel: setup ## the decision kernel alone on 1M synthetic events (sample and fire-often rules), and the reference
+	@$(VENV)/python -m benchmarks.kernel --reference 100000 && \
+		$(VENV)/python -m benchmarks.kernel --rules benchmarks/rules/fire_often.json --reference 100000
 
 bench-cluster: setup ## backtest throughput on local[2] vs the two-worker standalone cluster, same events
 	@bash infra/cluster.sh up
@@ -86,4 +90,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test lint bench bench-stream bench-window bench-backfill down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test lint bench bench-kernel bench-stream bench-window bench-backfill down clean airflow airflow-down

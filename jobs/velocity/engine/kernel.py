@@ -42,20 +42,16 @@ AMOUNT_PLACES = 8
 UNITS = 10**AMOUNT_PLACES
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _INT64_MIN = int(np.iinfo(np.int64).min)
-# A key whose amounts add up to more than this (in units) is decided exactly instead:
-# every window sum of the others fits in int64 with room to spare.
+# A key whose amounts add up to more than this (in units) is decided in Python integers
+# instead: every window sum of the others fits in int64 with room to spare.
 _SAFE_TOTAL = float(2**62)
 _NEEDS_NUMBERS = frozenset({Aggregator.SUM, Aggregator.AVG, Aggregator.MIN, Aggregator.MAX})
 
 # The keyed events' columns (``velocity.spark.evaluate.KEYED_SCHEMA``); an optional
 # boolean ``decide`` column marks the events to decide (all of them without it).
 KEYED_COLUMNS = ("signature_id", "key", "eventTime", "transactionId", "value", "number")
-# Stored buckets beside them: ``time`` is where the bucket stands on the time axis, the
-# newest eventTime counted in it (its start when only whole-bucket windows read it).
-BUCKET_COLUMNS = (
-    "signature_id",
-    "key",
-    "time",
+# What a stored bucket holds (the buckets table's figures, ``BucketAggregate``'s fields).
+BUCKET_FIGURES = (
     "event_count",
     "value_count",
     "value_sum",
@@ -63,6 +59,9 @@ BUCKET_COLUMNS = (
     "value_max",
     "distinct_values",
 )
+# Stored buckets beside the events: ``time`` is where the bucket stands on the time axis,
+# the newest eventTime counted in it (its start when only whole-bucket windows read it).
+BUCKET_COLUMNS = ("signature_id", "key", "time", *BUCKET_FIGURES)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_PART_TYPE, SUM_TYPE
-from velocity.engine.kernel import decide_history
+from velocity.engine.kernel import BUCKET_FIGURES, decide_history
 from velocity.engine.records import alert_rows
 from velocity.rules import Rule, RuleSignature
 from velocity.schema import NUMERIC_FIELDS
@@ -78,14 +78,6 @@ def keyed_events(events: DataFrame, signatures: Iterable[RuleSignature]) -> Data
     return reduce(DataFrame.unionByName, parts)
 
 
-BUCKET_FIGURES = (
-    "event_count",
-    "value_count",
-    "value_sum",
-    "value_min",
-    "value_max",
-    "distinct_values",
-)
 HOUR_MS = 3_600_000
 
 

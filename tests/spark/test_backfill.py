@@ -263,8 +263,8 @@ class BackfillWithArrivalAfterPin(Backfill):
         super().__init__(spark, settings)
         self.job, self.file, self.events = job, file, events
 
-    def _decide(self, keyed, rules, from_ms, to_ms, decided_at):
-        decisions = super()._decide(keyed, rules, from_ms, to_ms, decided_at)
+    def _decide(self, *args, **kwargs):
+        decisions = super()._decide(*args, **kwargs)
         shutil.copy(self.file, self.events / self.file.name)
         os.utime(self.events / self.file.name, (1_800_000_000, 1_800_000_000))
         run_available_now(self.job, self.events, files_per_batch=None)

@@ -97,7 +97,7 @@ def reference_outcome(
     return out
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(
     events=events(max_size=40),
     rules=rule_sets(max_size=5),
@@ -300,7 +300,7 @@ def _bucket_row(slot: tuple[str, str], time: int, events: Sequence[KeyedEvent]) 
     }
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(
     events=events(max_size=40),
     rules=rule_sets(max_size=5),

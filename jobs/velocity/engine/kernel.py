@@ -292,14 +292,19 @@ def _decimal_units(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.
     return units, has_number, too_wide
 
 
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For sorted ``values``: where each run of equal values starts (a mask), and each
+    row's run number."""
+    starts = np.r_[True, values[1:] != values[:-1]]
+    return starts, np.cumsum(starts, dtype=np.int64) - 1
+
+
 def _decide_signature(
     columns: _Columns, rows: np.ndarray, rules: Sequence[tuple[int, Rule]], width_ms: int
 ) -> Decisions:
     """The decisions of one signature's rows (ordered by key, then time): keys whose
     amounts fit int64 sums in int64, the rare others in Python integers."""
-    keys = columns.key_codes[rows]
-    starts = np.r_[True, keys[1:] != keys[:-1]]
-    key_rank = np.cumsum(starts, dtype=np.int64) - 1
+    starts, key_rank = _runs(columns.key_codes[rows])
     exact = np.zeros(len(rows), dtype=bool)
     if any(rule.aggregator in _NEEDS_NUMBERS for _, rule in rules):
         totals = np.add.reduceat(
@@ -336,8 +341,7 @@ class _Windows:
         self.columns = columns
         self.rows = rows
         self.width_ms = width_ms
-        keys = columns.key_codes[rows]
-        self.key_rank = np.cumsum(np.r_[True, keys[1:] != keys[:-1]], dtype=np.int64) - 1
+        _, self.key_rank = _runs(columns.key_codes[rows])
         self.times = columns.times[rows]
         self.targets = np.flatnonzero(columns.targets[rows])
         self._exact = exact
@@ -352,8 +356,8 @@ class _Windows:
         self._composite = self.key_rank * self._span + self._place(self.times)
         # The upper edge: past the last row of the target's run of equal (key, time).
         composite = self._composite
-        run_ends = np.flatnonzero(np.r_[composite[1:] != composite[:-1], True]) + 1
-        run = np.cumsum(np.r_[True, composite[1:] != composite[:-1]]) - 1
+        run_starts, run = _runs(composite)
+        run_ends = np.r_[np.flatnonzero(run_starts)[1:], len(composite)]
         self.hi = run_ends[run[self.targets]]
         self._lower: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._figures: dict[tuple[str, int], np.ndarray] = {}

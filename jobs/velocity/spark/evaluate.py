@@ -19,7 +19,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_PART_TYPE, SUM_TYPE
-from velocity.engine.kernel import BUCKET_FIGURES, decide_history
+from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_rows
 from velocity.rules import Rule, RuleSignature
 from velocity.schema import NUMERIC_FIELDS
@@ -236,7 +236,7 @@ def evaluate_alerts(
         .sortWithinPartitions("signature_id", "key")
     )
     run = partial(_alert_batches, rules=rules, width_ms=width_ms, decision_time=decision_time)
-    return ordered.select(*KEYED_SCHEMA.fieldNames()).mapInArrow(run, ALERT_SCHEMA)
+    return ordered.select(*KEYED_COLUMNS).mapInArrow(run, ALERT_SCHEMA)
 
 
 def empty_alerts(spark: SparkSession) -> DataFrame:

@@ -19,6 +19,7 @@ from velocity.rules import Rule, key_text, parse_rules, rules_by_signature
 from velocity.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest
+from velocity.spark.ingest import parse_events, read_event_lines
 from velocity.windows import format_aggregate
 
 pytestmark = pytest.mark.spark
@@ -257,3 +258,11 @@ def test_backtest_tables(spark, data_settings: Settings, generated: Path, tmp_pa
     assert Counter(r["bucket_width_ms"] for r in rows) == {width: len(rows)}
     assert isinstance(rows[0]["event_count"], int) and rows[0]["event_count"] > 0
     assert Decimal(0) <= min(r["value_min"] for r in rows if r["value_min"] is not None)
+
+
+def test_each_line_is_parsed_once(spark, generated: Path) -> None:
+    """The parser runs once per line: Spark's optimizer copies a deterministic UDF into
+    every expression that uses its result (the blank-line filter and each column)."""
+    parsed = parse_events(read_event_lines(spark, str(generated)))
+    plan = parsed._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("ArrowEvalPython") == 1, plan

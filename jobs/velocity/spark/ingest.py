@@ -124,7 +124,10 @@ def parse_events(lines: DataFrame) -> DataFrame:
 
     Output columns are ``PARSED_SCHEMA``'s.
     """
-    parse = F.arrow_udf(verdicts, VERDICT_TYPE)  # type: ignore[call-overload]
+    # Nondeterministic only so the optimizer keeps one evaluation per line: a deterministic
+    # UDF is copied into the filter below and the projection after it, and every line was
+    # parsed twice (measured, 1M lines: 24.1 s, 13.7 s with this).
+    parse = F.arrow_udf(verdicts, VERDICT_TYPE).asNondeterministic()  # type: ignore[call-overload]
     parsed = lines.withColumn("_verdict", parse(F.col("raw")))
     return parsed.where(~F.col("_verdict.blank")).select(
         *[

@@ -157,7 +157,7 @@ class _Columns:
     def of(cls, events: pa.Table, buckets: pa.Table | None) -> _Columns:
         n = events.num_rows
         ones = np.ones(n, dtype=np.int64)
-        units, has_number, wide = _decimal_units(events.column("number"))
+        units, has_number, wide = decimal_units(events.column("number"))
         targets = (
             events.column("decide").to_numpy(zero_copy_only=False).astype(bool)
             if "decide" in events.column_names
@@ -190,9 +190,9 @@ class _Columns:
             target_parts.append(np.zeros(b + x, dtype=bool))
             event_count = buckets.column("event_count").to_numpy().astype(np.int64)
             value_count = buckets.column("value_count").to_numpy().astype(np.int64)
-            total, has_total, wide_total = _decimal_units(buckets.column("value_sum"))
-            low, _, wide_low = _decimal_units(buckets.column("value_min"))
-            high, _, wide_high = _decimal_units(buckets.column("value_max"))
+            total, has_total, wide_total = decimal_units(buckets.column("value_sum"))
+            low, _, wide_low = decimal_units(buckets.column("value_min"))
+            high, _, wide_high = decimal_units(buckets.column("value_max"))
             none = np.zeros(x, dtype=np.int64)
             counts += [event_count, none]
             value_counts += [value_count, none]
@@ -201,9 +201,9 @@ class _Columns:
             minimums += [low, none]
             maximums += [high, none]
             too_wide += [wide_total | wide_low | wide_high, np.zeros(x, dtype=bool)]
-        signature_codes, signatures = _dictionary_codes(parts["signature_id"], values=True)
-        key_codes, _ = _dictionary_codes(parts["key"])
-        value_codes, _ = _dictionary_codes(parts["value"])
+        signature_codes, signatures = dictionary_codes(parts["signature_id"], values=True)
+        key_codes, _ = dictionary_codes(parts["key"])
+        value_codes, _ = dictionary_codes(parts["value"])
         return cls(
             events,
             buckets,
@@ -255,7 +255,7 @@ def _units_of(value: Decimal | None) -> int:
     return 0 if value is None else int(value.scaleb(AMOUNT_PLACES))
 
 
-def _dictionary_codes(
+def dictionary_codes(
     columns: Sequence[pa.Array | pa.ChunkedArray], values: bool = False
 ) -> tuple[np.ndarray, list[str]]:
     """Integer codes of string columns' values, one dictionary for all (-1 for null),
@@ -270,7 +270,7 @@ def _dictionary_codes(
     return codes, encoded.dictionary.to_pylist() if values else []
 
 
-def _decimal_units(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decimal_units(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A decimal column as int64 units of 10^-8: (units, has a number, too wide for int64).
 
     Read from the 128-bit two's complement words: a value fits when its high word is the

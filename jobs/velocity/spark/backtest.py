@@ -21,7 +21,12 @@ from velocity.delta import tables
 from velocity.progress import QUIET, Progress
 from velocity.rules import Rule, active_rules, rules_by_signature
 from velocity.settings import Settings
-from velocity.spark.evaluate import bucket_aggregates, evaluate_alerts, keyed_events
+from velocity.spark.evaluate import (
+    key_partitioned,
+    keyed_events,
+    partition_alerts,
+    partition_buckets,
+)
 from velocity.spark.ingest import parse_events, read_event_lines, split_parsed
 from velocity.spark.progress import SparkProgress
 from velocity.timing import StepTimer
@@ -48,8 +53,9 @@ class BacktestSummary:
 _NEXT_STEP = {
     "parse+quarantine": "dedup+events",
     "dedup+events": "duplicates",
-    "duplicates": "fan-out+buckets",
-    "fan-out+buckets": "evaluate+alerts",
+    "duplicates": "fan-out+shuffle",
+    "fan-out+shuffle": "buckets",
+    "buckets": "evaluate+alerts",
     "evaluate+alerts": "alerts-file",
     "alerts-file": "summary",
 }
@@ -160,15 +166,18 @@ def _run_backtest(
     step("duplicates")
 
     # Read back from Delta so parsing and de-duplication are not computed again. The
-    # fan-out is recomputed for each use: reading the events' few columns and keying them
-    # is cheaper than Spark's cache of the 3M keyed rows (6.3 s against 5.3 + 10.4 s).
+    # fan-out and the shuffle by key run once: the buckets and the alerts are both made
+    # from the checkpointed key partitions (measured, 1M events with rules that fire on
+    # most events: fan-out + shuffle + sort 12.7 s, done twice before).
     events = tables.read_table(spark, root / tables.EVENTS)
     keyed = keyed_events(events, rules_by_signature(active))
-    tables.overwrite_table(bucket_aggregates(keyed, width_ms), root / tables.BUCKETS)
-    step("fan-out+buckets")
-    alerts = evaluate_alerts(
-        keyed, active, width_ms, decision_time, settings.spark_shuffle_partitions
+    ordered = key_partitioned(keyed, settings.spark_shuffle_partitions).localCheckpoint(
+        eager=True
     )
+    step("fan-out+shuffle")
+    tables.overwrite_table(partition_buckets(ordered, width_ms), root / tables.BUCKETS)
+    step("buckets")
+    alerts = partition_alerts(ordered, active, width_ms, decision_time)
     tables.overwrite_table(alerts, root / tables.ALERTS)
     step("evaluate+alerts")
 

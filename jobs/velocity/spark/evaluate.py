@@ -11,14 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial, reduce
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from velocity.delta.tables import ALERT_SCHEMA, AMOUNT_TYPE, BUCKET_PART_TYPE, SUM_TYPE
+from velocity.delta.tables import (
+    ALERT_SCHEMA,
+    AMOUNT_TYPE,
+    BUCKET_SCHEMA,
+    SUM_TYPE,
+)
+from velocity.engine.bucketing import bucket_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_rows
 from velocity.rules import Rule, RuleSignature
@@ -36,6 +43,7 @@ KEYED_SCHEMA = StructType(
     ]
 )
 _ALERT_ARROW = to_arrow_schema(ALERT_SCHEMA)
+_BUCKET_ARROW = to_arrow_schema(BUCKET_SCHEMA)
 
 
 def keyed_events(events: DataFrame, signatures: Iterable[RuleSignature]) -> DataFrame:
@@ -81,28 +89,42 @@ def keyed_events(events: DataFrame, signatures: Iterable[RuleSignature]) -> Data
 HOUR_MS = 3_600_000
 
 
+def key_partitioned(keyed: DataFrame, partitions: int | None = None) -> DataFrame:
+    """Keyed rows (KEYED_COLUMNS) shuffled by (signature, key) into ``partitions`` (None:
+    ``spark.sql.shuffle.partitions``) and sorted, so each key's rows are contiguous in
+    one partition: the input of ``partition_buckets`` and ``partition_alerts``."""
+    keys = ("signature_id", "key")
+    if partitions is None:
+        shuffled = keyed.repartition(*keys)
+    else:
+        shuffled = keyed.repartition(partitions, *keys)
+    return shuffled.sortWithinPartitions(*keys).select(*KEYED_COLUMNS)
+
+
 def bucket_aggregates(keyed: DataFrame, width_ms: int) -> DataFrame:
-    """Buckets per (signature, key, bucket start), as ``BucketAggregate`` defines them."""
-    start = F.col("eventTime") - F.pmod(F.col("eventTime"), F.lit(width_ms))
-    return (
-        keyed.groupBy("signature_id", "key", start.alias("bucket_start"))
-        .agg(
-            F.count(F.lit(1)).alias("event_count"),
-            F.count("value").alias("value_count"),
-            F.sum("number").cast(SUM_TYPE).alias("value_sum"),
-            F.min("number").alias("value_min"),
-            F.max("number").alias("value_max"),
-            F.array_sort(F.collect_set("value")).alias("distinct_values"),
-        )
-        .select(
-            "signature_id",
-            "key",
-            "bucket_start",
-            F.lit(width_ms).cast("long").alias("bucket_width_ms"),
-            *BUCKET_FIGURES,
-            F.lit(None).cast(ArrayType(BUCKET_PART_TYPE, True)).alias("parts"),
-        )
-    )
+    """Buckets per (signature, key, bucket start), as ``BucketAggregate`` defines them
+    (BUCKET_SCHEMA, g-wide rows)."""
+    return partition_buckets(key_partitioned(keyed), width_ms)
+
+
+def partition_buckets(ordered: DataFrame, width_ms: int) -> DataFrame:
+    """The buckets of ``key_partitioned`` rows, made per partition by the columnar
+    ``velocity.engine.bucketing`` in the executors (BUCKET_SCHEMA, g-wide rows)."""
+    return ordered.mapInArrow(partial(_bucket_batches, width_ms=width_ms), BUCKET_SCHEMA)
+
+
+def _bucket_batches(batches: Iterator[pa.RecordBatch], width_ms: int) -> Iterator[pa.RecordBatch]:
+    """One partition's buckets (rows sorted by signature, key), whole keys at a time."""
+    for chunk in _whole_keys(batches, KERNEL_CHUNK_ROWS):
+        rows = bucket_rows(chunk, width_ms)
+        n = rows.num_rows
+        columns = {
+            **{name: rows.column(name) for name in rows.column_names},
+            "bucket_width_ms": pa.array(np.full(n, width_ms), pa.int64()),
+            "parts": pa.nulls(n, _BUCKET_ARROW.field("parts").type),
+        }
+        table = pa.table([columns[name] for name in _BUCKET_ARROW.names], schema=_BUCKET_ARROW)
+        yield from table.to_batches()
 
 
 def merged_figures() -> list[Column]:
@@ -190,11 +212,14 @@ def _alert_batches(
 ) -> Iterator[pa.RecordBatch]:
     """The alerts of one partition's keyed rows (sorted by signature, key): the columnar
     kernel over chunks that each hold whole keys."""
-
-    def decided(chunk: pa.Table) -> Iterator[pa.RecordBatch]:
+    for chunk in _whole_keys(batches, chunk_rows):
         decisions = decide_history(chunk, rules, width_ms)
         yield from alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW).to_batches()
 
+
+def _whole_keys(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[pa.Table]:
+    """A partition's rows (sorted by signature, key) as tables of whole keys: cut at a
+    key's end once ``chunk_rows`` have gathered, so any partition fits in bounded memory."""
     pending: list[pa.RecordBatch] = []
     gathered = 0
     for batch in batches:
@@ -206,11 +231,11 @@ def _alert_batches(
         cut = _last_key_start(chunk)
         if cut == 0:
             continue  # one key so far: keep gathering
-        yield from decided(chunk.slice(0, cut))
+        yield chunk.slice(0, cut)
         rest = chunk.slice(cut)
         pending, gathered = rest.to_batches(), rest.num_rows
     if gathered:
-        yield from decided(pa.Table.from_batches(pending))
+        yield pa.Table.from_batches(pending)
 
 
 def _last_key_start(chunk: pa.Table) -> int:
@@ -226,17 +251,21 @@ def _last_key_start(chunk: pa.Table) -> int:
 def evaluate_alerts(
     keyed: DataFrame, rules: Iterable[Rule], width_ms: int, decision_time: int, partitions: int
 ) -> DataFrame:
-    """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA):
-    shuffled by (signature, key), each partition decided by the columnar kernel."""
+    """Complete-data alerts (SPEC §3) of ``rules`` over ``keyed`` events (ALERT_SCHEMA)."""
     rules = list(rules)
     signatures = sorted({rule.signature.signature_id for rule in rules})
-    ordered = (
-        keyed.where(F.col("signature_id").isin(signatures))
-        .repartition(partitions, "signature_id", "key")
-        .sortWithinPartitions("signature_id", "key")
-    )
+    ordered = key_partitioned(keyed.where(F.col("signature_id").isin(signatures)), partitions)
+    return partition_alerts(ordered, rules, width_ms, decision_time)
+
+
+def partition_alerts(
+    ordered: DataFrame, rules: Sequence[Rule], width_ms: int, decision_time: int
+) -> DataFrame:
+    """The alerts of ``key_partitioned`` rows, decided per partition by the columnar
+    kernel in the executors (ALERT_SCHEMA); rows of signatures without a rule decide
+    nothing."""
     run = partial(_alert_batches, rules=rules, width_ms=width_ms, decision_time=decision_time)
-    return ordered.select(*KEYED_COLUMNS).mapInArrow(run, ALERT_SCHEMA)
+    return ordered.mapInArrow(run, ALERT_SCHEMA)
 
 
 def empty_alerts(spark: SparkSession) -> DataFrame:

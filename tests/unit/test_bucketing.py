@@ -1,0 +1,78 @@
+"""Columnar buckets (``bucket_rows``) equal merging ``BucketAggregate.of_event`` per
+(signature, key, bucket start), on random keyed events in any order, amounts past 2^63
+units included."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from decimal import Decimal
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.builders import events, rule_sets
+from tests.unit.test_kernel import _ARROW, histories_of, keyed_rows
+from velocity.buckets import BucketAggregate, bucket_start, bucket_width_ms
+from velocity.engine.bucketing import bucket_rows
+from velocity.rules import active_rules
+
+Slot = tuple[str, str, int]
+
+
+def expected_buckets(rows: list[tuple], width: int) -> dict[Slot, tuple[BucketAggregate, int]]:
+    out: dict[Slot, tuple[BucketAggregate, int]] = defaultdict(lambda: (BucketAggregate(), -1))
+    for signature_id, key, time, _, value, number in rows:
+        slot = (signature_id, key, bucket_start(time, width))
+        aggregate, newest = out[slot]
+        out[slot] = (aggregate.merge(BucketAggregate.of_event(value, number)), max(newest, time))
+    return dict(out)
+
+
+def columnar_buckets(rows: list[tuple], width: int) -> dict[Slot, tuple[BucketAggregate, int]]:
+    table = pa.Table.from_pylist(
+        [dict(zip(_ARROW.names, row, strict=True)) for row in rows], schema=_ARROW
+    )
+    out = {}
+    for r in bucket_rows(table, width).to_pylist():
+        slot = (r["signature_id"], r["key"], r["bucket_start"])
+        assert slot not in out, f"{slot} twice"
+        assert r["distinct_values"] == sorted(r["distinct_values"])
+        aggregate = BucketAggregate(
+            r["event_count"],
+            r["value_count"],
+            r["value_sum"],
+            r["value_min"],
+            r["value_max"],
+            frozenset(r["distinct_values"]),
+        )
+        out[slot] = (aggregate, r["newest_time"])
+    return out
+
+
+@settings(max_examples=150)
+@given(
+    events=events(max_size=40),
+    rules=rule_sets(max_size=5),
+    seconds=st.sampled_from((1, 60)),
+    order=st.randoms(use_true_random=False),
+)
+def test_columnar_buckets_equal_merged_events(events, rules, seconds, order: random.Random) -> None:
+    width = bucket_width_ms(seconds)
+    rows = keyed_rows(histories_of(events, active_rules(rules)))
+    order.shuffle(rows)
+    assert columnar_buckets(rows, width) == expected_buckets(rows, width)
+
+
+def test_bucket_sums_past_int64_units_are_exact() -> None:
+    big = Decimal("999999999999999999.99999999")  # 10^26 units: far past 2^63
+    rows = [
+        ("s", '["a"]', 1_000 + i, f"t{i}", None if amount is None else str(amount), amount)
+        for i, amount in enumerate([big, big, Decimal("0.00000001"), None, Decimal(5)])
+    ] + [("s", '["b"]', 61_000, "u", "x", Decimal("1.5"))]
+    assert columnar_buckets(rows, 60_000) == expected_buckets(rows, 60_000)
+
+
+def test_no_events_no_buckets() -> None:
+    assert bucket_rows(_ARROW.empty_table(), 60_000).num_rows == 0

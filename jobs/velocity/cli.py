@@ -517,7 +517,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     alerts = read_table(spark, path)
     if args.kind:
         alerts = alerts.where(F.col("kind") == args.kind.upper())
-    count = write_alerts_jsonl(alerts, Path(args.out))
+    count = write_alerts_jsonl(alerts, Path(args.out), settings.data_dir / "alerts-export")
     print(f"{count} alerts written to {args.out}")
     return EXIT_OK
 

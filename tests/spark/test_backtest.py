@@ -18,7 +18,7 @@ from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import Rule, key_text, parse_rules, rules_by_signature
 from velocity.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.settings import Settings
-from velocity.spark.backtest import backtest_root, run_backtest
+from velocity.spark.backtest import backtest_root, run_backtest, write_alerts_jsonl
 from velocity.spark.ingest import parse_events, read_event_lines
 from velocity.windows import format_aggregate
 
@@ -266,3 +266,19 @@ def test_each_line_is_parsed_once(spark, generated: Path) -> None:
     parsed = parse_events(read_event_lines(spark, str(generated)))
     plan = parsed._jdf.queryExecution().executedPlan().toString()
     assert plan.count("ArrowEvalPython") == 1, plan
+
+
+def test_alert_file_of_many_parts_is_in_alert_order(
+    spark, data_settings: Settings, generated: Path, tmp_path: Path
+) -> None:
+    run_backtest(spark, data_settings, all_rules(), str(generated), tmp_path / "alerts.jsonl")
+    stored = tables.read_table(spark, backtest_root(data_settings) / tables.ALERTS)
+    out = tmp_path / "many.jsonl"
+    count = write_alerts_jsonl(stored, out, tmp_path / "parts", alerts_per_part=50)
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert count == len(lines) == stored.count() > 150
+    records = [json.loads(line) for line in lines]
+    order = [(r["eventTime"], r["ruleId"], r["transactionId"], r["kind"]) for r in records]
+    assert order == sorted(order)
+    assert lines == (tmp_path / "alerts.jsonl").read_text(encoding="utf-8").splitlines()
+    assert not (tmp_path / "parts").exists()

@@ -8,6 +8,7 @@ so a backtest never touches the live stream's state.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,37 +66,39 @@ def backtest_root(settings: Settings) -> Path:
     return settings.data_dir / "backtest"
 
 
-# Alerts per partition the driver fetches at a time while writing the --out file: a
-# partition arrives whole as one task result, and two are in flight (10M events gave
-# millions of alerts; four partitions of them exhausted a 4 GB driver).
-ALERTS_PER_FETCH = 100_000
+# Alerts per range partition of the ``--out`` file: each partition is one text part.
+ALERTS_PER_PART = 1_000_000
 
 
-def write_alerts_jsonl(alerts: DataFrame, out: Path) -> int:
+def write_alerts_jsonl(
+    alerts: DataFrame, out: Path, staging: Path, alerts_per_part: int = ALERTS_PER_PART
+) -> int:
     """Alerts as SPEC §4 JSON lines, by (eventTime, ruleId, transactionId); returns the count.
 
-    Each line is made in the executors (``to_json`` of the record's fields in SPEC order);
-    the driver only writes the text. Range partitions of at most about
-    ``ALERTS_PER_FETCH`` alerts, fetched in order, so the driver's memory does not grow
-    with the number of alerts.
+    The executors make and write the lines (``to_json`` of the record's fields in SPEC
+    order) as text parts of ordered ranges under ``staging`` (in the data dir, which every
+    executor reaches); the driver only joins the parts, in order, into ``out``: no row
+    passes through Python (measured, 2.5M alerts: 20.5 s fetched row by row, XX s so).
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     order = ["eventTime", "ruleId", "transactionId", "kind"]
-    partitions = max(1, -(-alerts.count() // ALERTS_PER_FETCH))
+    count = alerts.count()
+    partitions = max(1, -(-count // alerts_per_part))
     line = F.to_json(F.struct(*[F.col(name) for name in ALERT_FIELDS]))
     ordered = (
         alerts.repartitionByRange(partitions, *order)
         .sortWithinPartitions(*order)
         .select(line.alias("line"))
     )
-    count = 0
+    ordered.write.mode("overwrite").text(str(staging))
     tmp = out.with_name(f".{out.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for row in ordered.toLocalIterator(prefetchPartitions=True):
-            handle.write(row[0])
-            handle.write("\n")
-            count += 1
+    with tmp.open("wb") as handle:
+        # part-<partition>-…: by name is by range.
+        for part in sorted(staging.glob("part-*")):
+            with part.open("rb") as source:
+                shutil.copyfileobj(source, handle, 1 << 22)
     tmp.replace(out)
+    shutil.rmtree(staging, ignore_errors=True)
     return count
 
 
@@ -183,7 +186,7 @@ def _run_backtest(
 
     stored_alerts = tables.read_table(spark, root / tables.ALERTS)
     summary = BacktestSummary(tables_dir=str(root), alerts_file=str(out))
-    summary.alerts = write_alerts_jsonl(stored_alerts, out)
+    summary.alerts = write_alerts_jsonl(stored_alerts, out, root / "alerts-text")
     step("alerts-file")
     quarantine = tables.read_table(spark, root / tables.QUARANTINE)
     summary.quarantine_reasons = {

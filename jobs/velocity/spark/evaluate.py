@@ -9,7 +9,7 @@ partition so that every key's rows are contiguous.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from functools import partial, reduce
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -26,11 +26,10 @@ from velocity.delta.tables import (
     SUM_TYPE,
 )
 from velocity.engine.bucketing import bucket_rows
+from velocity.engine.fan_out import keyed_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_rows
 from velocity.rules import Rule, RuleSignature
-from velocity.schema import NUMERIC_FIELDS
-from velocity.spark.ingest import canonical_text
 
 KEYED_SCHEMA = StructType(
     [
@@ -43,47 +42,33 @@ KEYED_SCHEMA = StructType(
     ]
 )
 _ALERT_ARROW = to_arrow_schema(ALERT_SCHEMA)
+_KEYED_ARROW = to_arrow_schema(KEYED_SCHEMA)
 _BUCKET_ARROW = to_arrow_schema(BUCKET_SCHEMA)
 
 
 def keyed_events(events: DataFrame, signatures: Iterable[RuleSignature]) -> DataFrame:
-    """One row per (event, signature) whose filter the event passes and whose key it has.
-
-    ``key`` is the JSON array of the key's canonical values in the signature's field
-    order, the same text as ``velocity.rules.key_text``.
-    """
-    parts = []
-    for signature in signatures:
-        condition = F.lit(True)
-        for name, allowed in signature.filter:
-            condition = condition & canonical_text(name).isin(list(allowed))
-        for name in signature.grouping_keys:
-            condition = condition & F.col(name).isNotNull()
-        key = (
-            F.to_json(F.array(*[F.col(n) for n in signature.grouping_keys]))
-            if signature.grouping_keys
-            else F.lit("[]")
-        )
-        field = signature.aggregate_field
-        value = canonical_text(field) if field else F.lit(None).cast("string")
-        number = (
-            F.col(field).cast(AMOUNT_TYPE)
-            if field in NUMERIC_FIELDS
-            else F.lit(None).cast(AMOUNT_TYPE)
-        )
-        parts.append(
-            events.where(condition).select(
-                F.lit(signature.signature_id).alias("signature_id"),
-                key.alias("key"),
-                F.col("eventTime"),
-                F.col("transactionId"),
-                value.alias("value"),
-                number.alias("number"),
-            )
-        )
-    if not parts:
+    """One row per (event, signature) whose filter the event passes and whose key it has
+    (KEYED_SCHEMA), made by the columnar ``velocity.engine.fan_out`` in the executors in
+    one pass over the events; ``key`` is ``velocity.rules.key_text``'s text."""
+    signatures = list(signatures)
+    if not signatures:
         return events.sparkSession.createDataFrame([], KEYED_SCHEMA)
-    return reduce(DataFrame.unionByName, parts)
+    fields = {
+        name
+        for s in signatures
+        for name in (*s.grouping_keys, *(n for n, _ in s.filter), s.aggregate_field)
+        if name
+    }
+    columns = ["eventTime", "transactionId", *sorted(fields - {"transactionId"})]
+    run = partial(_keyed_batches, signatures=signatures)
+    return events.select(*columns).mapInArrow(run, KEYED_SCHEMA)
+
+
+def _keyed_batches(
+    batches: Iterator[pa.RecordBatch], signatures: Sequence[RuleSignature]
+) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield from keyed_rows(pa.Table.from_batches([batch]), signatures, _KEYED_ARROW).to_batches()
 
 
 HOUR_MS = 3_600_000

@@ -19,7 +19,7 @@ from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 from velocity.arrival import Arrivals, Verdict
 from velocity.decimals import EXACT
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
-from velocity.schema import EVENT_FIELDS, FieldKind, Rejection, is_blank, parse_event_line
+from velocity.schema import EVENT_FIELDS, Rejection, is_blank, parse_event_line
 
 ARRIVAL_ORDER = ("source_file", "source_block", "line_seq")
 _EVENT_COLUMNS = [f.name for f in EVENT_FIELDS]
@@ -221,16 +221,3 @@ def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
             yield pa.RecordBatch.from_pydict(out, schema=schema)
 
     return lines.mapInArrow(scan, _VERDICT_ROWS)  # type: ignore[arg-type]
-
-
-def canonical_text(column: str) -> Column:
-    """The canonical string of an event column, as ``velocity.schema.canonical_value`` gives it.
-
-    Amounts are stored as DECIMAL(26,8); their canonical text drops trailing zeros.
-    """
-    kind = {f.name: f.kind for f in EVENT_FIELDS}[column]
-    if kind is FieldKind.AMOUNT:
-        text = F.col(column).cast("string")
-        stripped = F.regexp_replace(F.regexp_replace(text, "0+$", ""), r"\.$", "")
-        return F.when(stripped == "", F.lit("0")).otherwise(stripped)
-    return F.col(column)

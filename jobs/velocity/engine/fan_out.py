@@ -1,0 +1,113 @@
+"""Events -> keyed rows per rule signature, column by column (pure; SPEC §2).
+
+``keyed_rows`` gives, for every event and every signature whose filter the event passes
+and whose grouping fields it has, the row the kernel and the buckets take
+(``KEYED_COLUMNS``): the key as ``velocity.rules.key_text`` writes it, the aggregated
+field's canonical text and, for the amount, its number. No Python loop per event: a key
+value that JSON must escape (rare) is the only thing written one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from velocity.decimals import format_decimal, json_string
+from velocity.engine.kernel import KEYED_COLUMNS
+from velocity.rules import RuleSignature
+from velocity.schema import FIELDS_BY_NAME
+
+# What JSON escapes in a string (``json.encoder.ESCAPE``): such a key is written by
+# ``json_string`` itself.
+_NEEDS_ESCAPE = r'[\x00-\x1f\\"]'
+
+
+def canonical_texts(events: pa.Table, field: str) -> pa.ChunkedArray:
+    """``field``'s canonical text per event (``velocity.schema.canonical_value``): the
+    column itself, but an amount (a decimal column) without trailing zeros."""
+    column = events.column(field)
+    if not FIELDS_BY_NAME[field].numeric:
+        return column
+    text = pc.cast(column, pa.string())
+    # Arrow writes an amount below 10^-6 with an exponent ("1E-8", "0E-8"): those few
+    # are written by ``format_decimal`` itself.
+    exponent = pc.match_substring(text, "E").to_numpy(zero_copy_only=False)
+    if exponent.any():
+        rows = np.flatnonzero(exponent)
+        plain = text.to_numpy(zero_copy_only=False).astype(object)
+        plain[rows] = [format_decimal(value) for value in column.take(pa.array(rows)).to_pylist()]
+        text = pa.chunked_array([pa.array(plain, pa.string())])
+    # Trailing zeros go, and the point with them: "1.50000000" -> "1.5", "100.00000000"
+    # -> "100" (every text here has a point: the scale is 8).
+    return pc.replace_substring_regex(
+        pc.replace_substring_regex(text, r"(\.\d*?)0+$", r"\1"), r"\.$", ""
+    )
+
+
+def keyed_rows(
+    events: pa.Table, signatures: Sequence[RuleSignature], schema: pa.Schema
+) -> pa.Table:
+    """The keyed rows of ``events`` (the events table's columns) for ``signatures``, in
+    ``schema`` (KEYED_COLUMNS' types), signature after signature."""
+    texts: dict[str, pa.ChunkedArray] = {}
+
+    def text(field: str) -> pa.ChunkedArray:
+        if field not in texts:
+            texts[field] = canonical_texts(events, field)
+        return texts[field]
+
+    parts = []
+    for signature in signatures:
+        keep = np.ones(events.num_rows, dtype=bool)
+        for field in signature.grouping_keys:
+            keep &= events.column(field).is_valid().to_numpy(zero_copy_only=False)
+        for field, allowed in signature.filter:
+            inside = pc.is_in(text(field), value_set=pa.array(allowed, pa.string()))
+            keep &= inside.to_numpy(zero_copy_only=False).astype(bool)
+        rows = pa.array(np.flatnonzero(keep))
+        n = len(rows)
+        field = signature.aggregate_field
+        number_type = schema.field("number").type
+        columns = {
+            "signature_id": pa.array(np.full(n, signature.signature_id), pa.string()),
+            "key": _key_texts([text(f).take(rows) for f in signature.grouping_keys], n),
+            "eventTime": events.column("eventTime").take(rows),
+            "transactionId": events.column("transactionId").take(rows),
+            "value": text(field).take(rows) if field else pa.nulls(n, pa.string()),
+            "number": (
+                pc.cast(events.column(field).take(rows), number_type)
+                if field and FIELDS_BY_NAME[field].numeric
+                else pa.nulls(n, number_type)
+            ),
+        }
+        parts.append(pa.table([columns[name] for name in KEYED_COLUMNS], schema=schema))
+    if not parts:
+        return schema.empty_table()
+    return pa.concat_tables(parts)
+
+
+def _key_texts(values: list[pa.ChunkedArray], n: int) -> pa.ChunkedArray:
+    """``key_text`` of each row's key values (a compact JSON array of strings)."""
+    if not values:
+        return pa.chunked_array([pa.array(np.full(n, "[]"), pa.string())])
+    pieces: list[pa.ChunkedArray | str] = ['["']
+    for index, column in enumerate(values):
+        if index:
+            pieces.append('","')
+        pieces.append(column)
+    pieces.append('"]')
+    keys = pc.binary_join_element_wise(*pieces, "")
+    escaped = np.zeros(n, dtype=bool)
+    for column in values:
+        escaped |= pc.match_substring_regex(column, _NEEDS_ESCAPE).to_numpy(zero_copy_only=False)
+    if not escaped.any():
+        return keys
+    rows = np.flatnonzero(escaped)
+    by_row = [column.take(pa.array(rows)).to_pylist() for column in values]
+    exact = ["[" + ",".join(map(json_string, key)) + "]" for key in zip(*by_row, strict=True)]
+    fixed = keys.to_numpy(zero_copy_only=False).astype(object)
+    fixed[rows] = exact
+    return pa.chunked_array([pa.array(fixed, pa.string())])

@@ -60,12 +60,20 @@ class Arrivals:
 
     def future_rejection(self, event_time: int) -> Rejection:
         """Why ``event_time`` was quarantined (call right after its FUTURE verdict)."""
-        seconds = self.max_future_ms // 1000
-        if self.newest is not None and event_time > self.newest + self.max_future_ms:
-            against = f"the newest accepted eventTime {self.newest}"
-        else:
-            against = f"the clock ({self.clock_ms})"
-        return Rejection(
-            RejectReason.FUTURE_EVENT_TIME,
-            f"eventTime {event_time} is more than {seconds} s ahead of {against}",
-        )
+        return future_rejection(event_time, self.newest, self.max_future_ms, self.clock_ms)
+
+
+def future_rejection(
+    event_time: int, newest: int | None, max_future_ms: int, clock_ms: int | None
+) -> Rejection:
+    """Why an event at ``event_time`` is too far ahead, when it arrived after ``newest``
+    (the newest accepted eventTime then) with the clock at ``clock_ms``."""
+    seconds = max_future_ms // 1000
+    if newest is not None and event_time > newest + max_future_ms:
+        against = f"the newest accepted eventTime {newest}"
+    else:
+        against = f"the clock ({clock_ms})"
+    return Rejection(
+        RejectReason.FUTURE_EVENT_TIME,
+        f"eventTime {event_time} is more than {seconds} s ahead of {against}",
+    )

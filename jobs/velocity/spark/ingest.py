@@ -9,16 +9,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from velocity.arrival import Arrivals, Verdict
+from velocity.arrival import Verdict, future_rejection
 from velocity.decimals import EXACT
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
+from velocity.engine.admission import ACCEPTED, FUTURE, NO_TIME, VERDICT_NAMES, admit
 from velocity.schema import EVENT_FIELDS, Rejection, is_blank, parse_event_line
 
 ARRIVAL_ORDER = ("source_file", "source_block", "line_seq")
@@ -183,6 +187,7 @@ _VERDICT_ROWS = StructType(
         StructField("_reason", StringType(), True),
     ]
 )
+_VERDICT_ARROW_ROWS = to_arrow_schema(_VERDICT_ROWS)
 
 
 def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
@@ -191,7 +196,8 @@ def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
 
     Admission is sequential (whether an event is too far ahead depends on the events
     accepted before it), so it runs as one pass over the lines in arrival order: one
-    partition, sorted, scanning only (transactionId, eventTime).
+    partition, sorted, admitted column by column (``velocity.engine.admission``) on
+    (transactionId, eventTime) only.
     """
     order = list(ARRIVAL_ORDER)
     lines = (
@@ -199,25 +205,60 @@ def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
         .repartition(1)
         .sortWithinPartitions(*order)
     )
-    schema = to_arrow_schema(_VERDICT_ROWS)
+    run = partial(_verdict_rows, max_future_ms=max_future_ms, schema=_VERDICT_ARROW_ROWS)
+    return lines.mapInArrow(run, _VERDICT_ROWS)  # type: ignore[arg-type]
 
-    def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        arrivals = Arrivals((), None, max_future_ms)
-        for batch in batches:
-            out: dict[str, list[object]] = {name: [] for name in schema.names}
-            positions = zip(*(batch.column(name).to_pylist() for name in order), strict=True)
-            ids = batch.column("transactionId").to_pylist()
-            times = batch.column("eventTime").to_pylist()
-            for position, transaction_id, event_time in zip(positions, ids, times, strict=True):
-                verdict = arrivals.admit(transaction_id, event_time)
-                if verdict is Verdict.ACCEPTED:
-                    continue
-                why = arrivals.future_rejection(event_time) if verdict is Verdict.FUTURE else None
-                for name, value in zip(order, position, strict=True):
-                    out[name].append(value)
-                out["_verdict"].append(verdict.value)
-                out["_reason_code"].append(None if why is None else why.code.value)
-                out["_reason"].append(None if why is None else why.message)
-            yield pa.RecordBatch.from_pydict(out, schema=schema)
 
-    return lines.mapInArrow(scan, _VERDICT_ROWS)  # type: ignore[arg-type]
+# Lines admitted at a time: the transactionIds accepted before a chunk are looked up in
+# one hash set per chunk, so fewer, larger chunks cost less (and this much stays small).
+ADMISSION_CHUNK_ROWS = 2_000_000
+
+
+def _verdict_rows(
+    batches: Iterator[pa.RecordBatch], max_future_ms: int, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """The one pass of ``arrival_verdicts``: columnar admission (``engine.admission``),
+    chunk after chunk in arrival order, carrying the accepted ids and newest eventTime."""
+    accepted_ids: list[pa.Array] = []
+    newest: int | None = None
+    for chunk in _chunks(batches, ADMISSION_CHUNK_ROWS):
+        ids = chunk.column("transactionId").combine_chunks()
+        times = chunk.column("eventTime").to_numpy()
+        before = pa.concat_arrays(accepted_ids) if accepted_ids else pa.array([], pa.string())
+        seen = pc.is_in(ids, value_set=before).to_numpy(zero_copy_only=False)
+        admission = admit(ids, times, seen, newest, max_future_ms)
+        newest = admission.newest
+        verdicts = admission.verdicts
+        accepted_ids.append(ids.filter(pa.array(verdicts == ACCEPTED)))
+        rows = np.flatnonzero(verdicts != ACCEPTED)
+        if not len(rows):
+            continue
+        reasons = [
+            future_rejection(int(times[i]), None if b == NO_TIME else int(b), max_future_ms, None)
+            if verdicts[i] == FUTURE
+            else None
+            for i, b in zip(rows.tolist(), admission.newest_before[rows].tolist(), strict=True)
+        ]
+        taken = chunk.take(pa.array(rows))
+        columns = {
+            **{name: taken.column(name) for name in ARRIVAL_ORDER},
+            "_verdict": pa.array([VERDICT_NAMES[int(v)].value for v in verdicts[rows]]),
+            "_reason_code": pa.array([None if r is None else r.code.value for r in reasons]),
+            "_reason": pa.array([None if r is None else r.message for r in reasons]),
+        }
+        table = pa.table([columns[f.name] for f in schema], schema=schema)
+        yield from table.to_batches()
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """The batches regrouped into tables of about ``rows`` rows, in order."""
+    pending: list[pa.RecordBatch] = []
+    gathered = 0
+    for batch in batches:
+        pending.append(batch)
+        gathered += batch.num_rows
+        if gathered >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, gathered = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)

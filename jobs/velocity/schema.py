@@ -249,6 +249,93 @@ def _reject_constant(name: str) -> Any:
 
 def parse_event_object(obj: object) -> Event | Rejection:
     """Validate one decoded JSON value against the schema."""
+    if type(obj) is dict:
+        plain = _plain_event(obj)
+        if plain is not None:
+            return plain
+    return _checked_event(obj)
+
+
+# An amount spelled plainly: no sign, exponent or leading zero, at most 18 digits before
+# the point and 8 after: in range and precision by its spelling alone.
+_PLAIN_AMOUNT = re.compile(r"(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,8})?")
+_REQUIRED_TEXT = tuple(f.name for f in EVENT_FIELDS if f.required and f.kind is FieldKind.KEY)
+_OPTIONAL_TEXT = tuple(f.name for f in EVENT_FIELDS if not f.required)
+_PAYMENT_TYPES = FIELDS_BY_NAME["paymentType"].allowed
+
+
+def _plain_event(obj: dict[str, Any]) -> Event | None:
+    """The common event, taken without ``_checked_event``'s field-by-field dispatch:
+    ASCII strings and integers where text goes, an integer eventTime in range, a plainly
+    spelled amount. Anything else gives None, and ``_checked_event`` decides (with its
+    exact reasons). Equal to ``_checked_event`` wherever it answers (property-tested)."""
+    transaction_id = _plain_text(obj.get("transactionId"))
+    event_time = obj.get("eventTime")
+    payment_type = obj.get("paymentType")
+    if (
+        transaction_id is None
+        or type(event_time) is not int
+        or not 0 <= event_time < MAX_EVENT_TIME
+        or type(payment_type) is not str
+        or payment_type not in _PAYMENT_TYPES
+    ):
+        return None
+    raw_amount = obj.get("paymentAmount")
+    kind = type(raw_amount)
+    if kind is int:
+        if not 0 <= raw_amount < MAX_AMOUNT:
+            return None
+        amount, amount_text = Decimal(raw_amount), str(raw_amount)
+    else:
+        if kind is str:
+            spelled = raw_amount
+        elif kind is Decimal:
+            spelled = str(raw_amount)
+        else:
+            return None
+        if not _PLAIN_AMOUNT.fullmatch(spelled):
+            return None
+        amount = raw_amount if kind is Decimal else Decimal(spelled)
+        amount_text = spelled.rstrip("0").rstrip(".") if "." in spelled else spelled
+    values: dict[str, str | None] = {
+        "transactionId": transaction_id,
+        "eventTime": str(event_time),
+    }
+    for name in _REQUIRED_TEXT:
+        text = _plain_text(obj.get(name))
+        if text is None:
+            return None
+        values[name] = text
+    values["paymentAmount"] = amount_text
+    values["paymentType"] = payment_type
+    for name in _OPTIONAL_TEXT:
+        raw = obj.get(name)
+        if raw is None:
+            values[name] = None
+            continue
+        text = _plain_text(raw)
+        if text is None:
+            if type(raw) is str and not raw.strip():
+                values[name] = None  # blank: absent
+                continue
+            return None
+        values[name] = text
+    return Event(transaction_id, event_time, amount, values)
+
+
+def _plain_text(raw: object) -> str | None:
+    """A non-blank ASCII string as it is, an integer as its digits; None otherwise."""
+    kind = type(raw)
+    if kind is str:
+        return raw if raw.isascii() and raw.strip() else None  # type: ignore[union-attr,return-value]
+    if kind is int:
+        return str(raw)
+    return None
+
+
+def _checked_event(obj: object) -> Event | Rejection:
+    """Every field checked in turn against its kind, with the reason of the first that
+    fails."""
     if not isinstance(obj, dict):
         return Rejection(
             RejectReason.NOT_OBJECT, f"expected a JSON object, got {type(obj).__name__}"

@@ -28,6 +28,8 @@ from velocity.schema import (
     Event,
     Rejection,
     RejectReason,
+    _checked_event,
+    _plain_event,
     canonical_value,
     format_decimal,
     is_blank,
@@ -487,3 +489,31 @@ def test_any_text_is_accepted_or_quarantined_and_accepted_text_is_utf8(line: str
 )
 def test_deep_huge_and_odd_lines_are_quarantined_not_raised(line: str) -> None:
     assert reject_line(line).message
+
+
+# Values that sit on the plain path's edges: kinds it declines, spellings it must read
+# exactly as the checked path does, and values it must not take as they are.
+EDGE_VALUES = st.sampled_from(
+    [
+        None, "", " ", "\u00a0", "x", " x ", "é", "\ud800", 0, 7, -1, True, 1.5, 10**18,
+        10**18 - 1, Decimal("1E+2"), Decimal("43.660"), Decimal("-0.0"), Decimal("0.00000001"),
+        "0", "00", "0.0", "10.0", "1.50", "007", "1e2", "+1", "0.123456789", "1" * 19,
+        "999999999999999999.99999999", "CRD", "crd", "CSH", [], {}, "NaN",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=500)
+@given(
+    obj=event_objs(),
+    changes=st.dictionaries(st.sampled_from(DECLARED_FIELDS), EDGE_VALUES, max_size=3),
+)
+def test_the_plain_path_agrees_with_the_checked_path(obj: dict[str, Any], changes) -> None:
+    mutated = {**obj, **changes}
+    plain = _plain_event(mutated)
+    assert plain is None or plain == _checked_event(mutated)
+    if not changes:
+        assert plain is not None or any(
+            type(v) not in (str, int) or (type(v) is str and not v.isascii())
+            for v in obj.values()
+        )

@@ -56,7 +56,7 @@ def main() -> int:
 
     from velocity.delta import tables
     from velocity.delta.live import LiveTables
-    from velocity.redis import mirror
+    from velocity.redis import connection
     from velocity.redis.lock import state_lock
     from velocity.redis.server import redis_down, redis_up
     from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
@@ -126,7 +126,7 @@ def main() -> int:
     def probe() -> None:
         """Take and release the state lock every 0.2 s, as the stream's commits do: the
         longest wait is the longest the stream would have paused."""
-        client = mirror.connect(settings)
+        client = connection.connect(settings)
         while not probing.is_set():
             asked = time.monotonic()
             with state_lock(client, settings, "bench probe (a micro-batch's commit)"):

@@ -33,7 +33,7 @@ def run(events_dir: Path) -> dict[str, float]:
     from velocity.cli import sample_rules_path
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
-    from velocity.redis import mirror
+    from velocity.redis import connection, mirror
     from velocity.redis.lock import state_lock
     from velocity.rules import active_rules, parse_rules, rules_by_signature
     from velocity.schema import Event, is_blank, parse_event_line
@@ -48,9 +48,9 @@ def run(events_dir: Path) -> dict[str, float]:
     )  # fmt: skip
 
     settings = load_settings()
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     client.flushall()
-    mirror.load_functions(client)
+    connection.load_functions(client)
     rules = active_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
     signatures = list(rules_by_signature(rules))
     spool = Spool(settings)

@@ -472,10 +472,10 @@ def cmd_stream_stop(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Print alerts as they reach the Redis stream: rule, key, value and how old the event is."""
-    from velocity.redis import mirror
+    from velocity.redis import connection
 
     settings = _settings(args)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     stream = settings.alert_stream
     last = "0-0" if args.from_start else "$"
     deadline = time.monotonic() + args.duration if args.duration else None
@@ -523,10 +523,10 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    from velocity.redis import mirror
+    from velocity.redis import connection, mirror
 
     settings = _settings(args)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     try:
         key = parse_key_values(args.key)
     except ValueError as exc:
@@ -564,11 +564,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _redis_state(settings: Settings) -> Any:
     from velocity.delta.live import LiveState
-    from velocity.redis import mirror
+    from velocity.redis import connection
     from velocity.spark.redis_state import RedisState
 
-    client = mirror.connect(settings)
-    mirror.load_functions(client)
+    client = connection.connect(settings)
+    connection.load_functions(client)
     return RedisState(LiveState(_spark(settings, "velocity-mirror"), settings), client)
 
 

@@ -274,28 +274,30 @@ def _plain_event(obj: dict[str, Any]) -> Event | None:
     payment_type = obj.get("paymentType")
     if (
         transaction_id is None
-        or type(event_time) is not int
+        or not isinstance(event_time, int)
+        or isinstance(event_time, bool)
         or not 0 <= event_time < MAX_EVENT_TIME
-        or type(payment_type) is not str
+        or not isinstance(payment_type, str)
         or payment_type not in _PAYMENT_TYPES
     ):
         return None
     raw_amount = obj.get("paymentAmount")
-    kind = type(raw_amount)
-    if kind is int:
+    if isinstance(raw_amount, bool):
+        return None
+    if isinstance(raw_amount, int):
         if not 0 <= raw_amount < MAX_AMOUNT:
             return None
         amount, amount_text = Decimal(raw_amount), str(raw_amount)
     else:
-        if kind is str:
+        if isinstance(raw_amount, str):
             spelled = raw_amount
-        elif kind is Decimal:
+        elif isinstance(raw_amount, Decimal):
             spelled = str(raw_amount)
         else:
             return None
         if not _PLAIN_AMOUNT.fullmatch(spelled):
             return None
-        amount = raw_amount if kind is Decimal else Decimal(spelled)
+        amount = raw_amount if isinstance(raw_amount, Decimal) else Decimal(spelled)
         amount_text = spelled.rstrip("0").rstrip(".") if "." in spelled else spelled
     values: dict[str, str | None] = {
         "transactionId": transaction_id,
@@ -315,7 +317,7 @@ def _plain_event(obj: dict[str, Any]) -> Event | None:
             continue
         text = _plain_text(raw)
         if text is None:
-            if type(raw) is str and not raw.strip():
+            if isinstance(raw, str) and not raw.strip():
                 values[name] = None  # blank: absent
                 continue
             return None
@@ -325,10 +327,9 @@ def _plain_event(obj: dict[str, Any]) -> Event | None:
 
 def _plain_text(raw: object) -> str | None:
     """A non-blank ASCII string as it is, an integer as its digits; None otherwise."""
-    kind = type(raw)
-    if kind is str:
-        return raw if raw.isascii() and raw.strip() else None  # type: ignore[union-attr,return-value]
-    if kind is int:
+    if isinstance(raw, str):
+        return raw if raw.isascii() and raw.strip() else None
+    if isinstance(raw, int) and not isinstance(raw, bool):
         return str(raw)
     return None
 

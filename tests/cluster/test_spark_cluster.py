@@ -22,7 +22,7 @@ from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest
@@ -54,7 +54,7 @@ def test_cluster_decides_what_local_mode_decides(
 ) -> None:
     """Spark standalone cluster and Redis Cluster together, as a platform team deploys."""
     settings = data_settings.model_copy(update={"redis_url": redis_cluster_url})
-    redis_cluster = mirror.connect(settings)
+    redis_cluster = connection.connect(settings)
     redis_cluster.flushall()
     state = spark_cluster.state()
     assert state["aliveworkers"] == 2 and state["cores"] == 2

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from velocity.redis import mirror
+from velocity.redis import connection
 from velocity.settings import Settings, load_settings
 
 
@@ -16,5 +16,5 @@ def settings(redis_url: str, tmp_path: Path) -> Settings:
     """A data dir on the session's Redis, emptied, with the Functions loaded."""
     client = redis.Redis.from_url(redis_url)
     client.flushall()
-    mirror.load_functions(client)
+    connection.load_functions(client)
     return load_settings(data_dir=tmp_path / "data", redis_url=redis_url)

@@ -14,9 +14,10 @@ import pytest
 from redis.cluster import RedisCluster
 
 from velocity.buckets import BucketAggregate
-from velocity.redis import cluster, mirror
+from velocity.redis import cluster, connection, mirror
 from velocity.redis.keys import parse_bucket
-from velocity.redis.lock import StateLockLost, state_lock
+from velocity.redis.lease import StateLockLost
+from velocity.redis.lock import state_lock
 from velocity.settings import Settings, load_settings
 from velocity.stream_batch import KeyState
 
@@ -28,9 +29,9 @@ ONE = BucketAggregate.of_event("12.5", Decimal("12.5"))
 @pytest.fixture
 def settings(redis_cluster_url: str, tmp_path: Path) -> Iterator[Settings]:
     settings = load_settings(data_dir=tmp_path / "data", redis_url=redis_cluster_url)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     client.flushall()
-    mirror.load_functions(client)
+    connection.load_functions(client)
     yield settings
     client.close()
 
@@ -43,7 +44,7 @@ def changes(payers: int) -> dict[tuple[str, str], tuple[KeyState, list[int]]]:
 
 
 def test_keys_spread_over_the_masters_and_a_key_stays_in_one_slot(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     assert isinstance(client, RedisCluster)
     masters = {node.name for node in client.get_primaries()}
     assert len(masters) == 3
@@ -63,7 +64,7 @@ def test_keys_spread_over_the_masters_and_a_key_stays_in_one_slot(settings: Sett
 
 
 def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     alerts = [{"alertId": f"a-{i}", "n": i} for i in range(5)]
     accepted = [f"tx-{i}" for i in range(8)]
     with state_lock(client, settings, "stream batch 0") as lease:
@@ -90,7 +91,7 @@ def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Set
 def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     finished = cluster._finish
 
     def crash(*args: object) -> int:
@@ -121,7 +122,7 @@ def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
 
 
 def test_a_commit_whose_lease_ran_out_writes_nothing_on_the_cluster(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with (
         pytest.raises(StateLockLost),
         state_lock(client, settings, "stream batch 3", lease_ms=60_000) as lease,
@@ -135,7 +136,7 @@ def test_a_commit_whose_lease_ran_out_writes_nothing_on_the_cluster(settings: Se
 
 
 def test_lookups_and_the_mirror_writes_work_on_the_cluster(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     keys = settings.redis_keys
     rows = [
         {
@@ -172,7 +173,7 @@ def test_the_reader_reads_the_cluster_and_cannot_change_anything(
 
     from velocity.redis.server import READER_USER
 
-    owner = mirror.connect(settings)
+    owner = connection.connect(settings)
     keys = settings.redis_keys
     names = [keys.bucket_hash("sig", f'["p-{i}"]') for i in range(12)]
     for name in names:

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from velocity.redis import mirror
+from velocity.redis import connection
 from velocity.redis.keys import RedisKeys
 from velocity.redis.server import READER_USER
 from velocity.settings import Settings
@@ -19,7 +19,7 @@ EVIL_LIBRARY = "#!lua name=evil\nredis.register_function('e', function() return 
 
 def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     owner = redis.Redis.from_url(redis_url, decode_responses=True)
-    mirror.load_functions(owner)
+    connection.load_functions(owner)
     keys = RedisKeys("velocity:test", "/srv/velocity")  # the session server: velocity:*
     bucket = keys.bucket_hash("feedc0de", '["p-1"]')
     owner.hset(bucket, "1767225600000", '[2,2,"30.5","10","20.5",[]]')

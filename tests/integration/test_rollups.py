@@ -14,7 +14,7 @@ import redis
 
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.keys import parse_bucket_value
 from velocity.redis.lock import state_lock
 from velocity.rules import Aggregator
@@ -84,7 +84,7 @@ def read_window(
 
 
 def assert_rollups_merge_their_buckets(client: redis.Redis, name: str) -> None:
-    fields = mirror.read_hash(client, name)
+    fields = connection.read_hash(client, name)
     buckets = {int(f): parse_bucket_value(v) for f, v in fields.items() if f.isdigit()}
     sizes = [int(n) for n in fields["rollups"].split(":")[1].split(",")]
     for size in sizes:
@@ -116,7 +116,7 @@ def assert_windows_match(
 
 def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) -> None:
     rng = random.Random(12)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     keys = settings.redis_keys
     name = keys.bucket_hash(SIGNATURE, '["dense"]')
     # Three hours of g = 1 s buckets, a third of them with events, written in two parts:
@@ -182,7 +182,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
 
 def test_a_sparse_hash_has_no_rollups_until_it_is_dense(settings: Settings) -> None:
     rng = random.Random(7)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     keys = settings.redis_keys
     name = keys.bucket_hash(SIGNATURE, '["sparse"]')
     buckets = {T0 + i * 7 * G: random_bucket(rng) for i in range(127)}

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.keys import RedisKeys
-from velocity.redis.lock import StateLockLost, StateLockTimeout, state_lock
+from velocity.redis.lease import StateLockLost
+from velocity.redis.lock import StateLockTimeout, state_lock
 from velocity.settings import Settings
 
 pytestmark = pytest.mark.redis
@@ -24,12 +25,12 @@ def test_lock_key_is_a_cluster_hash_tag_of_the_data_dir() -> None:
 
 
 def test_one_holder_at_a_time(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     inside: list[str] = []
     overlap = threading.Event()
 
     def hold(name: str) -> None:
-        with state_lock(mirror.connect(settings), settings, name, wait_seconds=30):
+        with state_lock(connection.connect(settings), settings, name, wait_seconds=30):
             if inside:
                 overlap.set()
             inside.append(name)
@@ -46,7 +47,7 @@ def test_one_holder_at_a_time(settings: Settings) -> None:
 
 
 def test_a_waiter_gives_up_naming_the_holder(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with (
         state_lock(client, settings, "compaction"),
         pytest.raises(StateLockTimeout, match="compaction"),
@@ -56,7 +57,7 @@ def test_a_waiter_gives_up_naming_the_holder(settings: Settings) -> None:
 
 
 def test_a_working_holder_keeps_its_lock_past_the_lease(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     # A lease of 1.5 s (renewed every 0.5 s) so that a GC pause or a busy core cannot
     # let it lapse; the holder works for three leases.
     with state_lock(client, settings, "long batch", lease_ms=1500):
@@ -69,7 +70,7 @@ def test_a_working_holder_keeps_its_lock_past_the_lease(settings: Settings) -> N
 
 
 def test_a_holder_whose_lease_ran_out_touches_nobody_elses_lock(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     name = settings.redis_keys.state_lock
     with state_lock(client, settings, "killed", lease_ms=300):
         client.delete(name)  # as if its lease ran out while it hung
@@ -83,13 +84,13 @@ def test_a_holder_whose_lease_ran_out_touches_nobody_elses_lock(settings: Settin
 
 def test_two_data_dirs_do_not_block_each_other(settings: Settings, tmp_path: Path) -> None:
     other = settings.model_copy(update={"data_dir": tmp_path / "other"})
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with state_lock(client, settings, "a"), state_lock(client, other, "b", wait_seconds=0.5):
         pass
 
 
 def test_a_holder_releases_even_when_redis_lost_its_functions(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with pytest.raises(RuntimeError), state_lock(client, settings, "compaction"):
         client.function_flush()
         raise RuntimeError("the step failed")
@@ -99,7 +100,7 @@ def test_a_holder_releases_even_when_redis_lost_its_functions(settings: Settings
 def test_only_the_exact_token_releases_or_renews(settings: Settings) -> None:
     """The lock's value is its holder's JSON: a token that merely appears in it (a prefix of
     the real token, or the holder's name) is not the holder's."""
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     name = settings.redis_keys.state_lock
     value = '{"token": "abcdef", "holder": "stream batch 12"}'
     client.set(name, value)
@@ -114,7 +115,7 @@ def test_only_the_exact_token_releases_or_renews(settings: Settings) -> None:
 
 
 def test_a_holder_learns_that_its_lease_was_lost(settings: Settings) -> None:
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with state_lock(client, settings, "stalled batch", lease_ms=1500) as lease:
         lease.check()
         client.set(lease.name, '{"token": "next-holder"}')  # its lease ran out meanwhile
@@ -127,7 +128,7 @@ def test_a_holder_learns_that_its_lease_was_lost(settings: Settings) -> None:
 def test_a_stream_commit_whose_lease_ran_out_writes_nothing(settings: Settings) -> None:
     """The micro-batch commit is fenced by the lock's token, inside Redis: a holder that
     stalled past its lease cannot write over the next holder's work."""
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with state_lock(client, settings, "stream batch 3", lease_ms=60_000) as lease:
         client.set(lease.name, '{"token": "next-holder"}')
         with pytest.raises(StateLockLost):

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from velocity.buckets import BucketAggregate
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
@@ -22,7 +22,7 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(mirror, "COMMIT_CHUNK", 3)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     one = BucketAggregate.of_event("12.5", Decimal("12.5"))
     changed = {
         ("sig", f'["p-{i}"]'): (KeyState({60_000: one, 120_000: one}, {60_000: 60_001}), [60_000])
@@ -56,7 +56,7 @@ def test_a_commit_checks_roll_ups_only_on_hashes_that_may_have_them(settings: Se
     """A hash of at most QUIET_MAX_BUCKETS buckets that only grew cannot have roll-ups:
     the commit skips its HLEN; a larger one is still checked (and a dense one keeps its
     roll-ups, tests/integration/test_rollups.py)."""
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     one = BucketAggregate.of_event("1", Decimal(1))
     small = KeyState({60_000 * i: one for i in range(mirror.QUIET_MAX_BUCKETS)}, {})
     larger = KeyState({60_000 * i: one for i in range(mirror.QUIET_MAX_BUCKETS + 1)}, {})

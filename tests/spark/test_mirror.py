@@ -14,7 +14,7 @@ from velocity.buckets import bucket_from_columns, bucket_start, merge_all, windo
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
@@ -195,7 +195,7 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
 
     client.flushall()
     assert not streamed.mirror.is_current()
-    mirror.load_functions(client)
+    connection.load_functions(client)
     query = streamed.start(streamed.events_dir, available_now=True)  # type: ignore[attr-defined]
     query.awaitTermination()
     assert streamed.mirror.is_current()

@@ -142,8 +142,8 @@ def _distinct_values(
     size = len(dictionary)
     present = codes >= 0
     if size == 0 or not present.any():
-        offsets = np.zeros(groups + 1, dtype=np.int32)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array([], pa.string()), list_type)
+        empty = pa.array(np.zeros(groups + 1, dtype=np.int32))
+        return pa.ListArray.from_arrays(empty, pa.array([], pa.string()), list_type)
     by_text = pc.sort_indices(dictionary).to_numpy()
     rank = np.empty(size, dtype=np.int64)
     rank[by_text] = np.arange(size, dtype=np.int64)

@@ -61,15 +61,15 @@ def keyed_rows(
 
     parts = []
     for signature in signatures:
+        field = signature.aggregate_field
         keep = np.ones(events.num_rows, dtype=bool)
-        for field in signature.grouping_keys:
-            keep &= events.column(field).is_valid().to_numpy(zero_copy_only=False)
-        for field, allowed in signature.filter:
-            inside = pc.is_in(text(field), value_set=pa.array(allowed, pa.string()))
+        for name in signature.grouping_keys:
+            keep &= events.column(name).is_valid().to_numpy(zero_copy_only=False)
+        for name, allowed in signature.filter:
+            inside = pc.is_in(text(name), value_set=pa.array(allowed, pa.string()))
             keep &= inside.to_numpy(zero_copy_only=False).astype(bool)
         rows = pa.array(np.flatnonzero(keep))
         n = len(rows)
-        field = signature.aggregate_field
         number_type = schema.field("number").type
         columns = {
             "signature_id": pa.array(np.full(n, signature.signature_id), pa.string()),

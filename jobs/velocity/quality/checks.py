@@ -23,7 +23,7 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables, refuse_another_bucket_width
 from velocity.delta.tables import LIVE_SCHEMAS
 from velocity.quality.alert_values import alert_violation, rule_terms
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, rules_by_signature
 from velocity.schema import EVENT_FIELDS, MAX_AMOUNT
@@ -84,8 +84,8 @@ def pin_snapshot(
     the lock no batch is half-written; the lock is held only to read version numbers.
     """
     live = LiveTables.of(settings)
-    client = mirror.connect(settings)
-    mirror.load_functions(client)  # the lock's release is a Redis Function
+    client = connection.connect(settings)
+    connection.load_functions(client)  # the lock's release is a Redis Function
     with state_lock(client, settings, "velocity quality check"):
         versions = {name: _current_version(spark, getattr(live, name)) for name in names}
     return Snapshot(spark, live, versions)

@@ -23,23 +23,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
 
 from velocity.redis.keys import RedisKeys, data_dir_tag
+from velocity.redis.lease import Lease
 from velocity.settings import Settings
-
-if TYPE_CHECKING:
-    from velocity.redis.lock import Lease
 
 REPLAYED = -1  # decide: the batch is committed already (nothing written)
 FENCED = -2  # decide: the state lock is not the caller's (nothing written)
-
-
-def is_cluster(client: object) -> bool:
-    return isinstance(client, RedisCluster)
 
 
 def pending_record(keys: RedisKeys) -> str:

@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import cast
 
 import redis
@@ -28,7 +27,8 @@ from redis.cluster import RedisCluster
 
 from velocity.errors import VelocityError
 from velocity.redis import cluster
-from velocity.redis.mirror import load_functions
+from velocity.redis.connection import is_cluster, load_functions
+from velocity.redis.lease import Lease
 from velocity.settings import Settings
 
 log = logging.getLogger("velocity.lock")
@@ -39,36 +39,6 @@ LEASE_MS = 30 * 1000
 
 class StateLockTimeout(VelocityError):
     """The state lock stayed taken for longer than the caller would wait."""
-
-
-class StateLockLost(VelocityError):
-    """The holder's lease ran out (it stalled past it) and someone else may hold the lock:
-    the holder must not write."""
-
-
-@dataclass
-class Lease:
-    """A held state lock: its key and token (writes are fenced with them) and whether the
-    lease was lost (a renewal found the lock gone or someone else's)."""
-
-    name: str
-    token: str
-    holder: str
-    lost: threading.Event = field(default_factory=threading.Event)
-    acquired: float = field(default_factory=time.monotonic)
-    released: float | None = None
-
-    def held_seconds(self) -> float:
-        """How long the lock was (or, inside the block, has been) held."""
-        return (time.monotonic() if self.released is None else self.released) - self.acquired
-
-    def check(self) -> None:
-        """Raise ``StateLockLost`` when the lease is gone: call before each write."""
-        if self.lost.is_set():
-            raise StateLockLost(
-                f"{self.holder} lost the state lock {self.name} (its lease ran out); "
-                "its writes stop here and the job fails so that it starts again cleanly"
-            )
 
 
 @contextmanager
@@ -106,7 +76,7 @@ def state_lock(
         time.sleep(0.2)
     stop = threading.Event()
     lease = Lease(name, token, holder)
-    if cluster.is_cluster(client):
+    if is_cluster(client):
         # A batch decided but not finished by a holder that died: finished before anyone
         # writes, so no write of ours is overtaken by that holder's stale one.
         cluster.finish_pending(cast(RedisCluster, client), settings)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -18,6 +17,7 @@ from redis.cluster import RedisCluster
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
+from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value,
@@ -25,12 +25,10 @@ from velocity.redis.keys import (
     parse_bucket_value,
     rule_entry,
 )
+from velocity.redis.lease import Lease
 from velocity.rules import Rule
 from velocity.settings import Settings
 from velocity.stream_batch import KeyState, SignatureKey
-
-if TYPE_CHECKING:  # lock imports this module (to load the functions)
-    from velocity.redis.lock import Lease
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
@@ -41,36 +39,6 @@ COMMIT_CHUNK = 20_000  # entries of each kind in one argument of velocity_stream
 # one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
 QUIET_MAX_BUCKETS = 6
 FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
-
-
-def connect(settings: Settings) -> redis.Redis:
-    """A client of ``VELOCITY_REDIS_URL`` answering str; fails fast instead of retrying.
-
-    A ``redis+cluster://`` URL names a Redis Cluster (any of its masters): the client is
-    then redis-py's ``RedisCluster``, which routes each command by its key's slot and
-    answers the commands this package sends; the stream's read and commit take the
-    cluster's own path (``velocity.redis.cluster``).
-    """
-    if settings.redis_cluster:
-        url = "redis://" + settings.redis_url.split("://", 1)[1]
-        return cast(
-            redis.Redis,
-            RedisCluster.from_url(url, decode_responses=True, socket_timeout=10),
-        )
-    return redis.Redis.from_url(
-        settings.redis_url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
-    )
-
-
-def read_hash(client: redis.Redis, name: str) -> dict[str, str]:
-    """HGETALL with the synchronous client's type (redis-py types it sync-or-async)."""
-    return cast(dict[str, str], client.hgetall(name))
-
-
-def load_functions(client: redis.Redis) -> None:
-    """Load (or replace) the `velocity` Redis Function library; idempotent."""
-    code = (resources.files("velocity") / "redis" / "velocity.lua").read_text(encoding="utf-8")
-    client.function_load(code, replace=True)
 
 
 def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:
@@ -224,7 +192,7 @@ def publish_rules(
     wanted = {keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms) for r in rules}
     present = set(client.scan_iter(match=keys.rule_entries, count=1000))
     # A cluster has no MULTI across slots: there a lookup may see a rule in between.
-    pipe = client.pipeline(transaction=not cluster.is_cluster(client))
+    pipe = client.pipeline(transaction=not is_cluster(client))
     for name in present - set(wanted):
         pipe.delete(name)
     for name, entry in wanted.items():
@@ -359,7 +327,7 @@ def read_stream_state(
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
     names = [keys.bucket_hash(sig, key) for sig, key in slots]
-    if cluster.is_cluster(client):
+    if is_cluster(client):
         progress, seen_indices, epoch, mirror_of, hashes = cluster.read_stream_state(
             cast(RedisCluster, client), settings, transaction_ids, names
         )
@@ -477,7 +445,7 @@ def begin_stream_commit(
 ) -> PendingCommit | cluster.ClusterCommit:
     """Send a built ``stream_commit``; its ``result()`` is the answer. On one server Redis
     runs it while the caller goes on; on a cluster it is staged and done here."""
-    if cluster.is_cluster(client):
+    if is_cluster(client):
         return cluster.ClusterCommit(cast(RedisCluster, client), settings, commit, lease)
     return PendingCommit(client, commit, lease)
 

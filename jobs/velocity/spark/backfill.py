@@ -41,7 +41,7 @@ from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
 from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.progress import QUIET, Progress
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rule_changes import RuleEpochs
 from velocity.rules import Rule, active_rules, rules_by_signature
@@ -138,8 +138,8 @@ class Backfill:
         self.settings = settings
         self.state = LiveState(spark, settings)
         self.live: LiveTables = self.state.live
-        self.redis = mirror.connect(settings)
-        mirror.load_functions(self.redis)
+        self.redis = connection.connect(settings)
+        connection.load_functions(self.redis)
         self.mirror = RedisState(self.state, self.redis)
         # Amendments reach the alerts topic too when the stream's alerts do.
         publishes = kafka_alerts_on(settings, source_is_kafka(settings.data_dir))

@@ -206,7 +206,7 @@ def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
         .sortWithinPartitions(*order)
     )
     run = partial(_verdict_rows, max_future_ms=max_future_ms, schema=_VERDICT_ARROW_ROWS)
-    return lines.mapInArrow(run, _VERDICT_ROWS)  # type: ignore[arg-type]
+    return lines.mapInArrow(run, _VERDICT_ROWS)
 
 
 # Lines admitted at a time: the transactionIds accepted before a chunk are looked up in

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
-from velocity.redis import mirror
+from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import active_rules
 from velocity.settings import Settings
@@ -84,7 +84,7 @@ def compact_buckets(spark: SparkSession, settings: Settings) -> CompactionSummar
     width = settings.bucket_width_ms
     summary = CompactionSummary()
     summary.bytes_before, summary.files_before = tables.table_size(spark, live.buckets)
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     with state_lock(client, settings, "compaction") as lease:
         buckets = tables.read_table(spark, live.buckets)
         summary.rows_before = summary.rows_after = buckets.count()
@@ -137,7 +137,7 @@ def optimize_tables(
     """
     live = LiveTables.of(settings)
     result: dict[str, TableFiles] = {}
-    client = mirror.connect(settings)
+    client = connection.connect(settings)
     for name in names or list(LiveTables.__dataclass_fields__):
         path = getattr(live, name)
         if not tables.table_exists(spark, path):
@@ -198,8 +198,8 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
     """
     state = LiveState(spark, settings)
     live = state.live
-    client = mirror.connect(settings)
-    mirror.load_functions(client)
+    client = connection.connect(settings)
+    connection.load_functions(client)
     summary = EvictionSummary()
     summary.bucket_rows_before = summary.bucket_rows_after = tables.read_table(
         spark, live.buckets
@@ -228,8 +228,8 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
 def reconcile_state(spark: SparkSession, settings: Settings, repair: bool) -> ReconcileSummary:
     """Compare the Redis mirror with the Delta buckets; with ``repair``, rewrite Redis from
     Delta and drop what only Redis had, then compare again."""
-    client = mirror.connect(settings)
-    mirror.load_functions(client)
+    client = connection.connect(settings)
+    connection.load_functions(client)
     redis_state = RedisState(LiveState(spark, settings), client)
     drift, _ = redis_state.repair() if repair else (redis_state.reconcile(), 0)
     summary = ReconcileSummary(

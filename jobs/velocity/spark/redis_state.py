@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from redis.cluster import RedisCluster
 
 from velocity.delta.live import LiveState, last_committed_batch
-from velocity.redis import cluster, mirror
+from velocity.redis import cluster, connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, active_rules
 
@@ -66,7 +66,7 @@ class RedisState:
         self.state.flush_spool(through)
         rules = active_rules(self.state.rule_store.in_force())
         keys = self.settings.redis_keys
-        if cluster.is_cluster(self.redis):
+        if connection.is_cluster(self.redis):
             cluster.forget_staging(cast(RedisCluster, self.redis), keys)
         mirror.publish_rules(self.redis, keys, rules, self.settings.bucket_width_ms)
         buckets = self.state.buckets_in_horizon(rules)
@@ -95,7 +95,7 @@ class RedisState:
         settings = self.settings
 
         def write(rows: Iterator[Any]) -> None:
-            client = mirror.connect(settings)
+            client = connection.connect(settings)
             pipe = client.pipeline(transaction=False)
             for count, row in enumerate(rows, 1):
                 left = row["ingest_time"] + horizon_ms - now

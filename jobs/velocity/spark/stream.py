@@ -49,8 +49,9 @@ from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.errors import UsageError
 from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
-from velocity.redis import mirror
-from velocity.redis.lock import Lease, state_lock
+from velocity.redis import connection, mirror
+from velocity.redis.lease import Lease
+from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings
@@ -149,8 +150,8 @@ class StreamJob:
         self.live = self.state.live
         self.rule_store = self.state.rule_store
         self.spool = self.state.spool
-        self.redis = mirror.connect(settings)
-        mirror.load_functions(self.redis)
+        self.redis = connection.connect(settings)
+        connection.load_functions(self.redis)
         self.mirror = RedisState(self.state, self.redis)
         self.hot = HotBuckets(settings.hot_keys_max)
         self._lock = SharedStateLock(self.redis, settings)

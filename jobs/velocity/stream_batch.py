@@ -42,12 +42,20 @@ SignatureKey = tuple[str, str]  # (signature_id, key text)
 BucketSlot = tuple[str, str, int]  # (signature_id, key text, bucket start)
 
 
+# Buckets per (signature, key) whose raw events stay in memory (the newest ones): an
+# event that arrives after a later event of its own bucket (several Kafka partitions)
+# is decided from them instead of from the Delta history.
+RECENT_BUCKETS = 2
+
+
 @dataclass
 class KeyState:
-    """One (signature, key)'s buckets by start, and the newest eventTime counted in each."""
+    """One (signature, key)'s buckets by start, the newest eventTime counted in each, and
+    the raw events of its newest buckets when every one of them passed through here."""
 
     buckets: dict[int, BucketAggregate] = field(default_factory=dict)
     last_times: dict[int, int | None] = field(default_factory=dict)
+    recent: dict[int, tuple[KeyedEvent, ...]] = field(default_factory=dict)
 
     def newest_bucket(self) -> int | None:
         return max(self.buckets, default=None)
@@ -57,7 +65,43 @@ class KeyState:
         return KeyState(
             {s: a for s, a in self.buckets.items() if s >= cutoff},
             {s: t for s, t in self.last_times.items() if s >= cutoff},
+            {s: e for s, e in self.recent.items() if s >= cutoff},
         )
+
+
+def _recent_after(
+    before: KeyState | None, added: Mapping[int, Sequence[KeyedEvent]]
+) -> dict[int, tuple[KeyedEvent, ...]]:
+    """``before``'s recent raw events plus a batch's ``added`` events by bucket start: a
+    bucket new to the key holds exactly its added events; one known before grows; one
+    whose earlier events are unknown (read from Redis) stays unknown. The newest
+    ``RECENT_BUCKETS`` are kept."""
+    recent = dict(before.recent) if before is not None else {}
+    for start, events in added.items():
+        if before is None or start not in before.buckets:
+            recent[start] = tuple(events)
+        elif start in recent:
+            recent[start] = (*recent[start], *events)
+    if len(recent) > RECENT_BUCKETS:
+        recent = {s: recent[s] for s in sorted(recent)[-RECENT_BUCKETS:]}
+    return recent
+
+
+def recent_history(
+    needed: Iterable[BucketSlot], states: Mapping[SignatureKey, KeyState]
+) -> tuple[dict[BucketSlot, Sequence[KeyedEvent]], set[BucketSlot]]:
+    """The own-bucket history of ``needed`` slots that memory holds, and the slots it
+    does not (those come from the Delta history)."""
+    known: dict[BucketSlot, Sequence[KeyedEvent]] = {}
+    missing: set[BucketSlot] = set()
+    for slot in needed:
+        state = states.get((slot[0], slot[1]))
+        events = None if state is None else state.recent.get(slot[2])
+        if events is None:
+            missing.add(slot)
+        else:
+            known[slot] = events
+    return known, missing
 
 
 @dataclass(frozen=True)
@@ -230,9 +274,10 @@ def decide(
             one = BucketAggregate.of_event(only.value, only.number)
             deltas[(slot[0], slot[1], start)] = one
             if before is None:
-                after = KeyState({start: one}, {start: time})
+                after = KeyState({start: one}, {start: time}, {start: (only,)})
             else:
-                after = KeyState(dict(before.buckets), dict(before.last_times))
+                recent = _recent_after(before, {start: events})
+                after = KeyState(dict(before.buckets), dict(before.last_times), recent)
                 _add_to_bucket(after, start, one, time)
             changed[slot] = [start]
             new_states[slot] = after
@@ -250,6 +295,12 @@ def decide(
             after = KeyState()
             if before is not None:
                 after = KeyState(dict(before.buckets), dict(before.last_times))
+            by_start: dict[int, list[KeyedEvent]] = {}
+            for event in events:
+                by_start.setdefault(event.event_time - event.event_time % width_ms, []).append(
+                    event
+                )
+            after.recent = _recent_after(before, by_start)
             added = _bucketed(events, width_ms)
             for start, (aggregate, newest) in added.items():
                 deltas[(slot[0], slot[1], start)] = aggregate

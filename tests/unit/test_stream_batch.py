@@ -15,7 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.builders import BASE_TIME, MINUTE_MS, bucket_seconds, event, events, rule_sets
+from tests.builders import (
+    BASE_TIME,
+    MINUTE_MS,
+    bucket_seconds,
+    event,
+    events,
+    make_rule,
+    rule_sets,
+)
 from tests.reference import aggregate, fires, key_of, passes_filter, reference_alerts
 from velocity.rules import Rule, RuleState, rules_by_signature
 from velocity.schema import Event
@@ -27,6 +35,7 @@ from velocity.stream_batch import (
     decide,
     history_needed,
     key_groups,
+    recent_history,
 )
 from velocity.windows import KeyedEvent
 
@@ -56,7 +65,12 @@ def run_batches(
         admitted = admit(batch, seen, newest, lateness_ms, max_future_ms)
         groups = key_groups(admitted.accepted, signatures)
         needed = history_needed(groups, states, admitted.late, width_ms)
-        history = {slot: raw.get(slot, []) for slot in needed}
+        # Memory's own-bucket history where it holds one (it must be the whole history),
+        # the full record for the rest, as the stream reads it from Delta.
+        known, missing = recent_history(needed, states)
+        for slot, earlier in known.items():
+            assert sorted(earlier, key=repr) == sorted(raw.get(slot, []), key=repr), slot
+        history = {**known, **{slot: raw.get(slot, []) for slot in missing}}
         decided = decide(groups, states, active, admitted.late, width_ms, history)
         for decision, _signature, _key in decided.decisions:
             pair = (decision.rule.rule_id, decision.event.transaction_id)
@@ -191,3 +205,27 @@ def test_hot_buckets_keep_the_horizon_and_the_most_recently_used() -> None:
     assert len(hot) <= 4 and hot.missing([("s", "a"), ("s", "f"), ("s", "g")]) == [("s", "a")]
     hot.forget(["s"])
     assert len(hot) == 0
+
+
+def test_an_out_of_order_event_reads_its_own_bucket_from_memory() -> None:
+    """A batch's event earlier than a decided one of its own bucket needs the bucket's
+    raw events: memory holds them for a bucket that began here, not for one read from
+    Redis (then they come from Delta)."""
+    count = make_rule(
+        groupingKeyNames=["payerId"], aggregatorFunctionType="COUNT", limit=0, windowMinutes=5
+    ).with_version(1)
+    signatures = list(rules_by_signature([count]))
+    at = BASE_TIME - BASE_TIME % MINUTE_MS
+    first = [
+        event(transactionId="a", eventTime=at + 10_000, payerId="p"),
+        event(transactionId="b", eventTime=at + 50_000, payerId="p"),
+    ]
+    decided = decide(key_groups(first, signatures), {}, [count], set(), MINUTE_MS)
+    later = key_groups([event(transactionId="c", eventTime=at + 30_000, payerId="p")], signatures)
+    needed = history_needed(later, decided.buckets, set(), MINUTE_MS)
+    assert len(needed) == 1
+    known, missing = recent_history(needed, decided.buckets)
+    assert not missing
+    assert [e.transaction_id for e in next(iter(known.values()))] == ["a", "b"]
+    from_redis = {slot: KeyState(st.buckets, st.last_times) for slot, st in decided.buckets.items()}
+    assert recent_history(needed, from_redis) == ({}, needed)

@@ -69,6 +69,7 @@ from velocity.stream_batch import (
     decide,
     history_needed,
     key_groups,
+    recent_history,
 )
 from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
 from velocity.timing import StepTimer
@@ -243,7 +244,11 @@ class StreamJob:
         groups = key_groups(admitted.accepted, signatures) if some_left_out else arrived
         states = self.hot.states(groups)
         needed = history_needed(groups, states, admitted.late, width_ms)
-        history = self._own_bucket_history(needed, signatures, batch_id) if needed else {}
+        # The own buckets' earlier events: from memory when they all passed through this
+        # process, else (after a restart, rarely) from the Delta history.
+        history, missing = recent_history(needed, states)
+        if missing:
+            history.update(self._own_bucket_history(missing, signatures, batch_id))
         decided = decide(groups, states, rules, admitted.late, width_ms, history)
         timer.mark("decide")
 

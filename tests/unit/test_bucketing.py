@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.builders import events, rule_sets
 from tests.unit.test_kernel import _ARROW, histories_of, keyed_rows
-from velocity.buckets import BucketAggregate, bucket_start, bucket_width_ms
+from velocity.buckets import BucketAggregate, bucket_from_columns, bucket_start, bucket_width_ms
 from velocity.engine.bucketing import bucket_rows
 from velocity.rules import active_rules
 
@@ -39,15 +39,7 @@ def columnar_buckets(rows: list[tuple], width: int) -> dict[Slot, tuple[BucketAg
         slot = (r["signature_id"], r["key"], r["bucket_start"])
         assert slot not in out, f"{slot} twice"
         assert r["distinct_values"] == sorted(r["distinct_values"])
-        aggregate = BucketAggregate(
-            r["event_count"],
-            r["value_count"],
-            r["value_sum"],
-            r["value_min"],
-            r["value_max"],
-            frozenset(r["distinct_values"]),
-        )
-        out[slot] = (aggregate, r["newest_time"])
+        out[slot] = (bucket_from_columns(r), r["newest_time"])
     return out
 
 

@@ -40,8 +40,8 @@ def canonical_texts(events: pa.Table, field: str) -> pa.ChunkedArray:
         plain = text.to_numpy(zero_copy_only=False).astype(object)
         plain[rows] = [format_decimal(value) for value in column.take(pa.array(rows)).to_pylist()]
         text = pa.chunked_array([pa.array(plain, pa.string())])
-    # Trailing zeros go, and the point with them: "1.50000000" -> "1.5", "100.00000000"
-    # -> "100" (every text here has a point: the scale is 8).
+    # Trailing zeros after the point go, and a bare point with them: "1.50000000" ->
+    # "1.5", "100.00000000" -> "100"; a text without a point stays as it is.
     return pc.replace_substring_regex(
         pc.replace_substring_regex(text, r"(\.\d*?)0+$", r"\1"), r"\.$", ""
     )

@@ -95,8 +95,10 @@ def bucket_rows(events: pa.Table, width_ms: int, schema: pa.Schema | None = None
                                  (max_words, max(exact))):  # fmt: skip
                 words[group] = _words_of(value)
 
-    distinct_values = _distinct_values(
-        events.column("value"), order, group_of, groups, schema.field("distinct_values").type
+    groups_by_row = np.empty(n, dtype=np.int64)
+    groups_by_row[order] = group_of
+    distinct_values = distinct_lists(
+        events.column("value"), groups_by_row, groups, schema.field("distinct_values").type
     )
     first_rows = pa.array(order[heads])
     valid = number_counts > 0
@@ -128,17 +130,16 @@ def _decimal_array(words: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> 
     return pa.Array.from_buffers(type_, len(valid), [validity, pa.py_buffer(data.tobytes())])
 
 
-def _distinct_values(
-    values: pa.ChunkedArray,
-    order: np.ndarray,
-    group_of: np.ndarray,
-    groups: int,
-    list_type: pa.DataType,
+def distinct_lists(
+    values: pa.Array | pa.ChunkedArray, group_of: np.ndarray, groups: int, list_type: pa.DataType
 ) -> pa.Array:
-    """Each group's distinct non-null values, sorted (a list per group)."""
-    encoded = pc.dictionary_encode(values.combine_chunks())
+    """Each group's distinct non-null ``values``, sorted: a list per group, ``group_of``
+    naming each value's group (any order)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    encoded = pc.dictionary_encode(values)
     dictionary = encoded.dictionary
-    codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int64)[order]
+    codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int64)
     size = len(dictionary)
     present = codes >= 0
     if size == 0 or not present.any():

@@ -50,6 +50,19 @@ _ARROW = pa.schema(
 )
 
 
+def keyed_row(slot: tuple[str, str], e: KeyedEvent, **more: object) -> dict:
+    """A keyed event of ``slot`` (signature, key) as a row of KEYED_COLUMNS (and ``more``)."""
+    return {
+        "signature_id": slot[0],
+        "key": slot[1],
+        "eventTime": e.event_time,
+        "transactionId": e.transaction_id,
+        "value": e.value,
+        "number": e.number,
+        **more,
+    }
+
+
 def keyed_rows(histories: dict[tuple[str, str], Sequence[KeyedEvent]]) -> list[Row]:
     return [
         (signature_id, key, e.event_time, e.transaction_id, e.value, e.number)
@@ -342,18 +355,7 @@ def test_kernel_over_stored_buckets_and_a_batch_equals_the_reference(
                 continue
             time = newest if sharing or data.draw(st.booleans()) else start
             buckets.append(_bucket_row(slot, time, inside))
-        for e in raw:
-            rows.append(
-                {
-                    "signature_id": slot[0],
-                    "key": slot[1],
-                    "eventTime": e.event_time,
-                    "transactionId": e.transaction_id,
-                    "value": e.value,
-                    "number": e.number,
-                    "decide": e.transaction_id in batch_ids,
-                }
-            )
+        rows += [keyed_row(slot, e, decide=e.transaction_id in batch_ids) for e in raw]
     schema = _ARROW.append(pa.field("decide", pa.bool_()))
     table = pa.Table.from_pylist(rows, schema=schema)
     decided = decide(table, pa.Table.from_pylist(buckets, schema=_BUCKET_ARROW), active, width)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import MINUTE_MS, bucket_seconds, events, rule_sets
-from tests.unit.test_kernel import _ARROW
+from tests.unit.test_kernel import _ARROW, keyed_row
 from tests.unit.test_stream_batch import batched
 from velocity.buckets import bucket_from_columns
 from velocity.engine.bucketing import BUCKET_ROWS
@@ -36,18 +36,6 @@ _STORED = pa.schema(
 def keyed_table(rows: list[dict], decide_column: bool) -> pa.Table:
     schema = _ARROW.append(pa.field("decide", pa.bool_())) if decide_column else _ARROW
     return pa.Table.from_pylist(rows, schema=schema)
-
-
-def keyed_row(slot, e, **more) -> dict:
-    return {
-        "signature_id": slot[0],
-        "key": slot[1],
-        "eventTime": e.event_time,
-        "transactionId": e.transaction_id,
-        "value": e.value,
-        "number": e.number,
-        **more,
-    }
 
 
 def slot_of(row: dict) -> tuple[str, str, int]:

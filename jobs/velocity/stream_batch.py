@@ -33,7 +33,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from velocity.arrival import Arrivals, Verdict
-from velocity.buckets import EMPTY, BucketAggregate, bucket_start, merge_all, window_start
+from velocity.buckets import (
+    EMPTY,
+    BucketAggregate,
+    aggregate_of_events,
+    bucket_start,
+    merge_all,
+    window_start,
+)
 from velocity.rules import Rule, RuleSignature, key_text, rules_by_signature
 from velocity.schema import FIELDS_BY_NAME, Event, Rejection
 from velocity.windows import Decision, KeyedEvent, RuleCheck, rule_check
@@ -224,19 +231,11 @@ class Decided:
     deltas: dict[BucketSlot, BucketAggregate]  # this batch's events alone, per bucket
 
 
-def _bucketed(
-    events: Iterable[KeyedEvent], width_ms: int
-) -> dict[int, tuple[BucketAggregate, int]]:
-    """Events per bucket start: their aggregate and newest eventTime."""
-    out: dict[int, tuple[BucketAggregate, int]] = {}
+def _by_bucket(events: Iterable[KeyedEvent], width_ms: int) -> dict[int, list[KeyedEvent]]:
+    """A key's batch events per bucket start, in batch order."""
+    out: dict[int, list[KeyedEvent]] = {}
     for event in events:
-        start = event.event_time - event.event_time % width_ms
-        one = BucketAggregate.of_event(event.value, event.number)
-        current = out.get(start)
-        if current is None:
-            out[start] = (one, event.event_time)
-        else:
-            out[start] = (current[0].merge(one), max(current[1], event.event_time))
+        out.setdefault(event.event_time - event.event_time % width_ms, []).append(event)
     return out
 
 
@@ -289,29 +288,32 @@ def decide(
                 decisions = _decide_only_event(after, only, windows, width_ms)
             else:
                 decisions = _decide_key(
-                    slot, before or KeyState(), after, events, events, windows, width_ms, history
+                    slot,
+                    before or KeyState(),
+                    after,
+                    {start: events},
+                    events,
+                    windows,
+                    width_ms,
+                    history,
                 )
         else:
             after = KeyState()
             if before is not None:
                 after = KeyState(dict(before.buckets), dict(before.last_times))
-            by_start: dict[int, list[KeyedEvent]] = {}
-            for event in events:
-                by_start.setdefault(event.event_time - event.event_time % width_ms, []).append(
-                    event
-                )
+            by_start = _by_bucket(events, width_ms)
             after.recent = _recent_after(before, by_start)
-            added = _bucketed(events, width_ms)
-            for start, (aggregate, newest) in added.items():
+            for start, inside in by_start.items():
+                aggregate = aggregate_of_events((e.value, e.number) for e in inside)
                 deltas[(slot[0], slot[1], start)] = aggregate
-                _add_to_bucket(after, start, aggregate, newest)
-            changed[slot] = list(added)
+                _add_to_bucket(after, start, aggregate, max(e.event_time for e in inside))
+            changed[slot] = list(by_start)
             new_states[slot] = after
             targets = [e for e in events if e.transaction_id not in late] if late else events
             if not targets:
                 continue
             decisions = _decide_key(
-                slot, before or KeyState(), after, events, targets, windows, width_ms, history
+                slot, before or KeyState(), after, by_start, targets, windows, width_ms, history
             )
         key_values: tuple[str, ...] | None = None
         for decision in decisions:
@@ -363,20 +365,18 @@ def _decide_key(
     slot: SignatureKey,
     before: KeyState,
     after: KeyState,
-    batch_events: Sequence[KeyedEvent],
+    own_events: Mapping[int, Sequence[KeyedEvent]],
     targets: Sequence[KeyedEvent],
     windows: Mapping[int, Sequence[tuple[Rule, RuleCheck]]],
     width_ms: int,
     history: Mapping[BucketSlot, Sequence[KeyedEvent]],
 ) -> Iterable[Decision]:
     """Decisions of one key: windows from ``after``'s whole buckets below each target's own
-    bucket, plus the own bucket's events up to the target's time."""
+    bucket, plus the own bucket's events up to the target's time (``own_events``: the
+    batch's events of the key per bucket start)."""
     starts = sorted(after.buckets)
     # Per own bucket, events in eventTime order: the earlier batches' part counted whole
     # (``base``) unless the history gives it event by event, then this batch's events.
-    own_events: dict[int, list[KeyedEvent]] = {}
-    for event in batch_events:
-        own_events.setdefault(event.event_time - event.event_time % width_ms, []).append(event)
     whole_cache: dict[tuple[int, int], BucketAggregate] = {}
     running: dict[int, tuple[BucketAggregate, int, list[KeyedEvent]]] = {}
     ordered = targets if len(targets) == 1 else sorted(targets, key=lambda e: e.event_time)

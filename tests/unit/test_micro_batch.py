@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.builders import MINUTE_MS, bucket_seconds, events, rule_sets
 from tests.unit.test_kernel import _ARROW, keyed_row
-from tests.unit.test_stream_batch import batched
+from tests.unit.test_stream_batch import arrival_batches
 from velocity.buckets import bucket_from_columns
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.micro_batch import STORED_COLUMNS, decide_micro_batch
@@ -68,9 +68,7 @@ def stored_table(states: dict, slots) -> pa.Table:
 @given(data=st.data(), evs=events(max_size=30), rules=rule_sets(), seconds=bucket_seconds)
 def test_micro_batch_equals_the_streams_batch_engine(data, evs, rules, seconds) -> None:
     width = seconds * 1000
-    order = data.draw(st.permutations(evs))
-    again = data.draw(st.lists(st.sampled_from(order), max_size=3)) if order else []
-    batches = data.draw(batched([*order, *again]))
+    batches = data.draw(arrival_batches(evs))
     lateness = data.draw(st.sampled_from((0, 30_000, 10 * MINUTE_MS)))
     unknown = data.draw(st.booleans())  # buckets read from Delta: newest eventTime unknown
     active = [r for r in rules if r.state is RuleState.ACTIVE]

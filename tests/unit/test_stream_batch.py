@@ -138,15 +138,20 @@ def batched(draw: st.DrawFn, items: list[Event]) -> list[list[Event]]:
     return [items[a:b] for a, b in pairwise(bounds)]
 
 
+@st.composite
+def arrival_batches(draw: st.DrawFn, items: list[Event]) -> list[list[Event]]:
+    """``items`` in any order, some arriving twice (the first arrival wins), cut into
+    micro-batches."""
+    order = draw(st.permutations(items))
+    again = draw(st.lists(st.sampled_from(order), max_size=3)) if order else []
+    return draw(batched([*order, *again]))
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), evs=events(max_size=30), rules=rule_sets(), seconds=bucket_seconds)
 def test_any_arrival_order_equals_a_recount_of_what_arrived(data, evs, rules, seconds) -> None:
     width = seconds * 1000
-    order = data.draw(st.permutations(evs))
-    # Some events arrive twice; the first arrival wins.
-    again = data.draw(st.lists(st.sampled_from(order), max_size=3)) if order else []
-    arrivals = [*order, *again]
-    batches = data.draw(batched(arrivals))
+    batches = data.draw(arrival_batches(evs))
     lateness = data.draw(st.sampled_from((0, 30_000, 10 * MINUTE_MS)))
     # A limit inside the events' spread quarantines some as too far in the future.
     limit = data.draw(st.sampled_from((NO_FUTURE_LIMIT, 2 * MINUTE_MS, 30_000)))

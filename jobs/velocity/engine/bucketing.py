@@ -8,19 +8,23 @@ amounts could pass 2^62 units is summed in Python integers.
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.engine.kernel import AMOUNT_PLACES, BUCKET_FIGURES, decimal_units, dictionary_codes
+from velocity.engine.kernel import (
+    AMOUNT_PLACES,
+    BUCKET_FIGURES,
+    INT64_MAX,
+    INT64_MIN,
+    SAFE_TOTAL,
+    decimal_units,
+    dictionary_codes,
+    units_of,
+)
 
 # ``newest_time``: the newest eventTime counted in the bucket (the stream's ``last_time``).
 BUCKET_ROW_COLUMNS = ("signature_id", "key", "bucket_start", "newest_time", *BUCKET_FIGURES)
-_SAFE_TOTAL = float(2**62)
-_INT64_MAX = int(np.iinfo(np.int64).max)
-_INT64_MIN = int(np.iinfo(np.int64).min)
 
 
 def bucket_schema(sum_type: pa.DataType, amount_type: pa.DataType) -> pa.Schema:
@@ -74,9 +78,9 @@ def bucket_rows(events: pa.Table, width_ms: int, schema: pa.Schema | None = None
     number_counts = np.add.reduceat(has_number.astype(np.int64), heads)
     low_sum = np.add.reduceat(units, heads)  # may wrap: replaced below where it could
     high_sum = low_sum >> 63
-    lows = np.minimum.reduceat(np.where(has_number, units, _INT64_MAX), heads)
-    highs = np.maximum.reduceat(np.where(has_number, units, _INT64_MIN), heads)
-    risky = (np.add.reduceat(np.abs(units.astype(np.float64)), heads) >= _SAFE_TOTAL) | (
+    lows = np.minimum.reduceat(np.where(has_number, units, INT64_MAX), heads)
+    highs = np.maximum.reduceat(np.where(has_number, units, INT64_MIN), heads)
+    risky = (np.add.reduceat(np.abs(units.astype(np.float64)), heads) >= SAFE_TOTAL) | (
         np.add.reduceat(wide.astype(np.int64), heads) > 0
     )
     sum_words = np.stack([low_sum, high_sum], axis=1)
@@ -87,7 +91,7 @@ def bucket_rows(events: pa.Table, width_ms: int, schema: pa.Schema | None = None
         ends = np.r_[heads[1:], n]
         for group in np.flatnonzero(risky).tolist():
             exact = [
-                int(Decimal(v).scaleb(AMOUNT_PLACES))
+                units_of(v)
                 for v in numbers.slice(heads[group], ends[group] - heads[group]).to_pylist()
                 if v is not None
             ]

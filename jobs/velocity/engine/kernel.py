@@ -40,11 +40,11 @@ from velocity.rules import Aggregator, Operator, Rule
 # 10^-AMOUNT_PLACES. AVG is shown with as many places (``AVG_DISPLAY_PLACES``).
 AMOUNT_PLACES = 8
 UNITS = 10**AMOUNT_PLACES
-_INT64_MAX = int(np.iinfo(np.int64).max)
-_INT64_MIN = int(np.iinfo(np.int64).min)
+INT64_MAX = int(np.iinfo(np.int64).max)
+INT64_MIN = int(np.iinfo(np.int64).min)
 # A key whose amounts add up to more than this (in units) is decided in Python integers
 # instead: every window sum of the others fits in int64 with room to spare.
-_SAFE_TOTAL = float(2**62)
+SAFE_TOTAL = float(2**62)
 _NEEDS_NUMBERS = frozenset({Aggregator.SUM, Aggregator.AVG, Aggregator.MIN, Aggregator.MAX})
 
 # The keyed events' columns (``velocity.spark.evaluate.KEYED_SCHEMA``); an optional
@@ -241,17 +241,17 @@ class _Columns:
         for position in wide.tolist():
             row = int(rows[position])
             if row < n:
-                number = _units_of(self.events.column("number")[row].as_py())
+                number = units_of(self.events.column("number")[row].as_py())
                 out[0][position] = out[1][position] = out[2][position] = number
             else:
                 assert self.buckets is not None
                 bucket = row - n
                 for figure, name in zip(out, ("value_sum", "value_min", "value_max"), strict=True):
-                    figure[position] = _units_of(self.buckets.column(name)[bucket].as_py())
+                    figure[position] = units_of(self.buckets.column(name)[bucket].as_py())
         return out[0], out[1], out[2]
 
 
-def _units_of(value: Decimal | None) -> int:
+def units_of(value: Decimal | None) -> int:
     return 0 if value is None else int(value.scaleb(AMOUNT_PLACES))
 
 
@@ -311,7 +311,7 @@ def _decide_signature(
             np.abs(columns.totals[rows]).astype(np.float64), np.flatnonzero(starts)
         )
         wide = np.add.reduceat(columns.too_wide[rows].astype(np.int64), np.flatnonzero(starts)) > 0
-        exact = ((totals > _SAFE_TOTAL) | wide)[key_rank]
+        exact = ((totals > SAFE_TOTAL) | wide)[key_rank]
     parts = []
     for chosen in (~exact, exact):
         if not chosen.any():
@@ -350,7 +350,7 @@ class _Windows:
         self._oldest = int(self.times.min()) if len(self.times) else 0
         reach = int(self.times.max()) - self._oldest + 2 if len(self.times) else 2
         self._ranks = (
-            None if reach * (int(self.key_rank[-1]) + 1) < _SAFE_TOTAL else np.unique(self.times)
+            None if reach * (int(self.key_rank[-1]) + 1) < SAFE_TOTAL else np.unique(self.times)
         )
         self._span = np.int64(reach if self._ranks is None else len(self._ranks) + 1)
         self._composite = self.key_rank * self._span + self._place(self.times)
@@ -415,10 +415,10 @@ class _Windows:
         elif name == "total":
             out = self._range_sum("totals", window_ms)
         elif name == "minimum":
-            high = _INT64_MAX if self._exact is None else 10**40
+            high = INT64_MAX if self._exact is None else 10**40
             out = range_extreme(np.where(numbered, self._amounts(1), high), lo, self.hi, np.minimum)
         elif name == "maximum":
-            low = _INT64_MIN if self._exact is None else -(10**40)
+            low = INT64_MIN if self._exact is None else -(10**40)
             out = range_extreme(np.where(numbered, self._amounts(2), low), lo, self.hi, np.maximum)
         elif name == "distinct_count":
             codes = self.columns.value_codes[self.rows]
@@ -564,10 +564,10 @@ def _compare(figures: np.ndarray, op: Operator, bound: int) -> np.ndarray:
     """``figures OP bound`` for an integer bound that may lie outside int64."""
     if figures.dtype == object:
         return np.asarray(op.comparison(figures, bound), dtype=bool)
-    if bound > _INT64_MAX:
+    if bound > INT64_MAX:
         below = op in (Operator.LESS, Operator.LESS_EQUAL, Operator.NOT_EQUAL)
         return np.full(len(figures), below)
-    if bound < _INT64_MIN:
+    if bound < INT64_MIN:
         above = op in (Operator.GREATER, Operator.GREATER_EQUAL, Operator.NOT_EQUAL)
         return np.full(len(figures), above)
     return np.asarray(op.comparison(figures, np.int64(bound)), dtype=bool)
@@ -582,7 +582,7 @@ def average_holds(
     if len(totals) == 0:
         return np.zeros(0, dtype=bool)
     reach = max(abs(int(totals.max())), abs(int(totals.min()))) * q
-    if reach < _SAFE_TOTAL and abs(p) * int(counts.max()) < _SAFE_TOTAL:
+    if reach < SAFE_TOTAL and abs(p) * int(counts.max()) < SAFE_TOTAL:
         left, right = totals * np.int64(q), np.int64(p) * counts
     else:
         left = totals.astype(object) * q
@@ -609,7 +609,7 @@ def units_text(units: np.ndarray) -> np.ndarray:
     ``velocity.decimals.format_decimal`` writes them (``0``, ``250000``, ``0.5``)."""
     if len(units) == 0:
         return np.array([], dtype=str)
-    if units.dtype != object and (units == _INT64_MIN).any():
+    if units.dtype != object and (units == INT64_MIN).any():
         units = units.astype(object)
     magnitude = np.abs(units)
     whole = (magnitude // UNITS).astype(str)

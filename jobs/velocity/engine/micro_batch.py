@@ -43,21 +43,12 @@ class MicroBatchDecided:
 def own_buckets_needing_history(events: pa.Table, stored: pa.Table, width_ms: int) -> pa.Table:
     """The stored buckets (SLOT columns) that are the own bucket of an event to decide
     and hold an event later than it, or whose newest eventTime is unknown."""
-    targets = events.filter(_decided(events))
-    times = targets.column("eventTime").to_numpy()
-    own = pa.table(
-        {
-            "signature_id": targets.column("signature_id"),
-            "key": targets.column("key"),
-            "bucket_start": pa.array(times - np.mod(times, width_ms), pa.int64()),
-            "eventTime": pa.array(times, pa.int64()),
-        }
-    )
+    own = _with_bucket_start(events.filter(_decided(events)), width_ms)
     earliest = own.group_by(list(SLOT)).aggregate([("eventTime", "min")])
     joined = earliest.join(stored.select([*SLOT, "last_time"]), keys=list(SLOT), join_type="inner")
     last = joined.column("last_time")
     needs = pc.or_kleene(pc.is_null(last), pc.greater(last, joined.column("eventTime_min")))
-    return joined.filter(pc.fill_null(needs, True)).select(list(SLOT))
+    return joined.filter(needs).select(list(SLOT))
 
 
 def decide_micro_batch(
@@ -72,7 +63,7 @@ def decide_micro_batch(
     those buckets' earlier events (``history``, KEYED_COLUMNS) instead of the stored
     bucket. Returns the decisions and the changed buckets."""
     needed = own_buckets_needing_history(events, stored, width_ms)
-    given = _slots_of(history, width_ms)
+    given = _with_bucket_start(history, width_ms).group_by(list(SLOT)).aggregate([])
     missing = needed.join(given, keys=list(SLOT), join_type="left anti")
     if missing.num_rows:
         raise ValueError(f"no history given for own buckets {missing.slice(0, 3).to_pylist()}")
@@ -101,16 +92,17 @@ def _decided(events: pa.Table) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array(np.ones(events.num_rows, dtype=bool))])
 
 
-def _slots_of(rows: pa.Table, width_ms: int) -> pa.Table:
+def _with_bucket_start(rows: pa.Table, width_ms: int) -> pa.Table:
+    """Keyed rows' slots (SLOT columns) and eventTimes."""
     times = rows.column("eventTime").to_numpy()
-    slots = pa.table(
+    return pa.table(
         {
             "signature_id": rows.column("signature_id"),
             "key": rows.column("key"),
             "bucket_start": pa.array(times - np.mod(times, width_ms), pa.int64()),
+            "eventTime": pa.array(times, pa.int64()),
         }
     )
-    return slots.group_by(list(SLOT)).aggregate([])
 
 
 def _positions(table: pa.Table, other: pa.Table) -> pa.Array:

@@ -205,7 +205,7 @@ def arrival_verdicts(accepted: DataFrame, max_future_ms: int) -> DataFrame:
         .repartition(1)
         .sortWithinPartitions(*order)
     )
-    run = partial(_verdict_rows, max_future_ms=max_future_ms, schema=_VERDICT_ARROW_ROWS)
+    run = partial(_verdict_rows, max_future_ms=max_future_ms)
     return lines.mapInArrow(run, _VERDICT_ROWS)
 
 
@@ -215,7 +215,7 @@ ADMISSION_CHUNK_ROWS = 2_000_000
 
 
 def _verdict_rows(
-    batches: Iterator[pa.RecordBatch], max_future_ms: int, schema: pa.Schema
+    batches: Iterator[pa.RecordBatch], max_future_ms: int
 ) -> Iterator[pa.RecordBatch]:
     """The one pass of ``arrival_verdicts``: columnar admission (``engine.admission``),
     chunk after chunk in arrival order, carrying the accepted ids and newest eventTime."""
@@ -246,6 +246,7 @@ def _verdict_rows(
             "_reason_code": pa.array([None if r is None else r.code.value for r in reasons]),
             "_reason": pa.array([None if r is None else r.message for r in reasons]),
         }
+        schema = _VERDICT_ARROW_ROWS
         table = pa.table([columns[f.name] for f in schema], schema=schema)
         yield from table.to_batches()
 

@@ -150,8 +150,7 @@ class RuleEpochs:
         return cls(
             starts,
             tuple(
-                tuple(sorted((int(i), int(v)) for i, v in json.loads(latest[s][1])))
-                for s in starts
+                tuple(sorted((int(i), int(v)) for i, v in json.loads(latest[s][1]))) for s in starts
             ),
         )
 

@@ -100,11 +100,18 @@ class Settings(BaseSettings):
         description="The stream appends its decided batches to the Delta tables at most this "
         "long after it committed them to Redis (0: at every micro-batch).",
     )
-    hot_keys_max: int = Field(
-        default=2_000_000,
-        ge=1,
-        description="The stream keeps at most this many (signature, key) states in memory; "
-        "the least recently used are read back from Redis when they come again.",
+    stream_decide_partitions: int = Field(
+        default=0,
+        ge=0,
+        description="The stream decides a micro-batch in this many key-partitions, one Spark "
+        "task each (0: Spark's default parallelism, the cores of the executors).",
+    )
+    stream_executor_min_rows: int = Field(
+        default=4000,
+        ge=0,
+        description="A micro-batch with fewer keyed rows (events times matching signatures) "
+        "is decided in the driver's process by the same kernel: a Spark job would cost more "
+        "than it saves (0: always in the executors).",
     )
     stream_stale_seconds: int = Field(
         default=120,

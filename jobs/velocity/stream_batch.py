@@ -63,6 +63,8 @@ class KeyState:
     buckets: dict[int, BucketAggregate] = field(default_factory=dict)
     last_times: dict[int, int | None] = field(default_factory=dict)
     recent: dict[int, tuple[KeyedEvent, ...]] = field(default_factory=dict)
+    # The buckets whose raw events the hot state holds, trusted or not (Redis fields).
+    recent_fields: frozenset[int] = frozenset()
 
     def newest_bucket(self) -> int | None:
         return max(self.buckets, default=None)
@@ -92,6 +94,19 @@ def _recent_after(
     if len(recent) > RECENT_BUCKETS:
         recent = {s: recent[s] for s in sorted(recent)[-RECENT_BUCKETS:]}
     return recent
+
+
+def trusted_recent(
+    buckets: Mapping[int, BucketAggregate], recent: Mapping[int, Sequence[KeyedEvent]]
+) -> dict[int, tuple[KeyedEvent, ...]]:
+    """The recent raw events of the buckets they account for whole: they are a subset of a
+    bucket's events by construction, so as many as the bucket counts means all of them,
+    whatever happened in between (a rebuild from Delta, a signature built again)."""
+    return {
+        start: tuple(events)
+        for start, events in recent.items()
+        if start in buckets and buckets[start].count == len(events)
+    }
 
 
 def recent_history(

@@ -8,7 +8,9 @@ dirs share one Redis without touching each other's keys:
 
 - ``P:{<signature_id>:<key>}:buckets`` — hash of one (signature, key): field = bucket
   start (epoch ms, decimal), value = ``bucket_value``. The hash tag keeps one
-  (signature, key) in one cluster slot and spreads keys over slots.
+  (signature, key) in one cluster slot and spreads keys over slots. Fields
+  ``e<bucket start>`` beside them hold the raw events of the key's newest buckets
+  (``recent_value``), which the stream decides an out-of-order event's own bucket from.
 - ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
   bucket hash and call ``velocity_window``.
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
@@ -18,7 +20,7 @@ dirs share one Redis without touching each other's keys:
   de-duplication horizon (its value: the batch that accepted it).
 - ``P:lock:{<data dir digest>}`` — the state lock.
 - ``P:buckets-epoch`` — bumped by every writer of bucket hashes other than the stream
-  (rebuild, repair, backfill, eviction), so the stream drops its in-memory copy.
+  (rebuild, repair, backfill, eviction).
 - ``P:mirror`` — the data dir whose buckets Redis holds; gone after a flush.
 """
 
@@ -33,6 +35,7 @@ from decimal import Decimal
 from velocity.buckets import BucketAggregate
 from velocity.decimals import format_decimal, json_string
 from velocity.rules import Rule, key_text
+from velocity.windows import KeyedEvent
 
 
 def data_dir_tag(data_dir: str) -> str:
@@ -169,3 +172,36 @@ def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
         "limitOperatorType": rule.operator.value,
         "limit": format_decimal(rule.limit),
     }
+
+
+# The raw events of a key's newest buckets live in its bucket hash beside the buckets,
+# as field "e<bucket start>" (not a digit first: bucket readers and roll-ups skip it).
+RECENT_FIELD_PREFIX = "e"
+
+
+def recent_field(start: int) -> str:
+    return f"{RECENT_FIELD_PREFIX}{start}"
+
+
+def recent_value(events: Sequence[KeyedEvent]) -> str:
+    """A bucket's raw events as ``[[eventTime, transactionId, value, amount], …]``."""
+    return json.dumps(
+        [
+            [
+                e.event_time,
+                e.transaction_id,
+                e.value,
+                None if e.number is None else format_decimal(e.number),
+            ]
+            for e in events
+        ],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def parse_recent(text: str) -> tuple[KeyedEvent, ...]:
+    return tuple(
+        KeyedEvent(t, tx, value, None if number is None else Decimal(number))
+        for t, tx, value, number in json.loads(text)
+    )

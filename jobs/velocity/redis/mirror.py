@@ -19,16 +19,20 @@ from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.keys import (
+    RECENT_FIELD_PREFIX,
     RedisKeys,
     bucket_value,
     parse_bucket,
     parse_bucket_value,
+    parse_recent,
+    recent_field,
+    recent_value,
     rule_entry,
 )
 from velocity.redis.lease import Lease
 from velocity.rules import Rule
 from velocity.settings import Settings
-from velocity.stream_batch import KeyState, SignatureKey
+from velocity.stream_batch import KeyState, SignatureKey, trusted_recent
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
@@ -356,9 +360,15 @@ def read_stream_state(
         if not fields:
             continue
         state = KeyState()
-        for start_text, value in fields.items():
-            start = int(start_text)
-            state.buckets[start], state.last_times[start] = parse_bucket(value)
+        recent = {}
+        for name, value in fields.items():
+            if name.startswith(RECENT_FIELD_PREFIX):
+                recent[int(name[len(RECENT_FIELD_PREFIX) :])] = parse_recent(value)
+            else:
+                start = int(name)
+                state.buckets[start], state.last_times[start] = parse_bucket(value)
+        state.recent = trusted_recent(state.buckets, recent)
+        state.recent_fields = frozenset(recent)
         states[slot] = state
     return StreamRead(
         committed_batch=int(progress["batch"]) if "batch" in progress else None,
@@ -370,46 +380,75 @@ def read_stream_state(
     )
 
 
+@dataclass
+class BucketChanges:
+    """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them:
+    fields set (a bucket's absolute value, or a key's recent raw events), fields removed,
+    and the changed hashes that cannot have roll-ups (``QUIET_MAX_BUCKETS``)."""
+
+    sets: list[tuple[str, str, str]] = field(default_factory=list)  # (hash, field, value)
+    drops: list[tuple[str, str]] = field(default_factory=list)  # (hash, field)
+    quiet: list[str] = field(default_factory=list)
+
+    def extend(self, other: BucketChanges) -> None:
+        self.sets.extend(other.sets)
+        self.drops.extend(other.drops)
+        self.quiet.extend(other.quiet)
+
+
+def key_changes(
+    keys: RedisKeys,
+    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
+    dropped: Iterable[tuple[str, str, int]] = (),
+) -> BucketChanges:
+    """The changes that give each changed key's ``starts`` their value in its new state
+    (with its newest eventTime), remove the ``dropped`` buckets, and keep the key's
+    recent raw events as its new state has them."""
+    out = BucketChanges()
+    for (sig, key), (state, starts) in changed.items():
+        name = keys.bucket_hash(sig, key)
+        if len(state.buckets) <= QUIET_MAX_BUCKETS:
+            out.quiet.append(name)
+        for start in starts:
+            if start in state.buckets:
+                value = bucket_value(state.buckets[start], state.last_times.get(start))
+                out.sets.append((name, str(start), value))
+            if start in state.recent:
+                out.sets.append((name, recent_field(start), recent_value(state.recent[start])))
+        out.drops.extend((name, recent_field(s)) for s in state.recent_fields - set(state.recent))
+    out.drops.extend((keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped)
+    return out
+
+
 def stream_commit(
     settings: Settings,
     batch_id: int,
     newest_event_time: int | None,
-    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
-    dropped: Iterable[tuple[str, str, int]],
+    changes: BucketChanges,
     accepted: Iterable[str],
-    alerts: Sequence[Mapping[str, Any]],
+    alerts: Sequence[str],
     bucket_ttl_seconds: int,
     lease: Lease,
 ) -> tuple[str, ...]:
     """One micro-batch's commit to Redis, as the arguments of velocity_stream_commit: the
-    changed buckets' absolute values, the dropped buckets, the accepted transactionIds, the
-    alerts and the progress, applied atomically by ``send_stream_commit`` or
-    ``PendingCommit`` (built apart from the call, so the stream sends it and goes on while
-    Redis runs it). Redis refuses a batch committed before (-1: a replay writes nothing)
-    and writes nothing unless the state lock still holds ``lease``'s token."""
+    bucket ``changes``, the accepted transactionIds, the ``alerts`` (SPEC §4 JSON) and the
+    progress, applied atomically by ``send_stream_commit`` or ``PendingCommit`` (built
+    apart from the call, so the stream sends it and goes on while Redis runs it). Redis
+    refuses a batch committed before (-1: a replay writes nothing) and writes nothing
+    unless the state lock still holds ``lease``'s token."""
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
-    buckets = []
-    quiet = []  # hashes that cannot have roll-ups: velocity_stream_commit skips their HLEN
-    for (sig, key), (state, starts) in changed.items():
-        name = keys.bucket_hash(sig, key)
-        if len(state.buckets) <= QUIET_MAX_BUCKETS:
-            quiet.append(name)
-        for start in starts:
-            if start in state.buckets:
-                value = bucket_value(state.buckets[start], state.last_times.get(start))
-                buckets.append((name, str(start), value))
     parts: dict[str, list[Any]] = {
-        "b": buckets,
-        "d": [(keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped],
+        "b": changes.sets,
+        "d": changes.drops,
         "s": [seen_prefix + tx for tx in accepted],
-        "a": [json.dumps(a, separators=(",", ":")) for a in alerts],
-        "q": quiet,
+        "a": list(alerts),
+        "q": changes.quiet,
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most
     # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.
     longest = max(len(entries) for entries in parts.values())
-    changes = [
+    chunks = [
         json.dumps(
             {name: entries[start : start + COMMIT_CHUNK] for name, entries in parts.items()},
             separators=(",", ":"),
@@ -428,7 +467,7 @@ def stream_commit(
         str(settings.dedup_horizon_seconds * 1000),
         str(ALERT_STREAM_MAXLEN),
         str(settings.bucket_width_ms),
-        *changes,
+        *chunks,
     )
 
 

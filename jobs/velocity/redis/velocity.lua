@@ -199,6 +199,11 @@ local function is_bucket(field)
   return first ~= nil and first >= 48 and first <= 57
 end
 
+-- Fields "e<start>": the raw events of a key's newest buckets (velocity/redis/keys.py).
+local function is_recent(field)
+  return string.byte(field, 1) == 101
+end
+
 -- Roll-ups. A dense hash (ROLLUP_MIN_BUCKETS buckets or more) also holds, for each size n
 -- (in buckets) of ROLLUP_SIZES, the merge of the buckets of every aligned n·g block that
 -- has any, as field "r<n>:<block start>", and field "rollups" = "<g ms>:<n>,<n>,...". Each
@@ -272,7 +277,7 @@ local function after_bucket_writes(hash, starts, width)
     refresh_blocks(hash, layout_width, sizes, starts)
     if redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS then -- sparse again: read whole
       for _, field in ipairs(redis.call("HKEYS", hash)) do
-        if not is_bucket(field) then redis.call("HDEL", hash, field) end
+        if not is_bucket(field) and not is_recent(field) then redis.call("HDEL", hash, field) end
       end
     end
   elseif width and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
@@ -495,7 +500,8 @@ local function velocity_renew(keys, args)
   return 0
 end
 
--- Every bucket of the named hashes (roll-ups left out), by hash; empty hashes left out.
+-- Every bucket of the named hashes and their recent raw events (roll-ups left out), by
+-- hash; empty hashes left out.
 local function read_hashes(names)
   local hashes = {}
   for _, name in ipairs(names) do
@@ -503,7 +509,7 @@ local function read_hashes(names)
     if #buckets > 0 then
       local map = {}
       for i = 1, #buckets, 2 do
-        if is_bucket(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
+        if is_bucket(buckets[i]) or is_recent(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
       end
       hashes[name] = map
     end
@@ -594,7 +600,7 @@ local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
       for _, kind in ipairs({"b", "d"}) do
         for _, entry in ipairs(changes[kind]) do
           local starts = dense[entry[1]]
-          if starts then starts[tonumber(entry[2])] = true end
+          if starts and is_bucket(entry[2]) then starts[tonumber(entry[2])] = true end
         end
       end
     end

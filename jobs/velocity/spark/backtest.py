@@ -174,9 +174,7 @@ def _run_backtest(
     # most events: fan-out + shuffle + sort 12.7 s, done twice before).
     events = tables.read_table(spark, root / tables.EVENTS)
     keyed = keyed_events(events, rules_by_signature(active))
-    ordered = key_partitioned(keyed, settings.spark_shuffle_partitions).localCheckpoint(
-        eager=True
-    )
+    ordered = key_partitioned(keyed, settings.spark_shuffle_partitions).localCheckpoint(eager=True)
     step("fan-out+shuffle")
     tables.overwrite_table(partition_buckets(ordered, width_ms), root / tables.BUCKETS)
     step("buckets")

@@ -101,15 +101,18 @@ def partition_buckets(ordered: DataFrame, width_ms: int) -> DataFrame:
 def _bucket_batches(batches: Iterator[pa.RecordBatch], width_ms: int) -> Iterator[pa.RecordBatch]:
     """One partition's buckets (rows sorted by signature, key), whole keys at a time."""
     for chunk in _whole_keys(batches, KERNEL_CHUNK_ROWS):
-        rows = bucket_rows(chunk, width_ms)
-        n = rows.num_rows
-        columns = {
-            **{name: rows.column(name) for name in rows.column_names},
-            "bucket_width_ms": pa.array(np.full(n, width_ms), pa.int64()),
-            "parts": pa.nulls(n, _BUCKET_ARROW.field("parts").type),
-        }
-        table = pa.table([columns[name] for name in _BUCKET_ARROW.names], schema=_BUCKET_ARROW)
-        yield from table.to_batches()
+        yield from bucket_table(bucket_rows(chunk, width_ms), width_ms).to_batches()
+
+
+def bucket_table(rows: pa.Table, width_ms: int) -> pa.Table:
+    """g-wide ``bucket_rows`` as rows of the buckets table (BUCKET_SCHEMA)."""
+    n = rows.num_rows
+    columns = {
+        **{name: rows.column(name) for name in rows.column_names},
+        "bucket_width_ms": pa.array(np.full(n, width_ms), pa.int64()),
+        "parts": pa.nulls(n, _BUCKET_ARROW.field("parts").type),
+    }
+    return pa.table([columns[name] for name in _BUCKET_ARROW.names], schema=_BUCKET_ARROW)
 
 
 def merged_figures() -> list[Column]:

@@ -33,18 +33,17 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from velocity.alerts import alert_record, rule_key
+from velocity.alerts import record_of_stored
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.errors import UsageError
@@ -58,27 +57,13 @@ from velocity.settings import Settings
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import kafka_messages, line_texts, with_line_source
 from velocity.spark.redis_state import RedisState
-from velocity.stream_batch import (
-    BucketSlot,
-    HotBuckets,
-    KeyState,
-    SignatureKey,
-    admit,
-    below_horizon,
-    collect_batch_garbage,
-    decide,
-    history_needed,
-    key_groups,
-    recent_history,
-)
+from velocity.spark.stream_decide import BatchDecided, BatchPlan, batch_keyed_rows, decide_batch
+from velocity.stream_batch import Admitted, BucketSlot, admit, collect_batch_garbage
 from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
 from velocity.timing import StepTimer
-from velocity.windows import Decision, KeyedEvent
 
 log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"
-# How often a batch drops the in-memory keys that have nothing left inside the horizon.
-SWEEP_SECONDS = 60.0
 KAFKA_FETCH_MAX_WAIT_MS = 10
 
 
@@ -87,9 +72,8 @@ class PreparedBatch:
     """A decided, spooled micro-batch waiting for its Redis commit."""
 
     commit: tuple[str, ...]  # velocity_stream_commit's arguments (mirror.stream_commit)
-    states: dict[SignatureKey, KeyState]  # the changed keys' new buckets
-    cutoff: int | None  # the horizon: buckets below it leave memory
-    alerts: list[dict[str, Any]]  # SPEC §4 records, in the order they are published
+    alerts: list[str]  # SPEC §4 JSON, in the order they are published
+    partitions: list[dict[str, object]]  # each key-partition's figures, for the batch log
 
 
 class SharedStateLock:
@@ -154,14 +138,11 @@ class StreamJob:
         self.redis = connection.connect(settings)
         connection.load_functions(self.redis)
         self.mirror = RedisState(self.state, self.redis)
-        self.hot = HotBuckets(settings.hot_keys_max)
         self._lock = SharedStateLock(self.redis, settings)
         self._rules: list[Rule] = []
         self._rules_version: int | None = None
-        self._epoch: str | None = None
         self._committed: int | None = None  # newest batch this process committed to Redis
         self._flush_each_batch = settings.write_behind_seconds == 0
-        self._swept = time.monotonic()
         self._flushing = threading.Lock()
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -182,6 +163,7 @@ class StreamJob:
             # The batch's lines and events are garbage from here on, freed before the
             # collection (which would otherwise scan them all) in ``_commit``.
             del parsed
+            partitions = [] if prepared is None else prepared.partitions
             alerts = 0 if prepared is None else self._commit(prepared, batch_id, timer, lease)
         if self._flush_each_batch:
             self.flush(batch_id)
@@ -192,7 +174,7 @@ class StreamJob:
                     "batch": batch_id,
                     "lines": line_count,
                     "alerts": alerts,
-                    "hot_keys": len(self.hot),
+                    "partitions": partitions,
                     "seconds": round(timer.total, 3),
                     "steps": timer.steps,
                     "finished": int(time.time() * 1000),
@@ -205,16 +187,13 @@ class StreamJob:
     ) -> PreparedBatch | None:
         """Decide the batch and spool its rows; None when Redis has it committed already."""
         settings = self.settings
-        width_ms = settings.bucket_width_ms
         decision_time = int(time.time() * 1000)
         rules = self._rules_in_force(batch_id)
         timer.mark("rules")
         signatures = list(rules_by_signature(rules))
         events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
         transaction_ids = list(dict.fromkeys(e.transaction_id for e in events))
-        # Every (signature, key) the batch may touch; duplicates only make it a superset.
-        arrived = key_groups(events, signatures)
-        read = self._read_state(transaction_ids, list(arrived), batch_id)
+        read = self._read_state(transaction_ids, batch_id)
         timer.mark("redis-read")
         if read.committed_batch is not None and read.committed_batch >= batch_id:
             # Committed before a crash: its rows are spooled (or flushed) already; its
@@ -238,51 +217,41 @@ class StreamJob:
             settings.max_future_ms,
             clock_ms=decision_time,
         )
-        # Duplicates and far-future events are rare: key the accepted events again only
-        # when some were left out.
-        some_left_out = admitted.duplicates or admitted.future
-        groups = key_groups(admitted.accepted, signatures) if some_left_out else arrived
-        states = self.hot.states(groups)
-        needed = history_needed(groups, states, admitted.late, width_ms)
-        # The own buckets' earlier events: from memory when they all passed through this
-        # process, else (after a restart, rarely) from the Delta history.
-        history, missing = recent_history(needed, states)
-        if missing:
-            history.update(self._own_bucket_history(missing, signatures, batch_id))
-        decided = decide(groups, states, rules, admitted.late, width_ms, history)
-        timer.mark("decide")
-
+        ingest_time = int(time.time() * 1000)
+        accepted_ids = {id(e) for e in admitted.accepted}
+        valid = [ln for ln in lines if isinstance(ln.parsed, Event)]
+        accepted_rows = batch_rows.event_rows(
+            "events", [ln for ln in valid if id(ln.parsed) in accepted_ids], ingest_time, batch_id
+        )
+        timer.mark("admit")
         cutoff = None
         if read.newest_event_time is not None and rules:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             cutoff = read.newest_event_time - horizon_ms
-        dropped = below_horizon(decided.buckets, cutoff)
-        records = self._alert_records(decided.decisions, decision_time)
+        decided = self._decide(
+            accepted_rows, signatures, rules, admitted, cutoff, batch_id, decision_time
+        )
+        timer.mark("decide")
+        records = sorted(
+            (record_of_stored(row) for row in decided.alerts.to_pylist()),
+            key=lambda r: (r["eventTime"], r["ruleId"], r["transactionId"]),
+        )
+        alerts = [json.dumps(r, separators=(",", ":")) for r in records]
         late = [e for e in admitted.accepted if e.transaction_id in admitted.late]
-        ingest_time = int(time.time() * 1000)
-        accepted_ids = {id(e) for e in admitted.accepted}
-        valid = [ln for ln in lines if isinstance(ln.parsed, Event)]
         future = [replace(valid[i], parsed=why) for i, why in admitted.future.items()]
         duplicates = [valid[i] for i in admitted.duplicates]
         self.spool.write(
             batch_id,
             {
-                "events": batch_rows.event_rows(
-                    "events",
-                    [ln for ln in valid if id(ln.parsed) in accepted_ids],
-                    ingest_time,
-                    batch_id,
-                ),
+                "events": accepted_rows,
                 "duplicates": batch_rows.event_rows("duplicates", duplicates, ingest_time),
                 "quarantine": batch_rows.quarantine_rows(
                     [ln for ln in lines if not isinstance(ln.parsed, Event)] + future,
                     ingest_time,
                 ),
                 "late_events": batch_rows.late_rows(late, admitted.watermark, batch_id),
-                "buckets": batch_rows.bucket_rows(decided.deltas, width_ms),
-                "alerts": batch_rows.alert_rows(
-                    (r for r, _ in records), [sig for _, sig in records]
-                ),
+                "buckets": decided.deltas,
+                "alerts": decided.alerts,
             },
             {"newest_before": read.newest_event_time, "newest": admitted.newest_event_time},
         )
@@ -291,42 +260,57 @@ class StreamJob:
             settings,
             batch_id,
             admitted.newest_event_time,
-            {slot: (decided.buckets[slot], starts) for slot, starts in decided.changed.items()},
-            dropped,
+            decided.changes,
             [e.transaction_id for e in admitted.accepted],
-            [r for r, _ in records],
+            alerts,
             mirror.horizon_seconds(rules, settings),
             lease,
         )
         timer.mark("commit-args")
-        return PreparedBatch(commit, decided.buckets, cutoff, [r for r, _ in records])
+        return PreparedBatch(commit, alerts, decided.partitions)
+
+    def _decide(
+        self,
+        accepted: pa.Table,
+        signatures: list[RuleSignature],
+        rules: list[Rule],
+        admitted: Admitted,
+        cutoff: int | None,
+        batch_id: int,
+        decision_time: int,
+    ) -> BatchDecided:
+        """The batch's decisions, a key-partition at a time (``velocity.spark.stream_decide``):
+        in the executors unless the batch is small. An own bucket whose earlier events the
+        hot state does not hold (after a restart, rarely) makes a second round with them
+        read from the Delta history."""
+        settings = self.settings
+        keyed = batch_keyed_rows(accepted, signatures, admitted.watermark)
+        plan = BatchPlan(settings, tuple(rules), decision_time, cutoff)
+        partitions = settings.stream_decide_partitions or self.spark.sparkContext.defaultParallelism
+        in_executors = keyed.num_rows >= settings.stream_executor_min_rows
+        decided = decide_batch(self.spark, keyed, None, plan, partitions, in_executors)
+        if decided.missing:
+            history = self._own_bucket_history(set(decided.missing), signatures, batch_id)
+            decided = decide_batch(self.spark, keyed, history, plan, partitions, in_executors)
+            if decided.missing:
+                raise RuntimeError(f"own buckets without history: {decided.missing[:3]}")
+        return decided
 
     def _commit(
         self, prepared: PreparedBatch, batch_id: int, timer: StepTimer, lease: Lease
     ) -> int:
-        """Send the batch's commit; Redis runs it on its own core while this process takes
-        the new buckets into memory and collects. A commit that fails leaves no trusted
-        memory behind. Then the alerts go to Kafka (when it publishes there): at least
-        once, since a batch that fails here is replayed, finds itself committed in Redis
-        and publishes them again. Returns the alerts published."""
+        """Send the batch's commit and collect while Redis runs it; then the alerts go to
+        Kafka (when it publishes there): at least once, since a batch that fails here is
+        replayed, finds itself committed in Redis and publishes them again. Returns the
+        alerts published."""
         pending = mirror.begin_stream_commit(self.redis, self.settings, prepared.commit, lease)
         alerts = prepared.alerts
         try:
-            try:
-                cutoff = prepared.cutoff
-                self.hot.apply(prepared.states, cutoff)
-                if cutoff is not None and time.monotonic() - self._swept > SWEEP_SECONDS:
-                    # Keys idle past the horizon: their Redis hashes expire, their memory too.
-                    self.hot.sweep(cutoff)
-                    self._swept = time.monotonic()
-                del prepared
-                collect_batch_garbage()
-                timer.mark("hot+gc")
-            finally:  # never leave a commit in flight behind a failed step
-                published = pending.result()
-        except BaseException:
-            self.hot.forget()
-            raise
+            del prepared
+            collect_batch_garbage()
+            timer.mark("gc")
+        finally:  # never leave a commit in flight behind a failed step
+            published = pending.result()
         timer.mark("redis-commit")
         if self._kafka_alerts is not None and alerts:
             self._kafka_alerts.publish(alerts)
@@ -334,46 +318,23 @@ class StreamJob:
         self._committed = batch_id
         return max(published, 0)
 
-    def _alert_records(
-        self, decisions: Sequence[tuple[Decision, str, tuple[str, ...]]], decision_time: int
-    ) -> list[tuple[dict[str, Any], str]]:
-        """SPEC §4 records of the batch's decisions (with their signature), in the order
-        they are published: eventTime, ruleId, transactionId."""
-        records = [
-            (alert_record(d, rule_key(d.rule, key_values), decision_time), signature_id)
-            for d, signature_id, key_values in decisions
-        ]
-        records.sort(key=lambda r: (r[0]["eventTime"], r[0]["ruleId"], r[0]["transactionId"]))
-        return records
-
-    def _read_state(
-        self, transaction_ids: list[str], slots: list[SignatureKey], batch_id: int
-    ) -> mirror.StreamRead:
-        """The Redis half of a batch's input; refills Redis first when it lost this data
-        dir's state, and drops the in-memory buckets when another writer changed Redis."""
-        read = mirror.read_stream_state(
-            self.redis, self.settings, transaction_ids, self.hot.missing(slots)
-        )
+    def _read_state(self, transaction_ids: list[str], batch_id: int) -> mirror.StreamRead:
+        """The Redis half of a batch's input on the driver (progress, seen transactionIds);
+        refills Redis first when it lost this data dir's state."""
+        read = mirror.read_stream_state(self.redis, self.settings, transaction_ids, [])
         if read.mirror_of != str(self.settings.data_dir):
             log.warning(
                 "Redis lost the state of %s: rebuilding it from Delta", self.settings.data_dir
             )
             self.mirror.rebuild(batch_id - 1)
-            self.hot.forget()
-            self._epoch = None
-        if read.epoch != self._epoch or read.mirror_of != str(self.settings.data_dir):
-            self.hot.forget()
-            read = mirror.read_stream_state(self.redis, self.settings, transaction_ids, slots)
-            self._epoch = read.epoch
-        for slot, state in read.states.items():
-            self.hot.put(slot, state)
+            read = mirror.read_stream_state(self.redis, self.settings, transaction_ids, [])
         return read
 
     def _own_bucket_history(
         self, needed: set[BucketSlot], signatures: list[RuleSignature], batch_id: int
-    ) -> dict[BucketSlot, list[KeyedEvent]]:
-        """The earlier batches' raw events of ``needed`` own buckets, from Delta (rare: an
-        event arrived after a later event of its own bucket)."""
+    ) -> pa.Table:
+        """The earlier batches' raw events of ``needed`` own buckets, from Delta, as keyed
+        rows (rare: an own bucket whose raw events the hot state does not hold)."""
         self.state.flush_spool(batch_id - 1)
         width = self.settings.bucket_width_ms
         lower = min(start for _, _, start in needed)
@@ -382,14 +343,15 @@ class StreamJob:
         earlier = self.state.read("events").where(
             (F.col("stream_batch") < batch_id) & F.col("eventTime").between(lower, upper)
         )
-        history: dict[BucketSlot, list[KeyedEvent]] = {slot: [] for slot in needed}
-        for row in keyed_events(earlier, wanted).toLocalIterator():
-            slot = (row["signature_id"], row["key"], row["eventTime"] - row["eventTime"] % width)
-            if slot in history:
-                history[slot].append(
-                    KeyedEvent(row["eventTime"], row["transactionId"], row["value"], row["number"])
-                )
-        return history
+        rows = keyed_events(earlier, wanted).toArrow()
+        times = rows.column("eventTime").to_numpy()
+        slots = zip(
+            rows.column("signature_id").to_pylist(),
+            rows.column("key").to_pylist(),
+            (times - times % width).tolist(),
+            strict=True,
+        )
+        return rows.filter(pa.array([slot in needed for slot in slots], pa.bool_()))
 
     def _rules_in_force(self, batch_id: int) -> list[Rule]:
         """The active rules, read again only when the rules table has a new version; a
@@ -427,7 +389,6 @@ class StreamJob:
         for gone in sorted(set(kept) - set(wanted)):
             spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
             spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
-        self.hot.forget(set(kept) - set(wanted))
         short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
         build = sorted((set(wanted) - set(kept)) | short)
         if build:
@@ -463,7 +424,6 @@ class StreamJob:
             F.col("signature_id") == signature_id
         )
         self.mirror.write_buckets(built_now, rules)
-        self.hot.forget([signature_id])
         record = spark.createDataFrame(
             [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id, widest)],
             tables.SIGNATURE_SCHEMA,
@@ -566,15 +526,12 @@ class StreamJob:
         With the available-now trigger every batch is flushed to Delta before the next;
         otherwise a background thread writes Delta behind (``close`` flushes the rest).
         """
-        # The driver holds millions of long-lived objects (the hot buckets). Each batch
-        # freezes what survived it (``gc.freeze``), so the cyclic collector only ever
-        # scans the young objects of the batch at hand, and rarely (measured at 20,000
-        # events a batch: 138 → 118 µs an event, the same as with the collector off).
+        # A batch makes many short-lived objects; each batch collects its own garbage
+        # once (``collect_batch_garbage``) instead of the collector running every 700.
         gc.set_threshold(1_000_000, 1000, 1000)
         with self._lock.held("stream start"):
             if not self.mirror.is_current():
                 self.mirror.rebuild()
-                self.hot.forget()
             committed = last_committed_batch(self.settings)
             if committed is None:
                 self._refuse_a_lost_checkpoint()

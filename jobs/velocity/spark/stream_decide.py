@@ -1,0 +1,243 @@
+"""A stream micro-batch decided a key-partition at a time, in Spark's executors.
+
+The driver fans the batch's accepted events out to (signature, key) rows (columnar) and
+cuts them into key-partitions; each partition is one Spark task, which reads its keys'
+hot state from Redis in one call, decides with the columnar kernel
+(``velocity.engine.key_partition``) and returns its alert rows, its bucket deltas for
+Delta and its Redis bucket changes. The driver then commits the whole batch to Redis in
+one atomic call, as before. A small batch is decided the same way in the driver's
+process (``BatchPlan.in_executors``): a Spark job costs more than it saves there.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from velocity.buckets import bucket_from_columns
+from velocity.engine.bucketing import BUCKET_ROWS
+from velocity.engine.fan_out import keyed_rows
+from velocity.engine.key_partition import (
+    KeyPartitionDecided,
+    decide_key_partition,
+    missing_history,
+)
+from velocity.engine.records import alert_rows
+from velocity.redis import connection, mirror
+from velocity.redis.keys import RedisKeys, bucket_value, recent_field, recent_value
+from velocity.rules import Rule, RuleSignature
+from velocity.settings import Settings
+from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
+from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
+
+_KEY = ("signature_id", "key")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What every key-partition of a batch needs (pickled into its task)."""
+
+    settings: Settings
+    rules: tuple[Rule, ...]
+    decision_time: int
+    cutoff: int | None  # buckets of changed keys below it are dropped (the horizon)
+
+
+@dataclass
+class BatchDecided:
+    """A batch's decisions over all its key-partitions."""
+
+    alerts: pa.Table  # rows of the alerts table
+    deltas: pa.Table  # rows of the buckets table: the batch's events alone per bucket
+    changes: mirror.BucketChanges = field(default_factory=mirror.BucketChanges)
+    missing: list[BucketSlot] = field(default_factory=list)  # own buckets to read from Delta
+    partitions: list[dict[str, object]] = field(default_factory=list)  # per-partition log
+
+
+def batch_keyed_rows(
+    events: pa.Table, signatures: Sequence[RuleSignature], watermark: int | None
+) -> pa.Table:
+    """The accepted events (rows of the events table, arrival order) per signature and
+    key, with ``decide`` false for the late ones (older than the watermark)."""
+    keyed = keyed_rows(events, signatures, _KEYED_ARROW)
+    times = keyed.column("eventTime").to_numpy()
+    decide = np.ones(len(times), dtype=bool) if watermark is None else times >= watermark
+    return keyed.append_column("decide", pa.array(decide))
+
+
+def decide_batch(
+    spark: SparkSession,
+    keyed: pa.Table,
+    history: pa.Table | None,
+    plan: BatchPlan,
+    partitions: int,
+    in_executors: bool,
+) -> BatchDecided:
+    """Decide ``keyed`` (``batch_keyed_rows``) in ``partitions`` key-partitions; with
+    ``history`` (the raw earlier events of own buckets, keyed rows) for the slots a first
+    round named ``missing``."""
+    parts = _key_partitions(keyed, history, partitions)
+    if in_executors and len(parts) > 1:
+        tasks = spark.sparkContext.parallelize(parts, len(parts))
+        results = tasks.map(lambda part: _run_partition(plan, *part)).collect()
+    else:
+        results = [_run_partition(plan, *part) for part in parts]
+    out = BatchDecided(_ALERT_ARROW.empty_table(), _empty_deltas(plan))
+    alerts, deltas = [out.alerts], [out.deltas]
+    for blob in results:
+        done = pickle.loads(blob)
+        out.missing.extend(done["missing"])
+        out.partitions.append(done["log"])
+        if done["missing"]:
+            continue
+        alerts.append(_from_ipc(done["alerts"]))
+        deltas.append(_from_ipc(done["deltas"]))
+        out.changes.extend(done["changes"])
+    out.alerts, out.deltas = pa.concat_tables(alerts), pa.concat_tables(deltas)
+    return out
+
+
+def _empty_deltas(plan: BatchPlan) -> pa.Table:
+    return bucket_table(BUCKET_ROWS.empty_table(), plan.settings.bucket_width_ms)
+
+
+def _key_partitions(
+    keyed: pa.Table, history: pa.Table | None, partitions: int
+) -> list[tuple[bytes, bytes | None]]:
+    """The batch's keyed rows (and history rows) cut by (signature, key) into at most
+    ``partitions`` parts, each in arrival order, as Arrow IPC."""
+    codes = _key_codes(keyed)
+    count = max(1, min(partitions, keyed.num_rows))
+    part_of = codes % count
+    parts = []
+    for p in range(count):
+        rows = keyed.filter(pa.array(part_of == p))
+        if rows.num_rows == 0:
+            continue
+        given = None
+        if history is not None and history.num_rows:
+            mine = history.join(_keys_of(rows), keys=list(_KEY), join_type="inner")
+            given = _to_ipc(mine) if mine.num_rows else None
+        parts.append((_to_ipc(rows), given))
+    return parts
+
+
+def _key_codes(keyed: pa.Table) -> np.ndarray:
+    """A number per (signature, key) of the batch, spread evenly over keys."""
+    joined = pc.binary_join_element_wise(keyed.column("signature_id"), keyed.column("key"), "\x1f")
+    encoded = joined.combine_chunks().dictionary_encode() if keyed.num_rows else None
+    if encoded is None:
+        return np.zeros(0, dtype=np.int64)
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) -> bytes:
+    """One key-partition, where its task runs: read its keys' state, decide, and return
+    its rows and changes (pickled; IPC inside)."""
+    began = time.perf_counter()
+    settings = plan.settings
+    rows = _from_ipc(rows_ipc)
+    history = None if history_ipc is None else _from_ipc(history_ipc)
+    keys = _keys_of(rows)
+    slots = list(zip(*(keys.column(n).to_pylist() for n in _KEY), strict=True))
+    client = connection.connect(settings)
+    try:
+        states = mirror.read_stream_state(client, settings, [], slots).states
+    finally:
+        client.close()
+    read = time.perf_counter()
+    width = settings.bucket_width_ms
+    given = set() if history is None else _slots_of(history, width)
+    missing = [s for s in missing_history(rows, states, width) if s not in given]
+    log: dict[str, object] = {
+        "rows": rows.num_rows,
+        "keys": len(slots),
+        "executor": _executor_name(),
+        "redis_read_s": round(read - began, 4),
+    }
+    if missing:
+        return pickle.dumps({"missing": missing, "log": log})
+    decided = decide_key_partition(rows, states, history, plan.rules, width, plan.cutoff)
+    alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
+    changes = bucket_changes(settings.redis_keys, decided, states)
+    log["decide_s"] = round(time.perf_counter() - read, 4)
+    return pickle.dumps(
+        {
+            "missing": [],
+            "alerts": _to_ipc(alerts),
+            "deltas": _to_ipc(bucket_table(decided.deltas, width)),
+            "changes": changes,
+            "log": log,
+        }
+    )
+
+
+def bucket_changes(
+    keys: RedisKeys, decided: KeyPartitionDecided, states: dict[SignatureKey, KeyState]
+) -> mirror.BucketChanges:
+    """A decided key-partition's Redis changes: every changed bucket's new value (with its
+    newest eventTime), the raw events of the buckets the batch touched among each key's
+    newest, the dropped buckets and recent events that left."""
+    out = mirror.BucketChanges()
+    touched: set[BucketSlot] = set()
+    for row in decided.buckets.to_pylist():
+        slot = (row["signature_id"], row["key"], row["bucket_start"])
+        touched.add(slot)
+        value = bucket_value(bucket_from_columns(row), row["last_time"])
+        out.sets.append((keys.bucket_hash(slot[0], slot[1]), str(slot[2]), value))
+    for (sig, key), recent in decided.recent.items():
+        name = keys.bucket_hash(sig, key)
+        if decided.bucket_counts[(sig, key)] <= mirror.QUIET_MAX_BUCKETS:
+            out.quiet.append(name)
+        for start, events in recent.items():
+            if (sig, key, start) in touched:
+                out.sets.append((name, recent_field(start), recent_value(events)))
+        before = states.get((sig, key))
+        left = (before.recent_fields if before is not None else frozenset()) - set(recent)
+        out.drops.extend((name, recent_field(s)) for s in sorted(left))
+    out.drops.extend((keys.bucket_hash(sig, key), str(s)) for sig, key, s in decided.dropped)
+    return out
+
+
+def _slots_of(rows: pa.Table, width_ms: int) -> set[BucketSlot]:
+    times = rows.column("eventTime").to_numpy()
+    starts = (times - np.mod(times, width_ms)).tolist()
+    keys = (rows.column(n).to_pylist() for n in _KEY)
+    return set(zip(*keys, starts, strict=True))
+
+
+def _keys_of(rows: pa.Table) -> pa.Table:
+    """The distinct (signature, key)s of keyed rows."""
+    return rows.select(list(_KEY)).group_by(list(_KEY)).aggregate([])
+
+
+def _executor_name() -> str:
+    """Where this task ran: host, Python worker process, and the working folder's name
+    (on a standalone cluster, the executor's id; ``driver`` in the driver's process)."""
+    from pyspark import TaskContext
+
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    if TaskContext.get() is None:
+        return f"driver {where}"
+    return f"{where}:{Path.cwd().name}"
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(blob).read_all()

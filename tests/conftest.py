@@ -123,6 +123,9 @@ def spark_settings(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> 
         spark_master="local[2]",
         spark_shuffle_partitions=2,
         spark_driver_memory="3g",
+        # Every micro-batch of the Spark tests is decided in the executors (two tasks),
+        # however small; the subprocess streams keep the default (small ones inline).
+        stream_executor_min_rows=0,
     )
 
 

@@ -1,7 +1,9 @@
-"""One micro-batch of the stream, decided in memory from each key's hot buckets (pure).
+"""One micro-batch of the stream, decided event by event from each key's hot state (pure).
 
-The stream keeps every (signature, key)'s g-wide buckets hot (``KeyState``) and decides a
-micro-batch in three steps, all here and free of Spark and Redis:
+The stream's admission (``admit``) and its state's shape (``KeyState``) are defined here;
+the rest is the per-event reference engine that the columnar one
+(``velocity.engine.key_partition``) is property-tested against. A micro-batch, in three
+steps, all free of Spark and Redis:
 
 1. ``admit``: an event far ahead of the newest accepted eventTime or the clock is
    quarantined; the first arrival of each transactionId wins, against the batch itself
@@ -65,17 +67,6 @@ class KeyState:
     recent: dict[int, tuple[KeyedEvent, ...]] = field(default_factory=dict)
     # The buckets whose raw events the hot state holds, trusted or not (Redis fields).
     recent_fields: frozenset[int] = frozenset()
-
-    def newest_bucket(self) -> int | None:
-        return max(self.buckets, default=None)
-
-    def without_before(self, cutoff: int) -> KeyState:
-        """The buckets that start at ``cutoff`` or later (the horizon)."""
-        return KeyState(
-            {s: a for s, a in self.buckets.items() if s >= cutoff},
-            {s: t for s, t in self.last_times.items() if s >= cutoff},
-            {s: e for s, e in self.recent.items() if s >= cutoff},
-        )
 
 
 def _recent_after(
@@ -422,67 +413,6 @@ def _decide_key(
                 value = check(window)
                 if value is not None:
                     yield Decision(rule, target, value, lower)
-
-
-def below_horizon(states: Mapping[SignatureKey, KeyState], cutoff: int | None) -> list[BucketSlot]:
-    """The (signature, key, start) of every bucket in ``states`` that starts before
-    ``cutoff`` (None: no horizon yet, nothing)."""
-    if cutoff is None:
-        return []
-    return [(sig, key, s) for (sig, key), st in states.items() for s in st.buckets if s < cutoff]
-
-
-class HotBuckets:
-    """The stream's in-memory copy of the (signature, key) states it has read or written.
-
-    A copy, never the only one: a key it does not hold is read from Redis, and it may drop
-    any key at any time (``max_keys`` keeps the most recently used ones).
-    """
-
-    def __init__(self, max_keys: int) -> None:
-        self.max_keys = max_keys
-        self._states: dict[SignatureKey, KeyState] = {}
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def missing(self, slots: Iterable[SignatureKey]) -> list[SignatureKey]:
-        return [s for s in slots if s not in self._states]
-
-    def states(self, slots: Iterable[SignatureKey]) -> dict[SignatureKey, KeyState]:
-        return {s: self._states[s] for s in slots if s in self._states}
-
-    def put(self, slot: SignatureKey, state: KeyState) -> None:
-        """Hold ``state`` (read from Redis); never drops a key: a batch's keys stay until
-        it commits (``apply`` keeps the size)."""
-        self._states.pop(slot, None)  # re-inserted last: the most recently used
-        self._states[slot] = state
-
-    def apply(self, changed: Mapping[SignatureKey, KeyState], cutoff: int | None) -> None:
-        """Take a committed batch's new states, without their buckets below ``cutoff``."""
-        for slot, state in changed.items():
-            if cutoff is not None and any(s < cutoff for s in state.buckets):
-                state = state.without_before(cutoff)
-            self.put(slot, state)
-        if len(self._states) > self.max_keys:
-            for slot in list(self._states)[: len(self._states) - self.max_keys // 2]:
-                del self._states[slot]
-
-    def forget(self, signature_ids: Iterable[str] | None = None) -> None:
-        """Drop every key (None) or the keys of the given signatures."""
-        if signature_ids is None:
-            self._states.clear()
-            return
-        gone = set(signature_ids)
-        for slot in [s for s in self._states if s[0] in gone]:
-            del self._states[slot]
-
-    def sweep(self, cutoff: int) -> int:
-        """Drop keys with no bucket at or after ``cutoff`` (their Redis hashes expire too)."""
-        idle = [s for s, st in self._states.items() if (st.newest_bucket() or cutoff - 1) < cutoff]
-        for slot in idle:
-            del self._states[slot]
-        return len(idle)
 
 
 def collect_batch_garbage() -> None:

@@ -69,7 +69,14 @@ def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Set
     accepted = [f"tx-{i}" for i in range(8)]
     with state_lock(client, settings, "stream batch 0") as lease:
         commit = mirror.stream_commit(
-            settings, 0, 123, changes(40), [("sig", '["p-0"]', 60_000)], accepted, alerts, 60, lease
+            settings,
+            0,
+            123,
+            mirror.key_changes(settings.redis_keys, changes(40), [("sig", '["p-0"]', 60_000)]),
+            accepted,
+            [json.dumps(a) for a in alerts],
+            60,
+            lease,
         )
         published = mirror.send_stream_commit(client, settings, commit, lease)
         again = mirror.send_stream_commit(client, settings, commit, lease)
@@ -100,7 +107,14 @@ def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
     monkeypatch.setattr(cluster, "_finish", crash)
     with pytest.raises(KeyboardInterrupt), state_lock(client, settings, "stream batch 0") as lease:
         commit = mirror.stream_commit(
-            settings, 0, 5, changes(30), [], ["tx-a"], [{"alertId": "x"}], 60, lease
+            settings,
+            0,
+            5,
+            mirror.key_changes(settings.redis_keys, changes(30)),
+            ["tx-a"],
+            ['{"alertId":"x"}'],
+            60,
+            lease,
         )
         mirror.send_stream_commit(client, settings, commit, lease)
     # Decided (progress, seen) but no bucket or alert written yet.
@@ -128,7 +142,8 @@ def test_a_commit_whose_lease_ran_out_writes_nothing_on_the_cluster(settings: Se
         state_lock(client, settings, "stream batch 3", lease_ms=60_000) as lease,
     ):
         client.delete(lease.name)  # the lease ran out; someone else may hold it now
-        commit = mirror.stream_commit(settings, 3, 1, changes(5), [], ["tx"], [{"a": 1}], 60, lease)
+        changed = mirror.key_changes(settings.redis_keys, changes(5))
+        commit = mirror.stream_commit(settings, 3, 1, changed, ["tx"], ['{"a":1}'], 60, lease)
         mirror.send_stream_commit(client, settings, commit, lease)
     assert mirror.committed_batch(client, settings) is None
     assert client.xlen(settings.alert_stream) == 0

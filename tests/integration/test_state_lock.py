@@ -133,7 +133,7 @@ def test_a_stream_commit_whose_lease_ran_out_writes_nothing(settings: Settings) 
         client.set(lease.name, '{"token": "next-holder"}')
         with pytest.raises(StateLockLost):
             commit = mirror.stream_commit(
-                settings, 3, 5, {}, [], ["tx-1"], [{"alertId": "a"}], 60, lease
+                settings, 3, 5, mirror.BucketChanges(), ["tx-1"], ['{"alertId":"a"}'], 60, lease
             )
             mirror.send_stream_commit(client, settings, commit, lease)
     assert client.xlen(settings.alert_stream) == 0

@@ -34,7 +34,14 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
     accepted = [f"tx-{i}" for i in range(8)]
     with state_lock(client, settings, "stream batch 0") as lease:
         commit = mirror.stream_commit(
-            settings, 0, 123, changed, dropped, accepted, alerts, 60, lease
+            settings,
+            0,
+            123,
+            mirror.key_changes(settings.redis_keys, changed, dropped),
+            accepted,
+            [json.dumps(a) for a in alerts],
+            60,
+            lease,
         )
         published = mirror.send_stream_commit(client, settings, commit, lease)
         again = mirror.send_stream_commit(client, settings, commit, lease)
@@ -64,7 +71,8 @@ def test_a_commit_checks_roll_ups_only_on_hashes_that_may_have_them(settings: Se
     changed[("sig", '["larger"]')] = (larger, [0])
     client.config_resetstat()
     with state_lock(client, settings, "stream batch 0") as lease:
-        commit = mirror.stream_commit(settings, 0, 1, changed, [], [], [], 3600, lease)
+        changes = mirror.key_changes(settings.redis_keys, changed)
+        commit = mirror.stream_commit(settings, 0, 1, changes, [], [], 3600, lease)
         mirror.send_stream_commit(client, settings, commit, lease)
     calls = client.info("commandstats")
     assert calls["cmdstat_hlen"]["calls"] == 1  # the larger hash only

@@ -177,7 +177,14 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     buckets = {name: client.hgetall(name) for name in client.scan_iter(keys.bucket_hashes)}
     with state_lock(client, streamed.settings, "a replay") as lease:
         commit = mirror.stream_commit(
-            streamed.settings, 0, None, {}, [], ["tx-replayed"], published[:3], 60, lease
+            streamed.settings,
+            0,
+            None,
+            mirror.BucketChanges(),
+            ["tx-replayed"],
+            [json.dumps(p) for p in published[:3]],
+            60,
+            lease,
         )
         replay = mirror.send_stream_commit(client, streamed.settings, commit, lease)
     assert replay == -1

@@ -256,8 +256,9 @@ def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     touched = 0
     for name in client.scan_iter(match=settings.redis_keys.bucket_hashes):
-        starts = [int(s) for s in client.hkeys(name)]
-        assert all(parse_bucket_value(v).count > 0 for v in client.hvals(name))
+        buckets = {f: v for f, v in client.hgetall(name).items() if f.isdigit()}  # no raw events
+        starts = [int(s) for s in buckets]
+        assert all(parse_bucket_value(v).count > 0 for v in buckets.values())
         if client.ttl(name) > 0 and max(starts) >= newest - width:
             touched += 1
             assert min(starts) >= cutoff, name

@@ -189,29 +189,6 @@ def test_duplicates_lose_and_late_events_count_without_a_decision() -> None:
     assert fired == {(1, "a"): 1, (1, "c"): 3}
 
 
-def test_hot_buckets_keep_the_horizon_and_the_most_recently_used() -> None:
-    from velocity.buckets import BucketAggregate
-    from velocity.stream_batch import HotBuckets
-
-    def state(*starts: int) -> KeyState:
-        return KeyState({s: BucketAggregate(1) for s in starts}, dict.fromkeys(starts, 0))
-
-    hot = HotBuckets(max_keys=4)
-    hot.apply({("s", "a"): state(0, 60_000), ("s", "b"): state(0)}, cutoff=60_000)
-    assert hot.states([("s", "a"), ("s", "b")]) == {
-        ("s", "a"): state(60_000),
-        ("s", "b"): state(),
-    }, "buckets below the horizon leave memory with the batch that passes them"
-    assert hot.sweep(60_000) == 1 and hot.missing([("s", "a"), ("s", "b")]) == [("s", "b")]
-    for key in "cdef":
-        hot.put(("s", key), state(120_000))
-    assert len(hot) == 5, "a batch's keys stay until it commits"
-    hot.apply({("s", "g"): state(120_000)}, cutoff=60_000)
-    assert len(hot) <= 4 and hot.missing([("s", "a"), ("s", "f"), ("s", "g")]) == [("s", "a")]
-    hot.forget(["s"])
-    assert len(hot) == 0
-
-
 def test_an_out_of_order_event_reads_its_own_bucket_from_memory() -> None:
     """A batch's event earlier than a decided one of its own bucket needs the bucket's
     raw events: memory holds them for a bucket that began here, not for one read from

@@ -290,8 +290,8 @@ local function after_bucket_writes(hash, starts, width)
   end
 end
 
--- Drops a hash's buckets that start before `cutoff`, adding their starts to the set
--- `dropped`; returns how many.
+-- Drops a hash's buckets that start before `cutoff` (and their raw events), adding their
+-- starts to the set `dropped`; returns how many buckets.
 local function drop_before(hash, cutoff, dropped)
   local count = 0
   for _, field in ipairs(redis.call("HKEYS", hash)) do
@@ -299,6 +299,8 @@ local function drop_before(hash, cutoff, dropped)
       redis.call("HDEL", hash, field)
       dropped[tonumber(field)] = true
       count = count + 1
+    elseif is_recent(field) and tonumber(string.sub(field, 2)) < cutoff then
+      redis.call("HDEL", hash, field) -- the raw events of a dropped bucket
     end
   end
   return count

@@ -1,0 +1,129 @@
+"""A stream key-partition decided over its keys' hot state (``engine.key_partition``)
+equals the stream's reference batch engine (``stream_batch.decide``) over the whole
+record, batch after batch, with the hot state carried only as the partition's own output
+says (buckets, newest eventTimes, recent raw events), and the Delta history asked for
+exactly the own buckets whose raw events that state lacks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.builders import MINUTE_MS, bucket_seconds, events, rule_sets
+from tests.unit.test_kernel import keyed_row
+from tests.unit.test_micro_batch import keyed_table
+from tests.unit.test_stream_batch import arrival_batches
+from velocity.buckets import bucket_from_columns
+from velocity.engine.key_partition import decide_key_partition, missing_history
+from velocity.rules import RuleState, rules_by_signature
+from velocity.stream_batch import (
+    KeyState,
+    admit,
+    decide,
+    history_needed,
+    key_groups,
+    trusted_recent,
+)
+from velocity.windows import format_aggregate
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def carried(states: dict, decided, forget_raw: bool) -> dict:
+    """The hot state after a partition's batch, as its commit leaves it in Redis (and,
+    with ``forget_raw``, as a rebuild from Delta does: no newest eventTimes, no raw
+    events)."""
+    out = dict(states)
+    for row in decided.buckets.to_pylist():
+        slot = (row["signature_id"], row["key"])
+        before = out.get(slot, KeyState())
+        out[slot] = KeyState(
+            {**before.buckets, row["bucket_start"]: bucket_from_columns(row)},
+            {**before.last_times, row["bucket_start"]: row["last_time"]},
+            before.recent,
+            before.recent_fields,
+        )
+    for slot, recent in decided.recent.items():
+        state = out[slot]
+        out[slot] = KeyState(
+            state.buckets,
+            state.last_times,
+            trusted_recent(state.buckets, recent),
+            frozenset(recent),
+        )
+    if forget_raw:
+        out = {s: KeyState(st_.buckets, dict.fromkeys(st_.buckets)) for s, st_ in out.items()}
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), evs=events(max_size=30), rules=rule_sets(), seconds=bucket_seconds)
+def test_key_partition_equals_the_reference_over_its_own_hot_state(
+    data, evs, rules, seconds
+) -> None:
+    width = seconds * 1000
+    batches = data.draw(arrival_batches(evs))
+    lateness = data.draw(st.sampled_from((0, 30_000, 10 * MINUTE_MS)))
+    forget_raw = data.draw(st.booleans())
+    active = [r for r in rules if r.state is RuleState.ACTIVE]
+    signatures = list(rules_by_signature(active))
+    reference: dict = {}
+    hot: dict = {}
+    raw: dict = {}
+    seen: set[str] = set()
+    newest = None
+    for batch in batches:
+        admitted = admit(batch, seen, newest, lateness, 10**15)
+        groups = key_groups(admitted.accepted, signatures)
+        needed = history_needed(groups, reference, admitted.late, width)
+        expected = decide(
+            groups, reference, active, admitted.late, width, {s: raw.get(s, []) for s in needed}
+        )
+
+        rows = [
+            keyed_row(slot, e, decide=e.transaction_id not in admitted.late)
+            for slot, group in groups.items()
+            for e in group
+        ]
+        table = keyed_table(rows, True)
+        states = {slot: hot[slot] for slot in groups if slot in hot}
+        missing = missing_history(table, states, width)
+        if not forget_raw:
+            # Raw events are missing only for an own bucket older than the key's newest two.
+            for sig, key, start in missing:
+                assert start not in sorted(states[(sig, key)].buckets)[-2:]
+        history = keyed_table([keyed_row(s[:2], e) for s in missing for e in raw.get(s, [])], False)
+        got = decide_key_partition(table, states, history, active, width, None)
+        assert {
+            (active[int(r)].rule_id, rows[int(i)]["transactionId"]): (str(v), int(s))
+            for i, r, v, s in zip(
+                got.decisions.rows,
+                got.decisions.rules,
+                got.decisions.values,
+                got.decisions.window_starts,
+                strict=True,
+            )
+        } == {
+            (d.rule.rule_id, d.event.transaction_id): (format_aggregate(d.value), d.window_start)
+            for d, _, _ in expected.decisions
+        }
+
+        reference.update(expected.buckets)
+        hot = carried(hot, got, forget_raw)
+        for (signature_id, key), group in groups.items():
+            for e in group:
+                start = e.event_time - e.event_time % width
+                raw.setdefault((signature_id, key, start), []).append(e)
+        seen.update(e.transaction_id for e in admitted.accepted)
+        newest = admitted.newest_event_time
+
+
+def test_a_stale_recent_field_is_not_trusted() -> None:
+    from velocity.buckets import BucketAggregate
+    from velocity.windows import KeyedEvent
+
+    one = KeyedEvent(60_001, "tx-1")
+    buckets = {60_000: BucketAggregate(2), 120_000: BucketAggregate(1)}
+    recent = {60_000: (one,), 120_000: (KeyedEvent(120_001, "tx-2"),), 180_000: (one,)}
+    assert trusted_recent(buckets, recent) == {120_000: recent[120_000]}

@@ -3,8 +3,10 @@
 
 The stream's hot path is one Python process; this runs its steps on generated in-order
 events, batch by batch, as ``velocity.spark.stream.StreamJob`` does in ``_prepare`` and
-``_commit`` (parse, key, Redis read, admit + decide, alert records, Arrow rows, spool, the
-commit's arguments, then the apply and collection while Redis runs the commit),
+``_commit`` (parse, the seen-ids read, admission and the events' rows, the fan-out, one
+key-partition decided in this process as an executor task would (its Redis read and the
+kernel), alert records, spool, the commit's arguments, then the collection while Redis
+runs the commit),
 against a real Redis started by ``velocity up`` on its own port, and prints microseconds
 per event for each step. No JVM, no write-behind: the floor the whole stream stands on.
 ``--before REV`` runs that revision's own loop (from a git worktree, on the same events and
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(events_dir: Path) -> dict[str, float]:
-    from velocity.alerts import alert_record, rule_key
+    from velocity.alerts import record_of_stored
     from velocity.cli import sample_rules_path
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
@@ -38,14 +40,8 @@ def run(events_dir: Path) -> dict[str, float]:
     from velocity.rules import active_rules, parse_rules, rules_by_signature
     from velocity.schema import Event, is_blank, parse_event_line
     from velocity.settings import load_settings
-    from velocity.stream_batch import (
-        HotBuckets,
-        admit,
-        below_horizon,
-        collect_batch_garbage,
-        decide,
-        key_groups,
-    )  # fmt: skip
+    from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
+    from velocity.stream_batch import admit, collect_batch_garbage
 
     settings = load_settings()
     client = connection.connect(settings)
@@ -54,7 +50,6 @@ def run(events_dir: Path) -> dict[str, float]:
     rules = active_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
     signatures = list(rules_by_signature(rules))
     spool = Spool(settings)
-    hot = HotBuckets(settings.hot_keys_max)
     gc.set_threshold(1_000_000, 1000, 1000)  # as the stream (StreamJob.start)
     horizon_s = mirror.horizon_seconds(rules, settings)
     spent: dict[str, float] = {}
@@ -76,55 +71,49 @@ def run(events_dir: Path) -> dict[str, float]:
         count = len(lines)
         t = mark("parse", t)
         events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
-        arrived = key_groups(events, signatures)
-        t = mark("keying", t)
-        read = mirror.read_stream_state(
-            client, settings, [e.transaction_id for e in events], hot.missing(list(arrived))
-        )
-        for slot, state in read.states.items():
-            hot.put(slot, state)
-        t = mark("redis-read", t)
+        read = mirror.read_stream_state(client, settings, [e.transaction_id for e in events], [])
+        t = mark("redis-read (seen ids)", t)
         admitted = admit(
             events, read.seen, read.newest_event_time, settings.allowed_lateness_ms,
             settings.max_future_ms,
         )  # fmt: skip
-        decided = decide(
-            arrived, hot.states(arrived), rules, admitted.late, settings.bucket_width_ms, {}
-        )
-        t = mark("decide", t)
+        accepted = batch_rows.event_rows("events", lines, 0, batch_id)
+        t = mark("admit+rows", t)
+        keyed = batch_keyed_rows(accepted, signatures, admitted.watermark)
+        t = mark("fan-out", t)
         newest = read.newest_event_time
         cutoff = None if newest is None else newest - horizon_s * 1000
-        records = [
-            (alert_record(d, rule_key(d.rule, key), 0), sig) for d, sig, key in decided.decisions
-        ]
+        plan = BatchPlan(settings, tuple(rules), 0, cutoff)
+        # One key-partition in this process: what each executor task does, all of it.
+        decided = decide_batch(None, keyed, None, plan, 1, in_executors=False)  # type: ignore[arg-type]
+        t = mark("key-partition (Redis read + decide)", t)
+        records = sorted(
+            (record_of_stored(row) for row in decided.alerts.to_pylist()),
+            key=lambda r: (r["eventTime"], r["ruleId"], r["transactionId"]),
+        )
+        alerts = [json.dumps(r, separators=(",", ":")) for r in records]
         t = mark("alerts", t)
         rows = {
-            "events": batch_rows.event_rows("events", lines, 0, batch_id),
+            "events": accepted,
             "duplicates": batch_rows.event_rows("duplicates", [], 0),
             "quarantine": batch_rows.quarantine_rows([], 0),
             "late_events": batch_rows.late_rows([], None, batch_id),
-            "buckets": batch_rows.bucket_rows(decided.deltas, settings.bucket_width_ms),
-            "alerts": batch_rows.alert_rows((r for r, _ in records), [s for _, s in records]),
+            "buckets": decided.deltas,
+            "alerts": decided.alerts,
         }
-        t = mark("rows", t)
         spool.write(batch_id, rows, {})
         t = mark("spool", t)
         with state_lock(client, settings, f"bench batch {batch_id}") as lease:
             commit = mirror.stream_commit(
-                settings, batch_id, admitted.newest_event_time,
-                {slot: (decided.buckets[slot], starts) for slot, starts in decided.changed.items()},
-                below_horizon(decided.buckets, cutoff),
-                [e.transaction_id for e in admitted.accepted],
-                [r for r, _ in records], horizon_s, lease,
+                settings, batch_id, admitted.newest_event_time, decided.changes,
+                [e.transaction_id for e in admitted.accepted], alerts, horizon_s, lease,
             )  # fmt: skip
             t = mark("commit-args", t)
-            # As the stream: Redis runs the commit while this process applies and collects.
+            # As the stream: Redis runs the commit while this process collects.
             pending = mirror.PendingCommit(client, commit, lease)
-            hot.apply(decided.buckets, cutoff)
-            # As the stream: the batch's lines and events are freed before the collection.
-            del raws, lines, events, arrived, read, admitted, decided, records, rows, commit
+            del raws, lines, events, read, admitted, decided, records, rows, commit, keyed
             collect_batch_garbage()
-            t = mark("hot+gc", t)
+            t = mark("gc", t)
             pending.result()
         mark("redis-commit", t)
         total += count

@@ -88,6 +88,8 @@ def test_cluster_decides_what_local_mode_decides(
         "VELOCITY_SPARK_SHUFFLE_PARTITIONS": "4",
         "VELOCITY_SPARK_DRIVER_MEMORY": "2g",
         "VELOCITY_SPARK_EXECUTOR_MEMORY": "1g",
+        # Every micro-batch's key-partitions are Spark tasks on the workers.
+        "VELOCITY_STREAM_EXECUTOR_MIN_ROWS": "0",
     }
 
     # The reference: this session's local Spark.
@@ -98,7 +100,17 @@ def test_cluster_decides_what_local_mode_decides(
     run_backtest(spark, local, sample, str(events), tmp_path / "local.jsonl")
 
     stream = ["stream", "--events", str(events), "--rules", rules, "--trigger", "available-now"]
-    velocity([*stream, "--max-files-per-trigger", "1"], env)  # a staged commit per file
+    streamed = velocity([*stream, "--max-files-per-trigger", "1"], env)  # staged commits
+    # The decisions ran in the executors of both workers (each batch logs where each of
+    # its key-partitions ran: host, Python worker, and the executor's working folder).
+    batches = [
+        json.loads(line[line.index("{") :])
+        for line in streamed.stderr.splitlines()
+        if "velocity.stream" in line and '"partitions"' in line
+    ]
+    ran_on = {p["executor"].rsplit(":", 1)[-1] for b in batches for p in b["partitions"]}
+    assert len(batches) >= 3 and len(ran_on) == 2, ran_on
+    assert not any(p["executor"].startswith("driver") for b in batches for p in b["partitions"])
     day = ["--from", str(generated.min_event_time), "--to", str(generated.max_event_time)]
     backfilled = json.loads(velocity(["backfill", *day], env).stdout)
     evicted = json.loads(velocity(["maintain", "evict"], env).stdout)

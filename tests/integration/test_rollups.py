@@ -20,7 +20,7 @@ from velocity.redis.lock import state_lock
 from velocity.rules import Aggregator
 from velocity.settings import Settings
 from velocity.stream_batch import KeyState
-from velocity.windows import aggregate_value, format_aggregate
+from velocity.windows import KeyedEvent, aggregate_value, format_aggregate
 
 pytestmark = pytest.mark.redis
 
@@ -153,6 +153,8 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
     # The stream's commit: changed buckets and buckets dropped below its horizon.
     state = KeyState(dict(buckets), {})
     changed_starts = rng.sample(sorted(buckets), 50)
+    # With the raw events of a changed bucket beside it (fields that are not buckets).
+    state.recent = {changed_starts[0]: (KeyedEvent(changed_starts[0], "tx-raw"),)}
     for start in changed_starts:
         state.buckets[start] = buckets[start] = buckets[start].merge(random_bucket(rng))
     dropped = sorted(buckets)[:40]
@@ -170,6 +172,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
                 [(SIGNATURE, '["dense"]', s) for s in dropped],
             ),
             [],
+            [],
             86_400,
             lease,
         )
@@ -180,6 +183,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
     # The stream reads a hash's buckets only, never its roll-ups.
     read = mirror.read_stream_state(client, g1, [], [(SIGNATURE, '["dense"]')])
     assert read.states[(SIGNATURE, '["dense"]')].buckets == buckets
+    assert read.states[(SIGNATURE, '["dense"]')].recent_fields == {changed_starts[0]}
 
 
 def test_a_sparse_hash_has_no_rollups_until_it_is_dense(settings: Settings) -> None:

@@ -144,8 +144,12 @@ def test_merge_combines_every_part() -> None:
         for v, n in [("3", "3"), (None, None), ("1.5", "1.5"), ("3", "3")]
     )
     assert merged == BucketAggregate(
-        count=4, value_count=3, total=Decimal("7.5"), minimum=Decimal("1.5"),
-        maximum=Decimal(3), distinct=frozenset({"3", "1.5"}),
+        count=4,
+        value_count=3,
+        total=Decimal("7.5"),
+        minimum=Decimal("1.5"),
+        maximum=Decimal(3),
+        distinct=frozenset({"3", "1.5"}),
     )
 
 
@@ -169,8 +173,17 @@ _values = st.one_of(
     st.just((None, None)),
     st.sampled_from(("p1", "p2", "7")).map(lambda v: (v, None)),
     st.sampled_from(
-        ("0", "1", "1.5", "100.5", "0.00000001", "33.33333333", "250000",
-         "999999999999999999.99999999", "-3")
+        (
+            "0",
+            "1",
+            "1.5",
+            "100.5",
+            "0.00000001",
+            "33.33333333",
+            "250000",
+            "999999999999999999.99999999",
+            "-3",
+        )
     ).map(lambda n: (None, Decimal(n))),
 )
 

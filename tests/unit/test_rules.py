@@ -100,9 +100,7 @@ _SPELLING_CASES = [
 
 @pytest.mark.parametrize("case", [str.upper, str.lower, str.title], ids=["upper", "lower", "title"])
 @pytest.mark.parametrize(("spelling", "expected"), _SPELLING_CASES)
-def test_every_operator_spelling_in_any_case(
-    spelling: str, expected: Operator, case: Any
-) -> None:
+def test_every_operator_spelling_in_any_case(spelling: str, expected: Operator, case: Any) -> None:
     rule = one_rule(rule_obj(limitOperatorType=case(spelling)))
     assert rule.operator is expected
     assert rule.to_json()["limitOperatorType"] == expected.value
@@ -236,7 +234,10 @@ def test_pause_with_a_full_body_is_a_paused_rule() -> None:
 def test_active_with_only_rule_id_names_every_missing_field() -> None:
     problems = problems_of({"ruleId": 1, "ruleState": "ACTIVE"})
     assert fields_of(problems) >= {
-        "aggregatorFunctionType", "limitOperatorType", "groupingKeyNames", "limit",
+        "aggregatorFunctionType",
+        "limitOperatorType",
+        "groupingKeyNames",
+        "limit",
         "windowMinutes",
     }
 
@@ -333,7 +334,11 @@ def test_all_problems_of_a_rule_are_reported_at_once() -> None:
     )
     problems = problems_of(obj)
     assert fields_of(problems) == {
-        "ruleId", "limitOperatorType", "windowMinutes", "filter.merchantId", "colour",
+        "ruleId",
+        "limitOperatorType",
+        "windowMinutes",
+        "filter.merchantId",
+        "colour",
     }
     assert all(p.rule_id == 0 for p in problems)
 
@@ -398,8 +403,14 @@ def test_window_minutes_bounds_rejected(minutes: int) -> None:
 
 @pytest.mark.parametrize(
     ("limit_json", "expected"),
-    [("200000", Decimal(200000)), ("0.1", Decimal("0.1")), ("-3", Decimal(-3)),
-     ("2.50", Decimal("2.5")), ("1e3", Decimal(1000)), ("0", Decimal(0))],
+    [
+        ("200000", Decimal(200000)),
+        ("0.1", Decimal("0.1")),
+        ("-3", Decimal(-3)),
+        ("2.50", Decimal("2.5")),
+        ("1e3", Decimal(1000)),
+        ("0", Decimal(0)),
+    ],
 )
 def test_limit_is_an_exact_decimal(limit_json: str, expected: Decimal) -> None:
     text = json_text(rule_obj(limit=0)).replace('"limit":0', f'"limit":{limit_json}')
@@ -456,13 +467,18 @@ def test_filter_passes_only_when_every_field_matches(
 
 def test_same_keys_in_another_order_same_filter_same_field_share_a_signature() -> None:
     first = make_rule(
-        ruleId=1, groupingKeyNames=["payerId", "beneficiaryId"],
+        ruleId=1,
+        groupingKeyNames=["payerId", "beneficiaryId"],
         filter={"paymentType": ["CRD", "CSH"], "payerId": 12},
     )
     second = make_rule(
-        ruleId=2, groupingKeyNames=["beneficiaryId", "payerId"],
+        ruleId=2,
+        groupingKeyNames=["beneficiaryId", "payerId"],
         filter={"payerId": "12", "paymentType": ["CSH", "CRD"]},
-        aggregatorFunctionType="max", limitOperatorType="lt", limit=5, windowMinutes=3,
+        aggregatorFunctionType="max",
+        limitOperatorType="lt",
+        limit=5,
+        windowMinutes=3,
     )
     assert first.signature == second.signature
     assert first.signature.signature_id == second.signature.signature_id
@@ -482,7 +498,7 @@ def test_same_keys_in_another_order_same_filter_same_field_share_a_signature() -
     ids=repr,
 )
 def test_a_different_filter_keys_or_field_gives_a_different_signature(
-    other: dict[str, object]
+    other: dict[str, object],
 ) -> None:
     base = make_rule(filter={"paymentType": "CRD"})
     changed = make_rule(**{"filter": {"paymentType": "CRD"}, **other})
@@ -509,8 +525,9 @@ def test_numeric_aggregators_over_one_field_share_a_signature() -> None:
 
 def test_signature_id_is_a_stable_content_hash() -> None:
     # Pinned: changing how the id is computed would orphan every stored bucket.
-    signature = RuleSignature(("beneficiaryId", "payerId"), (("paymentType", ("CRD",)),),
-                              "paymentAmount")
+    signature = RuleSignature(
+        ("beneficiaryId", "payerId"), (("paymentType", ("CRD",)),), "paymentAmount"
+    )
     text = (
         '{"aggregateFieldName":"paymentAmount","filter":{"paymentType":["CRD"]},'
         '"groupingKeyNames":["beneficiaryId","payerId"]}'
@@ -599,8 +616,14 @@ def test_json_lines_with_blank_lines_and_a_pretty_printed_single_object() -> Non
 
 
 def test_entries_keep_file_order() -> None:
-    text = rules_text([rule_obj(ruleId=1), {"ruleId": 1, "ruleState": "PAUSE"},
-                       {"ruleState": "CONTROL", "controlType": "EXPORT_RULES_CURRENT"}], "lines")
+    text = rules_text(
+        [
+            rule_obj(ruleId=1),
+            {"ruleId": 1, "ruleState": "PAUSE"},
+            {"ruleState": "CONTROL", "controlType": "EXPORT_RULES_CURRENT"},
+        ],
+        "lines",
+    )
     entries = parse_rules(text)
     assert isinstance(entries[0], Rule)
     assert entries[1] == StateChange(1, RuleState.PAUSE)

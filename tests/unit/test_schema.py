@@ -514,6 +514,5 @@ def test_the_plain_path_agrees_with_the_checked_path(obj: dict[str, Any], change
     assert plain is None or plain == _checked_event(mutated)
     if not changes:
         assert plain is not None or any(
-            type(v) not in (str, int) or (type(v) is str and not v.isascii())
-            for v in obj.values()
+            type(v) not in (str, int) or (type(v) is str and not v.isascii()) for v in obj.values()
         )

@@ -152,9 +152,7 @@ def test_stream_evaluation_equals_sliding_window(
 
 @given(events(max_size=25), rule_sets(), bucket_seconds)
 @settings(max_examples=400, deadline=None)
-def test_sliding_window_equals_reference(
-    evs: list[Event], rules: list[Rule], seconds: int
-) -> None:
+def test_sliding_window_equals_reference(evs: list[Event], rules: list[Rule], seconds: int) -> None:
     assert sliding_alerts(evs, rules, seconds) == reference_outcome(evs, rules, seconds)
 
 
@@ -198,8 +196,13 @@ def test_a_rule_that_always_holds_fires_for_every_keyed_event(
 ) -> None:
     # Guards against a vacuous comparison: COUNT >= 1 holds for every event (it is in
     # its own window), so every event with a key fires exactly once.
-    rule = make_rule(groupingKeyNames=["payerId"], aggregatorFunctionType="COUNT",
-                     limitOperatorType=">=", limit=1, windowMinutes=1)
+    rule = make_rule(
+        groupingKeyNames=["payerId"],
+        aggregatorFunctionType="COUNT",
+        limitOperatorType=">=",
+        limit=1,
+        windowMinutes=1,
+    )
     fired = sliding_alerts(evs, [rule], seconds)
     assert set(fired) == {(1, e.transaction_id) for e in evs}
     assert fired == reference_outcome(evs, [rule], seconds)
@@ -210,8 +213,14 @@ def test_a_rule_that_always_holds_fires_for_every_keyed_event(
 
 def _count_rule(window_minutes: int = 1, **overrides: object) -> Rule:
     return make_rule(
-        **{"groupingKeyNames": [], "aggregatorFunctionType": "COUNT", "limitOperatorType": ">=",
-           "limit": 0, "windowMinutes": window_minutes, **overrides}
+        **{
+            "groupingKeyNames": [],
+            "aggregatorFunctionType": "COUNT",
+            "limitOperatorType": ">=",
+            "limit": 0,
+            "windowMinutes": window_minutes,
+            **overrides,
+        }
     )
 
 
@@ -247,8 +256,13 @@ def test_upper_edge_is_exact_and_equal_times_see_each_other() -> None:
 
 
 def test_window_starts_and_values_are_reported_per_decision() -> None:
-    rule = make_rule(groupingKeyNames=[], aggregatorFunctionType="SUM", limitOperatorType=">",
-                     limit=100, windowMinutes=2)
+    rule = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="SUM",
+        limitOperatorType=">",
+        limit=100,
+        windowMinutes=2,
+    )
     history = [
         keyed_event(BASE_TIME + 5_000, "a", number="60"),
         keyed_event(BASE_TIME + 65_000, "b", number="50.5"),
@@ -261,8 +275,13 @@ def test_window_starts_and_values_are_reported_per_decision() -> None:
 
 
 def test_sliding_sum_stays_exact_after_events_leave_the_window() -> None:
-    rule = make_rule(groupingKeyNames=[], aggregatorFunctionType="SUM", limitOperatorType="=",
-                     limit=Decimal("0.00000001"), windowMinutes=1)
+    rule = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="SUM",
+        limitOperatorType="=",
+        limit=Decimal("0.00000001"),
+        windowMinutes=1,
+    )
     history = [
         keyed_event(BASE_TIME, "big", number="999999999999999999.99999999"),
         keyed_event(BASE_TIME + 2 * MINUTE_MS, "small", number="0.00000001"),
@@ -278,53 +297,108 @@ def test_min_and_max_follow_the_window_as_it_slides() -> None:
         keyed_event(BASE_TIME + 122_000, "c", number="4"),
         keyed_event(BASE_TIME + 183_000, "d", number="9"),
     ]
-    lowest = make_rule(groupingKeyNames=[], aggregatorFunctionType="MIN", limitOperatorType=">=",
-                       limit=0, windowMinutes=1)
-    highest = make_rule(ruleId=2, groupingKeyNames=[], aggregatorFunctionType="MAX",
-                        limitOperatorType=">=", limit=0, windowMinutes=1)
+    lowest = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="MIN",
+        limitOperatorType=">=",
+        limit=0,
+        windowMinutes=1,
+    )
+    highest = make_rule(
+        ruleId=2,
+        groupingKeyNames=[],
+        aggregatorFunctionType="MAX",
+        limitOperatorType=">=",
+        limit=0,
+        windowMinutes=1,
+    )
     decisions = evaluate_key_history(history, [lowest, highest], 1_000)
     got = {(d.rule.rule_id, d.event.transaction_id): d.value for d in decisions}
     # W = 1 min, g = 1 s: floor(t − 60 s) lies 1 s after the previous event (61 s
     # apart), so each window holds only its own event.
-    assert got == {(1, "a"): 5, (1, "b"): 3, (1, "c"): 4, (1, "d"): 9,
-                   (2, "a"): 5, (2, "b"): 3, (2, "c"): 4, (2, "d"): 9}
+    assert got == {
+        (1, "a"): 5,
+        (1, "b"): 3,
+        (1, "c"): 4,
+        (1, "d"): 9,
+        (2, "a"): 5,
+        (2, "b"): 3,
+        (2, "c"): 4,
+        (2, "d"): 9,
+    }
     got60 = {
         (d.rule.rule_id, d.event.transaction_id): d.value
         for d in evaluate_key_history(history, [lowest, highest], 60_000)
     }
     # g = 60 s: floor(t − 60 s) reaches back to the previous event's minute.
-    assert got60 == {(1, "a"): 5, (1, "b"): 3, (1, "c"): 3, (1, "d"): 4,
-                     (2, "a"): 5, (2, "b"): 5, (2, "c"): 4, (2, "d"): 9}
+    assert got60 == {
+        (1, "a"): 5,
+        (1, "b"): 3,
+        (1, "c"): 3,
+        (1, "d"): 4,
+        (2, "a"): 5,
+        (2, "b"): 5,
+        (2, "c"): 4,
+        (2, "d"): 9,
+    }
 
 
 def test_avg_is_compared_exactly() -> None:
     # (1 + 1 + 1.00000001) / 3 = 1.0000000033..., above 1 and not equal to any decimal.
-    history = [keyed_event(BASE_TIME + i, f"t{i}", number=n)
-               for i, n in enumerate(["1", "1", "1.00000001"])]
-    above = make_rule(groupingKeyNames=[], aggregatorFunctionType="AVG", limitOperatorType=">",
-                      limit=1, windowMinutes=1)
-    equal = make_rule(ruleId=2, groupingKeyNames=[], aggregatorFunctionType="AVG",
-                      limitOperatorType="=", limit=Decimal("1.00000000333333333333333333333"),
-                      windowMinutes=1)
+    history = [
+        keyed_event(BASE_TIME + i, f"t{i}", number=n)
+        for i, n in enumerate(["1", "1", "1.00000001"])
+    ]
+    above = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="AVG",
+        limitOperatorType=">",
+        limit=1,
+        windowMinutes=1,
+    )
+    equal = make_rule(
+        ruleId=2,
+        groupingKeyNames=[],
+        aggregatorFunctionType="AVG",
+        limitOperatorType="=",
+        limit=Decimal("1.00000000333333333333333333333"),
+        windowMinutes=1,
+    )
     decisions = list(evaluate_key_history(history, [above, equal], 60_000))
     assert [(d.rule.rule_id, d.event.transaction_id) for d in decisions] == [(1, "t2")]
     assert decisions[0].value == Fraction(300000001, 300000000)
 
 
 def test_unique_count_counts_distinct_values_and_skips_missing_ones() -> None:
-    rule = make_rule(groupingKeyNames=[], aggregatorFunctionType="UNIQUE_COUNT",
-                     aggregateFieldName="ip", limitOperatorType=">=", limit=0, windowMinutes=1)
-    history = [keyed_event(BASE_TIME + i, f"t{i}", value=v)
-               for i, v in enumerate(["a", None, "b", "a", None])]
+    rule = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="UNIQUE_COUNT",
+        aggregateFieldName="ip",
+        limitOperatorType=">=",
+        limit=0,
+        windowMinutes=1,
+    )
+    history = [
+        keyed_event(BASE_TIME + i, f"t{i}", value=v)
+        for i, v in enumerate(["a", None, "b", "a", None])
+    ]
     got = {d.event.transaction_id: d.value for d in evaluate_key_history(history, [rule], 60_000)}
     assert got == {"t0": 1, "t1": 1, "t2": 2, "t3": 2, "t4": 2}
 
 
 def test_an_event_without_a_grouping_value_is_in_no_window() -> None:
-    rule = make_rule(groupingKeyNames=["ip"], aggregatorFunctionType="COUNT",
-                     limitOperatorType=">=", limit=1, windowMinutes=1)
-    evs = [event(transactionId="with", ip="1.1.1.1"), event(transactionId="without", ip=None),
-           event(transactionId="with2", ip="1.1.1.1")]
+    rule = make_rule(
+        groupingKeyNames=["ip"],
+        aggregatorFunctionType="COUNT",
+        limitOperatorType=">=",
+        limit=1,
+        windowMinutes=1,
+    )
+    evs = [
+        event(transactionId="with", ip="1.1.1.1"),
+        event(transactionId="without", ip=None),
+        event(transactionId="with2", ip="1.1.1.1"),
+    ]
     fired = sliding_alerts(evs, [rule], 60)
     assert {tx for _, tx in fired} == {"with", "with2"}
     assert fired[(1, "with2")][0] == 2
@@ -332,8 +406,13 @@ def test_an_event_without_a_grouping_value_is_in_no_window() -> None:
 
 def test_numeric_aggregate_over_no_values_never_fires_even_for_not_equal() -> None:
     # A window of COUNT-only events (value None) has no SUM: "!= 5" must not fire.
-    rule = make_rule(groupingKeyNames=[], aggregatorFunctionType="SUM", limitOperatorType="!=",
-                     limit=5, windowMinutes=1)
+    rule = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="SUM",
+        limitOperatorType="!=",
+        limit=5,
+        windowMinutes=1,
+    )
     history = [keyed_event(BASE_TIME, "t0"), keyed_event(BASE_TIME + 1, "t1")]
     assert list(evaluate_key_history(history, [rule], 60_000)) == []
 
@@ -341,8 +420,13 @@ def test_numeric_aggregate_over_no_values_never_fires_even_for_not_equal() -> No
 def test_exact_sum_over_many_large_amounts() -> None:
     # SPEC §1: exact decimals, no rounding in sums (101 × the largest amount needs 29 digits).
     largest = "999999999999999999.99999999"
-    rule = make_rule(groupingKeyNames=[], aggregatorFunctionType="SUM", limitOperatorType=">",
-                     limit=0, windowMinutes=1)
+    rule = make_rule(
+        groupingKeyNames=[],
+        aggregatorFunctionType="SUM",
+        limitOperatorType=">",
+        limit=0,
+        windowMinutes=1,
+    )
     history = [keyed_event(BASE_TIME + i, f"t{i}", number=largest) for i in range(101)]
     last = list(evaluate_key_history(history, [rule], 60_000))[-1]
     assert last.value == Decimal("100999999999999999999.99999899")

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Airflow for Velocity on this machine: `airflow standalone` (scheduler, dag-processor,
-# api-server with the UI, triggerer) against the project's dags/ and plugins/, with
-# AIRFLOW_HOME=<checkout>/airflow_home, SQLite, and a parallelism for two cores.
+# Airflow for Velocity on this machine: the components `airflow standalone` runs (scheduler,
+# dag-processor, api-server with the UI, triggerer) against the project's dags/ and plugins/,
+# with AIRFLOW_HOME=<checkout>/airflow_home, SQLite, and a parallelism for two cores. They are
+# run by this script (`serve`) rather than by standalone so that every listener binds to
+# 127.0.0.1: standalone's scheduler and triggerer start Airflow's log servers on every
+# interface (Airflow has no host setting for them); here they run with --skip-serve-logs and
+# the same log server listens on loopback (plugins/velocity_airflow/log_server.py).
 #
 #   bash infra/airflow.sh up         start in the background, wait until healthy, print URL and login
 #   bash infra/airflow.sh down       stop it (and its scheduler, workers, api-server, …)
@@ -12,8 +16,11 @@
 #                                    api-server listens on PORT (tests/dags use it)
 #
 # VELOCITY_AIRFLOW_HOME (default <checkout>/airflow_home) moves the instance (tests use a tmp dir);
-# VELOCITY_AIRFLOW_PORT (default 8790) is the UI/api-server port; the worker and triggerer
-# log servers take the next two ports (Airflow's defaults, 8793/8794, are left free).
+# VELOCITY_AIRFLOW_PORT (default 8790) is the UI/api-server port (and the execution API's);
+# every other listener follows it: the worker log server PORT+1, the triggerer log server
+# PORT+2, the scheduler's health check PORT+3, all on 127.0.0.1; `up` refuses a taken one.
+# Two deployments with ports at least 4 apart (and their own VELOCITY_AIRFLOW_HOME, data
+# dir and Redis) run side by side.
 # VELOCITY_AIRFLOW_USERS (default admin:admin,viewer:viewer) lists user:role pairs.
 # VELOCITY_AIRFLOW_SPARK_MASTER (default local[2]) is the master written into the
 # velocity_spark connection on the first `up`; edit the connection afterwards in the UI.
@@ -45,9 +52,14 @@ export AIRFLOW__API__BASE_URL='http://127.0.0.1:${port}'
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL='http://127.0.0.1:${port}/execution/'
 export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=$((port + 1))
 export AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=$((port + 2))
+# Tasks and triggers record this host as 127.0.0.1, where the api-server then fetches a
+# running task's log (the log servers listen on loopback only).
+export AIRFLOW__CORE__HOSTNAME_CALLABLE=velocity_airflow.log_server.loopback_hostname
 # New or edited DAG files show up within 30 s instead of 5 min.
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=30
 export AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK=True
+export AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST=127.0.0.1
+export AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=$((port + 3))
 # Users and their roles (SimpleAuthManager): a viewer may read the Velocity page and the
 # DAGs but change nothing; passwords are generated into AIRFLOW_HOME on the first start.
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS='${users}'
@@ -105,6 +117,26 @@ EOF
       >>"${home}/setup.log" 2>&1
 }
 
+# The components, in the foreground of the session `up` starts; each output line is
+# prefixed with its component's name, as standalone prints them.
+serve() {
+  eval "$(print_env "$home" "$port")"
+  component() {
+    local name="$1"
+    shift
+    # The prefixer outlives a SIGTERM to the group, so a component's last lines are kept.
+    { "$@" 2>&1; } | (trap '' INT TERM; exec sed -u "s/^/${name} | /") &
+  }
+  component scheduler airflow scheduler --skip-serve-logs
+  component dag-processor airflow dag-processor
+  component triggerer airflow triggerer --skip-serve-logs
+  component api-server airflow api-server
+  local log_server=(env PYTHONPATH="${root}/plugins" "$python" -m velocity_airflow.log_server)
+  component worker-logs "${log_server[@]}" 127.0.0.1 $((port + 1))
+  component trigger-logs "${log_server[@]}" 127.0.0.1 $((port + 2))
+  wait
+}
+
 up() {
   mkdir -p "$home"
   eval "$(print_env "$home" "$port")"
@@ -114,22 +146,27 @@ up() {
     echo "airflow already running (pid $pid) on http://127.0.0.1:${port}"
     return 0
   fi
-  if port_busy "$port"; then
-    echo "port ${port} is taken by another program; set VELOCITY_AIRFLOW_PORT to a free port" >&2
-    exit 1
-  fi
+  local taken
+  for taken in "$port" $((port + 1)) $((port + 2)) $((port + 3)); do
+    if port_busy "$taken"; then
+      echo "port ${taken} is taken by another program; Airflow here needs ${port}-$((port + 3)):" \
+        "set VELOCITY_AIRFLOW_PORT to a free port with the next three free" >&2
+      exit 1
+    fi
+  done
   echo "preparing ${home} (database, connections, pool)"
   airflow db migrate >"${home}/setup.log" 2>&1 || { tail -20 "${home}/setup.log" >&2; exit 1; }
   provision
-  # A session of its own, so `down` can stop standalone and every process it started.
-  setsid airflow standalone >"${home}/standalone.log" 2>&1 < /dev/null &
+  # A session of its own, so `down` can stop every component and what they started.
+  setsid bash "${root}/infra/airflow.sh" serve >"${home}/standalone.log" 2>&1 < /dev/null &
   echo $! >"${home}/standalone.pid"
-  echo "starting airflow standalone (log: ${home}/standalone.log)"
+  echo "starting airflow: api-server on 127.0.0.1:${port}, log servers on $((port + 1))" \
+    "and $((port + 2)), scheduler health check on $((port + 3)) (log: ${home}/standalone.log)"
   local waited=0
   until healthy "$port"; do
     if [ -z "$(running_pid)" ]; then
       tail -30 "${home}/standalone.log" >&2
-      echo "airflow standalone exited; its log is above" >&2
+      echo "airflow exited; its log is above" >&2
       exit 1
     fi
     if [ "$waited" -ge 180 ]; then
@@ -147,7 +184,7 @@ import json, sys
 for number, (user, password) in enumerate(sorted(json.load(open(sys.argv[1])).items())):
     print(f"{'login:' if number == 0 else '':<12}{user} / {password}")
 EOF
-  echo "            (passwords generated by standalone into ${password_file})"
+  echo "            (passwords generated by the api-server into ${password_file})"
   echo "Velocity:   http://127.0.0.1:${port}/plugin/velocity (rules, alerts, stream health)"
   echo "DAGs are paused when first seen: unpause the ones to run in the UI."
   echo "stop with:  make airflow-down  (or bash infra/airflow.sh down)"
@@ -161,14 +198,13 @@ down() {
     rm -f "${home}/standalone.pid"
     return 0
   fi
-  # SIGINT is how standalone shuts its components down; the whole group gets it.
-  kill -INT -- "-$pid" 2>/dev/null || true
+  # SIGTERM shuts each component down cleanly (SIGINT would not: the components run as
+  # background jobs of `serve`, which ignore it); the whole group gets it.
+  kill -TERM -- "-$pid" 2>/dev/null || true
   for _ in $(seq 1 30); do
-    kill -0 "$pid" 2>/dev/null || break
+    kill -0 -- "-$pid" 2>/dev/null || break
     sleep 1
   done
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  sleep 2
   kill -KILL -- "-$pid" 2>/dev/null || true
   rm -f "${home}/standalone.pid"
   echo "airflow stopped"
@@ -178,12 +214,13 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   env) print_env "$home" "$port" ;;
+  serve) serve ;;
   test-env)
     [ $# -eq 3 ] || { echo "usage: $0 test-env HOME PORT" >&2; exit 2; }
     print_env "$2" "$3"
     ;;
   *)
-    echo "usage: $0 {up|down|env|test-env HOME PORT}" >&2
+    echo "usage: $0 {up|down|env|test-env HOME PORT}  (serve: run by up)" >&2
     exit 2
     ;;
 esac

@@ -3,28 +3,45 @@
 # generator producing payments to the topic velocity.events at a steady rate with fraud
 # spikes, the streaming job reading that topic, and the alerts live from the Redis stream
 # (they also go to the topic velocity.alerts).
-#   DEMO_SECONDS (default 90)  DEMO_RATE events/s (default 100)  DEMO_KEYS payers (default 20000)
-#   DEMO_SOURCE kafka (default) or folder (files landing in data/demo/live)
+#   DEMO_SECONDS (default 90) how long the generator produces  DEMO_RATE events/s (default 100)
+#   DEMO_KEYS payers (default 20000)  DEMO_SOURCE kafka (default) or folder (files landing in
+#   DEMO_DIR/live)  DEMO_DIR (default data/demo): the demo's logs and exported alerts
+#   DEMO_DRAIN_SECONDS (default 10) how long alerts are still shown after the generator ends
+# Every port follows the settings (VELOCITY_* or VELOCITY_CONFIG): Redis the port of
+# VELOCITY_REDIS_URL, the broker VELOCITY_KAFKA_BOOTSTRAP (its controller the next port), and
+# state lives in VELOCITY_DATA_DIR; Spark's UI is off and its driver takes free loopback ports.
+# So a second copy runs beside the first with other ports and another data dir.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 velocity=.venv/bin/velocity
+python=.venv/bin/python
 seconds="${DEMO_SECONDS:-90}"
 rate="${DEMO_RATE:-100}"
 keys="${DEMO_KEYS:-20000}"
 source="${DEMO_SOURCE:-kafka}"
-live="data/demo/live"
+drain="${DEMO_DRAIN_SECONDS:-10}"
+demo_dir="${DEMO_DIR:-data/demo}"
+live="${demo_dir}/live"
+began=$SECONDS
+
+# "<verdict> <micro-batches with input this run>" of this data dir's stream.
+stream_state() {
+  "$python" - <<'EOF' 2>/dev/null || echo "unknown 0"
+from velocity.settings import load_settings
+from velocity.stream_control import check_health
+
+health = check_health(load_settings())
+print(health.verdict, health.batchesThisRun or 0)
+EOF
+}
 
 $velocity up
 rm -rf "$live" && mkdir -p "$live"
-$velocity rules apply jobs/velocity/resources/sample_rules.json
-echo "streaming for ${seconds}s: ${rate} events/s over ${keys} payers, alerts below (Ctrl-C stops)"
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
 trap cleanup EXIT
-# The stream starts first; the generator lands a file a second once the stream runs (Spark,
-# the tables and the rules' history take half a minute on two cores the first time).
 if [ "$source" = kafka ]; then
   # A first demo reads what the generator produces from now on (a later one resumes at
   # its checkpoint's offsets).
@@ -34,27 +51,72 @@ else
   reads=(--events "$live")
   writes=(--out "$live")
 fi
-$velocity stream "${reads[@]}" --duration "$((seconds + 30))" > data/demo/stream.log 2>&1 &
-pids+=($!)
-for _ in $(seq 1 240); do
-  $velocity stream-status 2>/dev/null | grep -q '"verdict": "running"' && break
-  kill -0 "${pids[0]}" 2>/dev/null || { echo "the stream ended; see data/demo/stream.log" >&2; exit 1; }
-  sleep 1
+# The stream applies the sample rules itself as it starts (one Spark start, not two). The
+# generator starts once the stream runs: Spark, the tables and the rules' history take half
+# a minute or more on two cores the first time. The duration is a safety net: the demo
+# stops the stream itself once the generator is done.
+$velocity stream "${reads[@]}" --rules jobs/velocity/resources/sample_rules.json \
+  --duration "$((seconds + drain + 600))" > "${demo_dir}/stream.log" 2>&1 &
+stream_pid=$!
+pids+=("$stream_pid")
+echo "starting the stream (log: ${demo_dir}/stream.log)"
+# Polled every 3 s, told every 10 s.
+waited=$SECONDS
+told=$((SECONDS - 10))
+until read -r verdict _ < <(stream_state) && [ "$verdict" = running ]; do
+  if ! kill -0 "$stream_pid" 2>/dev/null; then
+    tail -20 "${demo_dir}/stream.log" >&2
+    echo "the stream ended before it ran; its log is above (${demo_dir}/stream.log)" >&2
+    exit 1
+  fi
+  if [ $((SECONDS - waited)) -ge 600 ]; then
+    echo "the stream is not running after 600 s; see ${demo_dir}/stream.log" >&2
+    exit 1
+  fi
+  if [ $((SECONDS - told)) -ge 10 ]; then
+    echo "waiting for the stream to start (Spark, the Delta tables, the rules' history)… $((SECONDS - began)) s"
+    told=$SECONDS
+  fi
+  sleep 3
 done
+echo "the stream runs ($((SECONDS - began)) s since the demo began)"
+echo "streaming for ${seconds}s: ${rate} events/s over ${keys} payers, alerts below (Ctrl-C stops)"
+
 $velocity generate "${writes[@]}" --follow --rate "$rate" --keys "$keys" --duration "$seconds" \
   --spike-fraction 0.02 --late-fraction 0.005 --duplicate-fraction 0.005 \
-  --malformed-fraction 0.005 --events 100000000 > data/demo/generate.log &
+  --malformed-fraction 0.005 --events 100000000 > "${demo_dir}/generate.log" &
+generate_pid=$!
+pids+=("$generate_pid")
+# Until the first micro-batch with input is done, say so instead of staying silent.
+(
+  while read -r verdict batches < <(stream_state) && [ "$verdict" = running ] \
+    && [ "${batches:-0}" -lt 1 ]; do
+    echo "waiting for the stream's first micro-batch… $((SECONDS - began)) s"
+    sleep 3
+  done
+  [ "$verdict" = running ] &&
+    echo "the stream's first micro-batch is done ($((SECONDS - began)) s since the demo began)"
+) &
 pids+=($!)
-$velocity watch --duration "$((seconds + 25))"
-wait "${pids[@]}" || true
+$velocity watch --duration "$((seconds + drain))"
+wait "$generate_pid"
+$velocity stream-stop --reason "the demo ended" --wait 120 > /dev/null
+status=0
+wait "$stream_pid" || status=$?
 trap - EXIT
+cleanup
+if [ "$status" -ne 0 ]; then
+  tail -20 "${demo_dir}/stream.log" >&2
+  echo "the stream failed (exit ${status}); its log is above (${demo_dir}/stream.log)" >&2
+  exit 1
+fi
 echo
-echo "generator: $(.venv/bin/python -c 'import json, sys; d = json.load(sys.stdin); d.pop("files"); print(json.dumps(d))' < data/demo/generate.log)"
-tail -1 data/demo/stream.log
-$velocity alerts --out data/demo/stream_alerts.jsonl
-echo "alerts in Delta: $(wc -l < data/demo/stream_alerts.jsonl) (data/demo/stream_alerts.jsonl)"
+echo "generator: $("$python" -c 'import json, sys; d = json.load(sys.stdin); d.pop("files"); print(json.dumps(d))' < "${demo_dir}/generate.log")"
+tail -1 "${demo_dir}/stream.log"
+$velocity alerts --out "${demo_dir}/stream_alerts.jsonl"
+echo "alerts in Delta: $(wc -l < "${demo_dir}/stream_alerts.jsonl") (${demo_dir}/stream_alerts.jsonl)"
 if [ "$source" = kafka ]; then
   echo "the alerts topic, read by examples/kafka_alert_consumer.py (drops repeats by alertId):"
-  .venv/bin/python examples/kafka_alert_consumer.py --group "velocity-demo-$(date +%s)" \
-    --idle-seconds 3
+  "$python" examples/kafka_alert_consumer.py --group "velocity-demo-$(date +%s)" --idle-seconds 3
 fi
+echo "demo done in $((SECONDS - began)) s"

@@ -80,7 +80,7 @@ def free_ports_from(offsets: tuple[int, ...], low: int, high: int) -> int:
     check (a JVM starts first), and an outgoing connection of any test would otherwise take
     one of them as its local port meanwhile. Each kind of service draws from a range of its
     own: the Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
-    22 000-23 000, Kafka brokers 23 000-30 000."""
+    22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000."""
     import random
 
     for _ in range(100):
@@ -98,6 +98,12 @@ def free_ports_from(offsets: tuple[int, ...], low: int, high: int) -> int:
 def free_port_pair() -> int:
     """A free loopback port whose next port is free too (the broker's controller)."""
     return free_ports_from((0, 1), low=23_000, high=30_000)
+
+
+def free_airflow_port() -> int:
+    """A port for `infra/airflow.sh` (VELOCITY_AIRFLOW_PORT): its api-server takes it, the log
+    servers and the scheduler's health check the next three, all free."""
+    return free_ports_from((0, 1, 2, 3), low=12_000, high=20_000)
 
 
 @pytest.fixture(scope="session")

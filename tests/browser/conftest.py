@@ -1,6 +1,6 @@
-"""A real deployment for the browser tests: the stream with the sample rules, `airflow
-standalone` started by `infra/airflow.sh up`, and Debian's headless chromium driven by
-Selenium through Debian's chromedriver (nothing is downloaded).
+"""A real deployment for the browser tests: the stream with the sample rules, Airflow (the
+components of `airflow standalone`) started by `infra/airflow.sh up`, and Debian's headless
+chromium driven by Selenium through Debian's chromedriver (nothing is downloaded).
 
 Screenshots of each step go to ``$VELOCITY_TEST_OUTPUT/browser`` (default
 ``<checkout>/test-output/browser``), where CI keeps them.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAST_JVM, free_port, land_file, poll_until
+from tests.conftest import FAST_JVM, free_airflow_port, land_file, poll_until
 from velocity.settings import PROJECT_ROOT, Settings
 
 AIRFLOW_SH = PROJECT_ROOT / "infra" / "airflow.sh"
@@ -101,7 +101,7 @@ def deployment(
         ),
     )
     waves = sorted((base_dir / "generated").glob("*.jsonl"))
-    home, port = base_dir / "airflow_home", free_port()
+    home, port = base_dir / "airflow_home", free_airflow_port()
     env = _env(settings, home, port)
     shots = Path(os.environ.get("VELOCITY_TEST_OUTPUT", PROJECT_ROOT / "test-output")) / "browser"
     shutil.rmtree(shots, ignore_errors=True)
@@ -128,7 +128,7 @@ def deployment(
     )
     deployment.land(0)
     try:
-        output, _ = airflow_up.communicate(timeout=600)  # migrations + standalone, beside a stream
+        output, _ = airflow_up.communicate(timeout=600)  # migrations + components, beside a stream
         assert airflow_up.returncode == 0, output
         passwords = home / "simple_auth_manager_passwords.json.generated"
         deployment.passwords = json.loads(passwords.read_text())

@@ -51,11 +51,11 @@ cluster: setup ## start a Spark standalone cluster on 127.0.0.1:7077 (master + 2
 cluster-down: ## stop the Spark standalone cluster
 	@bash infra/cluster.sh down
 
-bench-stream: setup ## stream latency (alert in Redis - landed/produced), throughput; SOURCE=folder|kafka|both, REDIS=single|cluster|both
+bench-stream: setup ## stream latency (alert in Redis - landed/produced), throughput; SOURCE=folder|kafka|both, REDIS=single|cluster|both, RULES=file
 	@if [ -n "$(RATE)" ]; then \
 		$(VENV)/python -m benchmarks.stream --rate $(RATE) --seconds $(or $(SECONDS),300) \
 			--keys $(or $(KEYS),100000) --design $(or $(DESIGN),new) --source $(or $(SOURCE),folder) \
-			--redis $(or $(REDIS),single); \
+			--redis $(or $(REDIS),single) $(if $(RULES),--rules $(RULES)); \
 	elif [ -n "$(SOURCE)" ]; then \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --source $(SOURCE) && \
 		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 100000 --source $(SOURCE); \

@@ -74,9 +74,12 @@ class Dataset:
     expected: set[tuple[int, str]]
     events: int
     keys: dict[str, list[str]]  # file name -> its lines' payerIds (the message keys)
+    rules: Path  # the rule file the backtest and the stream apply
 
 
-def make_dataset(work: Path, rate: int, seconds: int, keys: int, env: dict[str, str]) -> Dataset:
+def make_dataset(
+    work: Path, rate: int, seconds: int, keys: int, env: dict[str, str], rules: Path = RULES
+) -> Dataset:
     """Generate ``seconds`` files of ``rate`` in-order events and their expected alerts."""
     staging = work / "staging"
     shutil.rmtree(staging, ignore_errors=True)
@@ -98,11 +101,11 @@ def make_dataset(work: Path, rate: int, seconds: int, keys: int, env: dict[str, 
             keys[path.name].append(str(event["payerId"]))
     reference = work / "expected.jsonl"
     velocity(
-        "backtest", "--rules", str(RULES), "--events", str(staging), "--out", str(reference),
+        "backtest", "--rules", str(rules), "--events", str(staging), "--out", str(reference),
         env={**env, "VELOCITY_DATA_DIR": str(work / "backtest")}, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     expected = {(a["ruleId"], a["transactionId"]) for a in map(json.loads, reference.open())}
-    return Dataset(staging, files, tx_file, expected, len(tx_file), keys)
+    return Dataset(staging, files, tx_file, expected, len(tx_file), keys, rules)
 
 
 def process_tree(root_pid: int) -> list[int]:
@@ -241,7 +244,7 @@ def run_design(
     log = home / "stream.log"
     reads = ["--source", "kafka"] if source == "kafka" else ["--events", str(events)]
     stream = subprocess.Popen(
-        [PYTHON, "-m", "velocity.cli", "stream", *reads, "--rules", str(RULES)],
+        [PYTHON, "-m", "velocity.cli", "stream", *reads, "--rules", str(data.rules)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),
@@ -416,6 +419,9 @@ def main() -> int:
         default="single",
         help="one Redis (`velocity up`), a Redis Cluster of three masters, or each in turn",
     )
+    parser.add_argument(
+        "--rules", default=str(RULES), help="rule file (benchmarks/rules/fire_often.json: most fire)"
+    )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
     parser.add_argument(
         "--port", type=int, default=6392, help="the benchmark's own Redis (its cluster: +1000)"
@@ -424,14 +430,16 @@ def main() -> int:
     if args.redis != "single" and (args.source != "folder" or args.design != "new"):
         parser.error("--redis cluster|both runs this checkout's stream on a folder only")
 
-    work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}"
+    rules = Path(args.rules).resolve()
+    named = "" if rules == RULES else f"-{rules.stem}"
+    work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}{named}"
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "gen")}
     began = time.monotonic()
-    data = make_dataset(work, args.rate, args.seconds, args.keys, env)
+    data = make_dataset(work, args.rate, args.seconds, args.keys, env, rules)
     print(
         f"{data.events} in-order events in {len(data.files)} files ({args.rate}/s for "
-        f"{args.seconds} s, {args.keys} payers, 8 rules); {len(data.expected)} expected "
+        f"{args.seconds} s, {args.keys} payers, {rules.name}); {len(data.expected)} expected "
         f"alerts (velocity backtest, {time.monotonic() - began:.0f} s)",
         flush=True,
     )

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
-from velocity.redis.keys import RedisKeys, bucket_value, default_prefix, parse_bucket
+from velocity.redis.keys import (
+    RedisKeys,
+    bucket_value,
+    bucket_value_texts,
+    default_prefix,
+    parse_bucket,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,3 +90,53 @@ def test_two_data_dirs_never_share_a_key() -> None:
         assert getattr(a, name) != getattr(b, name)
     assert a.bucket_hash("s", '["k"]') == a.prefix + ':{s:["k"]}:buckets'
     assert a.rule_entry(7) == a.prefix + ":rule:7"
+
+
+_TEXTS = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=6
+)
+_AMOUNTS = st.one_of(
+    st.decimals(min_value=0, max_value=10**12, places=8, allow_nan=False),
+    st.sampled_from([Decimal("0"), Decimal("1E-8"), Decimal("0.0000005"), Decimal("100")]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 10**6),
+            st.one_of(st.none(), _AMOUNTS),
+            st.one_of(st.none(), _AMOUNTS),
+            st.frozensets(st.one_of(_TEXTS, st.sampled_from(['a"b', "c\\d", "e\nf", "ü"]))),
+            st.one_of(st.none(), st.integers(0, 2**53)),
+        ),
+        max_size=8,
+    )
+)
+def test_bucket_values_built_column_by_column_equal_bucket_value(rows) -> None:
+    from velocity.engine.key_partition import STORED_SCHEMA
+
+    table = pa.Table.from_pylist(
+        [
+            {
+                "signature_id": "sig",
+                "key": '["k"]',
+                "bucket_start": 0,
+                "last_time": last,
+                "event_count": count,
+                "value_count": count,
+                "value_sum": total,
+                "value_min": low,
+                "value_max": total,
+                "distinct_values": sorted(distinct),
+            }
+            for count, total, low, distinct, last in rows
+        ],
+        schema=STORED_SCHEMA,
+    )
+    expected = [
+        bucket_value(BucketAggregate(c, c, t, low, t, frozenset(d)), last)
+        for c, t, low, d, last in rows
+    ]
+    assert bucket_value_texts(table) == expected

@@ -31,10 +31,17 @@ def canonical_texts(events: pa.Table, field: str) -> pa.ChunkedArray:
     column = events.column(field)
     if not FIELDS_BY_NAME[field].numeric:
         return column
+    return decimal_texts(column)
+
+
+def decimal_texts(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    """Each decimal as ``format_decimal`` writes it (null stays null)."""
+    if isinstance(column, pa.Array):
+        column = pa.chunked_array([column])
     text = pc.cast(column, pa.string())
     # Arrow writes an amount below 10^-6 with an exponent ("1E-8", "0E-8"): those few
     # are written by ``format_decimal`` itself.
-    exponent = pc.match_substring(text, "E").to_numpy(zero_copy_only=False)
+    exponent = pc.fill_null(pc.match_substring(text, "E"), False).to_numpy(zero_copy_only=False)
     if exponent.any():
         rows = np.flatnonzero(exponent)
         plain = text.to_numpy(zero_copy_only=False).astype(object)

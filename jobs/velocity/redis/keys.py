@@ -32,8 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from velocity.buckets import BucketAggregate
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import format_decimal, json_string
+from velocity.engine.fan_out import decimal_texts
 from velocity.rules import Rule, key_text
 from velocity.windows import KeyedEvent
 
@@ -57,6 +62,12 @@ class RedisKeys:
     def bucket_hash(self, signature_id: str, key: str) -> str:
         """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text``."""
         return f"{self.prefix}:{{{signature_id}:{key}}}:buckets"
+
+    def bucket_hash_texts(self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray) -> list[str]:
+        """``bucket_hash`` of every (signature, key) of two columns, column by column."""
+        return pc.binary_join_element_wise(
+            f"{self.prefix}:{{", signature_ids, ":", keys, "}:buckets", ""
+        ).to_pylist()
 
     @property
     def bucket_hashes(self) -> str:
@@ -205,3 +216,55 @@ def parse_recent(text: str) -> tuple[KeyedEvent, ...]:
         KeyedEvent(t, tx, value, None if number is None else Decimal(number))
         for t, tx, value, number in json.loads(text)
     )
+
+
+# A text JSON must escape: the few such distinct values go through ``bucket_value``.
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
+
+
+def bucket_value_texts(buckets: pa.Table) -> list[str]:
+    """``bucket_value`` of every row of ``buckets`` (the buckets' figures and
+    ``last_time``), built column by column: the stream writes one per changed bucket."""
+    n = buckets.num_rows
+    if n == 0:
+        return []
+
+    def quoted_or_null(column: pa.ChunkedArray) -> pa.ChunkedArray:
+        text = decimal_texts(column)
+        return pc.if_else(
+            pc.is_valid(text), pc.binary_join_element_wise('"', text, '"', ""), "null"
+        )
+
+    lists = buckets.column("distinct_values").combine_chunks().fill_null([])
+    flat = pc.list_flatten(lists)
+    quoted = pc.binary_join_element_wise('"', flat, '"', "")
+    joined = pc.binary_join(pa.ListArray.from_arrays(lists.offsets, quoted), ",")
+    last = buckets.column("last_time")
+    tail = pc.if_else(
+        pc.is_valid(last), pc.binary_join_element_wise(",", pc.cast(last, pa.string()), ""), ""
+    )
+    texts = pc.binary_join_element_wise(
+        "[",
+        pc.cast(buckets.column("event_count"), pa.string()),
+        ",",
+        pc.cast(buckets.column("value_count"), pa.string()),
+        ",",
+        quoted_or_null(buckets.column("value_sum")),
+        ",",
+        quoted_or_null(buckets.column("value_min")),
+        ",",
+        quoted_or_null(buckets.column("value_max")),
+        ",[",
+        joined,
+        "]",
+        tail,
+        "]",
+        "",
+    ).to_pylist()
+    escaped = pc.match_substring_regex(flat, _NEEDS_ESCAPE).to_numpy(zero_copy_only=False)
+    if escaped.any():
+        parents = pc.list_parent_indices(lists).to_numpy()
+        for row in np.unique(parents[escaped]).tolist():
+            values = buckets.slice(row, 1).to_pylist()[0]
+            texts[row] = bucket_value(bucket_from_columns(values), values["last_time"])
+    return texts

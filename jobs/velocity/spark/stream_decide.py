@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from velocity.buckets import bucket_from_columns
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
@@ -34,7 +33,7 @@ from velocity.engine.key_partition import (
 )
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
-from velocity.redis.keys import RedisKeys, bucket_value, recent_field, recent_value
+from velocity.redis.keys import RedisKeys, bucket_value_texts, recent_field, recent_value
 from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
@@ -189,12 +188,18 @@ def bucket_changes(
     newest eventTime), the raw events of the buckets the batch touched among each key's
     newest, the dropped buckets and recent events that left."""
     out = mirror.BucketChanges()
-    touched: set[BucketSlot] = set()
-    for row in decided.buckets.to_pylist():
-        slot = (row["signature_id"], row["key"], row["bucket_start"])
-        touched.add(slot)
-        value = bucket_value(bucket_from_columns(row), row["last_time"])
-        out.sets.append((keys.bucket_hash(slot[0], slot[1]), str(slot[2]), value))
+    buckets = decided.buckets
+    names = keys.bucket_hash_texts(buckets.column("signature_id"), buckets.column("key"))
+    starts = buckets.column("bucket_start").to_pylist()
+    out.sets.extend(zip(names, map(str, starts), bucket_value_texts(buckets), strict=True))
+    touched: set[BucketSlot] = set(
+        zip(
+            buckets.column("signature_id").to_pylist(),
+            buckets.column("key").to_pylist(),
+            starts,
+            strict=True,
+        )
+    )
     for (sig, key), recent in decided.recent.items():
         name = keys.bucket_hash(sig, key)
         if decided.bucket_counts[(sig, key)] <= mirror.QUIET_MAX_BUCKETS:

@@ -65,8 +65,6 @@ class KeyState:
     buckets: dict[int, BucketAggregate] = field(default_factory=dict)
     last_times: dict[int, int | None] = field(default_factory=dict)
     recent: dict[int, tuple[KeyedEvent, ...]] = field(default_factory=dict)
-    # The buckets whose raw events the hot state holds, trusted or not (Redis fields).
-    recent_fields: frozenset[int] = frozenset()
 
 
 def _recent_after(

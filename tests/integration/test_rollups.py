@@ -153,7 +153,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
     # The stream's commit: changed buckets and buckets dropped below its horizon.
     state = KeyState(dict(buckets), {})
     changed_starts = rng.sample(sorted(buckets), 50)
-    # With the raw events of a changed bucket beside it (fields that are not buckets).
+    # With the raw events of a changed bucket beside its hash.
     state.recent = {changed_starts[0]: (KeyedEvent(changed_starts[0], "tx-raw"),)}
     for start in changed_starts:
         state.buckets[start] = buckets[start] = buckets[start].merge(random_bucket(rng))
@@ -183,7 +183,8 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
     # The stream reads a hash's buckets only, never its roll-ups.
     read = mirror.read_stream_state(client, g1, [], [(SIGNATURE, '["dense"]')])
     assert read.states[(SIGNATURE, '["dense"]')].buckets == buckets
-    assert read.states[(SIGNATURE, '["dense"]')].recent_fields == {changed_starts[0]}
+    raw = (SIGNATURE, '["dense"]', changed_starts[0])
+    assert mirror.read_recent(client, g1.redis_keys, [raw]) == {raw: state.recent[raw[2]]}
 
 
 def test_a_sparse_hash_has_no_rollups_until_it_is_dense(settings: Settings) -> None:

@@ -15,7 +15,11 @@ from tests.unit.test_kernel import keyed_row
 from tests.unit.test_micro_batch import keyed_table
 from tests.unit.test_stream_batch import arrival_batches
 from velocity.buckets import bucket_from_columns
-from velocity.engine.key_partition import decide_key_partition, missing_history
+from velocity.engine.key_partition import (
+    decide_key_partition,
+    missing_history,
+    needed_own_buckets,
+)
 from velocity.rules import RuleState, rules_by_signature
 from velocity.stream_batch import (
     KeyState,
@@ -25,15 +29,16 @@ from velocity.stream_batch import (
     key_groups,
     trusted_recent,
 )
-from velocity.windows import format_aggregate
+from velocity.windows import KeyedEvent, format_aggregate
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def carried(states: dict, decided, forget_raw: bool) -> dict:
-    """The hot state after a partition's batch, as its commit leaves it in Redis (and,
-    with ``forget_raw``, as a rebuild from Delta does: no newest eventTimes, no raw
-    events)."""
+def carried(states: dict, raw: dict, decided, forget_raw: bool) -> tuple[dict, dict]:
+    """The hot state after a partition's batch, as its commit leaves it in Redis: the
+    buckets (with newest eventTimes) and the raw-events strings, started over, appended
+    to and removed (with ``forget_raw``, as a rebuild from Delta leaves it: no newest
+    eventTimes, no raw events)."""
     out = dict(states)
     for row in decided.buckets.to_pylist():
         slot = (row["signature_id"], row["key"])
@@ -41,20 +46,18 @@ def carried(states: dict, decided, forget_raw: bool) -> dict:
         out[slot] = KeyState(
             {**before.buckets, row["bucket_start"]: bucket_from_columns(row)},
             {**before.last_times, row["bucket_start"]: row["last_time"]},
-            before.recent,
-            before.recent_fields,
         )
-    for slot, recent in decided.recent.items():
-        state = out[slot]
-        out[slot] = KeyState(
-            state.buckets,
-            state.last_times,
-            trusted_recent(state.buckets, recent),
-            frozenset(recent),
-        )
+    raw = dict(raw)
+    for slot in [*decided.raw_started, *decided.raw_removed]:
+        raw.pop(slot, None)
+    for row in decided.raw_appended.to_pylist():
+        slot = (row["signature_id"], row["key"], row["bucket_start"])
+        event = KeyedEvent(row["eventTime"], row["transactionId"], row["value"], row["number"])
+        raw.setdefault(slot, []).append(event)
     if forget_raw:
         out = {s: KeyState(st_.buckets, dict.fromkeys(st_.buckets)) for s, st_ in out.items()}
-    return out
+        raw = {}
+    return out, raw
 
 
 @settings(max_examples=150, deadline=None)
@@ -70,6 +73,7 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
     signatures = list(rules_by_signature(active))
     reference: dict = {}
     hot: dict = {}
+    stored_raw: dict = {}  # the raw-events strings in Redis
     raw: dict = {}
     seen: set[str] = set()
     newest = None
@@ -87,7 +91,16 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
             for e in group
         ]
         table = keyed_table(rows, True)
-        states = {slot: hot[slot] for slot in groups if slot in hot}
+        states = {
+            slot: KeyState(hot[slot].buckets, hot[slot].last_times)
+            for slot in groups
+            if slot in hot
+        }
+        for sig, key, start in needed_own_buckets(table, states, width):  # read from Redis
+            state = states[(sig, key)]
+            state.recent.update(
+                trusted_recent(state.buckets, {start: stored_raw.get((sig, key, start), [])})
+            )
         missing = missing_history(table, states, width)
         if not forget_raw:
             # Raw events are missing only for an own bucket older than the key's newest two.
@@ -110,7 +123,7 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
         }
 
         reference.update(expected.buckets)
-        hot = carried(hot, got, forget_raw)
+        hot, stored_raw = carried(hot, stored_raw, got, forget_raw)
         for (signature_id, key), group in groups.items():
             for e in group:
                 start = e.event_time - e.event_time % width
@@ -119,9 +132,8 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
         newest = admitted.newest_event_time
 
 
-def test_a_stale_recent_field_is_not_trusted() -> None:
+def test_stale_raw_events_are_not_trusted() -> None:
     from velocity.buckets import BucketAggregate
-    from velocity.windows import KeyedEvent
 
     one = KeyedEvent(60_001, "tx-1")
     buckets = {60_000: BucketAggregate(2), 120_000: BucketAggregate(1)}

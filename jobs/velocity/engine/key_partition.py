@@ -5,18 +5,19 @@ reads its keys' state (``KeyState``: the buckets, the newest eventTime counted i
 and the raw events of the newest buckets) and is decided here by the columnar
 ``velocity.engine.micro_batch``. What comes out is what the partition's commit writes:
 every changed bucket's new absolute value, the buckets that fell below the horizon, and
-each changed key's recent raw events, so that an out-of-order event of a later batch
-finds its own bucket's earlier events in the hot state instead of in Delta.
+the raw events the batch adds to each key's newest ``RECENT_BUCKETS`` buckets (appended:
+a hot key's bucket is never rewritten whole), so that an out-of-order event of a later
+batch finds its own bucket's earlier events in the hot state instead of in Delta.
 
-A key's recent raw events of a bucket are used only when trusted
-(``velocity.stream_batch.trusted_recent``).
+A key's raw events of a bucket are read only for an own bucket that needs them, and
+used only when trusted (``velocity.stream_batch.trusted_recent``): appending to a bucket
+whose raw events were incomplete keeps them incomplete, so the count tells.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -49,8 +50,10 @@ class KeyPartitionDecided:
     decisions: Decisions  # rows index the partition's batch events
     deltas: pa.Table  # the batch's events alone per bucket (``bucket_rows``)
     buckets: pa.Table  # STORED_COLUMNS: every changed bucket's new absolute value
-    recent: dict[SignatureKey, dict[int, tuple[KeyedEvent, ...]]]  # per changed key
     dropped: list[BucketSlot]  # buckets of changed keys below the horizon
+    raw_appended: pa.Table  # batch rows (KEYED_COLUMNS, ``bucket_start``) kept raw, in order
+    raw_started: list[BucketSlot]  # raw events that start over (a bucket new to its key)
+    raw_removed: list[BucketSlot]  # raw events no longer kept (left the newest buckets)
     bucket_counts: dict[SignatureKey, int] = field(default_factory=dict)  # after the batch
 
 
@@ -72,15 +75,23 @@ def stored_buckets(states: Mapping[SignatureKey, KeyState]) -> pa.Table:
     return pa.table(rows, schema=STORED_SCHEMA)
 
 
+def needed_own_buckets(
+    events: pa.Table, states: Mapping[SignatureKey, KeyState], width_ms: int
+) -> list[BucketSlot]:
+    """The own buckets whose earlier events the partition needs raw (an event later than
+    one to decide, or an unknown newest eventTime): read their raw events first."""
+    needed = own_buckets_needing_history(events, stored_buckets(states), width_ms)
+    return list(zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True))
+
+
 def missing_history(
     events: pa.Table, states: Mapping[SignatureKey, KeyState], width_ms: int
 ) -> list[BucketSlot]:
-    """The own buckets whose earlier events the partition needs and its keys' recent raw
-    events do not hold: those come from the Delta history."""
-    needed = own_buckets_needing_history(events, stored_buckets(states), width_ms)
+    """The needed own buckets whose raw events the states do not hold (trusted): those
+    come from the Delta history."""
     return [
         (sig, key, start)
-        for sig, key, start in zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True)
+        for sig, key, start in needed_own_buckets(events, states, width_ms)
         if start not in states[(sig, key)].recent
     ]
 
@@ -103,15 +114,8 @@ def decide_key_partition(
     if history is not None and history.num_rows:
         earlier.append(history.select(list(KEYED_COLUMNS)).cast(earlier[0].schema))
     decided = decide_micro_batch(events, stored, pa.concat_tables(earlier), rules, width_ms)
-    recent, counts = _recent_after(events, states, decided.buckets, width_ms)
-    dropped: list[BucketSlot] = []
-    if cutoff is not None:
-        for slot in recent:
-            starts = {*states.get(slot, KeyState()).buckets, *recent[slot]}
-            dropped.extend((slot[0], slot[1], s) for s in sorted(starts) if s < cutoff)
-    return KeyPartitionDecided(
-        decided.decisions, decided.deltas, decided.buckets, recent, dropped, counts
-    )
+    raw = _raw_changes(events, states, width_ms, cutoff)
+    return KeyPartitionDecided(decided.decisions, decided.deltas, decided.buckets, *raw)
 
 
 def _recent_rows(
@@ -137,57 +141,62 @@ def _recent_rows(
     )
 
 
-def keyed_events_of(rows: pa.Table) -> list[KeyedEvent]:
-    """Keyed rows as the reference engine's events."""
-    numbers: list[Decimal | None] = rows.column("number").to_pylist()
-    return [
-        KeyedEvent(t, tx, v, n)
-        for t, tx, v, n in zip(
-            rows.column("eventTime").to_pylist(),
-            rows.column("transactionId").to_pylist(),
-            rows.column("value").to_pylist(),
-            numbers,
-            strict=True,
-        )
-    ]
-
-
-def _recent_after(
+def _raw_changes(
     events: pa.Table,
     states: Mapping[SignatureKey, KeyState],
-    buckets: pa.Table,
     width_ms: int,
-) -> tuple[dict[SignatureKey, dict[int, tuple[KeyedEvent, ...]]], dict[SignatureKey, int]]:
-    """Each changed key's recent raw events after the batch (its newest
-    ``RECENT_BUCKETS`` buckets that every event of passed through a batch since the
-    bucket began), and its bucket count."""
+    cutoff: int | None,
+) -> tuple[list[BucketSlot], pa.Table, list[BucketSlot], list[BucketSlot], dict[SignatureKey, int]]:
+    """The buckets below the horizon, and the raw events kept: each changed key's newest
+    ``RECENT_BUCKETS`` buckets get the batch's events appended (started over for a bucket
+    new to the key); a bucket that leaves the newest loses them. One pass per changed
+    key and one per row, over the batch's rows only: a hot key's bucket is never read
+    or written whole."""
     times = events.column("eventTime").to_numpy()
-    starts = (times - np.mod(times, width_ms)).tolist()
-    added: dict[SignatureKey, dict[int, list[KeyedEvent]]] = {}
-    for slot_sig, slot_key, start, event in zip(
-        events.column("signature_id").to_pylist(),
-        events.column("key").to_pylist(),
-        starts,
-        keyed_events_of(events),
-        strict=True,
-    ):
-        added.setdefault((slot_sig, slot_key), {}).setdefault(start, []).append(event)
-    new_starts: dict[SignatureKey, set[int]] = {}
-    for sig, key, start in zip(*(buckets.column(n).to_pylist() for n in SLOT), strict=True):
-        new_starts.setdefault((sig, key), set()).add(start)
-    recent: dict[SignatureKey, dict[int, tuple[KeyedEvent, ...]]] = {}
+    starts = times - np.mod(times, width_ms)
+    slots = pa.table(
+        {
+            "signature_id": events.column("signature_id"),
+            "key": events.column("key"),
+            "bucket_start": pa.array(starts, pa.int64()),
+        }
+    )
+    distinct = slots.group_by(list(SLOT), use_threads=False).aggregate([])
+    by_key: dict[SignatureKey, list[int]] = {}
+    for sig, key, start in zip(*(distinct.column(n).to_pylist() for n in SLOT), strict=True):
+        by_key.setdefault((sig, key), []).append(start)
+    kept: set[BucketSlot] = set()
+    started: list[BucketSlot] = []
+    removed: list[BucketSlot] = []
+    dropped: list[BucketSlot] = []
     counts: dict[SignatureKey, int] = {}
-    for slot, by_start in added.items():
-        before = states.get(slot)
-        kept = dict(before.recent) if before is not None else {}
-        known = before.buckets if before is not None else {}
-        for start, batch_events in by_start.items():
-            if start not in known:
-                kept[start] = tuple(batch_events)
-            elif start in kept:
-                kept[start] = (*kept[start], *batch_events)
-        if len(kept) > RECENT_BUCKETS:
-            kept = {s: kept[s] for s in sorted(kept)[-RECENT_BUCKETS:]}
-        recent[slot] = kept
-        counts[slot] = len({*known, *new_starts.get(slot, ())})
-    return recent, counts
+    for slot, added in by_key.items():
+        stored = states[slot].buckets if slot in states else {}
+        every = sorted({*stored, *added})
+        counts[slot] = len(every)
+        newest = {s for s in every[-RECENT_BUCKETS:] if cutoff is None or s >= cutoff}
+        for start in added:
+            if start in newest:
+                kept.add((*slot, start))
+                if start not in stored:
+                    started.append((*slot, start))
+        removed.extend((*slot, s) for s in sorted(stored)[-RECENT_BUCKETS:] if s not in newest)
+        if cutoff is not None:
+            dropped.extend((*slot, s) for s in every if s < cutoff)
+    keep = np.fromiter(
+        (
+            (sig, key, start) in kept
+            for sig, key, start in zip(
+                events.column("signature_id").to_pylist(),
+                events.column("key").to_pylist(),
+                starts.tolist(),
+                strict=True,
+            )
+        ),
+        dtype=bool,
+        count=events.num_rows,
+    )
+    appended = events.select(list(KEYED_COLUMNS)).append_column(
+        "bucket_start", slots.column("bucket_start")
+    )
+    return dropped, appended.filter(pa.array(keep)), started, removed, counts

@@ -8,9 +8,10 @@ dirs share one Redis without touching each other's keys:
 
 - ``P:{<signature_id>:<key>}:buckets`` — hash of one (signature, key): field = bucket
   start (epoch ms, decimal), value = ``bucket_value``. The hash tag keeps one
-  (signature, key) in one cluster slot and spreads keys over slots. Fields
-  ``e<bucket start>`` beside them hold the raw events of the key's newest buckets
-  (``recent_value``), which the stream decides an out-of-order event's own bucket from.
+  (signature, key) in one cluster slot and spreads keys over slots.
+- ``P:{<signature_id>:<key>}:raw:<bucket start>`` — string of the raw events of one of
+  the key's two newest buckets (``recent_fragment``s, appended batch by batch), which
+  the stream decides an out-of-order event's own bucket from.
 - ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
   bucket hash and call ``velocity_window``.
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
@@ -62,6 +63,10 @@ class RedisKeys:
     def bucket_hash(self, signature_id: str, key: str) -> str:
         """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text``."""
         return f"{self.prefix}:{{{signature_id}:{key}}}:buckets"
+
+    def recent_events(self, signature_id: str, key: str, start: int) -> str:
+        """The raw events of one of a key's newest buckets (beside its hash, one slot)."""
+        return f"{self.prefix}:{{{signature_id}:{key}}}:raw:{start}"
 
     def bucket_hash_texts(self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray) -> list[str]:
         """``bucket_hash`` of every (signature, key) of two columns, column by column."""
@@ -185,41 +190,61 @@ def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
     }
 
 
-# The raw events of a key's newest buckets live in its bucket hash beside the buckets,
-# as field "e<bucket start>" (not a digit first: bucket readers and roll-ups skip it).
-RECENT_FIELD_PREFIX = "e"
+# A text JSON must escape: the few such values go through the Python encoder.
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
-def recent_field(start: int) -> str:
-    return f"{RECENT_FIELD_PREFIX}{start}"
-
-
-def recent_value(events: Sequence[KeyedEvent]) -> str:
-    """A bucket's raw events as ``[[eventTime, transactionId, value, amount], …]``."""
-    return json.dumps(
-        [
-            [
-                e.event_time,
-                e.transaction_id,
-                e.value,
-                None if e.number is None else format_decimal(e.number),
-            ]
-            for e in events
-        ],
-        separators=(",", ":"),
-        ensure_ascii=False,
+def recent_fragment(events: Sequence[KeyedEvent]) -> str:
+    """Raw events as a fragment of a key's raw-events string: ``,[eventTime,
+    "transactionId", value, "amount"]`` each, so a batch's events are appended."""
+    return "".join(
+        f",[{e.event_time},{json_string(e.transaction_id)},"
+        f"{'null' if e.value is None else json_string(e.value)},{_json_decimal(e.number)}]"
+        for e in events
     )
+
+
+def recent_fragment_texts(rows: pa.Table) -> list[str]:
+    """``recent_fragment`` of each row of keyed rows (``eventTime``, ``transactionId``,
+    ``value``, ``number``), column by column (a text JSON must escape through Python)."""
+    if rows.num_rows == 0:
+        return []
+
+    def json_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.if_else(
+            pc.is_valid(column), pc.binary_join_element_wise('"', column, '"', ""), "null"
+        )
+
+    numbers = decimal_texts(rows.column("number"))
+    texts = pc.binary_join_element_wise(
+        ",[",
+        pc.cast(rows.column("eventTime"), pa.string()),
+        ",",
+        json_text(rows.column("transactionId")),
+        ",",
+        json_text(rows.column("value")),
+        ",",
+        json_text(numbers),
+        "]",
+        "",
+    ).to_pylist()
+    escape = pc.or_(
+        pc.match_substring_regex(rows.column("transactionId"), _NEEDS_ESCAPE),
+        pc.fill_null(pc.match_substring_regex(rows.column("value"), _NEEDS_ESCAPE), False),
+    ).to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(escape).tolist():
+        one = rows.slice(row, 1).to_pylist()[0]
+        event = KeyedEvent(one["eventTime"], one["transactionId"], one["value"], one["number"])
+        texts[row] = recent_fragment([event])
+    return texts
 
 
 def parse_recent(text: str) -> tuple[KeyedEvent, ...]:
+    """A raw-events string (``recent_fragment``s one after another) as the events."""
     return tuple(
         KeyedEvent(t, tx, value, None if number is None else Decimal(number))
-        for t, tx, value, number in json.loads(text)
+        for t, tx, value, number in json.loads("[" + text[1:] + "]")
     )
-
-
-# A text JSON must escape: the few such distinct values go through ``bucket_value``.
-_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def bucket_value_texts(buckets: pa.Table) -> list[str]:

@@ -19,20 +19,19 @@ from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.keys import (
-    RECENT_FIELD_PREFIX,
     RedisKeys,
     bucket_value,
     parse_bucket,
     parse_bucket_value,
     parse_recent,
-    recent_field,
-    recent_value,
+    recent_fragment,
     rule_entry,
 )
 from velocity.redis.lease import Lease
 from velocity.rules import Rule
 from velocity.settings import Settings
-from velocity.stream_batch import KeyState, SignatureKey, trusted_recent
+from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
+from velocity.windows import KeyedEvent
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
@@ -360,15 +359,9 @@ def read_stream_state(
         if not fields:
             continue
         state = KeyState()
-        recent = {}
-        for name, value in fields.items():
-            if name.startswith(RECENT_FIELD_PREFIX):
-                recent[int(name[len(RECENT_FIELD_PREFIX) :])] = parse_recent(value)
-            else:
-                start = int(name)
-                state.buckets[start], state.last_times[start] = parse_bucket(value)
-        state.recent = trusted_recent(state.buckets, recent)
-        state.recent_fields = frozenset(recent)
+        for start_text, value in fields.items():
+            start = int(start_text)
+            state.buckets[start], state.last_times[start] = parse_bucket(value)
         states[slot] = state
     return StreamRead(
         committed_batch=int(progress["batch"]) if "batch" in progress else None,
@@ -383,17 +376,22 @@ def read_stream_state(
 @dataclass
 class BucketChanges:
     """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them:
-    fields set (a bucket's absolute value, or a key's recent raw events), fields removed,
-    and the changed hashes that cannot have roll-ups (``QUIET_MAX_BUCKETS``)."""
+    fields set (a bucket's absolute value), fields removed, the changed hashes that
+    cannot have roll-ups (``QUIET_MAX_BUCKETS``), and the keys' raw-events strings
+    removed, then appended to."""
 
     sets: list[tuple[str, str, str]] = field(default_factory=list)  # (hash, field, value)
     drops: list[tuple[str, str]] = field(default_factory=list)  # (hash, field)
     quiet: list[str] = field(default_factory=list)
+    resets: list[tuple[str]] = field(default_factory=list)  # (raw-events key,)
+    appends: list[tuple[str, str]] = field(default_factory=list)  # (key, fragment)
 
     def extend(self, other: BucketChanges) -> None:
         self.sets.extend(other.sets)
         self.drops.extend(other.drops)
         self.quiet.extend(other.quiet)
+        self.resets.extend(other.resets)
+        self.appends.extend(other.appends)
 
 
 def key_changes(
@@ -402,8 +400,8 @@ def key_changes(
     dropped: Iterable[tuple[str, str, int]] = (),
 ) -> BucketChanges:
     """The changes that give each changed key's ``starts`` their value in its new state
-    (with its newest eventTime), remove the ``dropped`` buckets, and keep the key's
-    recent raw events as its new state has them."""
+    (with its newest eventTime) and their raw events when it holds them, and remove the
+    ``dropped`` buckets."""
     out = BucketChanges()
     for (sig, key), (state, starts) in changed.items():
         name = keys.bucket_hash(sig, key)
@@ -414,10 +412,26 @@ def key_changes(
                 value = bucket_value(state.buckets[start], state.last_times.get(start))
                 out.sets.append((name, str(start), value))
             if start in state.recent:
-                out.sets.append((name, recent_field(start), recent_value(state.recent[start])))
-        out.drops.extend((name, recent_field(s)) for s in state.recent_fields - set(state.recent))
+                raw = keys.recent_events(sig, key, start)
+                out.resets.append((raw,))
+                out.appends.append((raw, recent_fragment(state.recent[start])))
     out.drops.extend((keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped)
     return out
+
+
+def read_recent(
+    client: redis.Redis, keys: RedisKeys, slots: Sequence[BucketSlot]
+) -> dict[BucketSlot, tuple[KeyedEvent, ...]]:
+    """The raw events Redis holds of the given (signature, key, bucket start)s, in one
+    pipelined round trip (untrusted: ``trusted_recent`` checks them against the bucket)."""
+    if not slots:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for sig, key, start in slots:
+        pipe.get(keys.recent_events(sig, key, start))
+    return {
+        slot: parse_recent(text) for slot, text in zip(slots, pipe.execute(), strict=True) if text
+    }
 
 
 def stream_commit(
@@ -444,6 +458,8 @@ def stream_commit(
         "s": [seen_prefix + tx for tx in accepted],
         "a": list(alerts),
         "q": changes.quiet,
+        "x": changes.resets,
+        "r": changes.appends,
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most
     # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.

@@ -199,11 +199,6 @@ local function is_bucket(field)
   return first ~= nil and first >= 48 and first <= 57
 end
 
--- Fields "e<start>": the raw events of a key's newest buckets (velocity/redis/keys.py).
-local function is_recent(field)
-  return string.byte(field, 1) == 101
-end
-
 -- Roll-ups. A dense hash (ROLLUP_MIN_BUCKETS buckets or more) also holds, for each size n
 -- (in buckets) of ROLLUP_SIZES, the merge of the buckets of every aligned n·g block that
 -- has any, as field "r<n>:<block start>", and field "rollups" = "<g ms>:<n>,<n>,...". Each
@@ -277,7 +272,7 @@ local function after_bucket_writes(hash, starts, width)
     refresh_blocks(hash, layout_width, sizes, starts)
     if redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS then -- sparse again: read whole
       for _, field in ipairs(redis.call("HKEYS", hash)) do
-        if not is_bucket(field) and not is_recent(field) then redis.call("HDEL", hash, field) end
+        if not is_bucket(field) then redis.call("HDEL", hash, field) end
       end
     end
   elseif width and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
@@ -290,8 +285,8 @@ local function after_bucket_writes(hash, starts, width)
   end
 end
 
--- Drops a hash's buckets that start before `cutoff` (and their raw events), adding their
--- starts to the set `dropped`; returns how many buckets.
+-- Drops a hash's buckets that start before `cutoff`, adding their starts to the set
+-- `dropped`; returns how many.
 local function drop_before(hash, cutoff, dropped)
   local count = 0
   for _, field in ipairs(redis.call("HKEYS", hash)) do
@@ -299,8 +294,6 @@ local function drop_before(hash, cutoff, dropped)
       redis.call("HDEL", hash, field)
       dropped[tonumber(field)] = true
       count = count + 1
-    elseif is_recent(field) and tonumber(string.sub(field, 2)) < cutoff then
-      redis.call("HDEL", hash, field) -- the raw events of a dropped bucket
     end
   end
   return count
@@ -502,8 +495,7 @@ local function velocity_renew(keys, args)
   return 0
 end
 
--- Every bucket of the named hashes and their recent raw events (roll-ups left out), by
--- hash; empty hashes left out.
+-- Every bucket of the named hashes (roll-ups left out), by hash; empty hashes left out.
 local function read_hashes(names)
   local hashes = {}
   for _, name in ipairs(names) do
@@ -511,7 +503,7 @@ local function read_hashes(names)
     if #buckets > 0 then
       local map = {}
       for i = 1, #buckets, 2 do
-        if is_bucket(buckets[i]) or is_recent(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
+        if is_bucket(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
       end
       hashes[name] = map
     end
@@ -575,6 +567,17 @@ local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
   for name in pairs(changed) do
     redis.call("PEXPIRE", name, ttl_ms)
   end
+  -- The raw events of keys' newest buckets (strings of JSON fragments): removed ("x"),
+  -- then appended to ("r"), each with the buckets' TTL.
+  for _, changes in ipairs(parts) do
+    for _, x in ipairs(changes["x"] or {}) do redis.call("DEL", x[1]) end
+  end
+  for _, changes in ipairs(parts) do
+    for _, r in ipairs(changes["r"] or {}) do
+      redis.call("APPEND", r[1], r[2])
+      redis.call("PEXPIRE", r[1], ttl_ms)
+    end
+  end
   -- Roll-ups. A hash that only grew and has fewer than ROLLUP_KEEP_FIELDS fields has none
   -- (one HLEN, the common case); the few dense ones get their touched starts gathered.
   local dense = {}
@@ -602,7 +605,7 @@ local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
       for _, kind in ipairs({"b", "d"}) do
         for _, entry in ipairs(changes[kind]) do
           local starts = dense[entry[1]]
-          if starts and is_bucket(entry[2]) then starts[tonumber(entry[2])] = true end
+          if starts then starts[tonumber(entry[2])] = true end
         end
       end
     end
@@ -621,7 +624,8 @@ end
 -- the progress was committed already: nothing is written and -1 returned (a replay
 -- changes nothing twice).
 -- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
---            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...]}, in one or
+--            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...],
+--            "x": [[raw events key], ...], "r": [[raw events key, fragment], ...]}, in one or
 --            more parts (each argument a part of every list, in order, so no argument
 --            grows without bound); "q" (optional) names changed hashes of at most 6
 --            buckets that only grew: they cannot have roll-ups

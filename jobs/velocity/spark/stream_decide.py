@@ -29,15 +29,15 @@ from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
     KeyPartitionDecided,
     decide_key_partition,
-    missing_history,
+    needed_own_buckets,
 )
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
-from velocity.redis.keys import RedisKeys, bucket_value_texts, recent_field, recent_value
+from velocity.redis.keys import RedisKeys, bucket_value_texts, recent_fragment_texts
 from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
-from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
+from velocity.stream_batch import BucketSlot, trusted_recent
 
 _KEY = ("signature_id", "key")
 
@@ -149,15 +149,22 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     history = None if history_ipc is None else _from_ipc(history_ipc)
     keys = _keys_of(rows)
     slots = list(zip(*(keys.column(n).to_pylist() for n in _KEY), strict=True))
+    width = settings.bucket_width_ms
+    given = set() if history is None else _slots_of(history, width)
     client = connection.connect(settings)
     try:
         states = mirror.read_stream_state(client, settings, [], slots).states
+        # The raw events of the own buckets that need them, in a second round trip.
+        wanted = [s for s in needed_own_buckets(rows, states, width) if s not in given]
+        for (sig, key, start), events in mirror.read_recent(
+            client, settings.redis_keys, wanted
+        ).items():
+            state = states[(sig, key)]
+            state.recent.update(trusted_recent(state.buckets, {start: events}))
     finally:
         client.close()
     read = time.perf_counter()
-    width = settings.bucket_width_ms
-    given = set() if history is None else _slots_of(history, width)
-    missing = [s for s in missing_history(rows, states, width) if s not in given]
+    missing = [s for s in wanted if s[2] not in states[(s[0], s[1])].recent]
     log: dict[str, object] = {
         "rows": rows.num_rows,
         "keys": len(slots),
@@ -168,7 +175,7 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
         return pickle.dumps({"missing": missing, "log": log})
     decided = decide_key_partition(rows, states, history, plan.rules, width, plan.cutoff)
     alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
-    changes = bucket_changes(settings.redis_keys, decided, states)
+    changes = bucket_changes(settings.redis_keys, decided)
     log["decide_s"] = round(time.perf_counter() - read, 4)
     return pickle.dumps(
         {
@@ -181,36 +188,37 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     )
 
 
-def bucket_changes(
-    keys: RedisKeys, decided: KeyPartitionDecided, states: dict[SignatureKey, KeyState]
-) -> mirror.BucketChanges:
+def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.BucketChanges:
     """A decided key-partition's Redis changes: every changed bucket's new value (with its
-    newest eventTime), the raw events of the buckets the batch touched among each key's
-    newest, the dropped buckets and recent events that left."""
+    newest eventTime), the dropped buckets, and the raw events kept: started over,
+    appended to (a fragment per bucket, its events in arrival order), or removed."""
     out = mirror.BucketChanges()
     buckets = decided.buckets
     names = keys.bucket_hash_texts(buckets.column("signature_id"), buckets.column("key"))
     starts = buckets.column("bucket_start").to_pylist()
     out.sets.extend(zip(names, map(str, starts), bucket_value_texts(buckets), strict=True))
-    touched: set[BucketSlot] = set(
-        zip(
-            buckets.column("signature_id").to_pylist(),
-            buckets.column("key").to_pylist(),
-            starts,
-            strict=True,
-        )
+    out.quiet.extend(
+        keys.bucket_hash(sig, key)
+        for (sig, key), count in decided.bucket_counts.items()
+        if count <= mirror.QUIET_MAX_BUCKETS
     )
-    for (sig, key), recent in decided.recent.items():
-        name = keys.bucket_hash(sig, key)
-        if decided.bucket_counts[(sig, key)] <= mirror.QUIET_MAX_BUCKETS:
-            out.quiet.append(name)
-        for start, events in recent.items():
-            if (sig, key, start) in touched:
-                out.sets.append((name, recent_field(start), recent_value(events)))
-        before = states.get((sig, key))
-        left = (before.recent_fields if before is not None else frozenset()) - set(recent)
-        out.drops.extend((name, recent_field(s)) for s in sorted(left))
     out.drops.extend((keys.bucket_hash(sig, key), str(s)) for sig, key, s in decided.dropped)
+    out.resets.extend(
+        (keys.recent_events(*slot),) for slot in [*decided.raw_started, *decided.raw_removed]
+    )
+    raw = decided.raw_appended
+    fragments: dict[BucketSlot, list[str]] = {}
+    for sig, key, start, text in zip(
+        raw.column("signature_id").to_pylist(),
+        raw.column("key").to_pylist(),
+        raw.column("bucket_start").to_pylist(),
+        recent_fragment_texts(raw),
+        strict=True,
+    ):
+        fragments.setdefault((sig, key, start), []).append(text)
+    out.appends.extend(
+        (keys.recent_events(*slot), "".join(parts)) for slot, parts in fragments.items()
+    )
     return out
 
 

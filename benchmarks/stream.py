@@ -420,7 +420,7 @@ def main() -> int:
         help="one Redis (`velocity up`), a Redis Cluster of three masters, or each in turn",
     )
     parser.add_argument(
-        "--rules", default=str(RULES), help="rule file (benchmarks/rules/fire_often.json: most fire)"
+        "--rules", default=str(RULES), help="rule file (benchmarks/rules/fire_often.json fires)"
     )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
     parser.add_argument(

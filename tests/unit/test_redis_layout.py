@@ -18,7 +18,11 @@ from velocity.redis.keys import (
     bucket_value_texts,
     default_prefix,
     parse_bucket,
+    parse_recent,
+    recent_fragment,
+    recent_fragment_texts,
 )
+from velocity.windows import KeyedEvent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -140,3 +144,33 @@ def test_bucket_values_built_column_by_column_equal_bucket_value(rows) -> None:
         for c, t, low, d, last in rows
     ]
     assert bucket_value_texts(table) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**53),
+            st.one_of(_TEXTS, st.sampled_from(['t"x', "t\\x"])),
+            st.one_of(st.none(), _TEXTS),
+            st.one_of(st.none(), _AMOUNTS),
+        ),
+        max_size=8,
+    )
+)
+def test_raw_event_fragments_built_column_by_column_equal_recent_fragment(rows) -> None:
+    from tests.unit.test_kernel import _ARROW
+
+    events = [KeyedEvent(*row) for row in rows]
+    table = pa.Table.from_pylist(
+        [
+            {"signature_id": "s", "key": "k", "eventTime": e.event_time,
+             "transactionId": e.transaction_id, "value": e.value, "number": e.number}
+            for e in events
+        ],
+        schema=_ARROW,
+    )  # fmt: skip
+    texts = recent_fragment_texts(table)
+    assert texts == [recent_fragment([e]) for e in events]
+    if events:
+        assert parse_recent("".join(texts)) == tuple(events)

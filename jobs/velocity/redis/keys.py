@@ -204,27 +204,26 @@ def recent_fragment(events: Sequence[KeyedEvent]) -> str:
     )
 
 
+def _json_string_or_null(texts: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Texts that need no escaping as JSON strings, nulls as ``null``."""
+    return pc.if_else(pc.is_valid(texts), pc.binary_join_element_wise('"', texts, '"', ""), "null")
+
+
 def recent_fragment_texts(rows: pa.Table) -> list[str]:
     """``recent_fragment`` of each row of keyed rows (``eventTime``, ``transactionId``,
     ``value``, ``number``), column by column (a text JSON must escape through Python)."""
     if rows.num_rows == 0:
         return []
 
-    def json_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
-        return pc.if_else(
-            pc.is_valid(column), pc.binary_join_element_wise('"', column, '"', ""), "null"
-        )
-
-    numbers = decimal_texts(rows.column("number"))
     texts = pc.binary_join_element_wise(
         ",[",
         pc.cast(rows.column("eventTime"), pa.string()),
         ",",
-        json_text(rows.column("transactionId")),
+        _json_string_or_null(rows.column("transactionId")),
         ",",
-        json_text(rows.column("value")),
+        _json_string_or_null(rows.column("value")),
         ",",
-        json_text(numbers),
+        _json_string_or_null(decimal_texts(rows.column("number"))),
         "]",
         "",
     ).to_pylist()
@@ -254,12 +253,6 @@ def bucket_value_texts(buckets: pa.Table) -> list[str]:
     if n == 0:
         return []
 
-    def quoted_or_null(column: pa.ChunkedArray) -> pa.ChunkedArray:
-        text = decimal_texts(column)
-        return pc.if_else(
-            pc.is_valid(text), pc.binary_join_element_wise('"', text, '"', ""), "null"
-        )
-
     lists = buckets.column("distinct_values").combine_chunks().fill_null([])
     flat = pc.list_flatten(lists)
     quoted = pc.binary_join_element_wise('"', flat, '"', "")
@@ -274,11 +267,11 @@ def bucket_value_texts(buckets: pa.Table) -> list[str]:
         ",",
         pc.cast(buckets.column("value_count"), pa.string()),
         ",",
-        quoted_or_null(buckets.column("value_sum")),
+        _json_string_or_null(decimal_texts(buckets.column("value_sum"))),
         ",",
-        quoted_or_null(buckets.column("value_min")),
+        _json_string_or_null(decimal_texts(buckets.column("value_min"))),
         ",",
-        quoted_or_null(buckets.column("value_max")),
+        _json_string_or_null(decimal_texts(buckets.column("value_max"))),
         ",[",
         joined,
         "]",

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_kernel import _ARROW
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
+from velocity.engine.key_partition import STORED_SCHEMA
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value,
@@ -119,8 +121,6 @@ _AMOUNTS = st.one_of(
     )
 )
 def test_bucket_values_built_column_by_column_equal_bucket_value(rows) -> None:
-    from velocity.engine.key_partition import STORED_SCHEMA
-
     table = pa.Table.from_pylist(
         [
             {
@@ -159,8 +159,6 @@ def test_bucket_values_built_column_by_column_equal_bucket_value(rows) -> None:
     )
 )
 def test_raw_event_fragments_built_column_by_column_equal_recent_fragment(rows) -> None:
-    from tests.unit.test_kernel import _ARROW
-
     events = [KeyedEvent(*row) for row in rows]
     table = pa.Table.from_pylist(
         [

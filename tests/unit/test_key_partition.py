@@ -6,6 +6,7 @@ exactly the own buckets whose raw events that state lacks."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,12 +17,14 @@ from tests.unit.test_micro_batch import keyed_table
 from tests.unit.test_stream_batch import arrival_batches
 from velocity.buckets import bucket_from_columns
 from velocity.engine.key_partition import (
+    _raw_changes,
     decide_key_partition,
     missing_history,
     needed_own_buckets,
 )
 from velocity.rules import RuleState, rules_by_signature
 from velocity.stream_batch import (
+    RECENT_BUCKETS,
     KeyState,
     admit,
     decide,
@@ -48,10 +51,14 @@ def carried(states: dict, raw: dict, decided, forget_raw: bool) -> tuple[dict, d
             {**before.last_times, row["bucket_start"]: row["last_time"]},
         )
     raw = dict(raw)
-    for slot in [*decided.raw_started, *decided.raw_removed]:
-        raw.pop(slot, None)
+    for row in decided.raw_removed.to_pylist():
+        raw.pop((row["signature_id"], row["key"], row["bucket_start"]), None)
+    started = set()
     for row in decided.raw_appended.to_pylist():
         slot = (row["signature_id"], row["key"], row["bucket_start"])
+        if row["starts"] and slot not in started:  # a SET of the whole fragment
+            raw[slot] = []
+            started.add(slot)
         event = KeyedEvent(row["eventTime"], row["transactionId"], row["value"], row["number"])
         raw.setdefault(slot, []).append(event)
     if forget_raw:
@@ -139,3 +146,77 @@ def test_stale_raw_events_are_not_trusted() -> None:
     buckets = {60_000: BucketAggregate(2), 120_000: BucketAggregate(1)}
     recent = {60_000: (one,), 120_000: (KeyedEvent(120_001, "tx-2"),), 180_000: (one,)}
     assert trusted_recent(buckets, recent) == {120_000: recent[120_000]}
+
+
+def per_key_raw_changes(arrivals, stored, cutoff):
+    """The raw-event bookkeeping key by key (the rule ``_raw_changes`` computes column by
+    column): per changed key, its newest RECENT_BUCKETS buckets at or above the cutoff
+    keep the batch's events (started over when new to the key), a stored bucket that
+    leaves them loses its raw events, and every bucket below the cutoff goes."""
+    by_key: dict = {}
+    for slot, start in arrivals:
+        by_key.setdefault(slot, set()).add(start)
+    kept, removed, dropped, counts = {}, set(), set(), {}
+    for slot, added in by_key.items():
+        before = stored.get(slot, set())
+        every = sorted({*before, *added})
+        counts[slot] = len(every)
+        newest = {s for s in every[-RECENT_BUCKETS:] if cutoff is None or s >= cutoff}
+        kept.update({(*slot, s): s not in before for s in added if s in newest})
+        removed.update((*slot, s) for s in sorted(before)[-RECENT_BUCKETS:] if s not in newest)
+        dropped.update((*slot, s) for s in every if cutoff is not None and s < cutoff)
+    return kept, removed, dropped, counts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arrivals=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]), st.sampled_from(["k1", "k2"]), st.integers(0, 9)
+        ),
+        max_size=25,
+    ),
+    stored_starts=st.dictionaries(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["k1", "k2"])),
+        st.sets(st.integers(0, 9), max_size=6),
+    ),
+    cutoff=st.one_of(st.none(), st.integers(0, 10).map(lambda b: b * 60_000)),
+)
+def test_raw_bookkeeping_column_by_column_equals_the_per_key_rule(
+    arrivals, stored_starts, cutoff
+) -> None:
+    width = 60_000
+    rows = [
+        keyed_row((sig, key), KeyedEvent(b * width + 7 * i, f"t{i}"))
+        for i, (sig, key, b) in enumerate(arrivals)
+    ]
+    table = keyed_table(rows, True)
+    batch_keys = {(sig, key) for sig, key, _ in arrivals}
+    stored = {
+        slot: {b * width for b in starts}
+        for slot, starts in stored_starts.items()
+        if slot in batch_keys
+    }
+    stored_table = pa.table(
+        {
+            "signature_id": [s for (s, _), starts in stored.items() for _ in starts],
+            "key": [k for (_, k), starts in stored.items() for _ in starts],
+            "bucket_start": pa.array([b for starts in stored.values() for b in starts], pa.int64()),
+        }
+    )
+    dropped, appended, removed, counts = _raw_changes(table, stored_table, width, cutoff)
+    kept, want_removed, want_dropped, want_counts = per_key_raw_changes(
+        [((sig, key), b * width) for sig, key, b in arrivals], stored, cutoff
+    )
+    slots = lambda t: {(r["signature_id"], r["key"], r["bucket_start"]) for r in t.to_pylist()}  # noqa: E731
+    assert slots(dropped) == want_dropped
+    assert slots(removed) == want_removed
+    assert {
+        (r["signature_id"], r["key"]): r["bucket_count"] for r in counts.to_pylist()
+    } == want_counts
+    got = appended.to_pylist()
+    # Every kept row, in arrival order, and only those.
+    assert [r["transactionId"] for r in got] == [
+        f"t{i}" for i, (sig, key, b) in enumerate(arrivals) if (sig, key, b * width) in kept
+    ]
+    assert {(r["signature_id"], r["key"], r["bucket_start"]): r["starts"] for r in got} == kept

@@ -17,10 +17,11 @@ whose raw events were incomplete keeps them incomplete, so the count tells.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.kernel import KEYED_COLUMNS, Decisions
@@ -45,16 +46,16 @@ STORED_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class KeyPartitionDecided:
-    """What a key-partition's batch decided and what its commit writes."""
+    """What a key-partition's batch decided and what its commit writes (slots as SLOT
+    columns)."""
 
     decisions: Decisions  # rows index the partition's batch events
     deltas: pa.Table  # the batch's events alone per bucket (``bucket_rows``)
     buckets: pa.Table  # STORED_COLUMNS: every changed bucket's new absolute value
-    dropped: list[BucketSlot]  # buckets of changed keys below the horizon
-    raw_appended: pa.Table  # batch rows (KEYED_COLUMNS, ``bucket_start``) kept raw, in order
-    raw_started: list[BucketSlot]  # raw events that start over (a bucket new to its key)
-    raw_removed: list[BucketSlot]  # raw events no longer kept (left the newest buckets)
-    bucket_counts: dict[SignatureKey, int] = field(default_factory=dict)  # after the batch
+    dropped: pa.Table  # buckets of changed keys below the horizon
+    raw_appended: pa.Table  # batch rows (KEYED_COLUMNS, ``bucket_start``, ``starts``) kept raw
+    raw_removed: pa.Table  # raw events no longer kept (left the newest buckets)
+    bucket_counts: pa.Table  # signature_id, key, bucket_count: each changed key's, after
 
 
 def stored_buckets(states: Mapping[SignatureKey, KeyState]) -> pa.Table:
@@ -114,7 +115,7 @@ def decide_key_partition(
     if history is not None and history.num_rows:
         earlier.append(history.select(list(KEYED_COLUMNS)).cast(earlier[0].schema))
     decided = decide_micro_batch(events, stored, pa.concat_tables(earlier), rules, width_ms)
-    raw = _raw_changes(events, states, width_ms, cutoff)
+    raw = _raw_changes(events, stored, width_ms, cutoff)
     return KeyPartitionDecided(decided.decisions, decided.deltas, decided.buckets, *raw)
 
 
@@ -142,61 +143,81 @@ def _recent_rows(
 
 
 def _raw_changes(
-    events: pa.Table,
-    states: Mapping[SignatureKey, KeyState],
-    width_ms: int,
-    cutoff: int | None,
-) -> tuple[list[BucketSlot], pa.Table, list[BucketSlot], list[BucketSlot], dict[SignatureKey, int]]:
-    """The buckets below the horizon, and the raw events kept: each changed key's newest
-    ``RECENT_BUCKETS`` buckets get the batch's events appended (started over for a bucket
-    new to the key); a bucket that leaves the newest loses them. One pass per changed
-    key and one per row, over the batch's rows only: a hot key's bucket is never read
-    or written whole."""
+    events: pa.Table, stored: pa.Table, width_ms: int, cutoff: int | None
+) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """The buckets below the horizon, the raw events kept, those no longer kept and each
+    key's bucket count: each changed key's newest ``RECENT_BUCKETS`` buckets get the
+    batch's events appended (``starts``: started over, a bucket new to the key); a bucket
+    that leaves the newest loses them. Column by column over the batch's rows and its
+    keys' stored slots: a hot key's bucket is never read or written whole."""
     times = events.column("eventTime").to_numpy()
-    starts = times - np.mod(times, width_ms)
     slots = pa.table(
         {
             "signature_id": events.column("signature_id"),
             "key": events.column("key"),
-            "bucket_start": pa.array(starts, pa.int64()),
+            "bucket_start": pa.array(times - np.mod(times, width_ms), pa.int64()),
         }
     )
-    distinct = slots.group_by(list(SLOT), use_threads=False).aggregate([])
-    by_key: dict[SignatureKey, list[int]] = {}
-    for sig, key, start in zip(*(distinct.column(n).to_pylist() for n in SLOT), strict=True):
-        by_key.setdefault((sig, key), []).append(start)
-    kept: set[BucketSlot] = set()
-    started: list[BucketSlot] = []
-    removed: list[BucketSlot] = []
-    dropped: list[BucketSlot] = []
-    counts: dict[SignatureKey, int] = {}
-    for slot, added in by_key.items():
-        stored = states[slot].buckets if slot in states else {}
-        every = sorted({*stored, *added})
-        counts[slot] = len(every)
-        newest = {s for s in every[-RECENT_BUCKETS:] if cutoff is None or s >= cutoff}
-        for start in added:
-            if start in newest:
-                kept.add((*slot, start))
-                if start not in stored:
-                    started.append((*slot, start))
-        removed.extend((*slot, s) for s in sorted(stored)[-RECENT_BUCKETS:] if s not in newest)
-        if cutoff is not None:
-            dropped.extend((*slot, s) for s in every if s < cutoff)
-    keep = np.fromiter(
-        (
-            (sig, key, start) in kept
-            for sig, key, start in zip(
-                events.column("signature_id").to_pylist(),
-                events.column("key").to_pylist(),
-                starts.tolist(),
-                strict=True,
-            )
-        ),
-        dtype=bool,
-        count=events.num_rows,
+    added = slots.group_by(list(SLOT), use_threads=False).aggregate([])
+    before = stored.select(list(SLOT)).cast(slots.schema)
+    flagged = pa.concat_tables(
+        [
+            added.append_column("added", pa.array(np.ones(added.num_rows, bool))),
+            before.append_column("added", pa.array(np.zeros(before.num_rows, bool))),
+        ]
     )
-    appended = events.select(list(KEYED_COLUMNS)).append_column(
-        "bucket_start", slots.column("bucket_start")
+    # Each slot of a changed key once, a key's newest first: added (the batch has it),
+    # stored (Redis has it), or both.
+    every = (
+        flagged.group_by(list(SLOT), use_threads=False)
+        .aggregate([("added", "max"), ("added", "min")])
+        .sort_by(
+            [("signature_id", "ascending"), ("key", "ascending"), ("bucket_start", "descending")]
+        )
     )
-    return dropped, appended.filter(pa.array(keep)), started, removed, counts
+    n = every.num_rows
+    sig = every.column("signature_id").combine_chunks()
+    key = every.column("key").combine_chunks()
+    first_of_key = np.ones(n, bool)
+    if n > 1:
+        first_of_key[1:] = pc.or_(
+            pc.not_equal(sig[1:], sig[:-1]), pc.not_equal(key[1:], key[:-1])
+        ).to_numpy(zero_copy_only=False)
+    firsts = np.flatnonzero(first_of_key)
+    group = np.cumsum(first_of_key) - 1
+    rank = np.arange(n) - firsts[group]
+    bucket_start = every.column("bucket_start").to_numpy()
+    is_added = every.column("added_max").to_numpy(zero_copy_only=False)
+    is_stored = ~every.column("added_min").to_numpy(zero_copy_only=False)
+    below = np.zeros(n, bool) if cutoff is None else bucket_start < cutoff
+    newest = (rank < RECENT_BUCKETS) & ~below
+    stored_so_far = np.cumsum(is_stored)
+    stored_rank = stored_so_far - (stored_so_far - is_stored)[firsts][group] - 1
+    removed = is_stored & (stored_rank < RECENT_BUCKETS) & ~newest
+    kept = is_added & newest
+    kept_slots = (
+        every.filter(kept).select(list(SLOT)).append_column("starts", pa.array(~is_stored[kept]))
+    )
+    indexed = slots.append_column("row", pa.array(np.arange(events.num_rows), pa.int64()))
+    joined = indexed.join(kept_slots, keys=list(SLOT), join_type="inner", use_threads=False)
+    order = np.argsort(joined.column("row").to_numpy(), kind="stable")
+    appended = (
+        events.select(list(KEYED_COLUMNS))
+        .append_column("bucket_start", slots.column("bucket_start"))
+        .take(pa.array(joined.column("row").to_numpy()[order]))
+        .append_column("starts", joined.column("starts").take(pa.array(order)))
+    )
+    counts = pa.table(
+        {
+            "signature_id": sig.take(pa.array(firsts)),
+            "key": key.take(pa.array(firsts)),
+            "bucket_count": pa.array(np.diff(np.append(firsts, n)), pa.int64()),
+        }
+    )
+    slot_columns = every.select(list(SLOT))
+    return (
+        slot_columns.filter(pa.array(below)),
+        appended,
+        slot_columns.filter(pa.array(removed)),
+        counts,
+    )

@@ -180,10 +180,12 @@ class ClusterCommit:
 
         def master_of(name: str) -> dict[str, list[Any]]:
             node = client.get_node_from_key(name).name
-            return per_master.setdefault(node, {"b": [], "d": [], "q": [], "x": [], "r": []})
+            return per_master.setdefault(
+                node, {"b": [], "d": [], "q": [], "x": [], "n": [], "r": []}
+            )
 
         for part in parts:
-            for kind in ("b", "d", "x", "r"):
+            for kind in ("b", "d", "x", "n", "r"):
                 for entry in part.get(kind, ()):
                     master_of(entry[0])[kind].append(entry)
             for name in part.get("q", ()):

@@ -68,11 +68,25 @@ class RedisKeys:
         """The raw events of one of a key's newest buckets (beside its hash, one slot)."""
         return f"{self.prefix}:{{{signature_id}:{key}}}:raw:{start}"
 
-    def bucket_hash_texts(self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray) -> list[str]:
+    def bucket_hash_texts(self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray) -> pa.Array:
         """``bucket_hash`` of every (signature, key) of two columns, column by column."""
         return pc.binary_join_element_wise(
             f"{self.prefix}:{{", signature_ids, ":", keys, "}:buckets", ""
-        ).to_pylist()
+        )
+
+    def recent_events_texts(
+        self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray, starts: pa.ChunkedArray
+    ) -> pa.Array:
+        """``recent_events`` of every (signature, key, bucket start), column by column."""
+        return pc.binary_join_element_wise(
+            f"{self.prefix}:{{",
+            signature_ids,
+            ":",
+            keys,
+            "}:raw:",
+            pc.cast(starts, pa.string()),
+            "",
+        )
 
     @property
     def bucket_hashes(self) -> str:
@@ -286,3 +300,34 @@ def bucket_value_texts(buckets: pa.Table) -> list[str]:
             values = buckets.slice(row, 1).to_pylist()[0]
             texts[row] = bucket_value(bucket_from_columns(values), values["last_time"])
     return texts
+
+
+def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Each text as a JSON string, exactly as ``json_string`` writes it, column by column:
+    a backslash or quote escaped in place; a text with a control character (never in a
+    JSON text, a key name or a bucket start) through ``json_string`` itself."""
+    escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
+    quoted = pc.binary_join_element_wise('"', escaped, '"', "")
+    control = pc.match_substring_regex(texts, r"[\x00-\x1f]").to_numpy(zero_copy_only=False)
+    if not control.any():
+        return quoted
+    out = quoted.to_pylist()
+    originals = texts.to_pylist()
+    for row in np.flatnonzero(control).tolist():
+        out[row] = json_string(originals[row])
+    return pa.array(out, pa.string())
+
+
+def commit_entry_texts(*columns: pa.Array | pa.ChunkedArray) -> list[str]:
+    """One velocity_stream_commit entry per row: the row's texts as a JSON array of
+    strings (``["a","b"]``), column by column; the commit's argument only joins them."""
+    quoted = [json_string_texts(column) for column in columns]
+    parts: list[object] = ["["]
+    for i, column in enumerate(quoted):
+        parts.extend([column, ","] if i < len(quoted) - 1 else [column, "]"])
+    return pc.binary_join_element_wise(*parts, "").to_pylist()
+
+
+def commit_entry(*texts: str) -> str:
+    """``commit_entry_texts`` of one row."""
+    return "[" + ",".join(json_string(t) for t in texts) + "]"

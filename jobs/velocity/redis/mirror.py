@@ -15,12 +15,14 @@ import redis
 from redis.cluster import RedisCluster
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
+from velocity.decimals import json_string
 from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value,
+    commit_entry,
     parse_bucket,
     parse_bucket_value,
     parse_recent,
@@ -375,23 +377,23 @@ def read_stream_state(
 
 @dataclass
 class BucketChanges:
-    """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them:
-    fields set (a bucket's absolute value), fields removed, the changed hashes that
-    cannot have roll-ups (``QUIET_MAX_BUCKETS``), and the keys' raw-events strings
-    removed, then appended to."""
+    """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them, each
+    entry already its JSON text (``keys.commit_entry``), so a key-partition builds them
+    column by column and the commit only joins them: fields set (a bucket's absolute
+    value), fields removed, the changed hashes that cannot have roll-ups
+    (``QUIET_MAX_BUCKETS``), and the keys' raw-events strings removed, started over and
+    appended to."""
 
-    sets: list[tuple[str, str, str]] = field(default_factory=list)  # (hash, field, value)
-    drops: list[tuple[str, str]] = field(default_factory=list)  # (hash, field)
-    quiet: list[str] = field(default_factory=list)
-    resets: list[tuple[str]] = field(default_factory=list)  # (raw-events key,)
-    appends: list[tuple[str, str]] = field(default_factory=list)  # (key, fragment)
+    sets: list[str] = field(default_factory=list)  # [hash, field, value]
+    drops: list[str] = field(default_factory=list)  # [hash, field]
+    quiet: list[str] = field(default_factory=list)  # hash (a JSON string)
+    removed: list[str] = field(default_factory=list)  # [raw-events key]
+    started: list[str] = field(default_factory=list)  # [raw-events key, fragment]
+    appends: list[str] = field(default_factory=list)  # [raw-events key, fragment]
 
     def extend(self, other: BucketChanges) -> None:
-        self.sets.extend(other.sets)
-        self.drops.extend(other.drops)
-        self.quiet.extend(other.quiet)
-        self.resets.extend(other.resets)
-        self.appends.extend(other.appends)
+        for name in ("sets", "drops", "quiet", "removed", "started", "appends"):
+            getattr(self, name).extend(getattr(other, name))
 
 
 def key_changes(
@@ -406,16 +408,17 @@ def key_changes(
     for (sig, key), (state, starts) in changed.items():
         name = keys.bucket_hash(sig, key)
         if len(state.buckets) <= QUIET_MAX_BUCKETS:
-            out.quiet.append(name)
+            out.quiet.append(json_string(name))
         for start in starts:
             if start in state.buckets:
                 value = bucket_value(state.buckets[start], state.last_times.get(start))
-                out.sets.append((name, str(start), value))
+                out.sets.append(commit_entry(name, str(start), value))
             if start in state.recent:
                 raw = keys.recent_events(sig, key, start)
-                out.resets.append((raw,))
-                out.appends.append((raw, recent_fragment(state.recent[start])))
-    out.drops.extend((keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped)
+                out.started.append(commit_entry(raw, recent_fragment(state.recent[start])))
+    out.drops.extend(
+        commit_entry(keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped
+    )
     return out
 
 
@@ -452,24 +455,27 @@ def stream_commit(
     unless the state lock still holds ``lease``'s token."""
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
-    parts: dict[str, list[Any]] = {
+    parts: dict[str, list[str]] = {
         "b": changes.sets,
         "d": changes.drops,
-        "s": [seen_prefix + tx for tx in accepted],
-        "a": list(alerts),
+        "s": [json_string(seen_prefix + tx) for tx in accepted],
+        "a": [json_string(alert) for alert in alerts],
         "q": changes.quiet,
-        "x": changes.resets,
+        "x": changes.removed,
+        "n": changes.started,
         "r": changes.appends,
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most
     # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.
+    # The entries are JSON texts already: an argument only joins them.
     longest = max(len(entries) for entries in parts.values())
     chunks = [
-        json.dumps(
-            {name: entries[start : start + COMMIT_CHUNK] for name, entries in parts.items()},
-            separators=(",", ":"),
-            ensure_ascii=False,
+        "{"
+        + ",".join(
+            f'"{name}":[{",".join(entries[start : start + COMMIT_CHUNK])}]'
+            for name, entries in parts.items()
         )
+        + "}"
         for start in range(0, max(longest, 1), COMMIT_CHUNK)
     ]
     return (

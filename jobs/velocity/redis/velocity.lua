@@ -568,9 +568,13 @@ local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
     redis.call("PEXPIRE", name, ttl_ms)
   end
   -- The raw events of keys' newest buckets (strings of JSON fragments): removed ("x"),
-  -- then appended to ("r"), each with the buckets' TTL.
+  -- started over ("n", one SET with the buckets' TTL: most buckets are new to their key),
+  -- appended to ("r", the TTL renewed).
   for _, changes in ipairs(parts) do
     for _, x in ipairs(changes["x"] or {}) do redis.call("DEL", x[1]) end
+  end
+  for _, changes in ipairs(parts) do
+    for _, n in ipairs(changes["n"] or {}) do redis.call("SET", n[1], n[2], "PX", ttl_ms) end
   end
   for _, changes in ipairs(parts) do
     for _, r in ipairs(changes["r"] or {}) do
@@ -625,7 +629,8 @@ end
 -- changes nothing twice).
 -- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
 --            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...],
---            "x": [[raw events key], ...], "r": [[raw events key, fragment], ...]}, in one or
+--            "x": [[raw events key], ...], "n": [[raw events key, fragment], ...],
+--            "r": [[raw events key, fragment], ...]}, in one or
 --            more parts (each argument a part of every list, in order, so no argument
 --            grows without bound); "q" (optional) names changed hashes of at most 6
 --            buckets that only grew: they cannot have roll-ups

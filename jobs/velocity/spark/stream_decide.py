@@ -33,7 +33,14 @@ from velocity.engine.key_partition import (
 )
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
-from velocity.redis.keys import RedisKeys, bucket_value_texts, recent_fragment_texts
+from velocity.redis.keys import (
+    RedisKeys,
+    bucket_value_texts,
+    commit_entry,
+    commit_entry_texts,
+    json_string_texts,
+    recent_fragment_texts,
+)
 from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
@@ -189,37 +196,51 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
 
 
 def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.BucketChanges:
-    """A decided key-partition's Redis changes: every changed bucket's new value (with its
-    newest eventTime), the dropped buckets, and the raw events kept: started over,
-    appended to (a fragment per bucket, its events in arrival order), or removed."""
-    out = mirror.BucketChanges()
-    buckets = decided.buckets
-    names = keys.bucket_hash_texts(buckets.column("signature_id"), buckets.column("key"))
-    starts = buckets.column("bucket_start").to_pylist()
-    out.sets.extend(zip(names, map(str, starts), bucket_value_texts(buckets), strict=True))
-    out.quiet.extend(
-        keys.bucket_hash(sig, key)
-        for (sig, key), count in decided.bucket_counts.items()
-        if count <= mirror.QUIET_MAX_BUCKETS
+    """A decided key-partition's Redis changes, column by column: every changed bucket's
+    new value (with its newest eventTime), the dropped buckets, and the raw events kept:
+    started over or appended to (a fragment per bucket, its events in arrival order), or
+    removed."""
+    buckets, dropped, raw = decided.buckets, decided.dropped, decided.raw_appended
+    counts = decided.bucket_counts
+    quiet = counts.filter(pc.less_equal(counts.column("bucket_count"), mirror.QUIET_MAX_BUCKETS))
+    out = mirror.BucketChanges(
+        sets=commit_entry_texts(
+            _hash_names(keys, buckets),
+            pc.cast(buckets.column("bucket_start"), pa.string()),
+            pa.array(bucket_value_texts(buckets), pa.string()),
+        ),
+        drops=commit_entry_texts(
+            _hash_names(keys, dropped), pc.cast(dropped.column("bucket_start"), pa.string())
+        ),
+        quiet=json_string_texts(_hash_names(keys, quiet)).to_pylist(),
+        removed=commit_entry_texts(_raw_names(keys, decided.raw_removed)),
     )
-    out.drops.extend((keys.bucket_hash(sig, key), str(s)) for sig, key, s in decided.dropped)
-    out.resets.extend(
-        (keys.recent_events(*slot),) for slot in [*decided.raw_started, *decided.raw_removed]
-    )
-    raw = decided.raw_appended
-    fragments: dict[BucketSlot, list[str]] = {}
-    for sig, key, start, text in zip(
-        raw.column("signature_id").to_pylist(),
-        raw.column("key").to_pylist(),
-        raw.column("bucket_start").to_pylist(),
+    # One fragment per kept bucket, its events in arrival order (rows are).
+    fragments: dict[str, list[str]] = {}
+    started: set[str] = set()
+    for name, text, starts in zip(
+        _raw_names(keys, raw).to_pylist(),
         recent_fragment_texts(raw),
+        raw.column("starts").to_pylist(),
         strict=True,
     ):
-        fragments.setdefault((sig, key, start), []).append(text)
-    out.appends.extend(
-        (keys.recent_events(*slot), "".join(parts)) for slot, parts in fragments.items()
-    )
+        fragments.setdefault(name, []).append(text)
+        if starts:
+            started.add(name)
+    for name, parts in fragments.items():
+        entry = commit_entry(name, "".join(parts))
+        (out.started if name in started else out.appends).append(entry)
     return out
+
+
+def _hash_names(keys: RedisKeys, rows: pa.Table) -> pa.Array:
+    return keys.bucket_hash_texts(rows.column("signature_id"), rows.column("key"))
+
+
+def _raw_names(keys: RedisKeys, rows: pa.Table) -> pa.Array:
+    return keys.recent_events_texts(
+        rows.column("signature_id"), rows.column("key"), rows.column("bucket_start")
+    )
 
 
 def _slots_of(rows: pa.Table, width_ms: int) -> set[BucketSlot]:

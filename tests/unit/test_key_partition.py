@@ -6,6 +6,8 @@ exactly the own buckets whose raw events that state lacks."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -22,7 +24,9 @@ from velocity.engine.key_partition import (
     missing_history,
     needed_own_buckets,
 )
+from velocity.redis.keys import RedisKeys, parse_recent, recent_fragment
 from velocity.rules import RuleState, rules_by_signature
+from velocity.spark.stream_decide import bucket_changes
 from velocity.stream_batch import (
     RECENT_BUCKETS,
     KeyState,
@@ -35,6 +39,22 @@ from velocity.stream_batch import (
 from velocity.windows import KeyedEvent, format_aggregate
 
 pytestmark = pytest.mark.timeout(120)
+
+
+KEYS = RedisKeys("P", "/data")
+
+
+def applied_raw_strings(strings: dict, changes, forget: bool) -> dict:
+    """The raw-events strings after a commit of ``changes`` (as velocity_stream_commit
+    applies its "x", "n" and "r" entries), parsed."""
+    texts = {name: recent_fragment(evs) for name, evs in strings.items()}
+    for entry in map(json.loads, changes.removed):
+        texts.pop(entry[0], None)
+    for name, fragment in map(json.loads, changes.started):
+        texts[name] = fragment
+    for name, fragment in map(json.loads, changes.appends):
+        texts[name] = texts.get(name, "") + fragment
+    return {} if forget else {name: parse_recent(text) for name, text in texts.items()}
 
 
 def carried(states: dict, raw: dict, decided, forget_raw: bool) -> tuple[dict, dict]:
@@ -81,6 +101,7 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
     reference: dict = {}
     hot: dict = {}
     stored_raw: dict = {}  # the raw-events strings in Redis
+    strings: dict = {}  # the same, as the commits' entries leave them
     raw: dict = {}
     seen: set[str] = set()
     newest = None
@@ -131,6 +152,10 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
 
         reference.update(expected.buckets)
         hot, stored_raw = carried(hot, stored_raw, got, forget_raw)
+        strings = applied_raw_strings(strings, bucket_changes(KEYS, got), forget_raw)
+        assert strings == {
+            KEYS.recent_events(*slot): tuple(evs) for slot, evs in stored_raw.items() if evs
+        }
         for (signature_id, key), group in groups.items():
             for e in group:
                 start = e.event_time - e.event_time % width

@@ -36,7 +36,6 @@ from velocity.redis import connection, mirror
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value_texts,
-    commit_entry,
     commit_entry_texts,
     json_string_texts,
     recent_fragment_texts,
@@ -215,21 +214,26 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
         quiet=json_string_texts(_hash_names(keys, quiet)).to_pylist(),
         removed=commit_entry_texts(_raw_names(keys, decided.raw_removed)),
     )
-    # One fragment per kept bucket, its events in arrival order (rows are).
-    fragments: dict[str, list[str]] = {}
-    started: set[str] = set()
-    for name, text, starts in zip(
-        _raw_names(keys, raw).to_pylist(),
-        recent_fragment_texts(raw),
-        raw.column("starts").to_pylist(),
-        strict=True,
-    ):
-        fragments.setdefault(name, []).append(text)
-        if starts:
-            started.add(name)
-    for name, parts in fragments.items():
-        entry = commit_entry(name, "".join(parts))
-        (out.started if name in started else out.appends).append(entry)
+    # One fragment per kept bucket, its events in arrival order: a stable sort by name
+    # keeps the rows' order within each bucket.
+    if raw.num_rows:
+        names = _raw_names(keys, raw)
+        order = pc.sort_indices(names)
+        names = names.take(order)
+        first = np.ones(raw.num_rows, bool)
+        first[1:] = pc.not_equal(names[1:], names[:-1]).to_numpy(zero_copy_only=False)
+        firsts = np.flatnonzero(first)
+        fragments = pc.binary_join(
+            pa.ListArray.from_arrays(
+                pa.array(np.append(firsts, raw.num_rows), pa.int32()),
+                pa.array(recent_fragment_texts(raw), pa.string()).take(order),
+            ),
+            "",
+        )
+        entries = pa.array(commit_entry_texts(names.take(pa.array(firsts)), fragments))
+        starts = raw.column("starts").take(order).take(pa.array(firsts))
+        out.started = entries.filter(starts).to_pylist()
+        out.appends = entries.filter(pc.invert(starts)).to_pylist()
     return out
 
 

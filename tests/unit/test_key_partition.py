@@ -24,7 +24,8 @@ from velocity.engine.key_partition import (
     missing_history,
     needed_own_buckets,
 )
-from velocity.redis.keys import RedisKeys, parse_recent, recent_fragment
+from velocity.redis.keys import RedisKeys, bucket_value, parse_recent, recent_fragment
+from velocity.redis.mirror import QUIET_MAX_BUCKETS
 from velocity.rules import RuleState, rules_by_signature
 from velocity.spark.stream_decide import bucket_changes
 from velocity.stream_batch import (
@@ -44,16 +45,35 @@ pytestmark = pytest.mark.timeout(120)
 KEYS = RedisKeys("P", "/data")
 
 
+def assert_bucket_entries(changes, after: dict) -> None:
+    """Each key's entry sets its changed buckets to their values in the state ``after``
+    the batch (with newest eventTimes), once each, and says quiet exactly when the key
+    has at most QUIET_MAX_BUCKETS buckets."""
+    bases = {KEYS.key_base(*slot): slot for slot in after}
+    seen = set()
+    for base, quiet, sets, drops, *_ in map(json.loads, changes.entries):
+        slot = bases[base]
+        assert slot not in seen and drops == []
+        seen.add(slot)
+        state = after[slot]
+        assert quiet == int(len(state.buckets) <= QUIET_MAX_BUCKETS)
+        for i in range(0, len(sets), 2):
+            start = int(sets[i])
+            assert sets[i + 1] == bucket_value(state.buckets[start], state.last_times[start])
+
+
 def applied_raw_strings(strings: dict, changes, forget: bool) -> dict:
     """The raw-events strings after a commit of ``changes`` (as velocity_stream_commit
-    applies its "x", "n" and "r" entries), parsed."""
+    applies each key's entry: removed, started over, appended to), parsed."""
     texts = {name: recent_fragment(evs) for name, evs in strings.items()}
-    for entry in map(json.loads, changes.removed):
-        texts.pop(entry[0], None)
-    for name, fragment in map(json.loads, changes.started):
-        texts[name] = fragment
-    for name, fragment in map(json.loads, changes.appends):
-        texts[name] = texts.get(name, "") + fragment
+    for base, _quiet, _sets, _drops, removed, started, appended in map(json.loads, changes.entries):
+        for start in removed:
+            texts.pop(f"{base}:raw:{start}", None)
+        for i in range(0, len(started), 2):
+            texts[f"{base}:raw:{started[i]}"] = started[i + 1]
+        for i in range(0, len(appended), 2):
+            name = f"{base}:raw:{appended[i]}"
+            texts[name] = texts.get(name, "") + appended[i + 1]
     return {} if forget else {name: parse_recent(text) for name, text in texts.items()}
 
 
@@ -70,7 +90,7 @@ def carried(states: dict, raw: dict, decided, forget_raw: bool) -> tuple[dict, d
             {**before.buckets, row["bucket_start"]: bucket_from_columns(row)},
             {**before.last_times, row["bucket_start"]: row["last_time"]},
         )
-    raw = dict(raw)
+    raw = {slot: list(evs) for slot, evs in raw.items()}
     for row in decided.raw_removed.to_pylist():
         raw.pop((row["signature_id"], row["key"], row["bucket_start"]), None)
     started = set()
@@ -151,8 +171,10 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
         }
 
         reference.update(expected.buckets)
+        changes = bucket_changes(KEYS, got)
+        assert_bucket_entries(changes, carried(hot, stored_raw, got, False)[0])
         hot, stored_raw = carried(hot, stored_raw, got, forget_raw)
-        strings = applied_raw_strings(strings, bucket_changes(KEYS, got), forget_raw)
+        strings = applied_raw_strings(strings, changes, forget_raw)
         assert strings == {
             KEYS.recent_events(*slot): tuple(evs) for slot, evs in stored_raw.items() if evs
         }

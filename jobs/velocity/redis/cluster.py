@@ -178,18 +178,10 @@ class ClusterCommit:
         alerts = [alert for part in parts for alert in part["a"]]
         per_master: dict[str, dict[str, list[Any]]] = {}
 
-        def master_of(name: str) -> dict[str, list[Any]]:
-            node = client.get_node_from_key(name).name
-            return per_master.setdefault(
-                node, {"b": [], "d": [], "q": [], "x": [], "n": [], "r": []}
-            )
-
         for part in parts:
-            for kind in ("b", "d", "x", "n", "r"):
-                for entry in part.get(kind, ()):
-                    master_of(entry[0])[kind].append(entry)
-            for name in part.get("q", ()):
-                master_of(name)["q"].append(name)
+            for entry in part.get("k", ()):  # one a key: its names share its slot's tag
+                node = client.get_node_from_key(entry[0]).name
+                per_master.setdefault(node, {"k": []})["k"].append(entry)
         changes = {
             "alert_stream": alert_stream,
             "maxlen": maxlen,

@@ -60,33 +60,21 @@ class RedisKeys:
     prefix: str
     data_dir: str
 
+    def key_base(self, signature_id: str, key: str) -> str:
+        """What the names of one (signature, key)'s keys start with (its slot's tag)."""
+        return f"{self.prefix}:{{{signature_id}:{key}}}"
+
     def bucket_hash(self, signature_id: str, key: str) -> str:
         """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text``."""
-        return f"{self.prefix}:{{{signature_id}:{key}}}:buckets"
+        return f"{self.key_base(signature_id, key)}:buckets"
 
     def recent_events(self, signature_id: str, key: str, start: int) -> str:
         """The raw events of one of a key's newest buckets (beside its hash, one slot)."""
-        return f"{self.prefix}:{{{signature_id}:{key}}}:raw:{start}"
+        return f"{self.key_base(signature_id, key)}:raw:{start}"
 
-    def bucket_hash_texts(self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray) -> pa.Array:
-        """``bucket_hash`` of every (signature, key) of two columns, column by column."""
-        return pc.binary_join_element_wise(
-            f"{self.prefix}:{{", signature_ids, ":", keys, "}:buckets", ""
-        )
-
-    def recent_events_texts(
-        self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray, starts: pa.ChunkedArray
-    ) -> pa.Array:
-        """``recent_events`` of every (signature, key, bucket start), column by column."""
-        return pc.binary_join_element_wise(
-            f"{self.prefix}:{{",
-            signature_ids,
-            ":",
-            keys,
-            "}:raw:",
-            pc.cast(starts, pa.string()),
-            "",
-        )
+    def key_base_texts(self, signature_ids: pa.ChunkedArray, keys: pa.ChunkedArray) -> pa.Array:
+        """``key_base`` of every (signature, key) of two columns, column by column."""
+        return pc.binary_join_element_wise(f"{self.prefix}:{{", signature_ids, ":", keys, "}", "")
 
     @property
     def bucket_hashes(self) -> str:
@@ -316,18 +304,3 @@ def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunke
     for row in np.flatnonzero(control).tolist():
         out[row] = json_string(originals[row])
     return pa.array(out, pa.string())
-
-
-def commit_entry_texts(*columns: pa.Array | pa.ChunkedArray) -> list[str]:
-    """One velocity_stream_commit entry per row: the row's texts as a JSON array of
-    strings (``["a","b"]``), column by column; the commit's argument only joins them."""
-    quoted = [json_string_texts(column) for column in columns]
-    parts: list[object] = ["["]
-    for i, column in enumerate(quoted):
-        parts.extend([column, ","] if i < len(quoted) - 1 else [column, "]"])
-    return pc.binary_join_element_wise(*parts, "").to_pylist()
-
-
-def commit_entry(*texts: str) -> str:
-    """``commit_entry_texts`` of one row."""
-    return "[" + ",".join(json_string(t) for t in texts) + "]"

@@ -22,7 +22,6 @@ from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value,
-    commit_entry,
     parse_bucket,
     parse_bucket_value,
     parse_recent,
@@ -377,23 +376,40 @@ def read_stream_state(
 
 @dataclass
 class BucketChanges:
-    """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them, each
-    entry already its JSON text (``keys.commit_entry``), so a key-partition builds them
-    column by column and the commit only joins them: fields set (a bucket's absolute
-    value), fields removed, the changed hashes that cannot have roll-ups
-    (``QUIET_MAX_BUCKETS``), and the keys' raw-events strings removed, started over and
-    appended to."""
+    """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them: one
+    entry per changed (signature, key), already its JSON text (``key_change_entry``), so
+    a key-partition builds them column by column and the commit only joins them."""
 
-    sets: list[str] = field(default_factory=list)  # [hash, field, value]
-    drops: list[str] = field(default_factory=list)  # [hash, field]
-    quiet: list[str] = field(default_factory=list)  # hash (a JSON string)
-    removed: list[str] = field(default_factory=list)  # [raw-events key]
-    started: list[str] = field(default_factory=list)  # [raw-events key, fragment]
-    appends: list[str] = field(default_factory=list)  # [raw-events key, fragment]
+    entries: list[str] = field(default_factory=list)
 
     def extend(self, other: BucketChanges) -> None:
-        for name in ("sets", "drops", "quiet", "removed", "started", "appends"):
-            getattr(self, name).extend(getattr(other, name))
+        self.entries.extend(other.entries)
+
+
+def key_change_entry(
+    base: str,
+    quiet: bool,
+    sets: Sequence[tuple[int, str]] = (),
+    drops: Sequence[int] = (),
+    removed: Sequence[int] = (),
+    started: Sequence[tuple[int, str]] = (),
+    appended: Sequence[tuple[int, str]] = (),
+) -> str:
+    """One key's entry of velocity_stream_commit: its hash's name without ``:buckets``
+    (``RedisKeys.key_base``), whether the hash is quiet (at most ``QUIET_MAX_BUCKETS``
+    buckets, so no roll-ups), the buckets set (start, value) and dropped, and the raw
+    events of its newest buckets removed, started over and appended to (start, fragment)."""
+
+    def strings(items: Iterable[object]) -> str:
+        return "[" + ",".join(json_string(str(item)) for item in items) + "]"
+
+    def pairs(items: Sequence[tuple[int, str]]) -> str:
+        return strings(x for pair in items for x in pair)
+
+    return (
+        f"[{json_string(base)},{int(quiet)},{pairs(sets)},{strings(drops)},"
+        f"{strings(removed)},{pairs(started)},{pairs(appended)}]"
+    )
 
 
 def key_changes(
@@ -404,21 +420,31 @@ def key_changes(
     """The changes that give each changed key's ``starts`` their value in its new state
     (with its newest eventTime) and their raw events when it holds them, and remove the
     ``dropped`` buckets."""
+    drops: dict[SignatureKey, list[int]] = {}
+    for sig, key, start in dropped:
+        drops.setdefault((sig, key), []).append(start)
     out = BucketChanges()
-    for (sig, key), (state, starts) in changed.items():
-        name = keys.bucket_hash(sig, key)
-        if len(state.buckets) <= QUIET_MAX_BUCKETS:
-            out.quiet.append(json_string(name))
-        for start in starts:
-            if start in state.buckets:
-                value = bucket_value(state.buckets[start], state.last_times.get(start))
-                out.sets.append(commit_entry(name, str(start), value))
-            if start in state.recent:
-                raw = keys.recent_events(sig, key, start)
-                out.started.append(commit_entry(raw, recent_fragment(state.recent[start])))
-    out.drops.extend(
-        commit_entry(keys.bucket_hash(sig, key), str(start)) for sig, key, start in dropped
-    )
+    for slot in [*changed, *(s for s in drops if s not in changed)]:
+        state, starts = changed.get(slot, (KeyState(), ()))
+        sets = [
+            (start, bucket_value(state.buckets[start], state.last_times.get(start)))
+            for start in starts
+            if start in state.buckets
+        ]
+        started = [
+            (start, recent_fragment(state.recent[start]))
+            for start in starts
+            if start in state.recent
+        ]
+        out.entries.append(
+            key_change_entry(
+                keys.key_base(*slot),
+                len(state.buckets) <= QUIET_MAX_BUCKETS and slot not in drops,
+                sets,
+                drops.get(slot, ()),
+                started=started,
+            )
+        )
     return out
 
 
@@ -456,14 +482,9 @@ def stream_commit(
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
     parts: dict[str, list[str]] = {
-        "b": changes.sets,
-        "d": changes.drops,
+        "k": changes.entries,
         "s": [json_string(seen_prefix + tx) for tx in accepted],
         "a": [json_string(alert) for alert in alerts],
-        "q": changes.quiet,
-        "x": changes.removed,
-        "n": changes.started,
-        "r": changes.appends,
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most
     # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.

@@ -547,73 +547,55 @@ local function velocity_stream_read(keys, args)
   })
 end
 
--- A micro-batch's bucket changes, given as parts (see velocity_stream_commit's changes):
--- every changed bucket's absolute value, its hash's TTL and roll-ups, the dropped buckets.
+-- Runs `command key items...` over `items` (a list) in slices: Lua's unpack has a limit.
+local function in_slices(command, key, items)
+  for first = 1, #items, 2000 do
+    redis.call(command, key, unpack(items, first, math.min(first + 1999, #items)))
+  end
+end
+
+-- A micro-batch's bucket changes, given as parts (see velocity_stream_commit's changes),
+-- one entry per changed (signature, key): its buckets' absolute values, its hash's TTL
+-- and roll-ups, its dropped buckets, and the raw events of its newest buckets.
 local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
-  -- Kind by kind over all parts: a bucket both changed and dropped ends dropped.
-  local changed, lost = {}, {}
   for _, changes in ipairs(parts) do
-    for _, b in ipairs(changes["b"]) do
-      redis.call("HSET", b[1], b[2], b[3])
-      changed[b[1]] = true
-    end
-  end
-  for _, changes in ipairs(parts) do
-    for _, d in ipairs(changes["d"]) do
-      redis.call("HDEL", d[1], d[2])
-      lost[d[1]] = true
-    end
-  end
-  for name in pairs(changed) do
-    redis.call("PEXPIRE", name, ttl_ms)
-  end
-  -- The raw events of keys' newest buckets (strings of JSON fragments): removed ("x"),
-  -- started over ("n", one SET with the buckets' TTL: most buckets are new to their key),
-  -- appended to ("r", the TTL renewed).
-  for _, changes in ipairs(parts) do
-    for _, x in ipairs(changes["x"] or {}) do redis.call("DEL", x[1]) end
-  end
-  for _, changes in ipairs(parts) do
-    for _, n in ipairs(changes["n"] or {}) do redis.call("SET", n[1], n[2], "PX", ttl_ms) end
-  end
-  for _, changes in ipairs(parts) do
-    for _, r in ipairs(changes["r"] or {}) do
-      redis.call("APPEND", r[1], r[2])
-      redis.call("PEXPIRE", r[1], ttl_ms)
-    end
-  end
-  -- Roll-ups. A hash that only grew and has fewer than ROLLUP_KEEP_FIELDS fields has none
-  -- (one HLEN, the common case); the few dense ones get their touched starts gathered.
-  local dense = {}
-  local function check(name, only_grew)
-    if only_grew and redis.call("HLEN", name) < ROLLUP_KEEP_FIELDS then return end
-    if redis.call("HEXISTS", name, ROLLUP_FLAG) == 1 then
-      dense[name] = {}
-    elseif only_grew and redis.call("HLEN", name) >= ROLLUP_MIN_BUCKETS then
-      after_bucket_writes(name, {}, bucket_ms) -- has just become dense: built whole
-    end
-  end
-  -- Hashes the caller knows hold at most a few buckets (and only grew) have no roll-ups:
-  -- a hash with roll-ups has ROLLUP_KEEP_FIELDS fields or more, at most 9 a bucket
-  -- (itself and one block a size) plus the flag. Skipping them spares their HLEN.
-  local quiet = {}
-  for _, changes in ipairs(parts) do
-    for _, name in ipairs(changes["q"] or {}) do quiet[name] = true end
-  end
-  for name in pairs(changed) do
-    if not lost[name] and not quiet[name] then check(name, true) end
-  end
-  for name in pairs(lost) do check(name, false) end
-  if next(dense) then
-    for _, changes in ipairs(parts) do
-      for _, kind in ipairs({"b", "d"}) do
-        for _, entry in ipairs(changes[kind]) do
-          local starts = dense[entry[1]]
-          if starts then starts[tonumber(entry[2])] = true end
+    for _, k in ipairs(changes["k"] or {}) do
+      local base, sets, drops = k[1], k[3], k[4]
+      local hash = base .. ":buckets"
+      if #sets > 0 then
+        in_slices("HSET", hash, sets)
+        redis.call("PEXPIRE", hash, ttl_ms)
+      end
+      if #drops > 0 then in_slices("HDEL", hash, drops) end
+      -- Raw events (strings of JSON fragments): removed, started over (one SET with the
+      -- buckets' TTL: most buckets are new to their key), appended to (the TTL renewed).
+      for _, start in ipairs(k[5]) do redis.call("DEL", base .. ":raw:" .. start) end
+      local started, appended = k[6], k[7]
+      for i = 1, #started, 2 do
+        redis.call("SET", base .. ":raw:" .. started[i], started[i + 1], "PX", ttl_ms)
+      end
+      for i = 1, #appended, 2 do
+        local name = base .. ":raw:" .. appended[i]
+        redis.call("APPEND", name, appended[i + 1])
+        redis.call("PEXPIRE", name, ttl_ms)
+      end
+      -- Roll-ups. A hash that only grew and is quiet (k[2] = 1: it has at most a few
+      -- buckets, so no roll-ups) needs nothing; one that only grew and has fewer than
+      -- ROLLUP_KEEP_FIELDS fields has none (one HLEN); the few dense ones are refreshed
+      -- at the starts touched.
+      local grew = #drops == 0
+      if #sets + #drops > 0 and not (grew and k[2] == 1)
+          and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
+        if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
+          local starts = {}
+          for i = 1, #sets, 2 do starts[tonumber(sets[i])] = true end
+          for _, start in ipairs(drops) do starts[tonumber(start)] = true end
+          after_bucket_writes(hash, starts, bucket_ms)
+        elseif grew and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
+          after_bucket_writes(hash, {}, bucket_ms) -- has just become dense: built whole
         end
       end
     end
-    for name, starts in pairs(dense) do after_bucket_writes(name, starts, bucket_ms) end
   end
 end
 
@@ -627,13 +609,12 @@ end
 -- someone else may be writing) nothing is written and -2 returned. A batch not newer than
 -- the progress was committed already: nothing is written and -1 returned (a replay
 -- changes nothing twice).
--- changes = {"b": [[hash, start, value], ...], "d": [[hash, start], ...],
---            "s": [seen key, ...], "a": [alert json, ...], "q": [hash, ...],
---            "x": [[raw events key], ...], "n": [[raw events key, fragment], ...],
---            "r": [[raw events key, fragment], ...]}, in one or
---            more parts (each argument a part of every list, in order, so no argument
---            grows without bound); "q" (optional) names changed hashes of at most 6
---            buckets that only grew: they cannot have roll-ups
+-- changes = {"k": [[P:{signature:key}, quiet, [start, value, ...], [dropped start, ...],
+--                   [raw start removed, ...], [raw start, fragment, ...] started over,
+--                   [raw start, fragment, ...] appended to], ...] (one entry a key),
+--            "s": [seen key, ...], "a": [alert json, ...]}, in one or more parts (each
+--            argument a part of every list, in order, so no argument grows without
+--            bound); quiet = 1 when the key's hash has at most 6 buckets (no roll-ups)
 local function velocity_stream_commit(keys, args)
   if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
   local batch = tonumber(args[2])

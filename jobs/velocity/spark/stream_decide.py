@@ -36,7 +36,6 @@ from velocity.redis import connection, mirror
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value_texts,
-    commit_entry_texts,
     json_string_texts,
     recent_fragment_texts,
 )
@@ -195,56 +194,101 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
 
 
 def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.BucketChanges:
-    """A decided key-partition's Redis changes, column by column: every changed bucket's
-    new value (with its newest eventTime), the dropped buckets, and the raw events kept:
-    started over or appended to (a fragment per bucket, its events in arrival order), or
-    removed."""
-    buckets, dropped, raw = decided.buckets, decided.dropped, decided.raw_appended
-    counts = decided.bucket_counts
-    quiet = counts.filter(pc.less_equal(counts.column("bucket_count"), mirror.QUIET_MAX_BUCKETS))
-    out = mirror.BucketChanges(
-        sets=commit_entry_texts(
-            _hash_names(keys, buckets),
-            pc.cast(buckets.column("bucket_start"), pa.string()),
-            pa.array(bucket_value_texts(buckets), pa.string()),
-        ),
-        drops=commit_entry_texts(
-            _hash_names(keys, dropped), pc.cast(dropped.column("bucket_start"), pa.string())
-        ),
-        quiet=json_string_texts(_hash_names(keys, quiet)).to_pylist(),
-        removed=commit_entry_texts(_raw_names(keys, decided.raw_removed)),
-    )
-    # One fragment per kept bucket, its events in arrival order: a stable sort by name
-    # keeps the rows' order within each bucket.
-    if raw.num_rows:
-        names = _raw_names(keys, raw)
-        order = pc.sort_indices(names)
-        names = names.take(order)
-        first = np.ones(raw.num_rows, bool)
-        first[1:] = pc.not_equal(names[1:], names[:-1]).to_numpy(zero_copy_only=False)
-        firsts = np.flatnonzero(first)
-        fragments = pc.binary_join(
-            pa.ListArray.from_arrays(
-                pa.array(np.append(firsts, raw.num_rows), pa.int32()),
-                pa.array(recent_fragment_texts(raw), pa.string()).take(order),
-            ),
+    """A decided key-partition's Redis changes, column by column: per changed key
+    (``mirror.key_change_entry``), every changed bucket's new value (with its newest
+    eventTime), the dropped buckets, and the raw events kept: started over or appended to
+    (a fragment per bucket, its events in arrival order), or removed."""
+    buckets, raw = decided.buckets, decided.raw_appended
+    starts = pc.cast(buckets.column("bucket_start"), pa.string())
+    sets = _per_key(
+        buckets,
+        pc.binary_join_element_wise(
+            '"',
+            starts,
+            '",',
+            json_string_texts(pa.array(bucket_value_texts(buckets), pa.string())),
             "",
-        )
-        entries = pa.array(commit_entry_texts(names.take(pa.array(firsts)), fragments))
-        starts = raw.column("starts").take(order).take(pa.array(firsts))
-        out.started = entries.filter(starts).to_pylist()
-        out.appends = entries.filter(pc.invert(starts)).to_pylist()
-    return out
-
-
-def _hash_names(keys: RedisKeys, rows: pa.Table) -> pa.Array:
-    return keys.bucket_hash_texts(rows.column("signature_id"), rows.column("key"))
-
-
-def _raw_names(keys: RedisKeys, rows: pa.Table) -> pa.Array:
-    return keys.recent_events_texts(
-        rows.column("signature_id"), rows.column("key"), rows.column("bucket_start")
+        ),
     )
+    drops = _per_key(decided.dropped, _quoted_starts(decided.dropped))
+    removed = _per_key(decided.raw_removed, _quoted_starts(decided.raw_removed))
+    # One fragment per kept bucket, its events in arrival order (a stable sort keeps the
+    # rows' order within each bucket), then a key's buckets as (start, fragment) pairs.
+    order = pc.sort_indices(raw, sort_keys=[(name, "ascending") for name in _SLOT])
+    by_slot = raw.select([*_SLOT, "starts"]).take(order)
+    firsts = _firsts(by_slot, _SLOT)
+    fragments = pc.binary_join(
+        pa.ListArray.from_arrays(
+            pa.array(np.append(firsts, raw.num_rows), pa.int32()),
+            pa.array(recent_fragment_texts(raw), pa.string()).take(order),
+        ),
+        "",
+    )
+    slots = by_slot.take(pa.array(firsts))
+    pairs = pc.binary_join_element_wise(_quoted_starts(slots), json_string_texts(fragments), ",")
+    new = slots.column("starts")
+    started = _per_key(slots.filter(new), pairs.filter(new))
+    appended = _per_key(slots.filter(pc.invert(new)), pairs.filter(pc.invert(new)))
+    changed = decided.bucket_counts
+    for name, texts in [
+        ("sets", sets), ("drops", drops), ("removed", removed), ("started", started),
+        ("appended", appended),
+    ]:  # fmt: skip
+        changed = changed.join(
+            texts.rename_columns([*_KEY, name]), keys=list(_KEY), join_type="left outer"
+        )
+    lists = [pc.fill_null(changed.column(name), "") for name in _KINDS]
+    anything = pc.greater(pc.binary_length(pc.binary_join_element_wise(*lists, "")), 0)
+    changed, lists = changed.filter(anything), [x.filter(anything) for x in lists]
+    quiet = pc.if_else(
+        pc.less_equal(changed.column("bucket_count"), mirror.QUIET_MAX_BUCKETS), "1", "0"
+    )
+    base = json_string_texts(
+        keys.key_base_texts(changed.column("signature_id"), changed.column("key"))
+    )
+    entries = pc.binary_join_element_wise(
+        "[", base, ",", quiet, ",[", lists[0], "],[", lists[1], "],[", lists[2], "],[",
+        lists[3], "],[", lists[4], "]]", "",
+    )  # fmt: skip
+    return mirror.BucketChanges(entries.to_pylist())
+
+
+_SLOT = ("signature_id", "key", "bucket_start")
+_KINDS = ("sets", "drops", "removed", "started", "appended")  # key_change_entry's lists
+
+
+def _quoted_starts(slots: pa.Table) -> pa.ChunkedArray:
+    return pc.binary_join_element_wise(
+        '"', pc.cast(slots.column("bucket_start"), pa.string()), '"', ""
+    )
+
+
+def _firsts(rows: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """The rows that start a run of equal ``columns`` (rows sorted by them)."""
+    first = np.ones(rows.num_rows, bool)
+    if rows.num_rows > 1:
+        differs = [
+            pc.not_equal(c[1:], c[:-1]) for c in (rows.column(n).combine_chunks() for n in columns)
+        ]
+        change = differs[0]
+        for other in differs[1:]:
+            change = pc.or_(change, other)
+        first[1:] = change.to_numpy(zero_copy_only=False)
+    return np.flatnonzero(first)
+
+
+def _per_key(rows: pa.Table, items: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """Each (signature, key)'s ``items`` (JSON texts, a row's each) joined by commas in
+    row order: columns signature_id, key, text."""
+    order = pc.sort_indices(rows, sort_keys=[(name, "ascending") for name in _KEY])
+    keyed = rows.select(list(_KEY)).take(order)
+    firsts = _firsts(keyed, _KEY)
+    values = items.take(order)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    offsets = pa.array(np.append(firsts, rows.num_rows), pa.int32())
+    texts = pc.binary_join(pa.ListArray.from_arrays(offsets, values), ",")
+    return keyed.take(pa.array(firsts)).append_column("text", texts)
 
 
 def _slots_of(rows: pa.Table, width_ms: int) -> set[BucketSlot]:

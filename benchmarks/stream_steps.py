@@ -121,6 +121,8 @@ def run(events_dir: Path) -> dict[str, float]:
     out = {step: round(seconds / total * 1e6, 1) for step, seconds in spent.items()}
     out["total"] = round(sum(spent.values()) / total * 1e6, 1)
     out["of which Lua"] = round(sum(v["usec"] for v in lua.values()) / total, 1)
+    for name, stats in lua.items():  # the commit (fcall) apart from the reads (fcall_ro)
+        out[f"{name.removeprefix('cmdstat_')} µs"] = round(stats["usec"] / total, 1)
     # What the Lua spends it on: each command's calls and µs an event (scripts' calls count).
     for name, stats in sorted(client.info("commandstats").items()):
         if stats["calls"] >= total / 10 and "fcall" not in name:

@@ -6,9 +6,9 @@ the Airflow UI shows it in a sandboxed iframe that blocks ``confirm()``, so a de
 confirmed by a second button inside a ``<details>`` instead.
 
 A rule change in flight is shown: a form that changes something carries the words for it
-(``data-progress``), and a few lines of script show them at the top and disable the
-change buttons until the page comes back with the outcome. Without script the forms post
-as plain forms.
+(``data-progress``); a few lines of script show them at the top, disable the change
+buttons and post the form with ``fetch``, and the page that comes back, with the
+outcome, replaces this one. Without script the forms post as plain forms.
 """
 
 from __future__ import annotations
@@ -50,24 +50,44 @@ textarea { width: 100%; font-family: monospace; }
 """
 
 
-# Shows a change in flight (the words of the form or button that posted it) and disables
-# the change buttons. They are disabled after the post has taken its data: a disabled
-# button is not sent, and the apply form's buttons say whether to validate or apply.
+# A change in flight: the words of the form (or button) that posted it at the top, the
+# change buttons disabled, the post sent by fetch() so the page stays; the page that comes
+# back (the outcome, or the form again with what is wrong) replaces this one. Should
+# fetch fail, the form is posted as a plain form.
 _PROGRESS_SCRIPT = """
 document.addEventListener("submit", function (event) {
-  var source = event.submitter && event.submitter.dataset.progress ? event.submitter : event.target;
+  var form = event.target, submitter = event.submitter;
+  var source = submitter && submitter.dataset.progress ? submitter : form;
   var words = source.dataset && source.dataset.progress;
-  if (!words) { return; }
+  if (!words || form.dataset.plain) { return; }
+  event.preventDefault();
+  var body = new FormData(form, submitter);
   var shown = document.querySelector('[data-testid="flash"]');
   if (shown) { shown.hidden = true; }
   var busy = document.getElementById("change-progress");
   busy.textContent = words;
   busy.hidden = false;
-  setTimeout(function () {
-    document.querySelectorAll("form[data-progress] button").forEach(function (button) {
-      button.disabled = true;
+  document.querySelectorAll("form[data-progress] button").forEach(function (button) {
+    button.disabled = true;
+  });
+  fetch(form.action, {method: "POST", body: body, credentials: "same-origin"})
+    .then(function (reply) {
+      return reply.text().then(function (html) {
+        document.open();
+        document.write(html);
+        document.close();
+        if (reply.redirected) { history.replaceState(null, "", reply.url); }
+      });
+    })
+    .catch(function () {
+      form.dataset.plain = "1";
+      if (submitter && submitter.name) {
+        var kept = document.createElement("input");
+        kept.type = "hidden"; kept.name = submitter.name; kept.value = submitter.value;
+        form.appendChild(kept);
+      }
+      form.submit();
     });
-  }, 0);
 });
 """
 

@@ -28,7 +28,8 @@ VELOCITY = str(Path(sys.executable).parent / "velocity")
 
 @pytest.fixture
 def store(tmp_path: Path) -> RuleStore:
-    return RuleStore(tmp_path / "tables" / "rules")
+    # A space in the path: delta-rs names the data files by percent-encoded URIs.
+    return RuleStore(tmp_path / "data dir" / "tables" / "rules")
 
 
 def _pairs(store: RuleStore) -> list[tuple[int, int]]:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -158,8 +159,9 @@ def _rows(table: DeltaTable) -> list[dict[str, Any]]:
         return rows
     found: list[dict[str, Any]] = []
     for uri in table.file_uris():
+        # delta-rs gives percent-encoded URIs (a data dir with a space in its path).
         filesystem, path = pafs.FileSystem.from_uri(uri)
-        with filesystem.open_input_file(path) as source:
+        with filesystem.open_input_file(unquote(path)) as source:
             part = pq.ParquetFile(source).read(columns=_READ_COLUMNS, use_threads=False)
         found.extend(part.to_pylist())
     return found

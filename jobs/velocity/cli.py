@@ -21,6 +21,7 @@ from typing import Any
 
 from velocity.decimals import dumps_json
 from velocity.errors import InvalidRuleError, UsageError, VelocityError
+from velocity.rule_changes import outcome_lines, rules_file_text
 from velocity.rules import Rule, RuleEntry, RuleState, StateChange, parse_rules
 from velocity.schema import parse_key_values
 from velocity.settings import Settings, load_settings
@@ -37,13 +38,6 @@ class _Parser(argparse.ArgumentParser):
 
 def sample_rules_path() -> Path:
     return Path(str(resources.files("velocity") / "resources" / "sample_rules.json"))
-
-
-def rules_file_text(rules: Sequence[dict[str, Any]]) -> str:
-    """A JSON array with one rule a line: readable, diffable, and exact (Decimal limits)."""
-    if not rules:
-        return "[]\n"
-    return "[\n" + ",\n".join(f"  {dumps_json(r)}" for r in rules) + "\n]\n"
 
 
 def _read_rules_file(path: str) -> list[RuleEntry]:
@@ -67,10 +61,11 @@ def _spark(settings: Settings, app: str) -> Any:
 
 
 def _rule_store(settings: Settings) -> Any:
+    """The rule store (delta-rs: no Spark session, so a rule change takes well under 2 s)."""
+    from velocity.delta.names import RULES
     from velocity.delta.rule_store import RuleStore
-    from velocity.delta.tables import RULES
 
-    return RuleStore(_spark(settings, "velocity-rules"), settings.table_path(RULES))
+    return RuleStore(settings.table_path(RULES))
 
 
 # --- commands -----------------------------------------------------------------------------
@@ -134,14 +129,10 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     entries = _read_rules_file(args.file)
     settings = _settings(args)
     result = _rule_store(settings).apply(entries)
-    for change in result.changes:
-        print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
-    for export in result.exports:
-        print(rules_file_text(export), end="")
+    for line in outcome_lines(result, entries):
+        print(line)
     if result.clear_state:
         _clear_state(settings)
-    if not result.changes and not result.exports and not result.clear_state:
-        print("nothing to apply")
     return EXIT_OK
 
 
@@ -175,11 +166,9 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
 
 def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        result = _rule_store(_settings(args)).apply([StateChange(args.rule_id, state)])
-        for change in result.changes:
-            print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
-        if not result.changes:
-            print(f"ruleId {args.rule_id} is {state.value} already: nothing to apply")
+        entries = [StateChange(args.rule_id, state)]
+        for line in outcome_lines(_rule_store(_settings(args)).apply(entries), entries):
+            print(line)
         return EXIT_OK
 
     return run

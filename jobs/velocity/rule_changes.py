@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from velocity.decimals import dumps_json
 from velocity.errors import UnknownRuleError, VelocityError
 from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange, parse_rule
 
@@ -108,6 +109,28 @@ def plan_changes(
             else:
                 result.clear_state = True
     return written, result
+
+
+def rules_file_text(rules: Sequence[Mapping[str, Any]]) -> str:
+    """A JSON array with one rule a line: readable, diffable, and exact (Decimal limits)."""
+    if not rules:
+        return "[]\n"
+    return "[\n" + ",\n".join(f"  {dumps_json(r)}" for r in rules) + "\n]\n"
+
+
+def outcome_lines(result: ApplyResult, entries: Sequence[RuleEntry]) -> list[str]:
+    """What `velocity rules apply|pause|activate|delete` prints of an applied change, and
+    what the Airflow page shows of it: a line per new version, each export as a rules
+    file, or why nothing changed (clearing the state says so itself)."""
+    lines = [f"ruleId {c.rule_id}: version {c.version} {c.state.value}" for c in result.changes]
+    lines += [rules_file_text(export).rstrip("\n") for export in result.exports]
+    if not lines and not result.clear_state:
+        only = entries[0] if len(entries) == 1 else None
+        if isinstance(only, StateChange):
+            lines.append(f"ruleId {only.rule_id} is {only.state.value} already: nothing to apply")
+        else:
+            lines.append("nothing to apply")
+    return lines
 
 
 # --- which rule versions the stream decided with ---------------------------------------

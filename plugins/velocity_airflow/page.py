@@ -1,9 +1,12 @@
 """The Velocity page's FastAPI app, mounted in Airflow's api-server at ``/velocity``.
 
 Reads answer from Redis (alerts, lookups), the stream's status file (health) and the
-Delta tables through delta-rs (rules, explanations): no JVM in the api-server. Every rule
-change runs the `velocity rules` command with the ``velocity_default`` connection's
-settings, exactly as an operator would, so it goes through the versioned rule store.
+Delta tables through delta-rs (rules, explanations): no JVM in the api-server. A rule
+change goes through the versioned rule store (delta-rs) in this process, with the
+``velocity_default`` connection's settings, the same validation and the same words as
+`velocity rules`: it is applied in well under a second, and the stream takes it up on
+its next micro-batch. Only a file that clears the state (CLEAR_STATE_ALL) runs
+`velocity rules apply`, since deleting every bucket takes Spark.
 
 Airflow's authentication guards every route: the page needs a signed-in user; a change
 needs permission to edit the ``run_stream`` DAG (SimpleAuthManager: roles user, op and
@@ -35,9 +38,10 @@ from velocity_airflow.plans import rule_id_text
 URL_PREFIX = "/velocity"
 # Who may edit this DAG may change the rules it runs with.
 RULES_DAG_ID = "run_stream"
-_ACTIONS = ("pause", "activate", "delete")
-# One rule change at a time: each starts a Spark session in the api-server's process tree.
-_RULE_CHANGE = threading.Lock()
+_ACTIONS = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}
+# One state clearing at a time: each starts a Spark session in the api-server's process
+# tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
+_CLEAR_STATE = threading.Lock()
 # How far back the alert stream is searched for a rule's alerts, and for the record of an
 # alert to explain (older ones are in the alerts table).
 _ALERTS_SEARCHED = 20_000
@@ -274,9 +278,23 @@ def _back(ok: bool, text: str) -> RedirectResponse:
     return response
 
 
+def _apply_rules(entries: Any) -> tuple[bool, str]:
+    """Apply ``entries`` through the rule store (all or nothing) and say what happened, in
+    the words `velocity rules` prints."""
+    from velocity.delta.names import RULES
+    from velocity.delta.rule_store import RuleStore
+    from velocity.rule_changes import outcome_lines
+
+    try:
+        result = RuleStore(_settings().table_path(RULES)).apply(entries)
+    except Exception as exc:  # the page says why nothing changed, as the CLI would
+        return False, f"error: {exc}"
+    return True, "\n".join(outcome_lines(result, entries))
+
+
 def _run_rules_command(args: list[str]) -> tuple[bool, str]:
     """`velocity rules …` with the connection's settings, one at a time."""
-    with _RULE_CHANGE:
+    with _CLEAR_STATE:
         try:
             return _command_outcome(_hook().run(args, timeout=300))
         except subprocess.TimeoutExpired:
@@ -302,9 +320,11 @@ def _command_outcome(result: Any) -> tuple[bool, str]:
 
 @app.post("/rules/{rule_id}/{action}")
 def change_rule_state(rule_id: int, action: str, user: Editor) -> RedirectResponse:
+    from velocity.rules import RuleState, StateChange
+
     if action not in _ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
-    return _back(*_run_rules_command(["rules", action, str(rule_id)]))
+    return _back(*_apply_rules([StateChange(rule_id, RuleState(_ACTIONS[action]))]))
 
 
 @app.post("/rules", response_model=None)
@@ -315,7 +335,7 @@ def add_rules(
     intent: Annotated[str, Form()] = "validate",
 ) -> RedirectResponse | HTMLResponse:
     from velocity.errors import InvalidRuleError, UsageError
-    from velocity.rules import parse_rules
+    from velocity.rules import Control, ControlType, parse_rules
 
     try:
         entries = parse_rules(rules_json)
@@ -328,6 +348,9 @@ def add_rules(
     if intent != "apply":
         text = f"{len(entries)} valid rule entries"
         return _page_again(request, user, rules_json, Flash(True, text))
+    clear_state = ControlType.CLEAR_STATE_ALL
+    if not any(isinstance(e, Control) and e.control_type is clear_state for e in entries):
+        return _back(*_apply_rules(entries))
     with tempfile.TemporaryDirectory(prefix="velocity-rules-") as folder:
         path = Path(folder) / "rules.json"
         path.write_text(rules_json, encoding="utf-8")

@@ -4,6 +4,11 @@
 ``render_page``; everything shown is escaped here. Forms post back to the page's own app;
 the Airflow UI shows it in a sandboxed iframe that blocks ``confirm()``, so a delete is
 confirmed by a second button inside a ``<details>`` instead.
+
+A rule change in flight is shown: a form that changes something carries the words for it
+(``data-progress``); a few lines of script show them at the top, disable the change
+buttons and post the form with ``fetch``, and the page that comes back, with the
+outcome, replaces this one. Without script the forms post as plain forms.
 """
 
 from __future__ import annotations
@@ -32,12 +37,61 @@ th { background: #f7fafc; } code, pre { font-size: .85rem; }
 .flash { padding: .5rem .75rem; border-radius: 4px; margin: .5rem 0; white-space: pre-wrap; }
 .flash.ok { background: #f0fff4; border: 1px solid #9ae6b4; }
 .flash.bad { background: #fff5f5; border: 1px solid #feb2b2; }
+.flash.busy { background: #ebf8ff; border: 1px solid #90cdf4; }
+.flash.busy::before { content: ""; display: inline-block; width: .8em; height: .8em;
+  margin-right: .5em; border: 2px solid #3182ce; border-right-color: transparent;
+  border-radius: 50%; animation: spin .8s linear infinite; vertical-align: -.1em; }
+@keyframes spin { to { transform: rotate(360deg); } }
 .state-ACTIVE { color: #276749; font-weight: 600; }
 .state-PAUSE { color: #b7791f; font-weight: 600; }
 form.inline { display: inline; } button { cursor: pointer; margin-right: .25rem; }
 textarea { width: 100%; font-family: monospace; }
 .health { display: flex; gap: 1.5rem; flex-wrap: wrap; }
 """
+
+
+# A change in flight: the words of the form (or button) that posted it at the top, the
+# change buttons disabled, the post sent by fetch() so the page stays; the page that comes
+# back (the outcome, or the form again with what is wrong) replaces this one. Should
+# fetch fail, the form is posted as a plain form.
+_PROGRESS_SCRIPT = """
+document.addEventListener("submit", function (event) {
+  var form = event.target, submitter = event.submitter;
+  var source = submitter && submitter.dataset.progress ? submitter : form;
+  var words = source.dataset && source.dataset.progress;
+  if (!words || form.dataset.plain) { return; }
+  event.preventDefault();
+  var body = new FormData(form, submitter);
+  var shown = document.querySelector('[data-testid="flash"]');
+  if (shown) { shown.hidden = true; }
+  var busy = document.getElementById("change-progress");
+  busy.textContent = words;
+  busy.hidden = false;
+  document.querySelectorAll("form[data-progress] button").forEach(function (button) {
+    button.disabled = true;
+  });
+  fetch(form.action, {method: "POST", body: body, credentials: "same-origin"})
+    .then(function (reply) {
+      return reply.text().then(function (html) {
+        document.open();
+        document.write(html);
+        document.close();
+        if (reply.redirected) { history.replaceState(null, "", reply.url); }
+      });
+    })
+    .catch(function () {
+      form.dataset.plain = "1";
+      if (submitter && submitter.name) {
+        var kept = document.createElement("input");
+        kept.type = "hidden"; kept.name = submitter.name; kept.value = submitter.value;
+        form.appendChild(kept);
+      }
+      form.submit();
+    });
+});
+"""
+
+_VERBS = {"pause": "Pausing", "activate": "Activating", "delete": "Deleting"}
 
 
 @dataclass(frozen=True)
@@ -117,8 +171,10 @@ def _health(data: PageData) -> str:
 
 def _rule_actions(rule: Rule, base: str) -> str:
     def button(action: str, label: str) -> str:
+        progress = f"{_VERBS[action]} ruleId {rule.rule_id}…"
         return (
-            f'<form class="inline" method="post" action="{base}/rules/{rule.rule_id}/{action}">'
+            f'<form class="inline" method="post" action="{base}/rules/{rule.rule_id}/{action}" '
+            f'data-progress="{escape(progress)}">'
             f'<button type="submit" data-testid="{action}-{rule.rule_id}">{label}</button></form>'
         )
 
@@ -154,12 +210,13 @@ def _add_rule(data: PageData) -> str:
     if not data.can_edit:
         return '<p class="muted">Your role may read the rules but not change them.</p>'
     return (
-        f'<form method="post" action="{data.base}/rules">'
+        f'<form method="post" action="{data.base}/rules" data-progress="Applying the rules…">'
         "<p>A rule or an array of rules as JSON (SPEC §2), applied all or nothing as new "
         "versions, exactly as <code>velocity rules apply</code>.</p>"
         f'<textarea name="rules_json" rows="6" data-testid="rule-json">{escape(data.rule_text)}'
         "</textarea><br>"
-        '<button type="submit" name="intent" value="validate" data-testid="validate-rule">'
+        '<button type="submit" name="intent" value="validate" data-testid="validate-rule" '
+        'data-progress="Validating the rules…">'
         "Validate</button>"
         '<button type="submit" name="intent" value="apply" data-testid="apply-rule">Apply</button>'
         "</form>"
@@ -256,11 +313,17 @@ def render_page(data: PageData) -> str:
         kind = "ok" if data.flash.ok else "bad"
         flash = f'<div class="flash {kind}" data-testid="flash">{escape(data.flash.text)}</div>'
     role = "may change rules" if data.can_edit else "read-only"
+    progress = (
+        '<div class="flash busy" id="change-progress" data-testid="change-progress" '
+        'role="status" aria-live="polite" hidden></div>'
+        if data.can_edit
+        else ""
+    )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
-        f"<style>{_STYLE}</style></head><body>"
+        f"<style>{_STYLE}</style><script>{_PROGRESS_SCRIPT}</script></head><body>"
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
-        f"{flash}"
+        f"{progress}{flash}"
         # An explanation is what the analyst just asked for: first.
         f"{_explanation(data)}"
         f"<h2>Stream</h2>{_health(data)}"

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from tests.builders import make_rule
 
 from velocity_airflow.page_html import Flash, PageData, render_page
+
+pytestmark = pytest.mark.timeout(120)
 
 RULES = [make_rule(ruleId=1), make_rule(ruleId=2, ruleState="PAUSE")]
 ALERT = {
@@ -135,3 +140,40 @@ def test_a_change_outcome_survives_the_redirect_sealed_and_only_so() -> None:
     assert len(long) < 4000  # fits a cookie
     text = unseal(long, key).text  # type: ignore[union-attr]
     assert text.endswith("…") and len(text.encode()) <= MAX_BYTES
+
+
+def test_each_change_form_says_what_is_in_flight_and_a_viewer_has_none() -> None:
+    html = _page()
+    assert 'data-progress="Pausing ruleId 1…"' in html
+    assert 'data-progress="Activating ruleId 2…"' in html
+    assert html.count('data-progress="Deleting ruleId') == 2
+    assert 'data-progress="Applying the rules…"' in html
+    assert 'data-testid="change-progress"' in html and 'id="change-progress"' in html
+    assert 'addEventListener("submit"' in html
+    viewer = _page(can_edit=False, user="vic")
+    assert "data-progress=" not in viewer and 'data-testid="change-progress"' not in viewer
+
+
+def test_the_page_applies_a_change_in_process_in_the_words_of_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from velocity.rules import RuleState, StateChange
+    from velocity.settings import load_settings
+    from velocity_airflow import page
+
+    settings = load_settings(data_dir=tmp_path / "data")
+    monkeypatch.setattr(page, "_settings", lambda: settings)
+    assert page._apply_rules([make_rule(ruleId=1), make_rule(ruleId=2)]) == (
+        True,
+        "ruleId 1: version 1 ACTIVE\nruleId 2: version 1 ACTIVE",
+    )
+    assert page._apply_rules([StateChange(2, RuleState.PAUSE)]) == (
+        True,
+        "ruleId 2: version 2 PAUSE",
+    )
+    assert page._apply_rules([StateChange(2, RuleState.PAUSE)]) == (
+        True,
+        "ruleId 2 is PAUSE already: nothing to apply",
+    )
+    ok, text = page._apply_rules([StateChange(9, RuleState.DELETE)])
+    assert not ok and text.startswith("error: ruleId 9 is not in force")

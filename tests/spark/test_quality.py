@@ -66,7 +66,7 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     tables.overwrite_table(ingested.events.withColumn("stream_batch", batch), live.events)
     events = tables.read_table(spark, live.events)
 
-    store = RuleStore(spark, live.rules)
+    store = RuleStore(live.rules)
     store.apply(parse_rules(sample_rules_path().read_text()))
     rules = active_rules(store.in_force())
     signatures = list(rules_by_signature(rules))

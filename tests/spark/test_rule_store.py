@@ -1,70 +1,66 @@
-"""The versioned rule store on a real Delta table."""
+"""The rules table is one Delta table for both engines: Spark reads what the rule store
+(delta-rs) writes, and the store appends to a table Spark created, as an older Velocity
+did. (The store's own behaviour, without Spark: tests/integration/test_rule_store.py.)"""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from deltalake import DeltaTable
+from pyspark.sql.types import StructField, StructType
 
 from velocity.cli import sample_rules_path
+from velocity.decimals import dumps_json
+from velocity.delta import tables
 from velocity.delta.rule_store import RuleStore
-from velocity.delta.tables import RULES, read_table
-from velocity.errors import UnknownRuleError
-from velocity.rules import Control, ControlType, RuleState, StateChange, parse_rules
+from velocity.rules import RuleState, StateChange, parse_rules
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
-
-@pytest.fixture
-def store(spark, data_settings) -> RuleStore:
-    return RuleStore(spark, data_settings.table_path(RULES))
+# As Spark makes a table it creates from a DataFrame: every column nullable.
+NULLABLE_RULE_SCHEMA = StructType(
+    [StructField(f.name, f.dataType, True) for f in tables.RULE_SCHEMA.fields]
+)
 
 
-def test_apply_versions_pause_delete_and_history(store: RuleStore) -> None:
+def test_spark_reads_the_versions_the_store_writes(spark, data_settings) -> None:
+    path = data_settings.table_path(tables.RULES)
+    store = RuleStore(path)
+    store.apply(parse_rules(sample_rules_path().read_text()), now_ms=1_000)
+    store.apply([StateChange(4, RuleState.PAUSE)], now_ms=2_000)
+
+    frame = tables.read_table(spark, path)
+    assert frame.schema == NULLABLE_RULE_SCHEMA
+    rows = {(r.ruleId, r.version): r for r in frame.collect()}
+    assert sorted(rows) == [(r.rule_id, r.version) for r in store.history()]
+    paused = rows[(4, 2)]
+    assert (paused.ruleState, paused.applied_at) == ("PAUSE", 2_000)
+    assert paused.signature_id == store.latest()[4].signature.signature_id
+    # The stream looks for a rule change through Delta's log, each micro-batch.
+    assert tables.table_version(spark, path) == DeltaTable(str(path)).version() == 2
+    assert DeltaTable(str(path)).protocol().min_writer_version == 2
+
+
+def test_the_store_appends_to_a_table_spark_created(spark, data_settings) -> None:
+    path = data_settings.table_path(tables.RULES)
+    tables.create_if_missing(spark, path, tables.RULE_SCHEMA)
+    # Version 1 of the sample rules, written by Spark as the Spark rule store did.
     sample = parse_rules(sample_rules_path().read_text())
-    result = store.apply(sample)
-    assert [(c.rule_id, c.version) for c in result.changes] == [(i, 1) for i in range(1, 9)]
-
-    changed = json.loads(sample_rules_path().read_text())[0] | {"limit": 1234}
-    store.apply(parse_rules(json.dumps(changed)))
-    store.apply([StateChange(4, RuleState.PAUSE), StateChange(5, RuleState.DELETE)])
-
-    in_force = {r.rule_id: r for r in store.in_force()}
-    assert sorted(in_force) == [1, 2, 3, 4, 6, 7, 8]
-    assert (in_force[1].version, str(in_force[1].limit)) == (2, "1234")
-    assert (in_force[4].version, in_force[4].state) == (2, RuleState.PAUSE)
-    versions = [(r.rule_id, r.version, r.state.value) for r in store.history()]
-    assert (1, 1, "ACTIVE") in versions and (1, 2, "ACTIVE") in versions
-    assert (5, 2, "DELETE") in versions
-
-    # A deleted rule re-created continues its version numbers.
-    store.apply([parse_rules(sample_rules_path().read_text())[4]])
-    assert {r.rule_id: r.version for r in store.in_force()}[5] == 3
-
-
-def test_unknown_state_change_applies_nothing(store: RuleStore, spark, data_settings) -> None:
-    sample = parse_rules(sample_rules_path().read_text())
-    store.apply(sample[:2])
-    before = read_table(spark, data_settings.table_path(RULES)).count()
-    with pytest.raises(UnknownRuleError, match="ruleId 99"):
-        store.apply([sample[2], StateChange(99, RuleState.PAUSE)])
-    assert read_table(spark, data_settings.table_path(RULES)).count() == before
-    assert [r.rule_id for r in store.in_force()] == [1, 2]
-
-
-def test_controls_delete_all_and_export(store: RuleStore) -> None:
-    sample = parse_rules(sample_rules_path().read_text())
-    result = store.apply(
-        [
-            *sample[:3],
-            Control(ControlType.EXPORT_RULES_CURRENT),
-            Control(ControlType.DELETE_RULES_ALL),
-            Control(ControlType.CLEAR_STATE_ALL),
-        ]
+    rows = [
+        (r.rule_id, 1, r.state.value, dumps_json(r.to_json()), r.signature.signature_id, 1_000)
+        for r in sample
+    ]
+    spark.createDataFrame(rows, tables.RULE_SCHEMA).write.format("delta").mode("append").save(
+        str(path)
     )
-    assert [r["ruleId"] for r in result.exports[0]] == [1, 2, 3]
-    assert result.clear_state is True
-    assert store.in_force() == []
-    # The export reads back as the same rules.
-    reparsed = parse_rules(json.dumps(result.exports[0]))
-    assert [r.to_json() for r in reparsed] == result.exports[0]
+
+    store = RuleStore(path)
+    assert [r.rule_id for r in store.in_force()] == list(range(1, 9))
+    changes = store.apply([StateChange(4, RuleState.PAUSE), StateChange(5, RuleState.DELETE)])
+    assert [(c.rule_id, c.version) for c in changes.changes] == [(4, 2), (5, 2)]
+
+    frame = tables.read_table(spark, path)
+    assert frame.schema == NULLABLE_RULE_SCHEMA
+    assert frame.count() == 10
+    states = {(r.ruleId, r.version): r.ruleState for r in frame.collect()}
+    assert (states[(4, 2)], states[(5, 2)]) == ("PAUSE", "DELETE")
+    assert tables.table_version(spark, path) == 2

@@ -6,7 +6,7 @@ import pytest
 
 from tests.builders import make_rule
 from velocity.errors import UnknownRuleError
-from velocity.rule_changes import plan_changes
+from velocity.rule_changes import outcome_lines, plan_changes
 from velocity.rules import Control, ControlType, Rule, RuleState, StateChange
 
 
@@ -64,3 +64,21 @@ def test_rule_epochs_keep_the_latest_record_of_a_batch_in_batch_order() -> None:
     assert epochs.versions == (((1, 1), (4, 1)), ((1, 1), (4, 3)))
     assert epochs.newest() == ((1, 1), (4, 3))
     assert RuleEpochs.of_rows([]).newest() is None
+
+
+@pytest.mark.timeout(30)
+def test_the_outcome_of_a_change_is_one_line_a_version_or_why_nothing_changed() -> None:
+    current = {1: make_rule(ruleId=1).with_version(1)}
+    entries = [StateChange(1, RuleState.PAUSE), Control(ControlType.EXPORT_RULES_CURRENT)]
+    _, result = plan_changes(current, entries)
+    lines = outcome_lines(result, entries)
+    assert lines[0] == "ruleId 1: version 2 PAUSE"
+    assert lines[1].startswith("[\n  {") and '"ruleState":"PAUSE"' in lines[1]
+    again = [StateChange(1, RuleState.ACTIVE)]
+    assert outcome_lines(plan_changes(current, again)[1], again) == [
+        "ruleId 1 is ACTIVE already: nothing to apply"
+    ]
+    same = [make_rule(ruleId=1)]
+    assert outcome_lines(plan_changes(current, same)[1], same) == ["nothing to apply"]
+    clear = [Control(ControlType.CLEAR_STATE_ALL)]
+    assert outcome_lines(plan_changes(current, clear)[1], clear) == []

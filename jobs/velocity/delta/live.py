@@ -60,9 +60,13 @@ def newest_event_time(spark: SparkSession, live: LiveTables) -> int | None:
 
 
 def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
-    """Create every live table that is missing (idempotent)."""
+    """Create every live table that is missing (idempotent). The rules table is the rule
+    store's (delta-rs), created by it."""
     for name, schema in tables.LIVE_SCHEMAS.items():
-        tables.create_if_missing(spark, getattr(live, name), schema)
+        if name == tables.RULES:
+            RuleStore(live.rules).create_if_missing()
+        else:
+            tables.create_if_missing(spark, getattr(live, name), schema)
 
 
 def last_committed_batch(settings: Settings) -> int | None:
@@ -99,7 +103,7 @@ class LiveState:
         self.spark = spark
         self.settings = settings
         self.live = LiveTables.of(settings)
-        self.rule_store = RuleStore(spark, self.live.rules)
+        self.rule_store = RuleStore(self.live.rules)
         ensure_live_tables(spark, self.live)
         refuse_another_bucket_width(self.read("buckets"), settings)
         self.spool = Spool(settings)

@@ -1,8 +1,9 @@
 """Read-only views of the live tables for people, without a JVM (delta-rs).
 
 The Airflow page and `velocity explain` answer in well under a second, where a Spark
-session takes ten or more to start. Only reads live here: every write (rules, buckets,
-alerts) goes through Spark, so Delta's commit protocol has one writer implementation.
+session takes ten or more to start. Only reads live here. The rules table has one writer,
+the rule store (delta-rs too), which also reads it; the stream's tables are written by
+Spark.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from deltalake.exceptions import TableNotFoundError
 
 from velocity.alerts import AlertKind
 from velocity.delta.names import ALERTS, EVENTS, RULES
+from velocity.delta.rule_store import RuleStore
 from velocity.errors import UsageError
 from velocity.explain import Explanation, explain_alert
-from velocity.rule_changes import in_force, stored_rule
 from velocity.rules import Rule
 from velocity.schema import FIELDS_BY_NAME, Event, FieldKind, parse_event_line
 from velocity.settings import Settings
@@ -38,17 +39,11 @@ def _table(path: Path) -> DeltaTable | None:
 
 def rule_history(settings: Settings) -> list[Rule]:
     """Every version of every rule, by (ruleId, version); empty before any rule was applied."""
-    table = _table(settings.table_path(RULES))
-    if table is None:
-        return []
-    rows = table.to_pyarrow_table(
-        columns=["ruleId", "version", "ruleState", "rule_json"]
-    ).to_pylist()
-    return sorted((stored_rule(row) for row in rows), key=lambda r: (r.rule_id, r.version))
+    return RuleStore(settings.table_path(RULES)).history()
 
 
 def rules_in_force(settings: Settings) -> list[Rule]:
-    return in_force(rule_history(settings))
+    return RuleStore(settings.table_path(RULES)).in_force()
 
 
 def _alert_record(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,43 +1,92 @@
 """The rules in force, versioned in a Delta table (append-only: old versions stay readable).
 
-Applying a file is all-or-nothing: every entry is checked against the rules in
-force first, then all new versions land in one Delta commit. Concurrent appliers
-are serialised by Delta's optimistic concurrency (an insert-only MERGE on
-(ruleId, version)); the loser re-reads and retries.
+Written and read with delta-rs, without a JVM: a rule change from `velocity rules` or
+the Airflow page takes a fraction of a second where a Spark session took tens. The table
+stays an ordinary Delta table (reader 1, writer 2; the columns of
+``velocity.delta.tables.RULE_SCHEMA``), so Spark reads it as before (the stream checks
+its version through Delta's log every micro-batch), and a table that Spark created is
+appended to here.
+
+Applying is all-or-nothing: every entry is checked against the latest versions first
+(``velocity.rule_changes.plan_changes``), then all new versions land in one commit.
+Concurrent appliers: the commit is conditional on the table version the plan was read
+from (no commit retries); the loser re-reads, plans again and commits on top, so a
+(ruleId, version) pair is never written twice.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+import pyarrow.parquet as pq
+from arro3.core import Array, DataType, Table
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from pyarrow import fs as pafs
 
 from velocity.decimals import dumps_json
-from velocity.delta.tables import RULE_SCHEMA, create_if_missing, read_table
 from velocity.errors import VelocityError
 from velocity.rule_changes import ApplyResult, in_force, latest_versions, plan_changes, stored_rule
 from velocity.rules import Rule, RuleEntry
 
-_APPLY_ATTEMPTS = 3
+# RULE_SCHEMA as Arrow. Nullable throughout, as Spark makes a table it creates from a
+# DataFrame: the table is the same whichever of the two created it.
+RULE_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("ruleId", pa.int64()),
+        pa.field("version", pa.int32()),
+        pa.field("ruleState", pa.string()),
+        pa.field("rule_json", pa.string()),
+        pa.field("signature_id", pa.string()),
+        pa.field("applied_at", pa.int64()),
+    ]
+)
+_READ_COLUMNS = ["ruleId", "version", "ruleState", "rule_json"]
+# Each attempt loses only to a commit that landed between its read and its write; ten in a
+# row means something keeps writing the table.
+_APPLY_ATTEMPTS = 10
 
 
 class RuleStore:
-    """Versioned rules in the Delta table at ``path``."""
+    """Versioned rules in the Delta table at ``path`` (the table's one writer)."""
 
-    def __init__(self, spark: SparkSession, path: Path) -> None:
-        self._spark = spark
+    def __init__(self, path: Path) -> None:
         self._path = path
 
-    def _ensure(self) -> None:
-        create_if_missing(self._spark, self._path, RULE_SCHEMA)
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def _open(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(str(self._path))
+        except TableNotFoundError:
+            return None
+
+    def create_if_missing(self) -> DeltaTable:
+        """The table, created empty unless it is there (safe to call repeatedly, and
+        concurrently: of two creators one commits version 0, the other opens it)."""
+        table = self._open()
+        if table is not None:
+            return table
+        try:
+            return DeltaTable.create(str(self._path), RULE_ARROW_SCHEMA, mode="ignore")
+        except DeltaError:
+            table = self._open()
+            if table is None:
+                raise
+            return table
 
     def history(self) -> list[Rule]:
-        """Every version of every rule, by (ruleId, version)."""
-        self._ensure()
-        rows = read_table(self._spark, self._path).orderBy("ruleId", "version").collect()
-        return [stored_rule(row.asDict()) for row in rows]
+        """Every version of every rule, by (ruleId, version); empty before the first apply."""
+        table = self._open()
+        return [] if table is None else _history(table)
 
     def latest(self) -> dict[int, Rule]:
         """The latest version of each ruleId, deleted ones included."""
@@ -48,45 +97,71 @@ class RuleStore:
         return in_force(self.history())
 
     def apply(self, entries: Sequence[RuleEntry], now_ms: int | None = None) -> ApplyResult:
-        """Write the versions ``entries`` make, in one commit; nothing on any error."""
-        from delta.exceptions import ConcurrentAppendException
-        from delta.tables import DeltaTable
-
-        self._ensure()
+        """Write the versions ``entries`` make, in one commit; nothing on any error
+        (``InvalidRuleError`` / ``UnknownRuleError`` name what is wrong)."""
         for attempt in range(_APPLY_ATTEMPTS):
-            written, result = plan_changes(self.latest(), entries)
+            table = self.create_if_missing()
+            written, result = plan_changes(latest_versions(_history(table)), entries)
             if not written:
                 return result
-            applied_at = now_ms if now_ms is not None else int(time.time() * 1000)
-            rows = [
-                (
-                    r.rule_id,
-                    r.version,
-                    r.state.value,
-                    dumps_json(r.to_json()),
-                    r.signature.signature_id,
-                    applied_at,
-                )
-                for r in written
-            ]
-            updates = self._spark.createDataFrame(rows, RULE_SCHEMA)
+            rows = _rows_table(written, now_ms if now_ms is not None else int(time.time() * 1000))
             try:
-                metrics = (
-                    DeltaTable.forPath(self._spark, str(self._path))
-                    .alias("t")
-                    .merge(updates.alias("u"), "t.ruleId = u.ruleId AND t.version = u.version")
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                    .first()
+                # No retries: delta-rs would rebase the append onto whatever version is
+                # newest (two appends never conflict for it), committing versions planned
+                # from an older snapshot: (ruleId, version) twice. Fail, read, plan again.
+                write_deltalake(
+                    table,
+                    rows,
+                    mode="append",
+                    commit_properties=CommitProperties(max_commit_retries=0),
                 )
-            except ConcurrentAppendException:
+            except CommitFailedError:
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
                 continue
-            inserted = metrics["num_inserted_rows"] if metrics is not None else len(rows)
-            if inserted == len(rows):
-                return result
-            if attempt == _APPLY_ATTEMPTS - 1 or inserted:
-                break
+            return result
         raise VelocityError(
-            "another writer changed the rules at the same time; nothing or part was applied — "
-            "check `velocity rules list` and apply again"
+            f"the rules table {self._path} changed under each of {_APPLY_ATTEMPTS} attempts to "
+            "apply; nothing was applied — check `velocity rules list` and apply again"
         )
+
+
+def _rows_table(written: Sequence[Rule], applied_at: int) -> Table:
+    """The rows of ``written``, built with arro3 (pyarrow would import pandas to build them:
+    a second of a `velocity rules` command)."""
+    columns: dict[str, tuple[list[Any], DataType]] = {
+        "ruleId": ([r.rule_id for r in written], DataType.int64()),
+        "version": ([r.version for r in written], DataType.int32()),
+        "ruleState": ([r.state.value for r in written], DataType.string()),
+        "rule_json": ([dumps_json(r.to_json()) for r in written], DataType.string()),
+        "signature_id": ([r.signature.signature_id for r in written], DataType.string()),
+        "applied_at": ([applied_at] * len(written), DataType.int64()),
+    }
+    arrays = [Array(columns[f.name][0], columns[f.name][1]) for f in RULE_ARROW_SCHEMA]
+    return Table.from_arrays(arrays, schema=RULE_ARROW_SCHEMA)
+
+
+def _history(table: DeltaTable) -> list[Rule]:
+    rows = _rows(table)
+    return sorted((stored_rule(row) for row in rows), key=lambda r: (r.rule_id, r.version))
+
+
+def _rows(table: DeltaTable) -> list[dict[str, Any]]:
+    """The rows of the table's loaded snapshot, its data files read one by one.
+
+    Not ``to_pyarrow_table``: its dataset scan costs ~1 s to set up and leaves Arrow
+    threads that abort the interpreter at exit (apache/arrow#34314, delta-rs#2184): a
+    `velocity rules` command would exit 134. Plain files suffice while the table needs
+    no reader feature (deletion vectors, column mapping: reader version 2 and up); one
+    that does is read by delta-rs itself.
+    """
+    if table.protocol().min_reader_version > 1:
+        rows: list[dict[str, Any]] = table.to_pyarrow_table(columns=_READ_COLUMNS).to_pylist()
+        return rows
+    found: list[dict[str, Any]] = []
+    for uri in table.file_uris():
+        # delta-rs gives percent-encoded URIs (a data dir with a space in its path).
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        with filesystem.open_input_file(unquote(path)) as source:
+            part = pq.ParquetFile(source).read(columns=_READ_COLUMNS, use_threads=False)
+        found.extend(part.to_pylist())
+    return found

@@ -60,7 +60,7 @@ def suite_names(requested: Iterable[str]) -> list[str]:
 def _frames(spark: SparkSession, settings: Settings, names: list[str]) -> dict[str, DataFrame]:
     needed = sorted({table for name in names for table in _TABLES[name]})
     snapshot = checks.pin_snapshot(spark, settings, needed)
-    store = RuleStore(spark, snapshot.live.rules)
+    store = RuleStore(snapshot.live.rules)
     frames: dict[str, DataFrame] = {}
     for name in names:
         match name:

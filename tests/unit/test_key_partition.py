@@ -24,7 +24,7 @@ from velocity.engine.key_partition import (
     missing_history,
     needed_own_buckets,
 )
-from velocity.redis.keys import RedisKeys, bucket_value, parse_recent, recent_fragment
+from velocity.redis.keys import RedisKeys, bucket_value, parse_recent
 from velocity.redis.mirror import QUIET_MAX_BUCKETS
 from velocity.rules import RuleState, rules_by_signature
 from velocity.spark.stream_decide import bucket_changes
@@ -62,19 +62,24 @@ def assert_bucket_entries(changes, after: dict) -> None:
             assert sets[i + 1] == bucket_value(state.buckets[start], state.last_times[start])
 
 
-def applied_raw_strings(strings: dict, changes, forget: bool) -> dict:
-    """The raw-events strings after a commit of ``changes`` (as velocity_stream_commit
-    applies each key's entry: removed, started over, appended to), parsed."""
-    texts = {name: recent_fragment(evs) for name, evs in strings.items()}
+def applied_raw_events(kept: tuple[dict, dict], changes, forget: bool) -> tuple[dict, dict]:
+    """The raw events Redis keeps after a commit of ``changes``, as velocity_stream_commit
+    applies each key's entry: (the hash fields of buckets new to their key, the strings of
+    buckets added to since), by raw-events key name, as texts."""
+    fields, strings = dict(kept[0]), dict(kept[1])
     for base, _quiet, _sets, _drops, removed, started, appended in map(json.loads, changes.entries):
         for start in removed:
-            texts.pop(f"{base}:raw:{start}", None)
+            fields.pop(f"{base}:raw:{start}", None)
+            strings.pop(f"{base}:raw:{start}", None)
         for i in range(0, len(started), 2):
-            texts[f"{base}:raw:{started[i]}"] = started[i + 1]
+            fields[f"{base}:raw:{started[i]}"] = started[i + 1]
         for i in range(0, len(appended), 2):
             name = f"{base}:raw:{appended[i]}"
-            texts[name] = texts.get(name, "") + appended[i + 1]
-    return {} if forget else {name: parse_recent(text) for name, text in texts.items()}
+            if name in fields:  # moves to its own string
+                strings[name] = fields.pop(name) + appended[i + 1]
+            else:
+                strings[name] = strings.get(name, "") + appended[i + 1]
+    return ({}, {}) if forget else (fields, strings)
 
 
 def carried(states: dict, raw: dict, decided, forget_raw: bool) -> tuple[dict, dict]:
@@ -121,7 +126,7 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
     reference: dict = {}
     hot: dict = {}
     stored_raw: dict = {}  # the raw-events strings in Redis
-    strings: dict = {}  # the same, as the commits' entries leave them
+    kept: tuple[dict, dict] = ({}, {})  # the same, as the commits' entries leave them
     raw: dict = {}
     seen: set[str] = set()
     newest = None
@@ -174,8 +179,9 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
         changes = bucket_changes(KEYS, got)
         assert_bucket_entries(changes, carried(hot, stored_raw, got, False)[0])
         hot, stored_raw = carried(hot, stored_raw, got, forget_raw)
-        strings = applied_raw_strings(strings, changes, forget_raw)
-        assert strings == {
+        kept = applied_raw_events(kept, changes, forget_raw)
+        as_read = {**kept[1], **kept[0]}  # a bucket's hash field, else its string
+        assert {name: parse_recent(text) for name, text in as_read.items()} == {
             KEYS.recent_events(*slot): tuple(evs) for slot, evs in stored_raw.items() if evs
         }
         for (signature_id, key), group in groups.items():

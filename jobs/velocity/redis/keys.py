@@ -11,7 +11,8 @@ dirs share one Redis without touching each other's keys:
   (signature, key) in one cluster slot and spreads keys over slots.
 - ``P:{<signature_id>:<key>}:raw:<bucket start>`` — string of the raw events of one of
   the key's two newest buckets (``recent_fragment``s, appended batch by batch), which
-  the stream decides an out-of-order event's own bucket from.
+  the stream decides an out-of-order event's own bucket from; until a second batch adds
+  to a bucket, they are its hash's field ``~<bucket start>`` instead.
 - ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
   bucket hash and call ``velocity_window``.
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).

@@ -31,7 +31,7 @@ from velocity.redis.keys import (
 from velocity.redis.lease import Lease
 from velocity.rules import Rule
 from velocity.settings import Settings
-from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
+from velocity.stream_batch import BucketSlot, KeyState, SignatureKey, trusted_recent
 from velocity.windows import KeyedEvent
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
@@ -42,6 +42,8 @@ COMMIT_CHUNK = 20_000  # entries of each kind in one argument of velocity_stream
 # has 64 fields or more (velocity.lua's ROLLUP_KEEP_FIELDS), at most 9 a bucket (itself and
 # one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
 QUIET_MAX_BUCKETS = 6
+# A field of a bucket hash holding a bucket's raw events while one batch has added to them.
+RAW_FIELD = "~"
 FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
 
 
@@ -360,9 +362,14 @@ def read_stream_state(
         if not fields:
             continue
         state = KeyState()
-        for start_text, value in fields.items():
-            start = int(start_text)
+        raw: dict[int, tuple[KeyedEvent, ...]] = {}
+        for field_name, value in fields.items():
+            if field_name.startswith(RAW_FIELD):  # a new bucket's raw events (velocity.lua)
+                raw[int(field_name[1:])] = parse_recent(value)
+                continue
+            start = int(field_name)
             state.buckets[start], state.last_times[start] = parse_bucket(value)
+        state.recent.update(trusted_recent(state.buckets, raw))
         states[slot] = state
     return StreamRead(
         committed_batch=int(progress["batch"]) if "batch" in progress else None,

@@ -199,6 +199,12 @@ local function is_bucket(field)
   return first ~= nil and first >= 48 and first <= 57
 end
 
+-- A bucket's raw events, kept in its hash (field "~<start>") until a later batch adds to
+-- them: most buckets get all their events in one batch, and then need no key of their own.
+local function is_raw(field)
+  return string.byte(field, 1) == 126
+end
+
 -- Roll-ups. A dense hash (ROLLUP_MIN_BUCKETS buckets or more) also holds, for each size n
 -- (in buckets) of ROLLUP_SIZES, the merge of the buckets of every aligned n·g block that
 -- has any, as field "r<n>:<block start>", and field "rollups" = "<g ms>:<n>,<n>,...". Each
@@ -272,7 +278,7 @@ local function after_bucket_writes(hash, starts, width)
     refresh_blocks(hash, layout_width, sizes, starts)
     if redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS then -- sparse again: read whole
       for _, field in ipairs(redis.call("HKEYS", hash)) do
-        if not is_bucket(field) then redis.call("HDEL", hash, field) end
+        if not is_bucket(field) and not is_raw(field) then redis.call("HDEL", hash, field) end
       end
     end
   elseif width and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
@@ -503,7 +509,7 @@ local function read_hashes(names)
     if #buckets > 0 then
       local map = {}
       for i = 1, #buckets, 2 do
-        if is_bucket(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
+        if is_bucket(buckets[i]) or is_raw(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
       end
       hashes[name] = map
     end
@@ -560,24 +566,45 @@ end
 local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
   for _, changes in ipairs(parts) do
     for _, k in ipairs(changes["k"] or {}) do
-      local base, sets, drops = k[1], k[3], k[4]
+      local base, sets, drops, removed, started, appended = k[1], k[3], k[4], k[5], k[6], k[7]
       local hash = base .. ":buckets"
-      if #sets > 0 then
-        in_slices("HSET", hash, sets)
+      -- The buckets, and the raw events of buckets new to the key beside them (fields
+      -- "~<start>"), in one HSET.
+      local fields = sets
+      if #started > 0 then
+        fields = {}
+        for i = 1, #sets do fields[i] = sets[i] end
+        for i = 1, #started, 2 do
+          fields[#fields + 1] = "~" .. started[i]
+          fields[#fields + 1] = started[i + 1]
+        end
+      end
+      if #fields > 0 then
+        in_slices("HSET", hash, fields)
         redis.call("PEXPIRE", hash, ttl_ms)
       end
-      if #drops > 0 then in_slices("HDEL", hash, drops) end
-      -- Raw events (strings of JSON fragments): removed, started over (one SET with the
-      -- buckets' TTL: most buckets are new to their key), appended to (the TTL renewed).
-      for _, start in ipairs(k[5]) do redis.call("DEL", base .. ":raw:" .. start) end
-      local started, appended = k[6], k[7]
-      for i = 1, #started, 2 do
-        redis.call("SET", base .. ":raw:" .. started[i], started[i + 1], "PX", ttl_ms)
+      -- Dropped buckets, and raw events no longer kept (in the hash or in their string).
+      local gone = {}
+      for i = 1, #drops do gone[i] = drops[i] end
+      local strings = {}
+      for _, start in ipairs(removed) do
+        gone[#gone + 1] = "~" .. start
+        strings[#strings + 1] = base .. ":raw:" .. start
       end
+      if #gone > 0 then in_slices("HDEL", hash, gone) end
+      for _, name in ipairs(strings) do redis.call("DEL", name) end
+      -- Raw events added to: the first time, those in the hash move to a string of their
+      -- own ("<base>:raw:<start>", the buckets' TTL), which later batches append to.
       for i = 1, #appended, 2 do
-        local name = base .. ":raw:" .. appended[i]
-        redis.call("APPEND", name, appended[i + 1])
-        redis.call("PEXPIRE", name, ttl_ms)
+        local field, name = "~" .. appended[i], base .. ":raw:" .. appended[i]
+        local kept = redis.call("HGET", hash, field)
+        if kept then
+          redis.call("SET", name, kept .. appended[i + 1], "PX", ttl_ms)
+          redis.call("HDEL", hash, field)
+        else
+          redis.call("APPEND", name, appended[i + 1])
+          redis.call("PEXPIRE", name, ttl_ms)
+        end
       end
       -- Roll-ups. A hash that only grew and is quiet (k[2] = 1: it has at most a few
       -- buckets, so no roll-ups) needs nothing; one that only grew and has fewer than

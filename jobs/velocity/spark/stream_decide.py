@@ -159,8 +159,13 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     client = connection.connect(settings)
     try:
         states = mirror.read_stream_state(client, settings, [], slots).states
-        # The raw events of the own buckets that need them, in a second round trip.
-        wanted = [s for s in needed_own_buckets(rows, states, width) if s not in given]
+        # The raw events of the own buckets that need them and were added to since their
+        # first batch (their own strings), in a second round trip.
+        wanted = [
+            s
+            for s in needed_own_buckets(rows, states, width)
+            if s not in given and s[2] not in states[s[:2]].recent  # not kept in the hash
+        ]
         for (sig, key, start), events in mirror.read_recent(
             client, settings.redis_keys, wanted
         ).items():

@@ -85,7 +85,7 @@ class Settings(BaseSettings):
         default=7 * 24 * 3600,
         ge=1,
         description="The stream drops an event whose transactionId it accepted this long ago "
-        "or less (kept in Redis, ~100 bytes per accepted event).",
+        "or less (kept in Redis by horizon-long spans, so for up to twice as long).",
     )
     stream_max_bytes_per_trigger: int = Field(
         default=8_000_000,

@@ -4,6 +4,7 @@ whatever the batch's size (its arguments chunked), refused on replay."""
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 
 import pytest
@@ -48,8 +49,7 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
     assert (published, again) == (7, -1)
     entries = client.xrange(settings.alert_stream)
     assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(7))
-    prefix = settings.redis_keys.seen_prefix
-    assert all(client.exists(prefix + tx) for tx in accepted)
+    assert mirror.read_stream_state(client, settings, [*accepted, "tx-x"], []).seen == set(accepted)
     bucket_hash = settings.redis_keys.bucket_hash
     assert client.hget(bucket_hash("sig", '["p-0"]'), "60000") is None
     for i in range(1, 10):
@@ -79,3 +79,38 @@ def test_a_commit_checks_roll_ups_only_on_hashes_that_may_have_them(settings: Se
     assert calls["cmdstat_hset"]["calls"] >= 101
     bucket_hash = settings.redis_keys.bucket_hash
     assert client.hlen(bucket_hash("sig", '["s-0"]')) == 1  # only the changed bucket written
+
+
+def test_an_accepted_transaction_id_is_seen_for_one_to_two_horizons(settings: Settings) -> None:
+    """Accepted ids are kept by horizon-long spans (velocity.lua's ``seen_indices``): seen
+    through the span after the one that accepted them, gone from the span after that."""
+    short = settings.model_copy(update={"dedup_horizon_seconds": 1})
+    client = connection.connect(short)
+
+    def redis_ms() -> int:
+        seconds, micros = client.time()
+        return seconds * 1000 + micros // 1000
+
+    def wait_for_span(n: int) -> None:
+        while redis_ms() // 1000 < n:
+            time.sleep(0.02)
+
+    with state_lock(client, short, "stream batch 0") as lease:
+        span = redis_ms() // 1000
+        commit = mirror.stream_commit(
+            short, 0, None, mirror.BucketChanges(), ["tx-a"], [], 60, lease
+        )
+        mirror.send_stream_commit(client, short, commit, lease)
+    accepted_in = next(
+        s for s in (span, span + 1) if client.exists(f"{short.redis_keys.seen_prefix}{s}")
+    )
+
+    def seen() -> set[str]:
+        return mirror.read_stream_state(client, short, ["tx-a", "tx-b"], []).seen
+
+    assert seen() == {"tx-a"}
+    wait_for_span(accepted_in + 1)
+    assert seen() == {"tx-a"}
+    assert 0 < client.pttl(f"{short.redis_keys.seen_prefix}{accepted_in}") <= 1000
+    wait_for_span(accepted_in + 2)
+    assert seen() == set()

@@ -79,7 +79,7 @@ def read_stream_state(
     named hashes' buckets): mirror.read_stream_state's inputs, on a cluster. A pending
     batch is finished first."""
     keys = settings.redis_keys
-    seen_names = json.dumps([keys.seen_prefix + tx for tx in transaction_ids], ensure_ascii=False)
+    accepted = json.dumps(list(transaction_ids), ensure_ascii=False)
 
     def progress_read() -> dict[str, Any]:
         return json.loads(
@@ -88,7 +88,9 @@ def read_stream_state(
                 2,
                 keys.stream_progress,
                 pending_record(keys),
-                seen_names,
+                keys.seen_prefix,
+                settings.dedup_horizon_seconds * 1000,
+                accepted,
             )
         )
 
@@ -173,7 +175,8 @@ class ClusterCommit:
         progress, alert_stream, _lock, token, batch, newest, ttl, seen_ttl, maxlen, width = commit[
             :10
         ]
-        parts = [json.loads(part) for part in commit[10:]]
+        seen_prefix = commit[10]
+        parts = [json.loads(part) for part in commit[11:]]
         seen = [name for part in parts for name in part["s"]]
         alerts = [alert for part in parts for alert in part["a"]]
         per_master: dict[str, dict[str, list[Any]]] = {}
@@ -205,6 +208,7 @@ class ClusterCommit:
                 newest,
                 seen_ttl,
                 json.dumps(changes, separators=(",", ":"), ensure_ascii=False),
+                seen_prefix,
                 json.dumps(seen, ensure_ascii=False),
             )
         )

@@ -18,8 +18,10 @@ dirs share one Redis without touching each other's keys:
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
 - ``P:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the last
   micro-batch committed to Redis), ``newest`` (the newest accepted eventTime), ``at``.
-- ``P:seen:{<data dir digest>}:<transactionId>`` — an accepted transactionId, kept for the
-  de-duplication horizon (its value: the batch that accepted it).
+- ``P:seen:{<data dir digest>}:<n>`` — hash of the transactionIds accepted in the n-th
+  span of the de-duplication horizon h since the epoch (field = transactionId, value =
+  the batch that accepted it); it expires when span n + 1 ends, so an id is remembered
+  for h to 2h.
 - ``P:lock:{<data dir digest>}`` — the state lock.
 - ``P:buckets-epoch`` — bumped by every writer of bucket hashes other than the stream
   (rebuild, repair, backfill, eviction).
@@ -116,7 +118,8 @@ class RedisKeys:
 
     @property
     def seen_prefix(self) -> str:
-        """``seen_prefix + transactionId`` names an accepted transactionId."""
+        """``seen_prefix + <span>`` names the hash of the transactionIds accepted in that
+        horizon-long span since the epoch (velocity.lua's ``seen_indices``)."""
         return f"{self.prefix}:seen:{{{data_dir_tag(self.data_dir)}}}:"
 
     @property

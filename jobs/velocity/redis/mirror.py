@@ -339,7 +339,12 @@ def read_stream_state(
         )
     else:
         request = json.dumps(
-            {"h": names, "s": [seen_prefix + tx for tx in transaction_ids]},
+            {
+                "h": names,
+                "s": list(transaction_ids),
+                "sp": seen_prefix,
+                "sh": settings.dedup_horizon_seconds * 1000,
+            },
             separators=(",", ":"),
             ensure_ascii=False,
         )
@@ -487,10 +492,9 @@ def stream_commit(
     refuses a batch committed before (-1: a replay writes nothing) and writes nothing
     unless the state lock still holds ``lease``'s token."""
     keys = settings.redis_keys
-    seen_prefix = keys.seen_prefix
     parts: dict[str, list[str]] = {
         "k": changes.entries,
-        "s": [json_string(seen_prefix + tx) for tx in accepted],
+        "s": [json_string(tx) for tx in accepted],
         "a": [json_string(alert) for alert in alerts],
     }
     # One Function call (atomic) whatever the batch's size, but in arguments of at most
@@ -517,6 +521,7 @@ def stream_commit(
         str(settings.dedup_horizon_seconds * 1000),
         str(ALERT_STREAM_MAXLEN),
         str(settings.bucket_width_ms),
+        keys.seen_prefix,
         *chunks,
     )
 

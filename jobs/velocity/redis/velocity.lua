@@ -517,13 +517,31 @@ local function read_hashes(names)
   return hashes
 end
 
--- The 1-based indices of the named keys that exist.
-local function existing(names)
-  local found = {}
-  for i, name in ipairs(names) do
-    if redis.call("EXISTS", name) == 1 then found[#found + 1] = i end
+-- The accepted transactionIds, de-duplicated over a horizon h: the hash "<seen prefix><n>"
+-- holds those accepted in the n-th span of h since the epoch (field = transactionId, value
+-- = the batch), and expires when the span after it ends, so an id is remembered for h to
+-- 2h. A batch's ids cost one HSET (and a lookup one HMGET a span), not a key each.
+local function seen_span(horizon_ms)
+  local now = redis.call("TIME")
+  return math.floor((tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)) / horizon_ms)
+end
+
+-- The 1-based indices of the transactionIds `ids` accepted within the horizon, ascending.
+local function seen_indices(prefix, horizon_ms, ids)
+  local span, found = seen_span(horizon_ms), {}
+  for _, n in ipairs({span, span - 1}) do
+    local name = prefix .. string.format("%d", n)
+    for first = 1, #ids, 2000 do
+      local values = redis.call("HMGET", name, unpack(ids, first, math.min(first + 1999, #ids)))
+      for j, value in ipairs(values) do
+        if value then found[first + j - 1] = true end
+      end
+    end
   end
-  return found
+  local out = {}
+  for i in pairs(found) do out[#out + 1] = i end
+  table.sort(out)
+  return out
 end
 
 -- The time of this call, epoch ms, as text.
@@ -536,7 +554,8 @@ end
 -- The read half of a micro-batch, in one round trip: the stream's progress (last committed
 -- batch, newest eventTime), the buckets epoch, the mirror marker, which of the named
 -- transactionId keys exist, and the named bucket hashes' buckets (all of them).
--- request = {"h": [bucket hash, ...], "s": [seen key, ...]}
+-- request = {"h": [bucket hash, ...], "s": [transactionId, ...], "sp": seen prefix,
+--            "sh": de-duplication horizon ms}
 -- reply = {"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen],
 --          "h": {hash: {start: value}}} (empty hashes left out)
 local function velocity_stream_read(keys, args)
@@ -548,7 +567,7 @@ local function velocity_stream_read(keys, args)
     p = progress,
     e = redis.call("GET", keys[2]) or "0",
     m = redis.call("GET", keys[3]) or "",
-    s = existing(request["s"]),
+    s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
     h = read_hashes(request["h"]),
   })
 end
@@ -558,6 +577,20 @@ local function in_slices(command, key, items)
   for first = 1, #items, 2000 do
     redis.call(command, key, unpack(items, first, math.min(first + 1999, #items)))
   end
+end
+
+-- Remembers the accepted transactionIds `ids` (see seen_indices) as accepted by `batch`.
+local function remember_seen(prefix, horizon_ms, ids, batch)
+  if #ids == 0 then return end
+  local span = seen_span(horizon_ms)
+  local name = prefix .. string.format("%d", span)
+  local fields = {}
+  for _, id in ipairs(ids) do
+    fields[#fields + 1] = id
+    fields[#fields + 1] = batch
+  end
+  in_slices("HSET", name, fields)
+  redis.call("PEXPIREAT", name, string.format("%d", (span + 2) * horizon_ms))
 end
 
 -- A micro-batch's bucket changes, given as parts (see velocity_stream_commit's changes),
@@ -628,7 +661,7 @@ end
 
 -- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
 --   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
---   <changes json>...
+--   <seen prefix> <changes json>...
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
 -- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
 -- transactionIds, the alerts on the stream, and the progress (with "at", the time of this
@@ -639,7 +672,7 @@ end
 -- changes = {"k": [[P:{signature:key}, quiet, [start, value, ...], [dropped start, ...],
 --                   [raw start removed, ...], [raw start, fragment, ...] started over,
 --                   [raw start, fragment, ...] appended to], ...] (one entry a key),
---            "s": [seen key, ...], "a": [alert json, ...]}, in one or more parts (each
+--            "s": [transactionId, ...], "a": [alert json, ...]}, in one or more parts (each
 --            argument a part of every list, in order, so no argument grows without
 --            bound); quiet = 1 when the key's hash has at most 6 buckets (no roll-ups)
 local function velocity_stream_commit(keys, args)
@@ -648,12 +681,10 @@ local function velocity_stream_commit(keys, args)
   local last = redis.call("HGET", keys[1], "batch")
   if last and tonumber(last) >= batch then return -1 end
   local parts = {}
-  for i = 8, #args do parts[#parts + 1] = cjson.decode(args[i]) end
+  for i = 9, #args do parts[#parts + 1] = cjson.decode(args[i]) end
   apply_bucket_changes(parts, args[4], tonumber(args[7]))
   local published = 0
-  for _, changes in ipairs(parts) do
-    for _, name in ipairs(changes["s"]) do redis.call("SET", name, args[2], "PX", args[5]) end
-  end
+  for _, changes in ipairs(parts) do remember_seen(args[8], tonumber(args[5]), changes["s"], args[2]) end
   for _, changes in ipairs(parts) do
     for _, alert in ipairs(changes["a"]) do
       redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", alert, "batch", args[2])
@@ -671,7 +702,8 @@ end
 -- skipped where it was done already, so whoever finds a pending record finishes it.
 
 -- FCALL velocity_cluster_decide 3 <progress hash> <state lock> <pending hash> <lock token>
---   <batch> <newest eventTime> <seen ttl ms> <pending json> <seen keys json>...
+--   <batch> <newest eventTime> <seen ttl ms> <pending json> <seen prefix>
+--   <accepted transactionIds json>...
 -- Fenced and refused for a replay as velocity_stream_commit (-2, -1); else the accepted
 -- transactionIds, the pending record {batch, changes} and the progress, atomically (the
 -- four share the data dir's hash tag, so one slot). 0 when done.
@@ -679,11 +711,7 @@ local function velocity_cluster_decide(keys, args)
   if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
   local last = redis.call("HGET", keys[1], "batch")
   if last and tonumber(last) >= tonumber(args[2]) then return -1 end
-  for i = 6, #args do
-    for _, name in ipairs(cjson.decode(args[i])) do
-      redis.call("SET", name, args[2], "PX", args[4])
-    end
-  end
+  for i = 7, #args do remember_seen(args[6], tonumber(args[4]), cjson.decode(args[i]), args[2]) end
   redis.call("DEL", keys[3])
   redis.call("HSET", keys[3], "batch", args[2], "changes", args[5])
   redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
@@ -731,7 +759,8 @@ local function velocity_cluster_done(keys, args)
   return 0
 end
 
--- FCALL_RO velocity_cluster_read_progress 2 <progress hash> <pending hash> <seen keys json>
+-- FCALL_RO velocity_cluster_read_progress 2 <progress hash> <pending hash> <seen prefix>
+--   <de-duplication horizon ms> <transactionIds json>
 -- reply = {"p": {field: value}, "b": pending batch or "", "s": [1-based indices seen]}
 local function velocity_cluster_read_progress(keys, args)
   local progress = {}
@@ -740,7 +769,7 @@ local function velocity_cluster_read_progress(keys, args)
   return cjson.encode({
     p = progress,
     b = redis.call("HGET", keys[2], "batch") or "",
-    s = existing(cjson.decode(args[1])),
+    s = seen_indices(args[1], tonumber(args[2]), cjson.decode(args[3])),
   })
 end
 

@@ -86,11 +86,13 @@ class RedisState:
         return written
 
     def _write_accepted(self) -> None:
-        """SET the accepted transactionIds of the de-duplication horizon, each for what is
-        left of it (by when it was ingested)."""
+        """Remember the accepted transactionIds of the de-duplication horizon as the stream's
+        commit does (velocity.lua's ``remember_seen``): in the hash of the horizon-long span
+        they were ingested in, for the spans still read (this one and the one before)."""
         horizon_ms = self.settings.dedup_horizon_seconds * 1000
         now = int(time.time() * 1000)
-        recent = self.state.read("events").where(F.col("ingest_time") > now - horizon_ms)
+        first_span = now // horizon_ms - 1
+        recent = self.state.read("events").where(F.col("ingest_time") >= first_span * horizon_ms)
         prefix = self.settings.redis_keys.seen_prefix
         settings = self.settings
 
@@ -98,8 +100,10 @@ class RedisState:
             client = connection.connect(settings)
             pipe = client.pipeline(transaction=False)
             for count, row in enumerate(rows, 1):
-                left = row["ingest_time"] + horizon_ms - now
-                pipe.set(prefix + row["transactionId"], str(row["stream_batch"]), px=left)
+                span = row["ingest_time"] // horizon_ms
+                name = f"{prefix}{span}"
+                pipe.hset(name, row["transactionId"], str(row["stream_batch"]))
+                pipe.pexpireat(name, (span + 2) * horizon_ms)
                 if count % 1000 == 0:
                     pipe.execute()
             pipe.execute()

@@ -16,7 +16,7 @@ import pickle
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,7 @@ class BatchPlan:
     rules: tuple[Rule, ...]
     decision_time: int
     cutoff: int | None  # buckets of changed keys below it are dropped (the horizon)
+    submitted: float = 0.0  # epoch seconds the batch's key-partitions were sent off
 
 
 @dataclass
@@ -91,6 +92,7 @@ def decide_batch(
     ``history`` (the raw earlier events of own buckets, keyed rows) for the slots a first
     round named ``missing``."""
     parts = _key_partitions(keyed, history, partitions)
+    plan = replace(plan, submitted=time.time())
     if in_executors and len(parts) > 1:
         tasks = spark.sparkContext.parallelize(parts, len(parts))
         results = tasks.map(lambda part: _run_partition(plan, *part)).collect()
@@ -98,9 +100,12 @@ def decide_batch(
         results = [_run_partition(plan, *part) for part in parts]
     out = BatchDecided(_ALERT_ARROW.empty_table(), _empty_deltas(plan))
     alerts, deltas = [out.alerts], [out.deltas]
+    returned = time.time()
     for blob in results:
         done = pickle.loads(blob)
         out.missing.extend(done["missing"])
+        # From the task's end until its result was back in the driver.
+        done["log"]["back_s"] = round(returned - done["log"].pop("ended"), 4)
         out.partitions.append(done["log"])
         if done["missing"]:
             continue
@@ -149,6 +154,7 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     """One key-partition, where its task runs: read its keys' state, decide, and return
     its rows and changes (pickled; IPC inside)."""
     began = time.perf_counter()
+    waited = time.time() - plan.submitted  # from the driver's send until this task ran
     settings = plan.settings
     rows = _from_ipc(rows_ipc)
     history = None if history_ipc is None else _from_ipc(history_ipc)
@@ -179,14 +185,17 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
         "rows": rows.num_rows,
         "keys": len(slots),
         "executor": _executor_name(),
+        "wait_s": round(waited, 4),
         "redis_read_s": round(read - began, 4),
     }
     if missing:
+        log["ended"] = time.time()
         return pickle.dumps({"missing": missing, "log": log})
     decided = decide_key_partition(rows, states, history, plan.rules, width, plan.cutoff)
     alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
     changes = bucket_changes(settings.redis_keys, decided)
     log["decide_s"] = round(time.perf_counter() - read, 4)
+    log["ended"] = time.time()
     return pickle.dumps(
         {
             "missing": [],

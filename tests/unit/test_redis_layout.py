@@ -143,7 +143,7 @@ def test_bucket_values_built_column_by_column_equal_bucket_value(rows) -> None:
         bucket_value(BucketAggregate(c, c, t, low, t, frozenset(d)), last)
         for c, t, low, d, last in rows
     ]
-    assert bucket_value_texts(table) == expected
+    assert bucket_value_texts(table).to_pylist() == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -168,7 +168,7 @@ def test_raw_event_fragments_built_column_by_column_equal_recent_fragment(rows) 
         ],
         schema=_ARROW,
     )  # fmt: skip
-    texts = recent_fragment_texts(table)
+    texts = recent_fragment_texts(table).to_pylist()
     assert texts == [recent_fragment([e]) for e in events]
     if events:
         assert parse_recent("".join(texts)) == tuple(events)

@@ -215,11 +215,11 @@ def _json_string_or_null(texts: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(pc.is_valid(texts), pc.binary_join_element_wise('"', texts, '"', ""), "null")
 
 
-def recent_fragment_texts(rows: pa.Table) -> list[str]:
+def recent_fragment_texts(rows: pa.Table) -> pa.Array:
     """``recent_fragment`` of each row of keyed rows (``eventTime``, ``transactionId``,
     ``value``, ``number``), column by column (a text JSON must escape through Python)."""
     if rows.num_rows == 0:
-        return []
+        return pa.array([], pa.string())
 
     texts = pc.binary_join_element_wise(
         ",[",
@@ -232,16 +232,23 @@ def recent_fragment_texts(rows: pa.Table) -> list[str]:
         _json_string_or_null(decimal_texts(rows.column("number"))),
         "]",
         "",
-    ).to_pylist()
+    )
     escape = pc.or_(
         pc.match_substring_regex(rows.column("transactionId"), _NEEDS_ESCAPE),
         pc.fill_null(pc.match_substring_regex(rows.column("value"), _NEEDS_ESCAPE), False),
     ).to_numpy(zero_copy_only=False)
+    if not escape.any():
+        return _one_chunk(texts)
+    out = texts.to_pylist()
     for row in np.flatnonzero(escape).tolist():
         one = rows.slice(row, 1).to_pylist()[0]
         event = KeyedEvent(one["eventTime"], one["transactionId"], one["value"], one["number"])
-        texts[row] = recent_fragment([event])
-    return texts
+        out[row] = recent_fragment([event])
+    return pa.array(out, pa.string())
+
+
+def _one_chunk(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
 
 
 def parse_recent(text: str) -> tuple[KeyedEvent, ...]:
@@ -252,12 +259,12 @@ def parse_recent(text: str) -> tuple[KeyedEvent, ...]:
     )
 
 
-def bucket_value_texts(buckets: pa.Table) -> list[str]:
+def bucket_value_texts(buckets: pa.Table) -> pa.Array:
     """``bucket_value`` of every row of ``buckets`` (the buckets' figures and
     ``last_time``), built column by column: the stream writes one per changed bucket."""
     n = buckets.num_rows
     if n == 0:
-        return []
+        return pa.array([], pa.string())
 
     lists = buckets.column("distinct_values").combine_chunks().fill_null([])
     flat = pc.list_flatten(lists)
@@ -284,14 +291,16 @@ def bucket_value_texts(buckets: pa.Table) -> list[str]:
         tail,
         "]",
         "",
-    ).to_pylist()
+    )
     escaped = pc.match_substring_regex(flat, _NEEDS_ESCAPE).to_numpy(zero_copy_only=False)
-    if escaped.any():
-        parents = pc.list_parent_indices(lists).to_numpy()
-        for row in np.unique(parents[escaped]).tolist():
-            values = buckets.slice(row, 1).to_pylist()[0]
-            texts[row] = bucket_value(bucket_from_columns(values), values["last_time"])
-    return texts
+    if not escaped.any():
+        return _one_chunk(texts)
+    out = texts.to_pylist()
+    parents = pc.list_parent_indices(lists).to_numpy()
+    for row in np.unique(parents[escaped]).tolist():
+        values = buckets.slice(row, 1).to_pylist()[0]
+        out[row] = bucket_value(bucket_from_columns(values), values["last_time"])
+    return pa.array(out, pa.string())
 
 
 def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

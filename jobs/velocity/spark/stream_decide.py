@@ -220,7 +220,7 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
             '"',
             starts,
             '",',
-            json_string_texts(pa.array(bucket_value_texts(buckets), pa.string())),
+            json_string_texts(bucket_value_texts(buckets)),
             "",
         ),
     )
@@ -234,7 +234,7 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
     fragments = pc.binary_join(
         pa.ListArray.from_arrays(
             pa.array(np.append(firsts, raw.num_rows), pa.int32()),
-            pa.array(recent_fragment_texts(raw), pa.string()).take(order),
+            recent_fragment_texts(raw).take(order),
         ),
         "",
     )
@@ -244,14 +244,12 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
     started = _per_key(slots.filter(new), pairs.filter(new))
     appended = _per_key(slots.filter(pc.invert(new)), pairs.filter(pc.invert(new)))
     changed = decided.bucket_counts
-    for name, texts in [
-        ("sets", sets), ("drops", drops), ("removed", removed), ("started", started),
-        ("appended", appended),
-    ]:  # fmt: skip
-        changed = changed.join(
-            texts.rename_columns([*_KEY, name]), keys=list(_KEY), join_type="left outer"
-        )
-    lists = [pc.fill_null(changed.column(name), "") for name in _KINDS]
+    # Each kind's texts lined up with the changed keys ("" where a key has none).
+    names = _key_names(changed)
+    lists = [
+        pc.fill_null(texts.column("text").take(pc.index_in(names, _key_names(texts))), "")
+        for texts in (sets, drops, removed, started, appended)
+    ]
     anything = pc.greater(pc.binary_length(pc.binary_join_element_wise(*lists, "")), 0)
     changed, lists = changed.filter(anything), [x.filter(anything) for x in lists]
     quiet = pc.if_else(
@@ -268,7 +266,11 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
 
 
 _SLOT = ("signature_id", "key", "bucket_start")
-_KINDS = ("sets", "drops", "removed", "started", "appended")  # key_change_entry's lists
+
+
+def _key_names(rows: pa.Table) -> pa.ChunkedArray:
+    """One text per (signature, key) of ``rows``, to look keys up by."""
+    return pc.binary_join_element_wise(rows.column("signature_id"), rows.column("key"), "\x1f")
 
 
 def _quoted_starts(slots: pa.Table) -> pa.ChunkedArray:

@@ -9,7 +9,13 @@ import pytest
 
 from velocity.errors import SettingsError, UsageError
 from velocity.redis.keys import default_prefix
-from velocity.settings import PROJECT_ROOT, Settings, load_settings, spark_master_on_loopback
+from velocity.settings import (
+    PROJECT_ROOT,
+    Settings,
+    load_settings,
+    local_mode_cores,
+    spark_master_on_loopback,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -183,3 +189,19 @@ def test_two_data_dirs_give_distinct_table_paths(tmp_path: Path) -> None:
 def test_spark_master_on_loopback(master: str, on_loopback: bool) -> None:
     """The driver binds to loopback exactly when the master runs on this machine."""
     assert spark_master_on_loopback(master) is on_loopback
+
+
+@pytest.mark.parametrize(
+    ("master", "cores"),
+    [
+        ("local", 1),
+        ("local[2]", 2),
+        ("local[3,4]", 3),
+        ("local[*]", os.cpu_count()),
+        ("spark://127.0.0.1:7077", None),
+        ("yarn", None),
+        ("local-cluster[2,1,1024]", None),
+    ],
+)
+def test_local_mode_cores(master: str, cores: int | None) -> None:
+    assert local_mode_cores(master) == cores

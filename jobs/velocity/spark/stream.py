@@ -53,7 +53,7 @@ from velocity.redis.lease import Lease
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
 from velocity.schema import Event, is_blank, parse_event_line
-from velocity.settings import Settings
+from velocity.settings import Settings, local_mode_cores
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import kafka_messages, line_texts, with_line_source
 from velocity.spark.redis_state import RedisState
@@ -286,7 +286,11 @@ class StreamJob:
         settings = self.settings
         keyed = batch_keyed_rows(accepted, signatures, admitted.watermark)
         plan = BatchPlan(settings, tuple(rules), decision_time, cutoff)
-        partitions = settings.stream_decide_partitions or self.spark.sparkContext.defaultParallelism
+        partitions = (
+            settings.stream_decide_partitions
+            or local_mode_cores(settings.spark_master)
+            or self.spark.sparkContext.defaultParallelism
+        )
         in_executors = keyed.num_rows >= settings.stream_executor_min_rows
         decided = decide_batch(self.spark, keyed, None, plan, partitions, in_executors)
         if decided.missing:

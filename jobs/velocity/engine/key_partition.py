@@ -142,6 +142,20 @@ def _recent_rows(
     )
 
 
+def run_starts(rows: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """The rows that start a run of equal ``columns`` (rows sorted by them)."""
+    first = np.ones(rows.num_rows, bool)
+    if rows.num_rows > 1:
+        differs = [
+            pc.not_equal(c[1:], c[:-1]) for c in (rows.column(n).combine_chunks() for n in columns)
+        ]
+        change = differs[0]
+        for other in differs[1:]:
+            change = pc.or_(change, other)
+        first[1:] = change.to_numpy(zero_copy_only=False)
+    return np.flatnonzero(first)
+
+
 def _raw_changes(
     events: pa.Table, stored: pa.Table, width_ms: int, cutoff: int | None
 ) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
@@ -178,13 +192,8 @@ def _raw_changes(
     n = every.num_rows
     sig = every.column("signature_id").combine_chunks()
     key = every.column("key").combine_chunks()
-    first_of_key = np.ones(n, bool)
-    if n > 1:
-        first_of_key[1:] = pc.or_(
-            pc.not_equal(sig[1:], sig[:-1]), pc.not_equal(key[1:], key[:-1])
-        ).to_numpy(zero_copy_only=False)
-    firsts = np.flatnonzero(first_of_key)
-    group = np.cumsum(first_of_key) - 1
+    firsts = run_starts(every, ("signature_id", "key"))
+    group = np.searchsorted(firsts, np.arange(n), side="right") - 1  # each row's key
     rank = np.arange(n) - firsts[group]
     bucket_start = every.column("bucket_start").to_numpy()
     is_added = every.column("added_max").to_numpy(zero_copy_only=False)

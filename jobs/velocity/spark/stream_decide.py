@@ -30,6 +30,7 @@ from velocity.engine.key_partition import (
     KeyPartitionDecided,
     decide_key_partition,
     needed_own_buckets,
+    run_starts,
 )
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
@@ -143,8 +144,7 @@ def _key_partitions(
 
 def _key_codes(keyed: pa.Table) -> np.ndarray:
     """A number per (signature, key) of the batch, spread evenly over keys."""
-    joined = pc.binary_join_element_wise(keyed.column("signature_id"), keyed.column("key"), "\x1f")
-    encoded = joined.combine_chunks().dictionary_encode() if keyed.num_rows else None
+    encoded = _key_names(keyed).combine_chunks().dictionary_encode() if keyed.num_rows else None
     if encoded is None:
         return np.zeros(0, dtype=np.int64)
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -230,7 +230,7 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
     # rows' order within each bucket), then a key's buckets as (start, fragment) pairs.
     order = pc.sort_indices(raw, sort_keys=[(name, "ascending") for name in _SLOT])
     by_slot = raw.select([*_SLOT, "starts"]).take(order)
-    firsts = _firsts(by_slot, _SLOT)
+    firsts = run_starts(by_slot, _SLOT)
     fragments = pc.binary_join(
         pa.ListArray.from_arrays(
             pa.array(np.append(firsts, raw.num_rows), pa.int32()),
@@ -279,26 +279,12 @@ def _quoted_starts(slots: pa.Table) -> pa.ChunkedArray:
     )
 
 
-def _firsts(rows: pa.Table, columns: Sequence[str]) -> np.ndarray:
-    """The rows that start a run of equal ``columns`` (rows sorted by them)."""
-    first = np.ones(rows.num_rows, bool)
-    if rows.num_rows > 1:
-        differs = [
-            pc.not_equal(c[1:], c[:-1]) for c in (rows.column(n).combine_chunks() for n in columns)
-        ]
-        change = differs[0]
-        for other in differs[1:]:
-            change = pc.or_(change, other)
-        first[1:] = change.to_numpy(zero_copy_only=False)
-    return np.flatnonzero(first)
-
-
 def _per_key(rows: pa.Table, items: pa.Array | pa.ChunkedArray) -> pa.Table:
     """Each (signature, key)'s ``items`` (JSON texts, a row's each) joined by commas in
     row order: columns signature_id, key, text."""
     order = pc.sort_indices(rows, sort_keys=[(name, "ascending") for name in _KEY])
     keyed = rows.select(list(_KEY)).take(order)
-    firsts = _firsts(keyed, _KEY)
+    firsts = run_starts(keyed, _KEY)
     values = items.take(order)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()

@@ -43,7 +43,7 @@ class MicroBatchDecided:
 def own_buckets_needing_history(events: pa.Table, stored: pa.Table, width_ms: int) -> pa.Table:
     """The stored buckets (SLOT columns) that are the own bucket of an event to decide
     and hold an event later than it, or whose newest eventTime is unknown."""
-    own = _with_bucket_start(events.filter(_decided(events)), width_ms)
+    own = with_bucket_start(events.filter(_decided(events)), width_ms)
     earliest = own.group_by(list(SLOT)).aggregate([("eventTime", "min")])
     joined = earliest.join(stored.select([*SLOT, "last_time"]), keys=list(SLOT), join_type="inner")
     last = joined.column("last_time")
@@ -63,7 +63,7 @@ def decide_micro_batch(
     those buckets' earlier events (``history``, KEYED_COLUMNS) instead of the stored
     bucket. Returns the decisions and the changed buckets."""
     needed = own_buckets_needing_history(events, stored, width_ms)
-    given = _with_bucket_start(history, width_ms).group_by(list(SLOT)).aggregate([])
+    given = with_bucket_start(history, width_ms).group_by(list(SLOT)).aggregate([])
     missing = needed.join(given, keys=list(SLOT), join_type="left anti")
     if missing.num_rows:
         raise ValueError(f"no history given for own buckets {missing.slice(0, 3).to_pylist()}")
@@ -92,7 +92,7 @@ def _decided(events: pa.Table) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array(np.ones(events.num_rows, dtype=bool))])
 
 
-def _with_bucket_start(rows: pa.Table, width_ms: int) -> pa.Table:
+def with_bucket_start(rows: pa.Table, width_ms: int) -> pa.Table:
     """Keyed rows' slots (SLOT columns) and eventTimes."""
     times = rows.column("eventTime").to_numpy()
     return pa.table(

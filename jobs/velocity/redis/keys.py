@@ -238,7 +238,7 @@ def recent_fragment_texts(rows: pa.Table) -> pa.Array:
         pc.fill_null(pc.match_substring_regex(rows.column("value"), _NEEDS_ESCAPE), False),
     ).to_numpy(zero_copy_only=False)
     if not escape.any():
-        return _one_chunk(texts)
+        return one_chunk(texts)
     out = texts.to_pylist()
     for row in np.flatnonzero(escape).tolist():
         one = rows.slice(row, 1).to_pylist()[0]
@@ -247,7 +247,8 @@ def recent_fragment_texts(rows: pa.Table) -> pa.Array:
     return pa.array(out, pa.string())
 
 
-def _one_chunk(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+def one_chunk(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one array (Arrow kernels may hand back chunked ones)."""
     return texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
 
 
@@ -294,7 +295,7 @@ def bucket_value_texts(buckets: pa.Table) -> pa.Array:
     )
     escaped = pc.match_substring_regex(flat, _NEEDS_ESCAPE).to_numpy(zero_copy_only=False)
     if not escaped.any():
-        return _one_chunk(texts)
+        return one_chunk(texts)
     out = texts.to_pylist()
     parents = pc.list_parent_indices(lists).to_numpy()
     for row in np.unique(parents[escaped]).tolist():

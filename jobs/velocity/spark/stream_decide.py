@@ -32,12 +32,14 @@ from velocity.engine.key_partition import (
     needed_own_buckets,
     run_starts,
 )
+from velocity.engine.micro_batch import with_bucket_start
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
 from velocity.redis.keys import (
     RedisKeys,
     bucket_value_texts,
     json_string_texts,
+    one_chunk,
     recent_fragment_texts,
 )
 from velocity.rules import Rule, RuleSignature
@@ -185,6 +187,7 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
         "rows": rows.num_rows,
         "keys": len(slots),
         "executor": _executor_name(),
+        "attempt": _task_attempt(),
         "wait_s": round(waited, 4),
         "redis_read_s": round(read - began, 4),
     }
@@ -285,19 +288,15 @@ def _per_key(rows: pa.Table, items: pa.Array | pa.ChunkedArray) -> pa.Table:
     order = pc.sort_indices(rows, sort_keys=[(name, "ascending") for name in _KEY])
     keyed = rows.select(list(_KEY)).take(order)
     firsts = run_starts(keyed, _KEY)
-    values = items.take(order)
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
+    values = one_chunk(items.take(order))
     offsets = pa.array(np.append(firsts, rows.num_rows), pa.int32())
     texts = pc.binary_join(pa.ListArray.from_arrays(offsets, values), ",")
     return keyed.take(pa.array(firsts)).append_column("text", texts)
 
 
 def _slots_of(rows: pa.Table, width_ms: int) -> set[BucketSlot]:
-    times = rows.column("eventTime").to_numpy()
-    starts = (times - np.mod(times, width_ms)).tolist()
-    keys = (rows.column(n).to_pylist() for n in _KEY)
-    return set(zip(*keys, starts, strict=True))
+    slots = with_bucket_start(rows, width_ms)
+    return set(zip(*(slots.column(n).to_pylist() for n in _SLOT), strict=True))
 
 
 def _keys_of(rows: pa.Table) -> pa.Table:
@@ -314,6 +313,15 @@ def _executor_name() -> str:
     if TaskContext.get() is None:
         return f"driver {where}"
     return f"{where}:{Path.cwd().name}"
+
+
+def _task_attempt() -> int:
+    """Which attempt of its Spark task this is (0 the first; a task re-run after its
+    executor was lost counts up; 0 in the driver's process)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.attemptNumber()
 
 
 def _to_ipc(table: pa.Table) -> bytes:

@@ -1,6 +1,7 @@
 """The alert_reviews table on real Delta (delta-rs, no JVM), beside an alerts table of the
-stream's schema: append-only reviews, the latest wins, refusals write nothing,
-concurrent reviewers never tie, precision per rule version, `velocity reviews export`."""
+stream's schema (``tests.builders.append_alerts``): append-only reviews, the latest wins,
+refusals write nothing, concurrent reviewers never tie, precision per rule version,
+`velocity reviews export`."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
+from tests.builders import alert_row, append_alerts
 from velocity.delta import reader
 from velocity.delta.names import ALERTS
 from velocity.delta.review_store import ReviewStore
@@ -26,46 +27,10 @@ from velocity.settings import Settings, load_settings
 pytestmark = pytest.mark.timeout(120)
 
 NOW = 1_767_225_600_000
-# The alerts table as the stream writes it (velocity.delta.tables.ALERT_SCHEMA).
-ALERT_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("alertId", pa.string()),
-        pa.field("kind", pa.string()),
-        pa.field("ruleId", pa.int64()),
-        pa.field("ruleVersion", pa.int32()),
-        pa.field("transactionId", pa.string()),
-        pa.field("key", pa.map_(pa.string(), pa.string())),
-        pa.field("eventTime", pa.int64()),
-        pa.field("aggregatorFunctionType", pa.string()),
-        pa.field("aggregateValue", pa.string()),
-        pa.field("limitOperatorType", pa.string()),
-        pa.field("limit", pa.string()),
-        pa.field("windowStart", pa.int64()),
-        pa.field("windowEnd", pa.int64()),
-        pa.field("decisionTime", pa.int64()),
-        pa.field("signature_id", pa.string()),
-    ]
-)
 
 
 def _alert(alert_id: str, rule: tuple[int, int], age_ms: int, kind: str = "ALERT") -> dict:
-    return {
-        "alertId": alert_id,
-        "kind": kind,
-        "ruleId": rule[0],
-        "ruleVersion": rule[1],
-        "transactionId": f"tx-{alert_id}",
-        "key": [("payerId", "p-1")],
-        "eventTime": NOW - age_ms - 5,
-        "aggregatorFunctionType": "COUNT",
-        "aggregateValue": "6",
-        "limitOperatorType": ">",
-        "limit": "5",
-        "windowStart": NOW - age_ms - 600_000,
-        "windowEnd": NOW - age_ms - 5,
-        "decisionTime": NOW - age_ms,
-        "signature_id": "s",
-    }
+    return alert_row(alert_id, rule, NOW - age_ms, kind)
 
 
 ALERTS_WRITTEN = [
@@ -85,7 +50,7 @@ def settings(tmp_path: Path) -> Settings:
     # Two commits, as the stream's micro-batches make them.
     alerts = settings.table_path(ALERTS)
     for part in (ALERTS_WRITTEN[:3], ALERTS_WRITTEN[3:]):
-        write_deltalake(str(alerts), pa.Table.from_pylist(part, ALERT_ARROW_SCHEMA), mode="append")
+        append_alerts(alerts, part)
     return settings
 
 

@@ -114,7 +114,9 @@ def test_a_new_review_is_later_than_the_previous_one_whatever_the_clock() -> Non
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(list(Verdict)), st.integers(0, 50)),
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]), st.sampled_from(list(Verdict)), st.integers(0, 50)
+        ),
         max_size=30,
     ),
     st.randoms(use_true_random=False),

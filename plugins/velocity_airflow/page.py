@@ -8,9 +8,13 @@ change goes through the versioned rule store (delta-rs) in this process, with th
 its next micro-batch. Only a file that clears the state (CLEAR_STATE_ALL) runs
 `velocity rules apply`, since deleting every bucket takes Spark.
 
+An analyst's review of an alert goes to the append-only reviews table (delta-rs, in this
+process too); the page shows each rule version's alerts, reviews and precision.
+
 Airflow's authentication guards every route: the page needs a signed-in user; a change
-needs permission to edit the ``run_stream`` DAG (SimpleAuthManager: roles user, op and
-admin, not viewer), since a rule change changes what the stream does. A change must come
+(a rule change or a review) needs permission to edit the ``run_stream`` DAG
+(SimpleAuthManager: roles user, op and admin, not viewer), since a rule change changes
+what the stream does. A change must come
 from this page (its ``Origin``), so another site cannot post one with the user's cookie.
 """
 

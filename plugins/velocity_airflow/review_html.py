@@ -48,7 +48,8 @@ def review_cell(
     return (
         f'{shown}<form class="inline review" method="post" '
         f'action="{base}/alerts/{escape(quote(alert_id, safe=""))}/review" '
-        f'data-progress="{escape(progress)}" data-testid="review-form">'
+        f'data-progress="{escape(progress)}" data-testid="review-form" '
+        f'data-alert="{escape(alert_id)}">'
         f'<select name="verdict" data-testid="review-verdict">{options}</select> '
         f'<input name="note" size="16" maxlength="{NOTE_MAX}" placeholder="note" '
         'data-testid="review-note"> '

@@ -39,7 +39,9 @@ def review_cell(
     if not can_review or alert.get("kind") == "RETRACTION":
         return shown
     alert_id = str(alert["alertId"])
-    options = "".join(
+    # No verdict is chosen for the analyst: a click must not record one by default.
+    unchosen = '<option value="" disabled selected>verdict…</option>' if review is None else ""
+    options = unchosen + "".join(
         f'<option value="{v.value}"'
         f"{' selected' if review is not None and review.verdict is v else ''}>{v.words}</option>"
         for v in Verdict
@@ -50,7 +52,7 @@ def review_cell(
         f'action="{base}/alerts/{escape(quote(alert_id, safe=""))}/review" '
         f'data-progress="{escape(progress)}" data-testid="review-form" '
         f'data-alert="{escape(alert_id)}">'
-        f'<select name="verdict" data-testid="review-verdict">{options}</select> '
+        f'<select name="verdict" required data-testid="review-verdict">{options}</select> '
         f'<input name="note" size="16" maxlength="{NOTE_MAX}" placeholder="note" '
         'data-testid="review-note"> '
         '<button type="submit" data-testid="review-submit">Review</button></form>'

@@ -189,6 +189,10 @@ def test_an_editor_reviews_an_alert_beside_it_and_sees_its_latest_verdict() -> N
     assert 'action="/velocity/alerts/a-1/review"' in html
     assert 'data-progress="Recording the review of alert a-1…"' in html
     assert '<option value="FALSE_POSITIVE" selected>false positive</option>' in html
+    assert "verdict…" not in html, "a reviewed alert's form starts from its verdict"
+    fresh = _page(alerts=[ALERT])
+    assert '<select name="verdict" required' in fresh
+    assert '<option value="" disabled selected>verdict…</option>' in fresh, "none by default"
     assert '<option value="CONFIRMED_FRAUD">confirmed fraud</option>' in html
     assert f'maxlength="{NOTE_MAX}"' in html
     assert 'class="verdict-FALSE_POSITIVE" title="regular &lt;payee&gt; &quot;x&quot;"' in html

@@ -161,15 +161,19 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_rules_export(args: argparse.Namespace) -> int:
-    rules = _rule_store(_settings(args)).in_force()
-    text = rules_file_text([r.to_json() for r in rules])
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"{len(rules)} rules written to {args.out}")
+def _export(text: str, out: str | None, written: str) -> int:
+    """``text`` to the file ``out`` (then say ``written`` and where), or to standard output."""
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"{written} written to {out}")
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def cmd_rules_export(args: argparse.Namespace) -> int:
+    rules = _rule_store(_settings(args)).in_force()
+    return _export(rules_file_text([r.to_json() for r in rules]), args.out, f"{len(rules)} rules")
 
 
 def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
@@ -188,12 +192,7 @@ def cmd_reviews_export(args: argparse.Namespace) -> int:
     reviews = store.all() if args.all else store.latest().values()
     ordered = sorted(reviews, key=lambda r: (r.when, r.alert_id))
     text = "".join(dumps_json(r.to_json()) + "\n" for r in ordered)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"{len(ordered)} reviews written to {args.out}")
-    else:
-        sys.stdout.write(text)
-    return EXIT_OK
+    return _export(text, args.out, f"{len(ordered)} reviews")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -14,7 +14,6 @@ in that version, and a commit that another review beat is planned again on top, 
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,15 +21,12 @@ from typing import Any
 
 import pyarrow as pa
 from arro3.core import Array, DataType, Table
-from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable
 
-from velocity.delta.small_tables import create_if_missing, open_table, read_rows
-from velocity.errors import VelocityError
+from velocity.delta.small_tables import append_planned, open_table, read_rows
 from velocity.reviews import (
     AlertRef,
     Review,
-    check_fields,
     latest_reviews,
     make_review,
     review_time,
@@ -58,8 +54,6 @@ _TYPES = {
     "who": DataType.string(),
     "when": DataType.int64(),
 }
-# An attempt loses only to a review committed between its read and its write.
-_RECORD_ATTEMPTS = 10
 
 
 class ReviewStore:
@@ -92,29 +86,18 @@ class ReviewStore:
     ) -> Review:
         """Append one review of ``alert`` (looked up by the caller; None: no such alert) in
         one commit, and return it; nothing is written on any error."""
-        check_fields(verdict, note, who)  # refused before the table is touched
-        review = make_review(alert_id, alert, verdict, note, who, 0)
-        for attempt in range(_RECORD_ATTEMPTS):
-            table = create_if_missing(self._path, REVIEW_ARROW_SCHEMA)
+        review = make_review(alert_id, alert, verdict, note, who, 0)  # before any read
+
+        def plan(table: DeltaTable) -> tuple[Table, Review]:
             previous = latest_reviews(_reviews(table)).get(alert_id)
             now = now_ms if now_ms is not None else int(time.time() * 1000)
             timed = replace(review, when=review_time(now, previous))
-            try:
-                # No retries: delta-rs would rebase the append onto a newer version, whose
-                # review of this alert may be as late as this one's ``when``.
-                write_deltalake(
-                    table,
-                    _rows_table(timed),
-                    mode="append",
-                    commit_properties=CommitProperties(max_commit_retries=0),
-                )
-            except CommitFailedError:
-                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
-                continue
-            return timed
-        raise VelocityError(
-            f"the reviews table {self._path} changed under each of {_RECORD_ATTEMPTS} attempts "
-            "to record; nothing was recorded — review the alert again"
+            return _rows_table(timed), timed
+
+        # Conditional: a review planned from an older version might be no later than a
+        # review of the same alert committed since.
+        return append_planned(
+            self._path, REVIEW_ARROW_SCHEMA, plan, "no review was recorded — review again"
         )
 
 

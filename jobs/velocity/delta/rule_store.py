@@ -16,7 +16,6 @@ from (no commit retries); the loser re-reads, plans again and commits on top, so
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,12 +23,10 @@ from typing import Any
 
 import pyarrow as pa
 from arro3.core import Array, DataType, Table
-from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable
 
 from velocity.decimals import dumps_json
-from velocity.delta.small_tables import create_if_missing, open_table, read_rows
-from velocity.errors import VelocityError
+from velocity.delta.small_tables import append_planned, create_if_missing, open_table, read_rows
 from velocity.rule_changes import ApplyResult, in_force, latest_versions, plan_changes, stored_rule
 from velocity.rules import Rule, RuleEntry
 
@@ -46,9 +43,6 @@ RULE_ARROW_SCHEMA = pa.schema(
     ]
 )
 _READ_COLUMNS = ["ruleId", "version", "ruleState", "rule_json"]
-# Each attempt loses only to a commit that landed between its read and its write; ten in a
-# row means something keeps writing the table.
-_APPLY_ATTEMPTS = 10
 
 
 class RuleStore:
@@ -82,29 +76,21 @@ class RuleStore:
     def apply(self, entries: Sequence[RuleEntry], now_ms: int | None = None) -> ApplyResult:
         """Write the versions ``entries`` make, in one commit; nothing on any error
         (``InvalidRuleError`` / ``UnknownRuleError`` name what is wrong)."""
-        for attempt in range(_APPLY_ATTEMPTS):
-            table = self.create_if_missing()
+
+        def plan(table: DeltaTable) -> tuple[Table | None, ApplyResult]:
             written, result = plan_changes(latest_versions(_history(table)), entries)
             if not written:
-                return result
-            rows = _rows_table(written, now_ms if now_ms is not None else int(time.time() * 1000))
-            try:
-                # No retries: delta-rs would rebase the append onto whatever version is
-                # newest (two appends never conflict for it), committing versions planned
-                # from an older snapshot: (ruleId, version) twice. Fail, read, plan again.
-                write_deltalake(
-                    table,
-                    rows,
-                    mode="append",
-                    commit_properties=CommitProperties(max_commit_retries=0),
-                )
-            except CommitFailedError:
-                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
-                continue
-            return result
-        raise VelocityError(
-            f"the rules table {self._path} changed under each of {_APPLY_ATTEMPTS} attempts to "
-            "apply; nothing was applied — check `velocity rules list` and apply again"
+                return None, result
+            applied_at = now_ms if now_ms is not None else int(time.time() * 1000)
+            return _rows_table(written, applied_at), result
+
+        # Conditional: versions planned from an older snapshot would write a (ruleId,
+        # version) twice.
+        return append_planned(
+            self._path,
+            RULE_ARROW_SCHEMA,
+            plan,
+            "nothing was applied — check `velocity rules list` and apply again",
         )
 
 

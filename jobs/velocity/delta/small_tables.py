@@ -1,22 +1,33 @@
-"""Small Delta tables that people write through delta-rs (no JVM): open, create, read.
+"""Small Delta tables that people write through delta-rs (no JVM): open, create, read,
+and append conditionally.
 
-The rule store and the review store each own one such table and commit to it
-conditionally (``max_commit_retries=0``: a commit fails rather than land on a version it
-was not planned from); what they share is here.
+The rule store and the review store each own one such table; each plans its rows from
+the table's current version and commits them only on that version
+(``append_planned``); what they share is here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from arro3.core import Table
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from pyarrow import fs as pafs
+
+from velocity.errors import VelocityError
+
+T = TypeVar("T")
+# Each attempt loses only to a commit that landed between its read and its write; ten in a
+# row means something keeps writing the table.
+_APPEND_ATTEMPTS = 10
 
 
 def open_table(path: Path) -> DeltaTable | None:
@@ -62,3 +73,32 @@ def read_rows(table: DeltaTable, columns: Sequence[str]) -> list[dict[str, Any]]
             part = pq.ParquetFile(source).read(columns=list(columns), use_threads=False)
         found.extend(part.to_pylist())
     return found
+
+
+def append_planned(
+    path: Path,
+    schema: pa.Schema,
+    plan: Callable[[DeltaTable], tuple[Table | None, T]],
+    refused: str,
+) -> T:
+    """Append the rows ``plan`` makes from the table's current version, in one commit that
+    lands only on that version; when another commit landed first, read, plan and commit
+    again. ``plan`` returns (rows or None for nothing to write, the caller's result); an
+    error it raises writes nothing. ``refused``: the message when every attempt lost."""
+    for attempt in range(_APPEND_ATTEMPTS):
+        table = create_if_missing(path, schema)
+        rows, result = plan(table)
+        if rows is None:
+            return result
+        try:
+            # No retries: delta-rs would rebase the append onto whatever version is newest
+            # (two appends never conflict for it), committing rows planned from an older
+            # snapshot. Fail, read, plan again.
+            write_deltalake(
+                table, rows, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
+            )
+        except CommitFailedError:
+            time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+            continue
+        return result
+    raise VelocityError(f"{path} changed under each of {_APPEND_ATTEMPTS} attempts: {refused}")

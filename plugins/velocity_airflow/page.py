@@ -14,8 +14,8 @@ process too); the page shows each rule version's alerts, reviews and precision.
 Airflow's authentication guards every route: the page needs a signed-in user; a change
 (a rule change or a review) needs permission to edit the ``run_stream`` DAG
 (SimpleAuthManager: roles user, op and admin, not viewer), since a rule change changes
-what the stream does. A change must come
-from this page (its ``Origin``), so another site cannot post one with the user's cookie.
+what the stream does. A change must come from this page (its ``Origin``), so another
+site cannot post one with the user's cookie.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def _record_review(settings: Any, user: Any, alert_id: str, verdict: str, note: 
     alert = alert_ref(settings, alert_id)
     if alert is None:
         published = _alert_on_stream(settings, alert_id)
-        if published is not None and "decisionTime" in published:
+        if published is not None and published.keys() >= {"ruleVersion", "decisionTime"}:
             alert = AlertRef.of(published)
     return review_store(settings).record(alert_id, alert, verdict, note, user.get_name())
 
@@ -245,27 +245,30 @@ def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
     )
 
 
-def _latest_reviews(settings: Any) -> dict[str, Any]:
+def _reviews(settings: Any) -> list[Any]:
     from velocity.delta.reader import review_store
 
-    return review_store(settings).latest()
+    return review_store(settings).all()
 
 
-def _precision(settings: Any) -> list[Any]:
+def _precision(settings: Any, reviews: list[Any] | None = None) -> list[Any]:
+    """Each rule version's figures as of now (``reviews``: every review, when read already)."""
     from velocity.delta.reader import precision_by_version
 
-    return precision_by_version(settings, int(time.time() * 1000))
+    return precision_by_version(settings, int(time.time() * 1000), reviews)
 
 
 def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     from velocity import stream_control
     from velocity.delta.reader import rules_in_force
+    from velocity.reviews import latest_reviews
 
     query = request.query_params
     settings, settings_error = _read("Velocity settings", _settings)
     data = PageData(user=user.get_name(), can_edit=_can_edit(user), base=URL_PREFIX, **extra)
     if settings is None:
         data.health_error = data.rules_error = data.alerts_error = settings_error
+        data.precision_error = settings_error
         return data
     health, data.health_error = _read(
         "stream status", lambda: stream_control.check_health(settings).to_json()
@@ -278,9 +281,10 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
         "alerts from Redis", lambda: recent_alerts(settings, data.alert_rule)
     )
     data.alerts = alerts or ()
-    data.reviews, data.reviews_error = _read("reviews", lambda: _latest_reviews(settings))
+    reviews, data.reviews_error = _read("reviews", lambda: _reviews(settings))
+    data.reviews = None if reviews is None else latest_reviews(reviews)
     data.precision, data.precision_error = _read(
-        "alerts and reviews per rule version", lambda: _precision(settings)
+        "alerts and reviews per rule version", lambda: _precision(settings, reviews)
     )
     if query.get("alert"):
         data.explanation, data.explanation_error = _read(

@@ -8,7 +8,7 @@ Spark.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
 from velocity.errors import UsageError
 from velocity.explain import Explanation, explain_alert
-from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, VersionPrecision
+from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, Review, VersionPrecision
 from velocity.reviews import precision_by_version as _precision_by_version
 from velocity.rules import Rule
 from velocity.schema import FIELDS_BY_NAME, Event, FieldKind, parse_event_line
@@ -175,6 +175,11 @@ def alert_volumes(settings: Settings, now_ms: int) -> dict[tuple[int, int], Aler
     }
 
 
-def precision_by_version(settings: Settings, now_ms: int) -> list[VersionPrecision]:
-    """Each rule version's alert volume and review figures (the page's precision table)."""
-    return _precision_by_version(alert_volumes(settings, now_ms), review_store(settings).all())
+def precision_by_version(
+    settings: Settings, now_ms: int, reviews: Sequence[Review] | None = None
+) -> list[VersionPrecision]:
+    """Each rule version's alert volume and review figures (the page's precision table);
+    ``reviews``: every review, when the caller read them already."""
+    if reviews is None:
+        reviews = review_store(settings).all()
+    return _precision_by_version(alert_volumes(settings, now_ms), reviews)

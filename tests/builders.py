@@ -509,3 +509,55 @@ def generated_in_arrival_order(folder: Path, options: GenerateOptions) -> Path:
     for order, path in enumerate(sorted(folder.glob("*.jsonl"))):
         os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
     return folder
+
+
+def alert_row(
+    alert_id: str, rule: tuple[int, int], decision_time: int, kind: str = "ALERT"
+) -> dict[str, Any]:
+    """A row of the alerts table (``velocity.delta.tables.ALERT_SCHEMA``) of ruleId and
+    version ``rule``, decided at ``decision_time``."""
+    return {
+        "alertId": alert_id,
+        "kind": kind,
+        "ruleId": rule[0],
+        "ruleVersion": rule[1],
+        "transactionId": f"tx-{alert_id}",
+        "key": [("payerId", "p-1")],
+        "eventTime": decision_time - 5,
+        "aggregatorFunctionType": "COUNT",
+        "aggregateValue": "6",
+        "limitOperatorType": ">",
+        "limit": "5",
+        "windowStart": decision_time - 600_005,
+        "windowEnd": decision_time - 5,
+        "decisionTime": decision_time,
+        "signature_id": "s",
+    }
+
+
+def append_alerts(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Append ``rows`` (``alert_row``) to the alerts table at ``path`` in one commit, with
+    delta-rs, in the stream's schema (the table is created by the first call)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    schema = pa.schema(
+        [
+            pa.field("alertId", pa.string()),
+            pa.field("kind", pa.string()),
+            pa.field("ruleId", pa.int64()),
+            pa.field("ruleVersion", pa.int32()),
+            pa.field("transactionId", pa.string()),
+            pa.field("key", pa.map_(pa.string(), pa.string())),
+            pa.field("eventTime", pa.int64()),
+            pa.field("aggregatorFunctionType", pa.string()),
+            pa.field("aggregateValue", pa.string()),
+            pa.field("limitOperatorType", pa.string()),
+            pa.field("limit", pa.string()),
+            pa.field("windowStart", pa.int64()),
+            pa.field("windowEnd", pa.int64()),
+            pa.field("decisionTime", pa.int64()),
+            pa.field("signature_id", pa.string()),
+        ]
+    )
+    write_deltalake(str(path), pa.Table.from_pylist(list(rows), schema), mode="append")

@@ -68,6 +68,14 @@ def _rule_store(settings: Settings) -> Any:
     return RuleStore(settings.table_path(RULES))
 
 
+def _review_store(settings: Settings) -> Any:
+    """The reviews of alerts (delta-rs, like the rule store)."""
+    from velocity.delta.names import ALERT_REVIEWS
+    from velocity.delta.review_store import ReviewStore
+
+    return ReviewStore(settings.table_path(ALERT_REVIEWS))
+
+
 # --- commands -----------------------------------------------------------------------------
 
 
@@ -153,15 +161,19 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_rules_export(args: argparse.Namespace) -> int:
-    rules = _rule_store(_settings(args)).in_force()
-    text = rules_file_text([r.to_json() for r in rules])
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"{len(rules)} rules written to {args.out}")
+def _export(text: str, out: str | None, written: str) -> int:
+    """``text`` to the file ``out`` (then say ``written`` and where), or to standard output."""
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"{written} written to {out}")
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def cmd_rules_export(args: argparse.Namespace) -> int:
+    rules = _rule_store(_settings(args)).in_force()
+    return _export(rules_file_text([r.to_json() for r in rules]), args.out, f"{len(rules)} rules")
 
 
 def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
@@ -172,6 +184,15 @@ def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
         return EXIT_OK
 
     return run
+
+
+def cmd_reviews_export(args: argparse.Namespace) -> int:
+    store = _review_store(_settings(args))
+    # The review that counts per alert, or with --all every review ever recorded.
+    reviews = store.all() if args.all else store.latest().values()
+    ordered = sorted(reviews, key=lambda r: (r.when, r.alert_id))
+    text = "".join(dumps_json(r.to_json()) + "\n" for r in ordered)
+    return _export(text, args.out, f"{len(ordered)} reviews")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -701,6 +722,19 @@ def build_parser() -> argparse.ArgumentParser:
         change = rules_sub.add_parser(name, help=f"set a rule in force to {state.value}")
         change.add_argument("rule_id", type=int, metavar="ID")
         change.set_defaults(run=_change_state(state))
+
+    reviews = sub.add_parser("reviews", help="analysts' reviews of alerts")
+    reviews_sub = reviews.add_subparsers(
+        dest="reviews_command", required=True, parser_class=_Parser
+    )
+    reviews_export = reviews_sub.add_parser(
+        "export", help="the latest review of each reviewed alert as JSON lines, oldest first"
+    )
+    reviews_export.add_argument("--out", help="write to this file (default: standard output)")
+    reviews_export.add_argument(
+        "--all", action="store_true", help="every review ever recorded, not only the latest"
+    )
+    reviews_export.set_defaults(run=cmd_reviews_export)
 
     generate = sub.add_parser("generate", help="write synthetic events as JSON lines")
     generate.add_argument("--out", help="folder to write the event files into")

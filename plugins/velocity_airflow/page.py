@@ -8,10 +8,14 @@ change goes through the versioned rule store (delta-rs) in this process, with th
 its next micro-batch. Only a file that clears the state (CLEAR_STATE_ALL) runs
 `velocity rules apply`, since deleting every bucket takes Spark.
 
+An analyst's review of an alert goes to the append-only reviews table (delta-rs, in this
+process too); the page shows each rule version's alerts, reviews and precision.
+
 Airflow's authentication guards every route: the page needs a signed-in user; a change
-needs permission to edit the ``run_stream`` DAG (SimpleAuthManager: roles user, op and
-admin, not viewer), since a rule change changes what the stream does. A change must come
-from this page (its ``Origin``), so another site cannot post one with the user's cookie.
+(a rule change or a review) needs permission to edit the ``run_stream`` DAG
+(SimpleAuthManager: roles user, op and admin, not viewer), since a rule change changes
+what the stream does. A change must come from this page (its ``Origin``), so another
+site cannot post one with the user's cookie.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import secrets
 import subprocess
 import tempfile
 import threading
+import time
 from functools import cache
 from itertools import islice
 from pathlib import Path
@@ -102,25 +107,33 @@ def _can_edit(user: Any) -> bool:
     )
 
 
-async def _editor(request: Request) -> Any:
-    user = await _user(request)
-    if not _can_edit(user):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"{user.get_name()} may not change rules: that needs edit permission on the "
-            f"{RULES_DAG_ID} DAG",
-        )
-    # A browser's change must come from this page: the login cookie goes with any form
-    # post to this host. A script authenticates with a bearer token instead.
-    if not request.headers.get("authorization"):
-        origin = request.headers.get("origin") or request.headers.get("referer") or ""
-        if urlsplit(origin).netloc != request.url.netloc:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, "a rule change must come from this page")
-    return user
+def _may_change(what: str) -> Any:
+    """The dependency of a route that changes something: a signed-in user with edit
+    permission on the run_stream DAG, posting from this page (or with a bearer token)."""
+
+    async def changer(request: Request) -> Any:
+        user = await _user(request)
+        if not _can_edit(user):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{user.get_name()} may not {what}: that needs edit permission on the "
+                f"{RULES_DAG_ID} DAG",
+            )
+        # A browser's change must come from this page: the login cookie goes with any form
+        # post to this host. A script authenticates with a bearer token instead.
+        if not request.headers.get("authorization"):
+            origin = request.headers.get("origin") or request.headers.get("referer") or ""
+            if urlsplit(origin).netloc != request.url.netloc:
+                raise HTTPException(status.HTTP_403_FORBIDDEN, "a change must come from this page")
+        return user
+
+    return changer
 
 
 User = Annotated[Any, Depends(_user)]
-Editor = Annotated[Any, Depends(_editor)]
+Editor = Annotated[Any, Depends(_may_change("change rules"))]
+# Reviewing an alert is an analyst's change: the same permission as a rule change.
+Reviewer = Annotated[Any, Depends(_may_change("review alerts"))]
 
 
 @app.exception_handler(_SignIn)
@@ -179,24 +192,45 @@ def _published_alert(fields: Any) -> dict[str, Any] | None:
     return alert
 
 
-def _explain(settings: Any, alert_id: str) -> dict[str, Any]:
-    from velocity.delta.reader import explain
+def _alert_on_stream(settings: Any, alert_id: str) -> dict[str, Any] | None:
+    """The record of ``alert_id`` on the Redis alert stream (the newest entries only);
+    None when it is not there or Redis cannot be read."""
     from velocity.redis import mirror
 
-    # The alert may be newer than the alerts table (written behind Redis): take it from
-    # Redis when Redis has it; the alerts table answers for the rest, Redis or not.
-    on_stream = None
     try:
         entries = mirror.newest_alert_entries(mirror.connect(settings), settings.alert_stream)
         for fields in islice(entries, _EXPLAINED_SEARCHED):
             if alert_id in fields.get("alert", ""):  # parse only the one entry that names it
                 alert = _published_alert(fields)
                 if alert is not None and alert["alertId"] == alert_id:
-                    on_stream = alert
-                    break
+                    return alert
     except Exception:
-        on_stream = None
-    return explain(settings, alert_id, on_stream).to_json()
+        return None
+    return None
+
+
+def _explain(settings: Any, alert_id: str) -> dict[str, Any]:
+    from velocity.delta.reader import explain
+
+    # The alert may be newer than the alerts table (written behind Redis): take it from
+    # Redis when Redis has it; the alerts table answers for the rest, Redis or not.
+    return explain(settings, alert_id, _alert_on_stream(settings, alert_id)).to_json()
+
+
+def _record_review(settings: Any, user: Any, alert_id: str, verdict: str, note: str) -> Any:
+    """Record ``user``'s review of ``alert_id`` (``InvalidReviewError`` names the field
+    at fault, and nothing is written). The alert is looked up in the alerts table, and on
+    the alert stream when the stream has not written it to Delta yet."""
+    from velocity.delta.reader import alert_ref, review_store
+    from velocity.reviews import AlertRef, check_fields
+
+    check_fields(verdict, note, user.get_name())  # a bad field: no table read
+    alert = alert_ref(settings, alert_id)
+    if alert is None:
+        published = _alert_on_stream(settings, alert_id)
+        if published is not None and published.keys() >= {"ruleVersion", "decisionTime"}:
+            alert = AlertRef.of(published)
+    return review_store(settings).record(alert_id, alert, verdict, note, user.get_name())
 
 
 def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
@@ -211,15 +245,30 @@ def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
     )
 
 
+def _reviews(settings: Any) -> list[Any]:
+    from velocity.delta.reader import review_store
+
+    return review_store(settings).all()
+
+
+def _precision(settings: Any, reviews: list[Any] | None = None) -> list[Any]:
+    """Each rule version's figures as of now (``reviews``: every review, when read already)."""
+    from velocity.delta.reader import precision_by_version
+
+    return precision_by_version(settings, int(time.time() * 1000), reviews)
+
+
 def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     from velocity import stream_control
     from velocity.delta.reader import rules_in_force
+    from velocity.reviews import latest_reviews
 
     query = request.query_params
     settings, settings_error = _read("Velocity settings", _settings)
     data = PageData(user=user.get_name(), can_edit=_can_edit(user), base=URL_PREFIX, **extra)
     if settings is None:
         data.health_error = data.rules_error = data.alerts_error = settings_error
+        data.precision_error = settings_error
         return data
     health, data.health_error = _read(
         "stream status", lambda: stream_control.check_health(settings).to_json()
@@ -232,6 +281,11 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
         "alerts from Redis", lambda: recent_alerts(settings, data.alert_rule)
     )
     data.alerts = alerts or ()
+    reviews, data.reviews_error = _read("reviews", lambda: _reviews(settings))
+    data.reviews = None if reviews is None else latest_reviews(reviews)
+    data.precision, data.precision_error = _read(
+        "alerts and reviews per rule version", lambda: _precision(settings, reviews)
+    )
     if query.get("alert"):
         data.explanation, data.explanation_error = _read(
             "explanation", lambda: _explain(settings, query["alert"])
@@ -358,6 +412,29 @@ def add_rules(
     return _back(ok, text)
 
 
+@app.post("/alerts/{alert_id}/review")
+def review_alert(
+    alert_id: str,
+    user: Reviewer,
+    verdict: Annotated[str, Form()] = "",
+    note: Annotated[str, Form()] = "",
+) -> RedirectResponse:
+    from velocity.errors import UsageError
+
+    try:
+        review = _record_review(_settings(), user, alert_id, verdict, note)
+    except UsageError as exc:  # the page says which field is wrong; nothing was recorded
+        return _back(False, f"error: {exc}")
+    return _back(True, _reviewed(review))
+
+
+def _reviewed(review: Any) -> str:
+    return (
+        f"alert {review.alert_id}: {review.verdict.words} (ruleId {review.rule_id} "
+        f"v{review.rule_version}), recorded by {review.who}"
+    )
+
+
 def _page_again(request: Request, user: Any, rule_text: str, flash: Flash) -> HTMLResponse:
     """The page with the rule text kept in the form and what was wrong with it."""
     data = _page_data(request, user, rule_text=rule_text)
@@ -398,6 +475,27 @@ def explanation_json(alert_id: str, user: User) -> Response:
     except ValueError as exc:  # a RETRACTION: explain the alert it withdraws
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     return Response(dumps_json(explained), media_type="application/json")
+
+
+@app.post("/api/alerts/{alert_id}/reviews", status_code=status.HTTP_201_CREATED)
+def review_json(alert_id: str, user: Reviewer, body: dict[str, Any]) -> dict[str, Any]:
+    """Record a review, ``{"verdict": ..., "note": ...}``: the review as recorded, or 400
+    naming the field at fault (nothing recorded)."""
+    from velocity.reviews import InvalidReviewError
+
+    try:
+        review = _record_review(
+            _settings(), user, alert_id, body.get("verdict", ""), body.get("note", "")
+        )
+    except InvalidReviewError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+    return dict(review.to_json())
+
+
+@app.get("/api/precision")
+def precision_json(user: User) -> list[dict[str, Any]]:
+    """Each rule version's alerts in the last 24 h and 7 days and its review figures."""
+    return [p.to_json() for p in _precision(_settings())]
 
 
 @app.get("/api/openapi.json", include_in_schema=False)

@@ -21,7 +21,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from velocity.reviews import Review, VersionPrecision
 from velocity.rules import Rule, RuleState, rule_summary
+from velocity_airflow import review_html
 
 # How many alerts the page lists, newest first.
 ALERTS_SHOWN = 50
@@ -123,6 +125,10 @@ class PageData:
     lookup_error: str | None = None
     rule_text: str = ""
     flash: Flash | None = None
+    reviews: Mapping[str, Review] | None = None  # the latest review of each reviewed alert
+    reviews_error: str | None = None
+    precision: Sequence[VersionPrecision] | None = None
+    precision_error: str | None = None
 
 
 def _time(ms: object) -> str:
@@ -238,6 +244,7 @@ def _alerts(data: PageData) -> str:
         return chooser + _error(data.alerts_error)
     if not data.alerts:
         return chooser + '<p class="muted" data-testid="no-alerts">No alerts.</p>'
+    reviews = data.reviews or {}
     rows = []
     for alert in data.alerts:
         shown_rule = "" if data.alert_rule is None else f"rule={data.alert_rule}&"
@@ -252,13 +259,20 @@ def _alerts(data: PageData) -> str:
             f"<td><code>{escape(json.dumps(alert['key']))}</code></td>"
             f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
             f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"
-            f"<td>{_time(alert.get('eventTime'))}</td><td>{explain}</td></tr>"
+            f"<td>{_time(alert.get('eventTime'))}</td><td>{explain}</td>"
+            f"<td>{_review(data, alert, reviews)}</td></tr>"
         )
     head = (
         "<tr><th>kind</th><th>ruleId</th><th>key</th><th>aggregate</th><th>transaction</th>"
-        "<th>event time</th><th></th></tr>"
+        "<th>event time</th><th></th><th>review</th></tr>"
     )
-    return chooser + f'<table data-testid="alerts">{head}{"".join(rows)}</table>'
+    table = f'<table data-testid="alerts">{head}{"".join(rows)}</table>'
+    return chooser + _error(data.reviews_error) + table
+
+
+def _review(data: PageData, alert: Mapping[str, Any], reviews: Mapping[str, Review]) -> str:
+    review = reviews.get(str(alert["alertId"]))
+    return review_html.review_cell(alert, review, data.can_edit, data.base)
 
 
 def _explanation(data: PageData) -> str:
@@ -321,13 +335,16 @@ def render_page(data: PageData) -> str:
     )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
-        f"<style>{_STYLE}</style><script>{_PROGRESS_SCRIPT}</script></head><body>"
+        f"<style>{_STYLE}{review_html.STYLE}</style>"
+        f"<script>{_PROGRESS_SCRIPT}</script></head><body>"
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
         f"{progress}{flash}"
         # An explanation is what the analyst just asked for: first.
         f"{_explanation(data)}"
         f"<h2>Stream</h2>{_health(data)}"
         f"<h2>Rules in force</h2>{_rules(data)}"
+        "<h2>Alerts and precision by rule version</h2>"
+        f"{review_html.precision_table(data.precision, data.precision_error)}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
         f"<h2>Window lookup</h2>{_lookup(data)}"
         f"<h2>Latest alerts</h2>{_alerts(data)}"

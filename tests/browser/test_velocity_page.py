@@ -130,6 +130,7 @@ def test_a_viewer_reads_the_page_but_may_not_change_rules(
     assert "viewer (read-only)" in browser.find_element(_by("TAG_NAME"), "body").text
     assert _testid(browser, "rule-1") and not _testid(browser, "pause-1")
     assert not _testid(browser, "apply-rule")
+    assert not _testid(browser, "review-form"), "a viewer may not review alerts"
     _shot(deployment, browser, "02-viewer-read-only")
     # A crafted link cannot make the page announce a change: outcomes come sealed.
     browser.get(f"{deployment.base}/velocity/?ok=1&msg=ruleId+1%3A+version+9+ACTIVE")
@@ -245,6 +246,94 @@ def test_an_alert_is_explained_by_the_events_of_its_window(
     assert "the alert's value" in verdict.text
     assert _testid(browser, "explanation-arithmetic")[0].text
     _shot(deployment, browser, "05-explanation")
+
+
+def test_an_analyst_reviews_an_alert_and_its_rule_versions_precision_changes(
+    deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Confirmed fraud, with a note, on the newest alert: recorded in the alert_reviews
+    table, shown beside the alert and in its rule version's precision; a viewer's review is
+    refused by the server and writes nothing."""
+    from velocity.delta.names import ALERT_REVIEWS
+    from velocity.delta.review_store import ReviewStore
+
+    started = time.monotonic()
+    store = ReviewStore(deployment.settings.table_path(ALERT_REVIEWS))
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    form = _testid(browser, "review-form")[0]
+    alert_id = form.get_attribute("data-alert")
+    version = next(a["ruleVersion"] for a in _alerts(deployment) if a["alertId"] == alert_id)
+    rule = next(
+        row.get_attribute("data-rule")
+        for row in _testid(browser, "alert-row")
+        if row.find_elements(_by("CSS_SELECTOR"), f'[data-alert="{alert_id}"]')
+    )
+
+    def figures() -> tuple[int, int, str]:
+        """(reviewed, confirmed, precision shown) of the alert's rule version."""
+        row = _testid(browser, f"precision-{rule}-{version}")
+        if not row:
+            return 0, 0, "—"
+        cell = row[0].find_element(_by("CSS_SELECTOR"), '[data-testid="precision-value"]')
+        reviewed, confirmed = (
+            int(row[0].get_attribute(n)) for n in ("data-reviewed", "data-confirmed")
+        )
+        return reviewed, confirmed, cell.text
+
+    before = figures()
+    assert before[:2] == (0, 0), "nobody reviewed an alert before"
+    assert before[2] == "—", "no precision without a verdict"
+    from selenium.webdriver.support.ui import Select
+
+    Select(form.find_element(_by("CSS_SELECTOR"), "select")).select_by_value("CONFIRMED_FRAUD")
+    form.find_element(_by("CSS_SELECTOR"), '[data-testid="review-note"]').send_keys(
+        "payer confirmed the card stolen"
+    )
+    clicked = time.monotonic()
+    form.find_element(_by("CSS_SELECTOR"), '[data-testid="review-submit"]').click()
+    flash = _wait(browser, 30).until(lambda d: _testid(d, "flash"))[0]
+    recorded = time.monotonic() - clicked
+    assert flash.get_attribute("class") == "flash ok", flash.text
+    assert f"alert {alert_id}: confirmed fraud (ruleId {rule} v{version})" in flash.text
+    assert "recorded by admin" in flash.text
+    assert figures() == (1, 1, "100% (1/1)")
+    shown = browser.find_element(_by("XPATH"), f'//form[@data-alert="{alert_id}"]/..').text
+    assert "confirmed fraud by admin" in shown, shown
+    _shot(deployment, browser, "05a-alert-reviewed")
+    [review] = store.all()
+    assert (review.alert_id, review.verdict.value, review.who) == (
+        alert_id,
+        "CONFIRMED_FRAUD",
+        "admin",
+    )
+    assert review.note == "payer confirmed the card stolen"
+    assert (review.rule_id, review.rule_version) == (int(rule), version)
+
+    # A viewer is refused by the server, whether by the page's form post or the JSON API.
+    viewer = _token(deployment, "viewer")
+    form_post = httpx.post(
+        f"{deployment.base}/velocity/alerts/{alert_id}/review",
+        data={"verdict": "FALSE_POSITIVE", "note": "not fraud"},
+        cookies={"_token": viewer},
+        headers={"origin": deployment.base},
+        timeout=30,
+    )
+    assert form_post.status_code == 403, form_post.text
+    assert "viewer may not review alerts" in form_post.text
+    api_post = httpx.post(
+        f"{deployment.base}/velocity/api/alerts/{alert_id}/reviews",
+        json={"verdict": "FALSE_POSITIVE"},
+        headers={"Authorization": f"Bearer {viewer}"},
+        timeout=30,
+    )
+    assert api_post.status_code == 403, api_post.text
+    assert len(store.all()) == 1, "nothing written for the viewer"
+    with capsys.disabled():
+        print(
+            f"\nclick-to-recorded: review of alert {alert_id}, outcome shown: {recorded:.2f} s; "
+            f"the whole review step: {time.monotonic() - started:.1f} s"
+        )
 
 
 def _minute(ms: int, up: bool) -> tuple[str, str]:

@@ -1,12 +1,14 @@
-"""The Velocity page's HTML from plain data: what each role sees, and nothing unescaped."""
+"""The Velocity page's HTML from plain data: what each role sees, and nothing unescaped;
+the page's rule changes and reviews in process."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from tests.builders import make_rule
+from tests.builders import alert_row, append_alerts, make_rule
 
+from velocity.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
 from velocity_airflow.page_html import Flash, PageData, render_page
 
 pytestmark = pytest.mark.timeout(120)
@@ -177,3 +179,89 @@ def test_the_page_applies_a_change_in_process_in_the_words_of_the_cli(
     )
     ok, text = page._apply_rules([StateChange(9, RuleState.DELETE)])
     assert not ok and text.startswith("error: ruleId 9 is not in force")
+
+
+def test_an_editor_reviews_an_alert_beside_it_and_sees_its_latest_verdict() -> None:
+    review = Review("a-1", 1, 1, Verdict.FALSE_POSITIVE, 'regular <payee> "x"', "<bo>", 7)
+    retraction = {**ALERT, "alertId": "r-1", "kind": "RETRACTION"}
+    html = _page(alerts=[ALERT, retraction], reviews={"a-1": review})
+    assert html.count('data-testid="review-form"') == 1, "a RETRACTION is not reviewed"
+    assert 'action="/velocity/alerts/a-1/review"' in html
+    assert 'data-progress="Recording the review of alert a-1…"' in html
+    assert '<option value="FALSE_POSITIVE" selected>false positive</option>' in html
+    assert "verdict…" not in html, "a reviewed alert's form starts from its verdict"
+    fresh = _page(alerts=[ALERT])
+    assert '<select name="verdict" required' in fresh
+    assert '<option value="" disabled selected>verdict…</option>' in fresh, "none by default"
+    assert '<option value="CONFIRMED_FRAUD">confirmed fraud</option>' in html
+    assert f'maxlength="{NOTE_MAX}"' in html
+    assert 'class="verdict-FALSE_POSITIVE" title="regular &lt;payee&gt; &quot;x&quot;"' in html
+    assert "by &lt;bo&gt;" in html and "<bo>" not in html
+
+
+def test_a_viewer_sees_verdicts_but_no_review_form() -> None:
+    review = Review("a-1", 1, 1, Verdict.CONFIRMED_FRAUD, "", "ana", 7)
+    html = _page(can_edit=False, alerts=[ALERT], reviews={"a-1": review})
+    assert "confirmed fraud</span>" in html
+    assert "review-form" not in html and "/review" not in html
+
+
+def test_precision_per_rule_version_and_a_version_without_verdicts() -> None:
+    figures = [
+        VersionPrecision(1, 1, 0, 4, 3, 2, 1, 0),
+        VersionPrecision(1, 2, 5, 9, 1, 0, 0, 1),
+    ]
+    html = _page(precision=figures)
+    row = html.split('data-testid="precision-1-1"')[1].split("</tr>")[0]
+    assert 'data-reviewed="3" data-confirmed="2" data-false-positives="1"' in row
+    assert '<td class="figure" data-testid="precision-value">67% ' in row and "(2/3)" in row
+    newer = html.split('data-testid="precision-1-2"')[1].split("</tr>")[0]
+    assert '<td class="figure">5</td><td class="figure">9</td>' in newer
+    assert 'data-testid="precision-value"><span class="muted">—</span>' in newer
+    assert 'data-testid="no-precision"' in _page(precision=[])
+    broken = _page(precision_error="cannot read the reviews: <boom>")
+    assert "cannot read the reviews: &lt;boom&gt;" in broken
+
+
+def test_without_a_login_nobody_reviews() -> None:
+    from fastapi.testclient import TestClient
+
+    from velocity_airflow.page import app
+
+    client = TestClient(app)
+    assert client.post("/alerts/a-1/review", data={"verdict": "FALSE_POSITIVE"}).status_code == 401
+    assert client.post("/api/alerts/a-1/reviews", json={"verdict": "x"}).status_code == 401
+    assert client.get("/api/precision").status_code == 401
+
+
+def test_the_page_records_a_review_from_the_alerts_table_and_refuses_a_bad_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from velocity.delta.names import ALERTS
+    from velocity.delta.reader import review_store
+    from velocity.errors import UsageError
+    from velocity.settings import load_settings
+    from velocity_airflow import page
+
+    class Analyst:
+        def get_name(self) -> str:
+            return "ana"
+
+    # No Redis here: an alert the table lacks is looked for on a stream that cannot be read.
+    settings = load_settings(data_dir=tmp_path / "data", redis_url="redis://127.0.0.1:1/0")
+    append_alerts(settings.table_path(ALERTS), [alert_row("a-1", (3, 2), 1_767_225_600_000)])
+    review = page._record_review(settings, Analyst(), "a-1", "confirmed fraud", " stolen card ")
+    assert (review.rule_id, review.rule_version, review.who, review.note) == (
+        3,
+        2,
+        "ana",
+        "stolen card",
+    )
+    assert page._reviewed(review) == "alert a-1: confirmed fraud (ruleId 3 v2), recorded by ana"
+    for alert_id, verdict, field in [
+        ("a-1", "fraud?", "verdict"),
+        ("a-9", "NEEDS_REVIEW", "alertId"),
+    ]:
+        with pytest.raises(UsageError, match=f"field '{field}'"):
+            page._record_review(settings, Analyst(), alert_id, verdict, "")
+    assert [r.alert_id for r in review_store(settings).all()] == ["a-1"]

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from tests.builders import make_rule, rule_obj, rules_text
 from velocity.cli import sample_rules_path
-from velocity.delta import rule_store as rule_store_module
+from velocity.delta import small_tables
 from velocity.delta.rule_store import RuleStore
 from velocity.errors import InvalidRuleError, UnknownRuleError
 from velocity.rules import Control, ControlType, RuleState, StateChange, parse_rules
@@ -111,19 +111,19 @@ def test_an_applier_that_loses_the_race_reads_again_and_commits_on_top(
     """Forced interleaving: another applier commits between this one's read and its write."""
     store.apply([make_rule(ruleId=1)])
     other = RuleStore(store.path)
-    real_write = rule_store_module.write_deltalake
+    real_write = small_tables.write_deltalake
     calls: list[int] = []
 
     def write_after_another(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
         if len(calls) == 1:
             # The other applier plans from the same snapshot and commits first.
-            monkeypatch.setattr(rule_store_module, "write_deltalake", real_write)
+            monkeypatch.setattr(small_tables, "write_deltalake", real_write)
             assert [c.version for c in other.apply([make_rule(ruleId=1, limit=2)]).changes] == [2]
-            monkeypatch.setattr(rule_store_module, "write_deltalake", write_after_another)
+            monkeypatch.setattr(small_tables, "write_deltalake", write_after_another)
         real_write(*args, **kwargs)
 
-    monkeypatch.setattr(rule_store_module, "write_deltalake", write_after_another)
+    monkeypatch.setattr(small_tables, "write_deltalake", write_after_another)
     result = store.apply([make_rule(ruleId=1, limit=3)])
     assert len(calls) == 2, "the first commit failed, the second landed"
     assert [c.version for c in result.changes] == [3], "planned again on top of version 2"

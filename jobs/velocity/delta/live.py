@@ -42,6 +42,9 @@ class LiveTables:
     rules: Path
     backfills: Path
     rule_epochs: Path
+    # Written by the review store (delta-rs), one small file a review: listed so that
+    # maintenance's OPTIMIZE and VACUUM keep it to few files.
+    alert_reviews: Path
 
     @classmethod
     def of(cls, settings: Settings) -> LiveTables:

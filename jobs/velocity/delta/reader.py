@@ -8,7 +8,7 @@ Spark.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,13 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from velocity.alerts import AlertKind
-from velocity.delta.names import ALERTS, EVENTS, RULES
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, EVENTS, RULES
+from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
 from velocity.errors import UsageError
 from velocity.explain import Explanation, explain_alert
+from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, Review, VersionPrecision
+from velocity.reviews import precision_by_version as _precision_by_version
 from velocity.rules import Rule
 from velocity.schema import FIELDS_BY_NAME, Event, FieldKind, parse_event_line
 from velocity.settings import Settings
@@ -125,3 +128,58 @@ def explain(
             "which the rules table does not hold"
         )
     return explain_alert(alert, rule, _window_events(settings, alert, rule))
+
+
+_REF_COLUMNS = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]
+
+
+def review_store(settings: Settings) -> ReviewStore:
+    return ReviewStore(settings.table_path(ALERT_REVIEWS))
+
+
+def alert_ref(settings: Settings, alert_id: str) -> AlertRef | None:
+    """What a review needs of the alert ``alert_id`` in the alerts table; None when the
+    table does not hold it (yet: the stream writes it behind Redis)."""
+    table = _table(settings.table_path(ALERTS))
+    if table is None:
+        return None
+    rows = table.to_pyarrow_dataset().to_table(
+        filter=pc.field("alertId") == alert_id, columns=_REF_COLUMNS
+    )
+    return AlertRef.of(rows.to_pylist()[0]) if rows.num_rows else None
+
+
+def alert_volumes(settings: Settings, now_ms: int) -> dict[tuple[int, int], AlertVolume]:
+    """Alerts (ALERT and CORRECTION) per (ruleId, ruleVersion) decided in the last 24 h and
+    7 days before ``now_ms``, counted by Arrow in the alerts table (the data files of
+    older alerts are skipped by their decisionTime statistics)."""
+    table = _table(settings.table_path(ALERTS))
+    if table is None:
+        return {}
+    week = table.to_pyarrow_dataset().to_table(
+        filter=(pc.field("decisionTime") >= now_ms - WEEK_MS)
+        & (pc.field("kind") != AlertKind.RETRACTION.value),
+        columns=["ruleId", "ruleVersion", "decisionTime"],
+    )
+    day = pc.cast(pc.greater_equal(week.column("decisionTime"), now_ms - DAY_MS), "int64")
+    counted = (
+        week.append_column("day", day)
+        .group_by(["ruleId", "ruleVersion"])
+        .aggregate([("decisionTime", "count"), ("day", "sum")])
+    )
+    return {
+        (int(row["ruleId"]), int(row["ruleVersion"])): AlertVolume(
+            last_24h=int(row["day_sum"]), last_7d=int(row["decisionTime_count"])
+        )
+        for row in counted.to_pylist()
+    }
+
+
+def precision_by_version(
+    settings: Settings, now_ms: int, reviews: Sequence[Review] | None = None
+) -> list[VersionPrecision]:
+    """Each rule version's alert volume and review figures (the page's precision table);
+    ``reviews``: every review, when the caller read them already."""
+    if reviews is None:
+        reviews = review_store(settings).all()
+    return _precision_by_version(alert_volumes(settings, now_ms), reviews)

@@ -16,22 +16,17 @@ from (no commit retries); the loser re-reads, plans again and commits on top, so
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from arro3.core import Array, DataType, Table
-from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from pyarrow import fs as pafs
+from deltalake import DeltaTable
 
 from velocity.decimals import dumps_json
-from velocity.errors import VelocityError
+from velocity.delta.small_tables import append_planned, create_if_missing, open_table, read_rows
 from velocity.rule_changes import ApplyResult, in_force, latest_versions, plan_changes, stored_rule
 from velocity.rules import Rule, RuleEntry
 
@@ -48,9 +43,6 @@ RULE_ARROW_SCHEMA = pa.schema(
     ]
 )
 _READ_COLUMNS = ["ruleId", "version", "ruleState", "rule_json"]
-# Each attempt loses only to a commit that landed between its read and its write; ten in a
-# row means something keeps writing the table.
-_APPLY_ATTEMPTS = 10
 
 
 class RuleStore:
@@ -63,29 +55,14 @@ class RuleStore:
     def path(self) -> Path:
         return self._path
 
-    def _open(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(str(self._path))
-        except TableNotFoundError:
-            return None
-
     def create_if_missing(self) -> DeltaTable:
         """The table, created empty unless it is there (safe to call repeatedly, and
-        concurrently: of two creators one commits version 0, the other opens it)."""
-        table = self._open()
-        if table is not None:
-            return table
-        try:
-            return DeltaTable.create(str(self._path), RULE_ARROW_SCHEMA, mode="ignore")
-        except DeltaError:
-            table = self._open()
-            if table is None:
-                raise
-            return table
+        concurrently)."""
+        return create_if_missing(self._path, RULE_ARROW_SCHEMA)
 
     def history(self) -> list[Rule]:
         """Every version of every rule, by (ruleId, version); empty before the first apply."""
-        table = self._open()
+        table = open_table(self._path)
         return [] if table is None else _history(table)
 
     def latest(self) -> dict[int, Rule]:
@@ -99,29 +76,21 @@ class RuleStore:
     def apply(self, entries: Sequence[RuleEntry], now_ms: int | None = None) -> ApplyResult:
         """Write the versions ``entries`` make, in one commit; nothing on any error
         (``InvalidRuleError`` / ``UnknownRuleError`` name what is wrong)."""
-        for attempt in range(_APPLY_ATTEMPTS):
-            table = self.create_if_missing()
+
+        def plan(table: DeltaTable) -> tuple[Table | None, ApplyResult]:
             written, result = plan_changes(latest_versions(_history(table)), entries)
             if not written:
-                return result
-            rows = _rows_table(written, now_ms if now_ms is not None else int(time.time() * 1000))
-            try:
-                # No retries: delta-rs would rebase the append onto whatever version is
-                # newest (two appends never conflict for it), committing versions planned
-                # from an older snapshot: (ruleId, version) twice. Fail, read, plan again.
-                write_deltalake(
-                    table,
-                    rows,
-                    mode="append",
-                    commit_properties=CommitProperties(max_commit_retries=0),
-                )
-            except CommitFailedError:
-                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
-                continue
-            return result
-        raise VelocityError(
-            f"the rules table {self._path} changed under each of {_APPLY_ATTEMPTS} attempts to "
-            "apply; nothing was applied — check `velocity rules list` and apply again"
+                return None, result
+            applied_at = now_ms if now_ms is not None else int(time.time() * 1000)
+            return _rows_table(written, applied_at), result
+
+        # Conditional: versions planned from an older snapshot would write a (ruleId,
+        # version) twice.
+        return append_planned(
+            self._path,
+            RULE_ARROW_SCHEMA,
+            plan,
+            "nothing was applied — check `velocity rules list` and apply again",
         )
 
 
@@ -141,27 +110,5 @@ def _rows_table(written: Sequence[Rule], applied_at: int) -> Table:
 
 
 def _history(table: DeltaTable) -> list[Rule]:
-    rows = _rows(table)
+    rows = read_rows(table, _READ_COLUMNS)
     return sorted((stored_rule(row) for row in rows), key=lambda r: (r.rule_id, r.version))
-
-
-def _rows(table: DeltaTable) -> list[dict[str, Any]]:
-    """The rows of the table's loaded snapshot, its data files read one by one.
-
-    Not ``to_pyarrow_table``: its dataset scan costs ~1 s to set up and leaves Arrow
-    threads that abort the interpreter at exit (apache/arrow#34314, delta-rs#2184): a
-    `velocity rules` command would exit 134. Plain files suffice while the table needs
-    no reader feature (deletion vectors, column mapping: reader version 2 and up); one
-    that does is read by delta-rs itself.
-    """
-    if table.protocol().min_reader_version > 1:
-        rows: list[dict[str, Any]] = table.to_pyarrow_table(columns=_READ_COLUMNS).to_pylist()
-        return rows
-    found: list[dict[str, Any]] = []
-    for uri in table.file_uris():
-        # delta-rs gives percent-encoded URIs (a data dir with a space in its path).
-        filesystem, path = pafs.FileSystem.from_uri(uri)
-        with filesystem.open_input_file(unquote(path)) as source:
-            part = pq.ParquetFile(source).read(columns=_READ_COLUMNS, use_threads=False)
-        found.extend(part.to_pylist())
-    return found

@@ -23,6 +23,7 @@ from pyspark.sql.types import (
 )
 
 from velocity.delta.names import (
+    ALERT_REVIEWS,
     ALERTS,
     BACKFILLS,
     BUCKETS,
@@ -37,6 +38,7 @@ from velocity.delta.names import (
 
 __all__ = [
     "ALERTS",
+    "ALERT_REVIEWS",
     "BACKFILLS",
     "BUCKETS",
     "DUPLICATES",

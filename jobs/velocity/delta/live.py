@@ -144,7 +144,7 @@ class LiveState:
         """Append the stream's spooled batches up to ``through`` to the live tables (one
         flush at a time in this process; hold the state lock against the others)."""
         with self._flush_mutex:
-            return self.spool.flush(self.spark, through)
+            return self.spool.flush(through)
 
     def horizon_cutoff(self, rules: list[Rule]) -> int | None:
         """The oldest bucket start the state keeps: newest eventTime − horizon (None: no

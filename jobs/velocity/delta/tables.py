@@ -274,21 +274,6 @@ def overwrite_table(df: DataFrame, path: Path) -> None:
     (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(path)))
 
 
-def append_once(df: DataFrame, path: Path, app_id: str, version: int) -> None:
-    """Append in one commit; a second call with the same (app_id, version) does nothing.
-
-    Delta skips a write whose txnAppId/txnVersion it has already committed, which is
-    what makes a replayed micro-batch or a rerun task write nothing twice.
-    """
-    (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", version)
-        .save(str(path))
-    )
-
-
 def create_if_missing(spark: SparkSession, path: Path, schema: StructType) -> None:
     """An empty table with ``schema`` unless one is there already (safe to call repeatedly).
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.conftest import FAST_JVM
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
@@ -99,6 +100,7 @@ def test_sigkill_mid_batch_then_restart_equals_uninterrupted(
         os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
     env = {
         **os.environ,
+        **FAST_JVM,
         "VELOCITY_DATA_DIR": str(data_settings.data_dir),
         "VELOCITY_REDIS_URL": data_settings.redis_url,
         "VELOCITY_SPARK_MASTER": "local[2]",

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from tests.builders import generated_in_arrival_order
-from tests.conftest import free_port_pair
+from tests.conftest import FAST_JVM, free_port_pair
 from tests.integration.test_stream_crash import VELOCITY, kill_mid_batch
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
@@ -251,6 +251,7 @@ def test_messages_that_are_not_events_are_quarantined_with_their_offsets(
 def kafka_env(settings: Settings, **more: str) -> dict[str, str]:
     return {
         **os.environ,
+        **FAST_JVM,
         "VELOCITY_DATA_DIR": str(settings.data_dir),
         "VELOCITY_REDIS_URL": settings.redis_url,
         "VELOCITY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,

@@ -91,8 +91,25 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.fixture(scope="module")
+def sample_backtest(
+    spark, spark_settings: Settings, in_order_events: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[int, str], tuple[str, int, str]]:
+    """The backtest of the sample rules (version 1) over ``in_order_events``: the reference
+    of the tests that stream them all. Once a module: it reads only the events, the rules
+    and the bucket width, which those tests' settings share."""
+    rules = [r.with_version(1) for r in parse_rules(sample_rules_path().read_text())
+             if isinstance(r, Rule)]  # fmt: skip
+    base = tmp_path_factory.mktemp("sample-backtest")
+    settings = spark_settings.model_copy(update={"data_dir": base / "data"})
+    return backtest_pairs(spark, settings, rules, in_order_events, base / "bt.jsonl")
+
+
 def test_stream_equals_backtest_and_a_rerun_adds_nothing(
-    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
+    spark,
+    data_settings: Settings,
+    in_order_events: Path,
+    sample_backtest: dict[tuple[int, str], tuple[str, int, str]],
 ) -> None:
     job = StreamJob(spark, data_settings)
     sample = parse_rules(sample_rules_path().read_text())
@@ -102,9 +119,7 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
 
     live = LiveTables.of(data_settings)
     streamed = alert_pairs(spark, live.alerts)
-    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
-    expected = backtest_pairs(spark, data_settings, rules, in_order_events, tmp_path / "bt.jsonl")
-    assert streamed and streamed == expected
+    assert streamed and streamed == sample_backtest
 
     counts = {
         name: tables.read_table(spark, getattr(live, name)).count()
@@ -152,7 +167,10 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
 
 
 def test_a_backlog_runs_as_batches_bounded_in_bytes(
-    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
+    spark,
+    data_settings: Settings,
+    in_order_events: Path,
+    sample_backtest: dict[tuple[int, str], tuple[str, int, str]],
 ) -> None:
     # Five files waiting, a cap of two and a half of the largest: neither one batch for
     # the whole backlog nor one a file, and the alerts are the backtest's.
@@ -163,10 +181,7 @@ def test_a_backlog_runs_as_batches_bounded_in_bytes(
     job.rule_store.apply(sample)
 
     assert 1 < run_available_now(job, in_order_events, files_per_batch=None) < 5
-
-    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
-    expected = backtest_pairs(spark, capped, rules, in_order_events, tmp_path / "bt.jsonl")
-    assert alert_pairs(spark, LiveTables.of(capped).alerts) == expected
+    assert alert_pairs(spark, LiveTables.of(capped).alerts) == sample_backtest
 
 
 def test_rules_change_between_batches_and_new_rule_sees_history(

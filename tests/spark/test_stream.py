@@ -365,21 +365,24 @@ def test_far_future_events_are_quarantined_and_change_no_alert(
 
 
 def test_another_bucket_width_and_a_deleted_checkpoint_are_refused_with_the_fix(
-    spark, data_settings: Settings, in_order_events: Path
+    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
 ) -> None:
     """Buckets read at another width would be relabelled (every window wrong); without its
     checkpoint the stream would number batches from 0 again and skip them as committed.
-    Both refuse to start and say what to do."""
+    Both refuse to start and say what to do. One committed batch is all either needs."""
+    events = tmp_path / "events"
+    events.mkdir()
+    land(sorted(in_order_events.glob("*.jsonl"))[0], events, 0)
     job = StreamJob(spark, data_settings)
     job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
-    assert run_available_now(job, in_order_events) == 5
+    assert run_available_now(job, events) == 1
     job.close()
     narrower = data_settings.model_copy(update={"bucket_seconds": 30})
     with pytest.raises(UsageError, match="60 seconds wide but VELOCITY_BUCKET_SECONDS is 30"):
         StreamJob(spark, narrower)
     shutil.rmtree(data_settings.data_dir / "checkpoints" / "stream")
     with pytest.raises(UsageError, match="restore the checkpoint folder"):
-        StreamJob(spark, data_settings).start(in_order_events, available_now=True)
+        StreamJob(spark, data_settings).start(events, available_now=True)
 
 
 def test_a_signature_activated_before_a_replay_counts_the_replayed_batch(

@@ -206,9 +206,6 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
             "VELOCITY_CLUSTER_PORT": str(master),
             "VELOCITY_CLUSTER_UI_PORT": str(master + 1),
             "VELOCITY_CLUSTER_WORKER_MEMORY": "2g",
-            # The master, the workers and the executors they launch (which inherit the
-            # workers' environment): short-lived JVMs on tiny data, started faster.
-            **FAST_JVM,
             "VELOCITY_CLUSTER_DIR": str(tmp_path_factory.mktemp("spark-cluster")),
         }
     )

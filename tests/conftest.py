@@ -32,14 +32,14 @@ FAST_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def poll_until(what: str, probe: Callable[[], Any], timeout: float, log: Path | None = None) -> Any:
-    """``probe()`` every second until it is truthy, and its value; else fail naming ``what``
-    with the tail of ``log`` (the log of the process being waited for)."""
+    """``probe()`` every quarter second until it is truthy, and its value; else fail naming
+    ``what`` with the tail of ``log`` (the log of the process being waited for)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = probe()
         if value:
             return value
-        time.sleep(1)
+        time.sleep(0.25)  # probes are cheap (a file, a local HTTP call): a second is lost time
     tail = "\n".join(log.read_text().splitlines()[-60:]) if log and log.exists() else ""
     pytest.fail(f"no {what} within {timeout} s\n{tail}")
 

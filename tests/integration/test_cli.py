@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.builders import SPEC_ALERT_FIELDS
-from tests.conftest import free_port_pair
+from tests.conftest import FAST_JVM, free_port_pair
 from velocity.cli import sample_rules_path
 from velocity.kafka.topics import cluster_id_of
 
@@ -142,7 +142,9 @@ def test_rules_apply_is_all_or_nothing_and_backtest_uses_rules_in_force(tmp_path
     )
     assert generated.returncode == 0, generated.stderr
     out = tmp_path / "alerts.jsonl"
-    backtest = run("backtest", "--events", str(events), "--out", str(out), data_dir=data)
+    backtest = run(
+        "backtest", "--events", str(events), "--out", str(out), data_dir=data, **FAST_JVM
+    )
     assert backtest.returncode == 0, backtest.stderr
     assert "quarantined" in backtest.stdout and str(out) in backtest.stdout
     alerts = [json.loads(line) for line in out.read_text().splitlines()]

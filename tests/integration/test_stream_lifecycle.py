@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import FAST_JVM
 from velocity import stream_control
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
@@ -115,6 +116,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
     data_dir = data_settings.data_dir
     env = {
         **os.environ,
+        **FAST_JVM,
         "VELOCITY_DATA_DIR": str(data_dir),
         "VELOCITY_REDIS_URL": data_settings.redis_url,
         "VELOCITY_SPARK_MASTER": "local[2]",

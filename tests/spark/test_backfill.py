@@ -60,9 +60,9 @@ def late_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_backfill_makes_the_stream_equal_the_complete_data_result(
-    spark, data_settings: Settings, late_events: Path, tmp_path: Path
+    spark, data_settings: Settings, late_events: Path, late_complete: Complete
 ) -> None:
-    job, complete = stream_then_backtest(spark, data_settings, late_events, tmp_path)
+    job, complete = stream_sample_rules(spark, data_settings, late_events), late_complete
     live = LiveTables.of(data_settings)
     assert tables.read_table(spark, live.late_events).count() > 0
     before = effective_alerts(spark, data_settings)
@@ -161,22 +161,39 @@ def stream_sample_rules(spark, settings: Settings, events: Path) -> StreamJob:
     return job
 
 
-def stream_then_backtest(
-    spark, settings: Settings, events: Path, tmp_path: Path
-) -> tuple[StreamJob, dict[tuple[int, str], tuple[str, int]]]:
-    """The sample rules streamed over ``events`` (``stream_sample_rules``), and the
-    backtest's complete-data (value, windowStart) per (rule, transaction)."""
-    job = stream_sample_rules(spark, settings, events)
+Complete = dict[tuple[int, str], tuple[str, int]]
+
+
+def complete_data(spark, settings: Settings, events: Path, tmp_path: Path) -> Complete:
+    """The backtest of the sample rules over ``events``: the complete-data (value,
+    windowStart) per (rule, transaction)."""
     sample = parse_rules(sample_rules_path().read_text())
     rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
     out = tmp_path / "bt.jsonl"
     run_backtest(spark, settings.model_copy(update={"data_dir": tmp_path / "bt"}), rules,
                  str(events), out)  # fmt: skip
-    complete = {
+    return {
         (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
         for a in map(json.loads, out.read_text().splitlines())
     }
-    return job, complete
+
+
+@pytest.fixture(scope="module")
+def late_complete(
+    spark, spark_settings: Settings, late_events: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Complete:
+    """``complete_data`` of ``late_events``, once a module: the backtest reads only the
+    events, the rules and the bucket width, which the tests' settings share."""
+    return complete_data(spark, spark_settings, late_events, tmp_path_factory.mktemp("late-bt"))
+
+
+def stream_then_backtest(
+    spark, settings: Settings, events: Path, tmp_path: Path
+) -> tuple[StreamJob, Complete]:
+    """The sample rules streamed over ``events`` (``stream_sample_rules``), and
+    ``complete_data`` of them."""
+    job = stream_sample_rules(spark, settings, events)
+    return job, complete_data(spark, settings, events, tmp_path)
 
 
 def in_effect(spark, settings: Settings) -> dict[tuple[int, str], dict]:
@@ -294,9 +311,9 @@ def test_backfill_leaves_alone_the_alerts_of_events_that_arrived_after_its_pin(
 
 
 def test_two_overlapping_backfills_end_as_one_after_the_other(
-    spark, data_settings: Settings, late_events: Path, tmp_path: Path
+    spark, data_settings: Settings, late_events: Path, late_complete: Complete
 ) -> None:
-    job, complete = stream_then_backtest(spark, data_settings, late_events, tmp_path)
+    job, complete = stream_sample_rules(spark, data_settings, late_events), late_complete
 
     summaries: list = []
     runs = [

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from tests.builders import generated_in_arrival_order
-from tests.conftest import free_port_pair
+from tests.conftest import FAST_JVM, free_port_pair
 from tests.integration.test_stream_crash import VELOCITY, kill_mid_batch
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
@@ -153,6 +153,20 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
 
 
+Alerts = dict[tuple[int, str], tuple[str, int, str]]
+
+
+@pytest.fixture(scope="module")
+def in_order_backtest(
+    spark, spark_settings: Settings, in_order_events: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Alerts:
+    """The backtest over ``in_order_events`` in file order (on one partition, the arrival
+    order): the reference of the one-partition tests, computed once."""
+    base = tmp_path_factory.mktemp("kafka-backtest")
+    settings = spark_settings.model_copy(update={"data_dir": base})
+    return backtest_alerts(spark, settings, in_order_events, base / "bt.jsonl")
+
+
 def test_stream_from_kafka_equals_the_backtest_in_its_arrival_order(
     spark, data_settings: Settings, kafka_bootstrap: str, in_order_events: Path, tmp_path: Path
 ) -> None:
@@ -251,6 +265,7 @@ def test_messages_that_are_not_events_are_quarantined_with_their_offsets(
 def kafka_env(settings: Settings, **more: str) -> dict[str, str]:
     return {
         **os.environ,
+        **FAST_JVM,
         "VELOCITY_DATA_DIR": str(settings.data_dir),
         "VELOCITY_REDIS_URL": settings.redis_url,
         "VELOCITY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
@@ -267,10 +282,9 @@ def kafka_stream_command(*more: str) -> list[str]:
     return [VELOCITY, "stream", "--source", "kafka", "--rules", str(sample_rules_path()), *more]
 
 
-def assert_nothing_lost_or_doubled(spark, settings: Settings, events: Path, tmp_path: Path):
-    """Delta's alerts equal the backtest's over the files (one partition: file order is
-    arrival order), the alerts topic holds each at least once, Redis exactly once."""
-    expected = backtest_alerts(spark, settings, events, tmp_path / "bt.jsonl")
+def assert_nothing_lost_or_doubled(spark, settings: Settings, expected: Alerts):
+    """Delta's alerts equal ``expected``, the backtest's over the files (one partition: file
+    order is arrival order), the alerts topic holds each at least once, Redis exactly once."""
     streamed = delta_alerts(spark, settings)
     assert streamed and streamed == expected
     live = LiveTables.of(settings)
@@ -284,7 +298,11 @@ def assert_nothing_lost_or_doubled(spark, settings: Settings, events: Path, tmp_
 
 
 def test_sigkill_mid_batch_then_restart_loses_and_doubles_nothing(
-    spark, data_settings: Settings, kafka_bootstrap: str, in_order_events: Path, tmp_path: Path
+    spark,
+    data_settings: Settings,
+    kafka_bootstrap: str,
+    in_order_events: Path,
+    in_order_backtest: Alerts,
 ) -> None:
     settings = on_topics(
         data_settings, kafka_bootstrap, partitions=1, kafka_max_offsets_per_trigger=500
@@ -299,7 +317,7 @@ def test_sigkill_mid_batch_then_restart_loses_and_doubles_nothing(
     finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
 
-    assert_nothing_lost_or_doubled(spark, settings, in_order_events, tmp_path)
+    assert_nothing_lost_or_doubled(spark, settings, in_order_backtest)
     assert StreamJob(spark, settings).mirror.reconcile().clean
 
 
@@ -313,7 +331,7 @@ def caught_up(checkpoint: Path, settings: Settings, produced: int) -> bool:
 
 
 def test_a_broker_restart_while_the_stream_runs_loses_nothing(
-    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
+    spark, data_settings: Settings, in_order_events: Path, in_order_backtest: Alerts, tmp_path: Path
 ) -> None:
     broker = data_settings.model_copy(
         update={
@@ -361,7 +379,7 @@ def test_a_broker_restart_while_the_stream_runs_loses_nothing(
         )  # fmt: skip
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert stream.wait(timeout=60) == 0, log.read_text()[-3000:]
-        assert_nothing_lost_or_doubled(spark, settings, in_order_events, tmp_path)
+        assert_nothing_lost_or_doubled(spark, settings, in_order_backtest)
     finally:
         if stream is not None and stream.poll() is None:
             os.killpg(stream.pid, signal.SIGKILL)

@@ -1,7 +1,8 @@
 """Velocity on a real Spark standalone cluster (`infra/cluster.sh`: a master and two
 one-core workers on loopback) with a real Redis Cluster (`infra/redis-cluster.sh`: three
 masters): the stream, the backfill and maintenance run there, and decide exactly what a
-local-mode backtest decides; lookups through the cluster client equal Delta. (A backtest
+local-mode backtest decides, though one worker's executor is killed in the middle of a
+micro-batch; lookups through the cluster client equal Delta. (A backtest
 on the cluster is `make bench-cluster`'s; here it would add a minute of Spark start-up.)"""
 
 from __future__ import annotations
@@ -32,13 +33,30 @@ from velocity.spark.maintenance import reconcile_state
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.redis]
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
+KILL_EXECUTOR = Path(__file__).parent / "kill_executor"
 
 
-def velocity(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def killing_interpreter(folder: Path, marker: Path) -> str:
+    """A Python for the executors that loads ``kill_executor/sitecustomize.py``: the first
+    key-partition task on worker 1 SIGKILLs its executor (once; ``marker`` records it)."""
+    script = folder / "python-killing-worker-1"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"export VELOCITY_TEST_KILL_MARKER='{marker}'\n"
+        f"export PYTHONPATH='{KILL_EXECUTOR}'${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f"exec '{sys.executable}' \"$@\"\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def velocity(
+    args: list[str], env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """One `velocity` process; its seconds are printed (pytest shows them on failure)."""
     started = time.monotonic()
     done = subprocess.run(
-        [VELOCITY, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+        [VELOCITY, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     print(f"velocity {' '.join(args[:2])}: {time.monotonic() - started:.1f} s")
     assert done.returncode == 0, f"velocity {args[0]}: {done.stderr[-3000:]}"
@@ -100,17 +118,28 @@ def test_cluster_decides_what_local_mode_decides(
     run_backtest(spark, local, sample, str(events), tmp_path / "local.jsonl")
 
     stream = ["stream", "--events", str(events), "--rules", rules, "--trigger", "available-now"]
-    streamed = velocity([*stream, "--max-files-per-trigger", "1"], env)  # staged commits
+    # The executors' Python kills worker 1's executor in its first key-partition task,
+    # after deciding, before the result is back: a machine lost in the middle of a batch.
+    killed = tmp_path / "killed"
+    stream_env = {**env, "PYSPARK_PYTHON": killing_interpreter(tmp_path, killed)}
+    # (An executor lost costs a minute or so: Spark notices, the worker starts another.)
+    streamed = velocity([*stream, "--max-files-per-trigger", "1"], stream_env, timeout=600)
     # The decisions ran in the executors of both workers (each batch logs where each of
-    # its key-partitions ran: host, Python worker, and the executor's working folder).
+    # its key-partitions ran: host, Python worker, the executor's working folder, and the
+    # task's attempt).
     batches = [
         json.loads(line[line.index("{") :])
         for line in streamed.stderr.splitlines()
         if "velocity.stream" in line and '"partitions"' in line
     ]
-    ran_on = {p["executor"].rsplit(":", 1)[-1] for b in batches for p in b["partitions"]}
-    assert len(batches) >= 3 and len(ran_on) == 2, ran_on
-    assert not any(p["executor"].startswith("driver") for b in batches for p in b["partitions"])
+    parts = [p for b in batches for p in b["partitions"]]
+    assert killed.exists(), "no key-partition task ran on worker 1"
+    # The lost task ran again (its second attempt's result is the one the batch used),
+    # and the stream went on: every assertion below holds as if nothing happened.
+    assert any(p["attempt"] > 0 for p in parts), parts
+    ran_on = {p["executor"].rsplit(":", 1)[-1] for p in parts}  # executor ids
+    assert len(batches) >= 3 and len(ran_on) >= 2, ran_on
+    assert not any(p["executor"].startswith("driver") for p in parts)
     day = ["--from", str(generated.min_event_time), "--to", str(generated.max_event_time)]
     backfilled = json.loads(velocity(["backfill", *day], env).stdout)
     evicted = json.loads(velocity(["maintain", "evict"], env).stdout)

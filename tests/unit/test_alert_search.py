@@ -60,7 +60,7 @@ def test_times_are_utc_and_an_upper_bound_covers_the_unit_written() -> None:
     "text", ["yesterday", "2026-13-01", "2026-01-01 25:00", "01/01/2026", "-5", "2026-01-01T"]
 )
 def test_a_time_that_cannot_be_read_names_its_field(text: str) -> None:
-    with pytest.raises(InvalidFilterError, match="field 'from': .* is not a time") as raised:
+    with pytest.raises(InvalidFilterError, match=r"field 'from': .* is not a time") as raised:
         parse_filter({"from": text}, None)
     assert raised.value.field == "from"
 

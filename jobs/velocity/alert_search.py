@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from velocity.alerts import AlertKind
-from velocity.errors import UsageError
+from velocity.errors import InvalidFieldError
 from velocity.schema import RULE_FIELDS, canonical_value
 
 PAGE_SIZE = 50  # alerts a page lists unless asked otherwise
@@ -36,13 +36,8 @@ PAGE_MAX = 500
 FILTER_FIELDS = ("rule", "kind", "key", "tx", "from", "to")
 
 
-class InvalidFilterError(UsageError):
+class InvalidFilterError(InvalidFieldError):
     """A filter refused whole; ``field`` names the URL field at fault."""
-
-    def __init__(self, field_name: str, reason: str) -> None:
-        self.field = field_name
-        self.reason = reason
-        super().__init__(f"field '{field_name}': {reason}")
 
 
 @dataclass(frozen=True)

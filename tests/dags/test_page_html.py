@@ -37,6 +37,13 @@ ALERT = {
 }
 
 
+class Analyst:
+    """A signed-in user as the page sees one."""
+
+    def get_name(self) -> str:
+        return "ana"
+
+
 def _page(**fields: object) -> str:
     data = PageData(user="ana", can_edit=True, base="/velocity", rules=RULES)
     data.rule_versions = {(r.rule_id, 1): replace(r, version=1) for r in RULES}
@@ -250,10 +257,6 @@ def test_the_page_records_a_review_from_the_alerts_table_and_refuses_a_bad_one(
     from velocity.settings import load_settings
     from velocity_airflow import page
 
-    class Analyst:
-        def get_name(self) -> str:
-            return "ana"
-
     # No Redis here: an alert the table lacks is looked for on a stream that cannot be read.
     settings = load_settings(data_dir=tmp_path / "data", redis_url="redis://127.0.0.1:1/0")
     append_alerts(settings.table_path(ALERTS), [alert_row("a-1", (3, 2), 1_767_225_600_000)])
@@ -415,10 +418,6 @@ def test_the_live_feed_sends_the_rows_of_new_alerts_that_pass_the_filter(
 
     from velocity.redis import alert_feed, mirror
     from velocity_airflow import page
-
-    class Analyst:
-        def get_name(self) -> str:
-            return "ana"
 
     settings = _alerts_settings(data_settings, monkeypatch)
     monkeypatch.setattr(page, "_LIVE_SECONDS", 1.5)

@@ -34,7 +34,7 @@ from functools import cache
 from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -65,6 +65,8 @@ from velocity_airflow.plans import rule_id_text
 URL_PREFIX = "/velocity"
 # Who may edit this DAG may change the rules it runs with.
 RULES_DAG_ID = "run_stream"
+# The DAG whose runs the page lists as backfill runs.
+BACKFILL_DAG_ID = "backfill_alerts"
 _ACTIONS = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}
 # One state clearing at a time: each starts a Spark session in the api-server's process
 # tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
@@ -372,6 +374,9 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     data.precision, data.precision_error = _read(
         "alerts and reviews per rule version", lambda: _precision(settings, reviews)
     )
+    data.backfills, data.backfills_error = _read(
+        "backfill runs", lambda: _backfill_runs(settings, user)
+    )
     if query.get("alert"):
         data.explanation, data.explanation_error = _read(
             "explanation", lambda: _explain(settings, query["alert"])
@@ -383,6 +388,57 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
             lambda: _lookup(settings, query.get("lookup_rule", ""), query.get("lookup_key", "")),
         )
     return data
+
+
+def _backfill_runs(settings: Any, user: Any) -> list[Any]:
+    """The backfill runs, newest first: what each recorded in the ``backfills`` table
+    (delta-rs) beside Airflow's runs of the backfill DAG (state, form, link)."""
+    from velocity.backfill_runs import backfill_runs
+    from velocity.delta.reader import recorded_backfills
+
+    return backfill_runs(recorded_backfills(settings), _airflow_backfill_runs(user))
+
+
+def _airflow_backfill_runs(user: Any, limit: int = 50) -> list[Any]:
+    """The newest runs of the backfill DAG, from the metadata database of the api-server
+    this page runs in; none when ``user`` may not read the DAG's runs."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from velocity.backfill_runs import AirflowRun
+
+    if not get_auth_manager().is_authorized_dag(
+        method="GET",
+        user=user,
+        access_entity=DagAccessEntity.RUN,
+        details=DagDetails(id=BACKFILL_DAG_ID),
+    ):
+        return []
+    with create_session() as session:
+        runs = session.scalars(
+            select(DagRun)
+            .where(DagRun.dag_id == BACKFILL_DAG_ID)
+            .order_by(DagRun.id.desc())
+            .limit(limit)
+        ).all()
+        return [
+            AirflowRun(
+                run_id=run.run_id,
+                state=str(getattr(run.state, "value", run.state)),
+                conf=dict(run.conf or {}),
+                started_at=None
+                if run.start_date is None
+                else int(run.start_date.timestamp() * 1000),
+                url=f"/dags/{BACKFILL_DAG_ID}/runs/{quote(run.run_id, safe='')}",
+            )
+            for run in runs
+        ]
 
 
 def _alert_page(data: PageData, settings: Any, params: Mapping[str, str], history: Any) -> None:
@@ -624,7 +680,7 @@ async def alerts_live(request: Request, user: User) -> StreamingResponse:
         ends = time.monotonic() + _LIVE_SECONDS
         health_due = 0.0
         try:
-            yield "retry: 1000\n\n"
+            yield "retry: 100\n\n"  # a connection the server ended: the browser resumes at once
             while time.monotonic() < ends:
                 if time.monotonic() >= health_due:
                     health_due = time.monotonic() + _LIVE_HEALTH_SECONDS

@@ -20,9 +20,10 @@ from html import escape
 from typing import Any
 
 from velocity.alert_search import PAGE_SIZE, AlertFilter, Cursor, duration_text, key_text
+from velocity.backfill_runs import BackfillRunView
 from velocity.reviews import Review, VersionPrecision
 from velocity.rules import Rule, RuleState, rule_summary
-from velocity_airflow import alerts_html, review_html
+from velocity_airflow import alerts_html, backfill_html, review_html
 
 # How many alerts a page lists, newest first.
 ALERTS_SHOWN = PAGE_SIZE
@@ -136,6 +137,8 @@ class PageData:
     reviews_error: str | None = None
     precision: Sequence[VersionPrecision] | None = None
     precision_error: str | None = None
+    backfills: Sequence[BackfillRunView] | None = None  # newest first
+    backfills_error: str | None = None
 
 
 _time = alerts_html.time_text
@@ -311,6 +314,8 @@ def render_page(data: PageData) -> str:
         "<h2>Alerts and precision by rule version</h2>"
         f"{review_html.precision_table(data.precision, data.precision_error)}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
+        f'<h2 id="backfills">Backfill runs</h2>'
+        f"{backfill_html.backfill_table(data.backfills, data.backfills_error)}"
         f"<h2>Window lookup</h2>{_lookup(data)}"
         f'<h2 id="alerts">Alerts</h2>{_alerts(data)}'
         "</body></html>"

@@ -458,3 +458,74 @@ def test_the_live_feed_sends_the_rows_of_new_alerts_that_pass_the_filter(
         assert bad.status_code == 400 and "field 'from'" in bad.text
     finally:
         page.app.dependency_overrides.clear()
+
+
+def test_backfill_runs_show_their_figures_state_and_airflow_link() -> None:
+    from velocity.backfill_runs import AirflowRun, RecordedRun, backfill_runs
+
+    recorded = RecordedRun(
+        "r1", 1767225600000, 1767229200000, (5, 7), 8904, 20, 0, 1767300000000,
+        1767300030000, lock_seconds=12.456, airflow_run_id="manual__<1>",
+    )  # fmt: skip
+    runs = backfill_runs(
+        [recorded],
+        [
+            AirflowRun("manual__<1>", "success", {}, 1767299999000, "/dags/b/runs/manual__%3C1%3E"),
+            AirflowRun("manual__2", "running", {"rule_ids": ["4"]}, 1767400000000, "/dags/x"),
+        ],
+    )
+    html = _page(backfills=runs)
+    running, done = html.split('data-testid="backfill-run" ')[1:]
+    assert running.startswith('data-state="running"') and "every rule" not in running
+    assert "the late events not yet backfilled, rules 4" in running
+    assert 'data-state="success"' in done
+    assert "2026-01-01 00:00:00.000Z … 2026-01-01 01:00:00.000Z" in done
+    assert '<td>5, 7</td><td class="figure">8904</td><td class="figure">20</td>' in done
+    assert '<td class="figure">12.46 s</td>' in done
+    assert 'href="/dags/b/runs/manual__%3C1%3E" target="_top"' in done
+    assert 'data-testid="no-backfills"' in _page(backfills=[])
+    assert "cannot read the backfill runs: &lt;x&gt;" in _page(
+        backfills_error="cannot read the backfill runs: <x>"
+    )
+
+
+def test_the_backfills_table_reads_with_and_without_the_later_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from velocity.delta.names import BACKFILLS
+    from velocity.delta.reader import recorded_backfills
+    from velocity.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path / "data")
+    assert recorded_backfills(settings) == []
+    row = {
+        "run_id": "r1", "from_ms": 1, "to_ms": 2, "rule_ids": [5], "late_through_batch": None,
+        "events_evaluated": 3, "corrections": 1, "retractions": 0, "alert_ids": ["a"],
+        "started_at": 10, "finished_at": 20,
+    }  # fmt: skip
+    schema = pa.schema(
+        [
+            *(pa.field(n, pa.int64()) for n in ("from_ms", "to_ms")),
+            pa.field("run_id", pa.string()),
+            pa.field("rule_ids", pa.list_(pa.int64())),
+            pa.field("late_through_batch", pa.int64()),
+            *(pa.field(n, pa.int64()) for n in ("events_evaluated", "corrections", "retractions")),
+            pa.field("alert_ids", pa.list_(pa.string())),
+            *(pa.field(n, pa.int64()) for n in ("started_at", "finished_at")),
+        ]
+    )
+    path = str(settings.table_path(BACKFILLS))
+    write_deltalake(path, pa.Table.from_pylist([row], schema))
+    [old] = recorded_backfills(settings)
+    assert (old.run_id, old.corrections, old.lock_seconds, old.airflow_run_id) == (
+        "r1", 1, None, None,
+    )  # fmt: skip
+    newer = schema.append(pa.field("lock_seconds", pa.float64())).append(
+        pa.field("airflow_run_id", pa.string())
+    )
+    later = {**row, "run_id": "r2", "lock_seconds": 1.5, "airflow_run_id": "manual__1"}
+    write_deltalake(path, pa.Table.from_pylist([later], newer), mode="append", schema_mode="merge")
+    runs = {r.run_id: r for r in recorded_backfills(settings)}
+    assert (runs["r2"].lock_seconds, runs["r2"].airflow_run_id) == (1.5, "manual__1")
+    assert runs["r1"].lock_seconds is None

@@ -21,7 +21,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from velocity.alert_search import AlertFilter, Cursor
 from velocity.alerts import AlertKind
-from velocity.delta.names import ALERT_REVIEWS, ALERTS, EVENTS, RULES
+from velocity.backfill_runs import RecordedRun
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
 from velocity.errors import UsageError
@@ -284,3 +285,23 @@ def _alert_predicate(query: AlertFilter, before: Cursor | None) -> pc.Expression
             | ((at == before.decision_time) & (pc.field("alertId") < before.alert_id))
         )
     return reduce(lambda a, b: a & b, terms, pc.scalar(True))
+
+
+def recorded_backfills(settings: Settings) -> list[RecordedRun]:
+    """Every run the ``backfills`` table records (written by each run when it finishes),
+    without the ids of its alerts; empty before the first run. A table recorded before
+    lock_seconds and airflow_run_id existed reads them as None."""
+    table = _table(settings.table_path(BACKFILLS))
+    if table is None:
+        return []
+    present = {f.name for f in table.schema().fields}
+    wanted = [c for c in _BACKFILL_COLUMNS if c in present]
+    rows = table.to_pyarrow_dataset().to_table(columns=wanted).to_pylist()
+    return [RecordedRun.from_row(row) for row in rows]
+
+
+_BACKFILL_COLUMNS = [
+    "run_id", "from_ms", "to_ms", "rule_ids", "late_through_batch", "events_evaluated",
+    "corrections", "retractions", "started_at", "finished_at", "lock_seconds",
+    "airflow_run_id",
+]  # fmt: skip

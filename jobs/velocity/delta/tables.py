@@ -123,8 +123,8 @@ BACKFILL_SCHEMA = StructType(
         StructField("alert_ids", ArrayType(StringType(), False), False),
         StructField("started_at", LongType(), False),
         StructField("finished_at", LongType(), False),
-        # Added later (nullable: a run recorded before has none; the first run that records
-        # them adds the columns to an older table). The Velocity page shows them.
+        # Added later: nullable (a run recorded before has none; create_if_missing adds
+        # them to an older table). The Velocity page shows them.
         StructField("lock_seconds", DoubleType(), True),
         StructField("airflow_run_id", StringType(), True),
     ]

@@ -640,10 +640,10 @@ class Backfill:
             "lock_seconds": summary.lock_seconds if lock_seconds is None else lock_seconds,
             "airflow_run_id": summary.airflow_run_id,
         }
+        # A table made before lock_seconds and airflow_run_id got them when LiveState
+        # opened it (tables.create_if_missing adds missing nullable columns).
         frame = self.spark.createDataFrame([row], tables.BACKFILL_SCHEMA)
-        # mergeSchema: a table created before lock_seconds and airflow_run_id gains them.
-        writer = frame.write.format("delta").mode("append").option("mergeSchema", "true")
-        writer.save(str(self.live.backfills))
+        frame.write.format("delta").mode("append").save(str(self.live.backfills))
 
     def _publish(self, records: list[dict[str, Any]]) -> None:
         """Amendments to the Redis alert stream and, when it is on, the alerts topic: both

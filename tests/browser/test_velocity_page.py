@@ -345,13 +345,23 @@ def _minute(ms: int, up: bool) -> tuple[str, str]:
 
 
 def _pick(driver: Any, label: str, day: str, clock: str) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.keys import Keys
 
-    row = driver.find_element(
-        _by("XPATH"),
-        f"//div[contains(@class,'chakra-field__root')][.//label[normalize-space()='{label}']]",
-    )
-    row.find_element(_by("CSS_SELECTOR"), '[data-testid="datetime-input"]').click()
+    for attempt in range(3):
+        # The form may draw itself again (the DAG's details fetched anew): find it again.
+        try:
+            row = driver.find_element(
+                _by("XPATH"),
+                f"//div[contains(@class,'chakra-field__root')]"
+                f"[.//label[normalize-space()='{label}']]",
+            )
+            row.find_element(_by("CSS_SELECTOR"), '[data-testid="datetime-input"]').click()
+            break
+        except StaleElementReferenceException:
+            if attempt == 2:
+                raise
+            time.sleep(1)
 
     def visible(placeholder: str) -> Any:
         found = driver.find_elements(_by("CSS_SELECTOR"), f'input[placeholder="{placeholder}"]')

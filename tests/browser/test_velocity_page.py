@@ -439,6 +439,7 @@ def test_a_backfill_triggered_from_its_form_lists_its_corrections(
     assert kinds.count("CORRECTION") + kinds.count("RETRACTION") >= min(len(amended), 50)
     browser.execute_script("document.querySelector('[data-testid=alerts]').scrollIntoView()")
     _shot(deployment, browser, "08-corrections-listed")
+    open_page(browser)  # back into the page's frame (a screenshot leaves it)
 
     # The run on the page: its state, rules and figures as it recorded them, and its link.
     from urllib.parse import quote

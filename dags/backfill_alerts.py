@@ -13,8 +13,11 @@ have raised over a past range (pick it under Rules); after fixing quarantined ev
 The form: From and To are event times in the UI's timezone, both inclusive; give both or
 neither. Rules: only these (the rules in force when the DAG was last parsed); none means
 every rule in force. A wrong form fails the first task, plan_backfill, naming the field,
-before any Spark starts. The corrections show on the Velocity page (Latest alerts) and on
-the alert stream.
+before any Spark starts. Airflow's own fields of the trigger form (Logical Date, Run ID,
+the backfill option) are not needed: leave them as they are; Velocity ignores the logical
+date (the range is From and To). Each run's outcome (range, rules, events evaluated,
+corrections, retractions, lock time) shows on the Velocity page (Backfill runs), with the
+corrections among its alerts and on the alert stream.
 Needs: the ``velocity_spark`` and ``velocity_default`` connections, the ``velocity_spark``
 pool (one Spark batch job at a time), and Redis.
 """
@@ -67,11 +70,12 @@ RULE_IDS, RULE_LABELS = rule_choices(rules_in_force_for_forms())
 )
 def backfill_alerts() -> None:
     @task
-    def plan_backfill(params: dict) -> list[str]:
-        """The `velocity backfill` arguments; fails naming the field when the form is wrong."""
+    def plan_backfill(params: dict, run_id: str | None = None) -> list[str]:
+        """The `velocity backfill` arguments (with this run's id, recorded with its figures);
+        fails naming the field when the form is wrong."""
         from velocity_airflow.plans import backfill_form_args
 
-        return backfill_form_args(params)
+        return backfill_form_args(params, run_id)
 
     VelocitySparkSubmitOperator(task_id="backfill", command=plan_backfill(), pool=SPARK_BATCH_POOL)
 

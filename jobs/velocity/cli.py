@@ -658,7 +658,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
     with Progress() as progress:
         summary = backfill.run(
-            args.from_ms, args.to_ms, _rule_ids(args.rules), through, progress=progress
+            args.from_ms,
+            args.to_ms,
+            _rule_ids(args.rules),
+            through,
+            progress=progress,
+            airflow_run_id=args.airflow_run,
         )
     print(json.dumps(summary.to_json()))
     return EXIT_OK
@@ -874,6 +879,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--late", action="store_true", help="the range of the late events no backfill covered"
     )
     backfill.add_argument("--rules", help="only these rule ids, e.g. 1,4 (default: all ACTIVE)")
+    backfill.add_argument(
+        "--airflow-run",
+        help="the Airflow DAG run that runs this backfill, recorded with it (the Velocity "
+        "page links the run's figures to it)",
+    )
     backfill.set_defaults(run=cmd_backfill)
 
     maintain = sub.add_parser("maintain", help="compact, optimize, vacuum, evict, reconcile")

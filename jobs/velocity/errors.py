@@ -13,6 +13,16 @@ class UsageError(VelocityError):
     """Bad input or usage from the caller; the CLI maps it to exit code 2."""
 
 
+class InvalidFieldError(UsageError):
+    """A request refused whole because of one field; ``field`` names it, ``reason`` says
+    why, ``outcome`` what (not) happened (a review: "; no review recorded")."""
+
+    def __init__(self, field: str, reason: str, outcome: str = "") -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"field '{field}': {reason}{outcome}")
+
+
 class SettingsError(UsageError):
     """A setting (environment variable or config file) has a bad value."""
 

@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from velocity.alerts import AlertKind
-from velocity.errors import UsageError
+from velocity.errors import InvalidFieldError
 
 NOTE_MAX = 2000  # characters: a paragraph or two; a case file belongs in a case system
 WHO_MAX = 200
@@ -42,13 +42,11 @@ class Verdict(StrEnum):
         return self.value.lower().replace("_", " ")
 
 
-class InvalidReviewError(UsageError):
+class InvalidReviewError(InvalidFieldError):
     """A review refused whole; ``field`` names the column at fault."""
 
     def __init__(self, field: str, reason: str) -> None:
-        self.field = field
-        self.reason = reason
-        super().__init__(f"field '{field}': {reason}; no review recorded")
+        super().__init__(field, reason, "; no review recorded")
 
 
 @dataclass(frozen=True)

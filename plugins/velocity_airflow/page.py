@@ -22,27 +22,51 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass
 from functools import cache
 from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request, status
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 
+from velocity.alert_search import (
+    FILTER_FIELDS,
+    AlertFilter,
+    AlertPage,
+    Cursor,
+    InvalidFilterError,
+    page_of,
+    parse_cursor,
+    parse_filter,
+    parse_limit,
+)
 from velocity_airflow import flash
-from velocity_airflow.page_html import ALERTS_SHOWN, Flash, PageData, render_page
+from velocity_airflow.alerts_html import AlertsView, alert_row
+from velocity_airflow.page_html import Flash, PageData, health_html, render_page
 from velocity_airflow.plans import rule_id_text
 
 URL_PREFIX = "/velocity"
 # Who may edit this DAG may change the rules it runs with.
 RULES_DAG_ID = "run_stream"
+# The DAG whose runs the page lists as backfill runs.
+BACKFILL_DAG_ID = "backfill_alerts"
 _ACTIONS = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}
 # One state clearing at a time: each starts a Spark session in the api-server's process
 # tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
@@ -51,20 +75,33 @@ _CLEAR_STATE = threading.Lock()
 # alert to explain (older ones are in the alerts table).
 _ALERTS_SEARCHED = 20_000
 _EXPLAINED_SEARCHED = 5_000
+# An alert is published to Redis after it is decided, and written to Delta behind Redis:
+# a stream entry lies within this much of its alert's decisionTime, and the alerts table
+# holds every alert decided this much before its newest one.
+_SLACK_MS = 300_000
 # Fields a published alert must have to be listed (SPEC §4).
 _ALERT_FIELDS = frozenset(
     (
         "alertId",
         "kind",
         "ruleId",
+        "ruleVersion",
         "transactionId",
         "key",
         "eventTime",
         "aggregateValue",
         "limitOperatorType",
         "limit",
+        "decisionTime",
     )
 )
+# A live connection (server-sent events) ends after this long and the browser reconnects
+# from where it was: an expired login, a closed tab or an api-server shutting down never
+# holds one for longer. Each wait on the alert stream is at most _LIVE_BLOCK_MS.
+_LIVE_SECONDS = 30.0
+_LIVE_BLOCK_MS = 1000
+_LIVE_HEALTH_SECONDS = 5.0
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 # No docs pages (the Swagger UI would load its scripts from a CDN, and Airflow does not
 # guard them): the schema is served at /api/openapi.json behind the login.
@@ -165,19 +202,72 @@ def _read(section: str, read: Any) -> tuple[Any, str | None]:
         return None, f"cannot read the {section}: {exc}"
 
 
-def recent_alerts(settings: Any, rule_id: int | None, limit: int = ALERTS_SHOWN) -> list[dict]:
-    """The newest alerts on the Redis alert stream, of one rule or all, newest first."""
-    from velocity.redis import mirror
+@dataclass(frozen=True)
+class AlertSearch:
+    """What a page of alerts was asked for (``velocity.alert_search``)."""
 
-    entries = mirror.newest_alert_entries(mirror.connect(settings), settings.alert_stream)
+    query: AlertFilter
+    before: Cursor | None
+    limit: int
+
+
+def alert_search(params: Mapping[str, str], rule_ids: Collection[int] | None) -> AlertSearch:
+    """The filter, page boundary and page size of URL parameters (``InvalidFilterError``
+    names the field at fault)."""
+    before = params.get("before")
+    return AlertSearch(
+        parse_filter(params, rule_ids),
+        parse_cursor(before) if before else None,
+        parse_limit(params.get("limit")),
+    )
+
+
+def search_alerts(settings: Any, search: AlertSearch) -> tuple[AlertPage, str | None]:
+    """A page of alerts from the alerts table (delta-rs) and the newest entries of the
+    Redis alert stream that the stream has not written to Delta yet, each alertId once;
+    and what could not be read (the page then lists what the other source holds)."""
+    from velocity.delta.reader import TableAlerts, newest_alerts
+
+    table, table_error = _read(
+        "alerts table",
+        lambda: newest_alerts(settings, search.query, search.before, search.limit),
+    )
+    if table is None:
+        table = TableAlerts([], False, None)
+    published, stream_error = _read(
+        "alert stream in Redis",
+        lambda: _stream_alerts(settings, search, table.newest),
+    )
+    page = page_of(
+        (published or []) + table.alerts,
+        search.query,
+        search.before,
+        search.limit,
+        more=table.more,
+    )
+    return page, "; ".join(e for e in (table_error, stream_error) if e) or None
+
+
+def _stream_alerts(settings: Any, search: AlertSearch, table_newest: int | None) -> list[dict]:
+    """The alert stream's matching alerts below the page boundary, newest first: from the
+    entries published up to a while after the boundary, back to a while before the alerts
+    table's newest decision (older ones are in the table), at most ``_ALERTS_SEARCHED``."""
+    from velocity.redis import alert_feed, mirror
+
+    newest = "+" if search.before is None else str(search.before.decision_time + _SLACK_MS)
+    entries = alert_feed.newest_entries(mirror.connect(settings), settings.alert_stream, newest)
     found: list[dict] = []
-    # A busy stream holds mostly other rules' alerts: look back, but not forever.
-    for fields in islice(entries, _ALERTS_SEARCHED):
+    for entry_id, fields in islice(entries, _ALERTS_SEARCHED):
+        if table_newest is not None and alert_feed.entry_ms(entry_id) < table_newest - _SLACK_MS:
+            break
         alert = _published_alert(fields)
-        if alert is not None and (rule_id is None or alert["ruleId"] == rule_id):
-            found.append(alert)
-            if len(found) == limit:
-                break
+        if alert is None or not search.query.matches(alert):
+            continue
+        if search.before is not None and Cursor.of(alert) >= search.before:
+            continue
+        found.append(alert)
+        if len(found) > search.limit:
+            break
     return found
 
 
@@ -260,8 +350,9 @@ def _precision(settings: Any, reviews: list[Any] | None = None) -> list[Any]:
 
 def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     from velocity import stream_control
-    from velocity.delta.reader import rules_in_force
+    from velocity.delta.reader import rule_history
     from velocity.reviews import latest_reviews
+    from velocity.rule_changes import in_force
 
     query = request.query_params
     settings, settings_error = _read("Velocity settings", _settings)
@@ -274,17 +365,17 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
         "stream status", lambda: stream_control.check_health(settings).to_json()
     )
     data.health = health
-    rules, data.rules_error = _read("rules", lambda: rules_in_force(settings))
-    data.rules = rules or ()
-    data.alert_rule = rule_id_text(query.get("rule", ""))
-    alerts, data.alerts_error = _read(
-        "alerts from Redis", lambda: recent_alerts(settings, data.alert_rule)
-    )
-    data.alerts = alerts or ()
+    history, data.rules_error = _read("rules", lambda: rule_history(settings))
+    data.rules = in_force(history or [])
+    data.rule_versions = {(r.rule_id, r.version): r for r in history or []}
+    _alert_page(data, settings, query, history)
     reviews, data.reviews_error = _read("reviews", lambda: _reviews(settings))
     data.reviews = None if reviews is None else latest_reviews(reviews)
     data.precision, data.precision_error = _read(
         "alerts and reviews per rule version", lambda: _precision(settings, reviews)
+    )
+    data.backfills, data.backfills_error = _read(
+        "backfill runs", lambda: _backfill_runs(settings, user)
     )
     if query.get("alert"):
         data.explanation, data.explanation_error = _read(
@@ -297,6 +388,83 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
             lambda: _lookup(settings, query.get("lookup_rule", ""), query.get("lookup_key", "")),
         )
     return data
+
+
+def _backfill_runs(settings: Any, user: Any) -> list[Any]:
+    """The backfill runs, newest first: what each recorded in the ``backfills`` table
+    (delta-rs) beside Airflow's runs of the backfill DAG (state, form, link)."""
+    from velocity.backfill_runs import backfill_runs
+    from velocity.delta.reader import recorded_backfills
+
+    return backfill_runs(recorded_backfills(settings), _airflow_backfill_runs(user))
+
+
+def _airflow_backfill_runs(user: Any, limit: int = 50) -> list[Any]:
+    """The newest runs of the backfill DAG, from the metadata database of the api-server
+    this page runs in; none when ``user`` may not read the DAG's runs."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from velocity.backfill_runs import AirflowRun
+
+    if not get_auth_manager().is_authorized_dag(
+        method="GET",
+        user=user,
+        access_entity=DagAccessEntity.RUN,
+        details=DagDetails(id=BACKFILL_DAG_ID),
+    ):
+        return []
+    with create_session() as session:
+        runs = session.scalars(
+            select(DagRun)
+            .where(DagRun.dag_id == BACKFILL_DAG_ID)
+            .order_by(DagRun.id.desc())
+            .limit(limit)
+        ).all()
+        return [
+            AirflowRun(
+                run_id=run.run_id,
+                state=str(getattr(run.state, "value", run.state)),
+                conf=dict(run.conf or {}),
+                started_at=None
+                if run.start_date is None
+                else int(run.start_date.timestamp() * 1000),
+                url=f"/dags/{BACKFILL_DAG_ID}/runs/{quote(run.run_id, safe='')}",
+            )
+            for run in runs
+        ]
+
+
+def _alert_page(data: PageData, settings: Any, params: Mapping[str, str], history: Any) -> None:
+    """The page of alerts the URL asks for, and the alert stream's position for the live
+    updates of the newest page (read first: an alert published meanwhile comes twice, and
+    the page lists it once)."""
+    from velocity.redis import alert_feed, mirror
+
+    try:
+        search = alert_search(params, None if history is None else {r.rule_id for r in history})
+    except InvalidFilterError as exc:
+        data.filter_error = str(exc)
+        # The form keeps what was written, so the person can correct it.
+        data.alert_filter = AlertFilter(text={k: params.get(k, "") for k in FILTER_FIELDS})
+        return
+    data.alert_filter = search.query
+    data.alert_limit = search.limit if params.get("limit") else None
+    data.alerts_before = search.before
+    if search.before is None:
+        data.live_after, _ = _read(
+            "alert stream",
+            lambda: alert_feed.last_entry_id(mirror.connect(settings), settings.alert_stream),
+        )
+    page, data.alerts_error = search_alerts(settings, search)
+    data.alerts = page.alerts
+    data.alerts_older = page.older
 
 
 @app.get("/", response_class=HTMLResponse)
@@ -455,9 +623,106 @@ def rules_json(user: User) -> Response:
     return Response(dumps_json(rules), media_type="application/json")
 
 
+def _search_or_400(params: Mapping[str, str], settings: Any) -> tuple[AlertSearch, Any]:
+    """The search a request asks for and every rule version, or 400 naming the field."""
+    from velocity.delta.reader import rule_history
+
+    history = rule_history(settings)
+    try:
+        return alert_search(params, {r.rule_id for r in history}), history
+    except InvalidFilterError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+
+
 @app.get("/api/alerts")
-def alerts_json(user: User, rule: int | None = None, limit: int = ALERTS_SHOWN) -> list[dict]:
-    return recent_alerts(_settings(), rule, limit)
+def alerts_json(request: Request, user: User) -> dict[str, Any]:
+    """A page of alerts, newest first by decision time: ``rule``, ``kind``, ``key``
+    (``payerId=p-1`` or a value), ``tx``, ``from`` and ``to`` (eventTime, UTC, inclusive),
+    ``limit`` (default 50), ``before`` (the ``older`` of the previous page). 400 names a
+    bad field."""
+    settings = _settings()
+    search, _ = _search_or_400(request.query_params, settings)
+    page, error = search_alerts(settings, search)
+    return {
+        "alerts": list(page.alerts),
+        "older": None if page.older is None else page.older.text(),
+        "error": error,
+    }
+
+
+def _sse(event: str, data: Mapping[str, Any], entry_id: str | None = None) -> str:
+    """One server-sent event; its id is the alert stream position the browser resumes at."""
+    position = f"id: {entry_id}\n" if entry_id else ""
+    return f"event: {event}\n{position}data: {json.dumps(data)}\n\n"
+
+
+@app.get("/api/alerts/live", response_model=None)
+async def alerts_live(request: Request, user: User) -> StreamingResponse:
+    """Server-sent events for the page open in a browser: ``alert`` (the row of each alert
+    published after ``after`` — an alert stream id — that passes the filter, the same
+    fields as /api/alerts), ``health`` (the stream's figures, every 5 s) and ``failed``
+    (the alert stream cannot be read). The connection ends after 30 s and the browser
+    resumes from the last event's id (``Last-Event-ID``)."""
+    from velocity.delta.reader import rule_history
+    from velocity.redis import alert_feed
+
+    settings = await run_in_threadpool(_settings)
+    search, history = await run_in_threadpool(_search_or_400, request.query_params, settings)
+    after = request.headers.get("last-event-id") or request.query_params.get("after")
+    if not after or not _STREAM_ID.fullmatch(after):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "field 'after': an alert stream id")
+    view = AlertsView(base=URL_PREFIX, can_edit=_can_edit(user), query=search.query)
+    view.rule_versions = {(r.rule_id, r.version): r for r in history}
+
+    async def events() -> AsyncIterator[str]:
+        position = after
+        client = alert_feed.async_connect(settings, _LIVE_BLOCK_MS)
+        ends = time.monotonic() + _LIVE_SECONDS
+        health_due = 0.0
+        try:
+            yield "retry: 100\n\n"  # a connection the server ended: the browser resumes at once
+            while time.monotonic() < ends:
+                if time.monotonic() >= health_due:
+                    health_due = time.monotonic() + _LIVE_HEALTH_SECONDS
+                    yield _sse("health", {"html": await run_in_threadpool(_health_html, settings)})
+                try:
+                    entries = await alert_feed.entries_after(
+                        client, settings.alert_stream, position, _LIVE_BLOCK_MS
+                    )
+                except Exception as exc:  # the page says so; the browser tries again
+                    yield "retry: 5000\n\n"
+                    yield _sse("failed", {"error": f"cannot read the alert stream: {exc}"})
+                    return
+                sent = position
+                for entry_id, fields in entries:
+                    position = entry_id
+                    alert = _published_alert(fields)
+                    if alert is None or not search.query.matches(alert):
+                        continue
+                    if (alert["ruleId"], alert["ruleVersion"]) not in view.rule_versions:
+                        # A rule version applied since the connection opened.
+                        latest = await run_in_threadpool(rule_history, settings)
+                        view.rule_versions = {(r.rule_id, r.version): r for r in latest}
+                    row = alert_row(alert, view, None, fresh=True)
+                    yield _sse("alert", {"alertId": alert["alertId"], "html": row}, entry_id)
+                    sent = entry_id
+                if sent != position:  # entries that did not pass: resume after them
+                    yield _sse("position", {}, position)
+        finally:
+            await client.aclose()
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+def _health_html(settings: Any) -> str:
+    from velocity import stream_control
+
+    health, error = _read("stream status", lambda: stream_control.check_health(settings).to_json())
+    return health_html(health, error)
 
 
 @app.get("/api/alerts/{alert_id}/explanation")

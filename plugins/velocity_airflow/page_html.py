@@ -16,17 +16,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from html import escape
 from typing import Any
-from urllib.parse import quote
 
+from velocity.alert_search import PAGE_SIZE, AlertFilter, Cursor, duration_text, key_text
+from velocity.backfill_runs import BackfillRunView
 from velocity.reviews import Review, VersionPrecision
 from velocity.rules import Rule, RuleState, rule_summary
-from velocity_airflow import review_html
+from velocity_airflow import alerts_html, backfill_html, review_html
 
-# How many alerts the page lists, newest first.
-ALERTS_SHOWN = 50
+# How many alerts a page lists, newest first.
+ALERTS_SHOWN = PAGE_SIZE
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1rem 1.5rem; color: #1a202c; }
@@ -64,6 +64,7 @@ document.addEventListener("submit", function (event) {
   if (!words || form.dataset.plain) { return; }
   event.preventDefault();
   var body = new FormData(form, submitter);
+  if (window.velocityLive) { window.velocityLive.close(); }
   var shown = document.querySelector('[data-testid="flash"]');
   if (shown) { shown.hidden = true; }
   var busy = document.getElementById("change-progress");
@@ -117,7 +118,14 @@ class PageData:
     rules_error: str | None = None
     alerts: Sequence[Mapping[str, Any]] = ()
     alerts_error: str | None = None
-    alert_rule: int | None = None  # the alerts shown are of this rule only
+    alert_filter: AlertFilter = field(default_factory=AlertFilter)
+    filter_error: str | None = None  # the filter could not be read: no alerts listed
+    alert_limit: int | None = None  # a page size asked for in the URL
+    alerts_before: Cursor | None = None  # this page lists the alerts below it
+    alerts_older: Cursor | None = None  # the next page's boundary, None at the last
+    live_after: str | None = None  # the alert stream's position when read; None: not live
+    # Every version of every rule, by (ruleId, version): the rule beside each alert.
+    rule_versions: Mapping[tuple[int, int], Rule] = field(default_factory=dict)
     explanation: Mapping[str, Any] | None = None
     explanation_error: str | None = None
     lookup_form: Mapping[str, str] = field(default_factory=dict)
@@ -129,38 +137,28 @@ class PageData:
     reviews_error: str | None = None
     precision: Sequence[VersionPrecision] | None = None
     precision_error: str | None = None
+    backfills: Sequence[BackfillRunView] | None = None  # newest first
+    backfills_error: str | None = None
 
 
-def _time(ms: object) -> str:
-    """Epoch ms as UTC time; anything else (a hand-written alert) as escaped text."""
-    if isinstance(ms, bool) or not isinstance(ms, int):
-        return "" if ms is None else escape(str(ms))
-    try:
-        moment = datetime.fromtimestamp(ms / 1000, UTC)
-    except (OverflowError, OSError, ValueError):
-        return escape(str(ms))
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+_time = alerts_html.time_text
 
 
 def _error(text: str | None) -> str:
     return f'<p class="bad">{escape(text)}</p>' if text else ""
 
 
-def _ms(value: int | None) -> str | None:
-    return None if value is None else f"{value} ms"
-
-
-def _health(data: PageData) -> str:
-    if data.health is None:
-        return _error(data.health_error or "no stream status")
-    h = data.health
+def health_html(h: Mapping[str, Any] | None, error: str | None) -> str:
+    """The stream's verdict and figures (durations for people: "42 s", "5 min 8 s")."""
+    if h is None:
+        return _error(error or "no stream status")
     verdict_class = "ok" if h.get("healthy") else "bad"
     figures = [
         ("state", h.get("state")),
         ("batch", h.get("batch")),
-        ("heartbeat age", _ms(h.get("heartbeatAgeMs"))),
-        ("lag", _ms(h.get("lagMs"))),
-        ("last batch", _ms(h.get("lastBatchDurationMs"))),
+        ("heartbeat age", duration_text(h.get("heartbeatAgeMs"))),
+        ("lag", duration_text(h.get("lagMs"))),
+        ("last batch", duration_text(h.get("lastBatchDurationMs"))),
         ("rows/s", h.get("processedRowsPerSecond")),
     ]
     shown = "".join(
@@ -171,7 +169,7 @@ def _health(data: PageData) -> str:
     return (
         f'<p data-testid="stream-verdict" class="{verdict_class}">'
         f"<b>{escape(str(h.get('verdict')))}</b> — {escape(str(h.get('reason', '')))}</p>"
-        f'<div class="health">{shown}</div>'
+        f'<div class="health" data-testid="stream-figures">{shown}</div>'
     )
 
 
@@ -230,49 +228,19 @@ def _add_rule(data: PageData) -> str:
 
 
 def _alerts(data: PageData) -> str:
-    options = ['<option value="">every rule</option>'] + [
-        f'<option value="{r.rule_id}"{" selected" if r.rule_id == data.alert_rule else ""}>'
-        f"ruleId {r.rule_id}</option>"
-        for r in data.rules
-    ]
-    chooser = (
-        f'<form method="get" action="{data.base}/">Rule <select name="rule" '
-        f'data-testid="alert-rule">{"".join(options)}</select> '
-        '<button type="submit">Show</button></form>'
+    view = alerts_html.AlertsView(
+        base=data.base,
+        can_edit=data.can_edit,
+        query=data.alert_filter,
+        rule_versions=data.rule_versions,
+        limit=data.alert_limit,
+        before=data.alerts_before,
+        older=data.alerts_older,
+        live_after=data.live_after,
+        filter_error=data.filter_error,
     )
-    if data.alerts_error:
-        return chooser + _error(data.alerts_error)
-    if not data.alerts:
-        return chooser + '<p class="muted" data-testid="no-alerts">No alerts.</p>'
-    reviews = data.reviews or {}
-    rows = []
-    for alert in data.alerts:
-        shown_rule = "" if data.alert_rule is None else f"rule={data.alert_rule}&"
-        target = escape(quote(str(alert["alertId"]), safe=""))
-        link = f"{data.base}/?{shown_rule}alert={target}#explanation"
-        explain = f'<a href="{link}">explain</a>' if alert.get("kind") != "RETRACTION" else ""
-        rows.append(
-            f'<tr data-testid="alert-row" data-rule="{escape(str(alert["ruleId"]))}" '
-            f'data-kind="{escape(str(alert.get("kind")))}" '
-            f'data-tx="{escape(str(alert["transactionId"]))}">'
-            f"<td>{escape(str(alert.get('kind')))}</td><td>{escape(str(alert['ruleId']))}</td>"
-            f"<td><code>{escape(json.dumps(alert['key']))}</code></td>"
-            f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
-            f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"
-            f"<td>{_time(alert.get('eventTime'))}</td><td>{explain}</td>"
-            f"<td>{_review(data, alert, reviews)}</td></tr>"
-        )
-    head = (
-        "<tr><th>kind</th><th>ruleId</th><th>key</th><th>aggregate</th><th>transaction</th>"
-        "<th>event time</th><th></th><th>review</th></tr>"
-    )
-    table = f'<table data-testid="alerts">{head}{"".join(rows)}</table>'
-    return chooser + _error(data.reviews_error) + table
-
-
-def _review(data: PageData, alert: Mapping[str, Any], reviews: Mapping[str, Review]) -> str:
-    review = reviews.get(str(alert["alertId"]))
-    return review_html.review_cell(alert, review, data.can_edit, data.base)
+    error = "; ".join(e for e in (data.alerts_error, data.reviews_error) if e) or None
+    return alerts_html.alerts_section(data.alerts, view, data.reviews or {}, error)
 
 
 def _explanation(data: PageData) -> str:
@@ -294,7 +262,7 @@ def _explanation(data: PageData) -> str:
         f'<h2 id="explanation">Explanation of {escape(alert["kind"])} '
         f"<code>{escape(alert['alertId'])}</code></h2>"
         f"<p>ruleId {escape(str(alert['ruleId']))} v{escape(str(alert['ruleVersion']))}, key "
-        f"<code>{escape(json.dumps(alert['key']))}</code>, window {_time(alert['windowStart'])} "
+        f"<code>{escape(key_text(alert['key']))}</code>, window {_time(alert['windowStart'])} "
         f"… {_time(alert['windowEnd'])}</p>"
         f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'
         f'<p data-testid="explanation-arithmetic"><code>{escape(e["arithmetic"])}</code></p>'
@@ -335,18 +303,20 @@ def render_page(data: PageData) -> str:
     )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
-        f"<style>{_STYLE}{review_html.STYLE}</style>"
+        f"<style>{_STYLE}{review_html.STYLE}{alerts_html.STYLE}</style>"
         f"<script>{_PROGRESS_SCRIPT}</script></head><body>"
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
         f"{progress}{flash}"
         # An explanation is what the analyst just asked for: first.
         f"{_explanation(data)}"
-        f"<h2>Stream</h2>{_health(data)}"
+        f'<h2>Stream</h2><div id="health">{health_html(data.health, data.health_error)}</div>'
         f"<h2>Rules in force</h2>{_rules(data)}"
         "<h2>Alerts and precision by rule version</h2>"
         f"{review_html.precision_table(data.precision, data.precision_error)}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
+        f'<h2 id="backfills">Backfill runs</h2>'
+        f"{backfill_html.backfill_table(data.backfills, data.backfills_error)}"
         f"<h2>Window lookup</h2>{_lookup(data)}"
-        f"<h2>Latest alerts</h2>{_alerts(data)}"
+        f'<h2 id="alerts">Alerts</h2>{_alerts(data)}'
         "</body></html>"
     )

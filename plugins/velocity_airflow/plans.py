@@ -194,16 +194,19 @@ def rule_id_text(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
-def backfill_form_args(params: Mapping[str, object]) -> list[str]:
-    """``backfill_args`` of a run's params; a conf field the form does not have (say an old
-    script's ``from_ms``) is refused rather than silently ignored."""
+def backfill_form_args(params: Mapping[str, object], run_id: str | None = None) -> list[str]:
+    """``backfill_args`` of a run's params, and ``--airflow-run`` with the DAG run's id (the
+    backfill records it, and the Velocity page finds the run's figures by it); a conf field
+    the form does not have (say an old script's ``from_ms``) is refused rather than
+    silently ignored."""
     unknown = sorted(set(params) - set(BACKFILL_FIELDS))
     if unknown:
         raise UsageError(
             f"unknown field {', '.join(unknown)}: the backfill form takes From (from_time), "
             "To (to_time) and Rules (rule_ids)"
         )
-    return backfill_args(params.get("from_time"), params.get("to_time"), params.get("rule_ids"))
+    args = backfill_args(params.get("from_time"), params.get("to_time"), params.get("rule_ids"))
+    return [*args, "--airflow-run", run_id] if run_id else args
 
 
 def rule_choices(rules: Sequence[Rule]) -> tuple[list[str], dict[str, str]]:

@@ -46,6 +46,9 @@ class Deployment:
     def land(self, wave: int) -> None:
         land_file(self.waves[wave], self.events)
 
+    def land_path(self, source: Path) -> None:
+        land_file(source, self.events)
+
     def batches(self) -> int:
         """Micro-batches this run with nothing left to read (0 while files wait)."""
         from velocity import stream_control

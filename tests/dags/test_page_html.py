@@ -3,12 +3,18 @@ the page's rule changes and reviews in process."""
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.builders import alert_row, append_alerts, make_rule
 
+from velocity.alert_search import Cursor, parse_filter
 from velocity.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
+from velocity.settings import Settings
 from velocity_airflow.page_html import Flash, PageData, render_page
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,8 +37,16 @@ ALERT = {
 }
 
 
+class Analyst:
+    """A signed-in user as the page sees one."""
+
+    def get_name(self) -> str:
+        return "ana"
+
+
 def _page(**fields: object) -> str:
     data = PageData(user="ana", can_edit=True, base="/velocity", rules=RULES)
+    data.rule_versions = {(r.rule_id, 1): replace(r, version=1) for r in RULES}
     for name, value in fields.items():
         setattr(data, name, value)
     return render_page(data)
@@ -57,10 +71,10 @@ def test_a_viewer_sees_the_rules_but_no_way_to_change_them() -> None:
 
 
 def test_alert_values_are_escaped_and_link_to_their_explanation() -> None:
-    html = _page(alerts=[ALERT], alert_rule=1)
+    html = _page(alerts=[ALERT], alert_filter=parse_filter({"rule": "1"}, None))
     assert "<script>alert(1)" not in html
     assert "&lt;script&gt;" in html and "tx-&lt;b&gt;" in html
-    assert 'href="/velocity/?rule=1&alert=a-1#explanation"' in html
+    assert 'href="/velocity/?rule=1&amp;alert=a-1#explanation"' in html
     assert '<option value="1" selected>' in html
 
 
@@ -243,10 +257,6 @@ def test_the_page_records_a_review_from_the_alerts_table_and_refuses_a_bad_one(
     from velocity.settings import load_settings
     from velocity_airflow import page
 
-    class Analyst:
-        def get_name(self) -> str:
-            return "ana"
-
     # No Redis here: an alert the table lacks is looked for on a stream that cannot be read.
     settings = load_settings(data_dir=tmp_path / "data", redis_url="redis://127.0.0.1:1/0")
     append_alerts(settings.table_path(ALERTS), [alert_row("a-1", (3, 2), 1_767_225_600_000)])
@@ -265,3 +275,257 @@ def test_the_page_records_a_review_from_the_alerts_table_and_refuses_a_bad_one(
         with pytest.raises(UsageError, match=f"field '{field}'"):
             page._record_review(settings, Analyst(), alert_id, verdict, "")
     assert [r.alert_id for r in review_store(settings).all()] == ["a-1"]
+
+
+def _row(html: str, alert_id: str) -> str:
+    return html.split(f'data-alert-id="{alert_id}"')[1].split("</tr>")[0]
+
+
+def test_an_alert_row_reads_as_people_read_it_beside_its_rule_version() -> None:
+    alert = {**ALERT, "key": {"beneficiaryId": "2034", "payerId": "p-4041"}, "decisionTime": 1}
+    alert["decisionTime"] = 1767225600312
+    row = _row(_page(alerts=[alert]), "a-1")
+    # The rule's grouping order (payerId, beneficiaryId), not the record's.
+    assert '<td data-testid="alert-key">payerId=p-4041, beneficiaryId=2034</td>' in row
+    assert '<span data-testid="alert-version">v1</span>' in row
+    assert "SUM(paymentAmount) &gt; 200000 over 1440 min by payerId, beneficiaryId" in row
+    assert "<td>2026-01-01 00:00:00.312Z</td>" in row and "<td>2026-01-01 00:00:00.000Z</td>" in row
+    assert 'data-cursor="1767225600312_a-1"' in row
+    assert 'data-testid="review-form"' in row, "the review column stays beside each alert"
+    unknown = _row(_page(alerts=[{**alert, "ruleVersion": 7}]), "a-1")
+    assert "(version not in the rules table)" in unknown
+
+
+def test_the_newest_page_is_live_with_its_filter_and_an_older_page_is_not() -> None:
+    query = parse_filter({"rule": "1", "key": "payerId=p 1", "from": "2026-01-01"}, None)
+    newest = _page(alerts=[ALERT], alert_filter=query, live_after="1767225600312-0")
+    live = newest.split('data-live="')[1].split('"')[0]
+    assert live == (
+        "/velocity/api/alerts/live?rule=1&amp;key=payerId%3Dp+1&amp;from=2026-01-01"
+        "&amp;after=1767225600312-0"
+    )
+    assert 'data-testid="live-status"' in newest and "new EventSource" in newest
+    assert 'value="payerId=p 1"' in newest, "the form keeps the filter"
+    assert 'data-testid="older-alerts">' not in newest, "no older page"
+    older = _page(
+        alerts=[ALERT],
+        alert_filter=query,
+        live_after="1767225600312-0",
+        alerts_before=Cursor(1767225600999, "a-9"),
+        alerts_older=Cursor(1767225600312, "a-1"),
+        alert_limit=10,
+    )
+    assert "data-live=" not in older and "Live updates show on the newest page" in older
+    link = older.split(' data-testid="older-alerts">')[0].rsplit('href="', 1)[1].split('"')[0]
+    assert link == (
+        "/velocity/?rule=1&amp;key=payerId%3Dp+1&amp;from=2026-01-01&amp;limit=10"
+        "&amp;before=1767225600312_a-1"
+    )
+    assert 'data-testid="newest-alerts">newest</a>' in older
+    assert "older than 2026-01-01 00:00:00.999Z" in older
+
+
+def test_a_filter_that_cannot_be_read_names_its_field_and_keeps_what_was_written() -> None:
+    from velocity.alert_search import AlertFilter
+
+    html = _page(
+        filter_error="field 'from': 'yesterday' is not a time; write 2026-01-01 10:05 (UTC)",
+        alert_filter=AlertFilter(text={"from": "yesterday"}),
+    )
+    assert 'data-testid="filter-error">field &#x27;from&#x27;: &#x27;yesterday&#x27;' in html
+    assert 'value="yesterday" data-testid="filter-from"' in html
+    assert 'data-testid="alerts"' not in html
+
+
+def test_the_heartbeat_age_reads_in_seconds_or_minutes() -> None:
+    health = {"healthy": True, "verdict": "running", "reason": "ok", "heartbeatAgeMs": 308927}
+    html = _page(health={**health, "lagMs": 4200, "lastBatchDurationMs": 850})
+    assert "heartbeat age: <b>5 min 8 s</b>" in html
+    assert "lag: <b>4.2 s</b>" in html and "last batch: <b>850 ms</b>" in html
+    assert "308927" not in html
+
+
+def _publish(settings: Settings, rows: list[dict[str, Any]]) -> None:
+    """Publish alerts-table rows to the alert stream as the stream does (SPEC §4 records)."""
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url)
+    for row in rows:
+        record = {k: v for k, v in row.items() if k != "signature_id"}
+        record["key"] = dict(record["key"])
+        client.xadd(settings.alert_stream, {"alert": json.dumps(record), "batch": "1"})
+
+
+def _alerts_settings(data_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Rules 1 and 2 (version 1) in the rules table, and the page reading these settings."""
+    from velocity.delta.names import RULES
+    from velocity.delta.rule_store import RuleStore
+    from velocity_airflow import page
+
+    RuleStore(data_settings.table_path(RULES)).apply([make_rule(ruleId=1), make_rule(ruleId=2)])
+    monkeypatch.setattr(page, "_settings", lambda: data_settings)
+    return data_settings
+
+
+@pytest.mark.redis
+def test_pages_of_alerts_come_from_the_table_and_the_stream_each_alert_once(
+    data_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """12 alerts in the alerts table; the newest 3 only on the alert stream (not written to
+    Delta yet) and the newest of the table's on both: paging lists all 15, once each."""
+    from velocity.delta.names import ALERTS
+    from velocity_airflow import page
+
+    settings = _alerts_settings(data_settings, monkeypatch)
+    start = int(time.time() * 1000) - 60_000
+    table = [alert_row(f"d-{n:02d}", (1, 1), start + n * 1000) for n in range(12)]
+    table[3] = alert_row("d-03", (2, 1), start + 3000, kind="CORRECTION")
+    append_alerts(settings.table_path(ALERTS), table)
+    _publish(
+        settings,
+        [table[-1]] + [alert_row(f"r-{n}", (1, 1), start + n * 1000) for n in (12, 13, 14)],
+    )
+
+    listed, before, pages = [], None, 0
+    while pages < 10:
+        params = {"limit": "5", **({"before": before.text()} if before else {})}
+        found, error = page.search_alerts(settings, page.alert_search(params, {1, 2}))
+        assert error is None
+        listed += [a["alertId"] for a in found.alerts]
+        pages += 1
+        before = found.older
+        if before is None:
+            break
+    assert listed == ["r-14", "r-13", "r-12"] + [f"d-{n:02d}" for n in range(11, -1, -1)]
+    assert pages == 3
+    only = page.alert_search({"rule": "2", "kind": "correction"}, {1, 2})
+    assert [a["alertId"] for a in page.search_alerts(settings, only)[0].alerts] == ["d-03"]
+    by_key = page.alert_search({"key": "p-1", "tx": "tx-r-13"}, {1, 2})
+    assert [a["alertId"] for a in page.search_alerts(settings, by_key)[0].alerts] == ["r-13"]
+
+    # Redis down: the table's alerts are still listed, and the page says what is missing.
+    down = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    found, error = page.search_alerts(down, page.alert_search({"limit": "3"}, None))
+    assert [a["alertId"] for a in found.alerts] == ["d-11", "d-10", "d-09"]
+    assert error is not None and error.startswith("cannot read the alert stream in Redis")
+
+
+@pytest.mark.redis
+def test_the_live_feed_sends_the_rows_of_new_alerts_that_pass_the_filter(
+    data_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from velocity.redis import alert_feed, mirror
+    from velocity_airflow import page
+
+    settings = _alerts_settings(data_settings, monkeypatch)
+    monkeypatch.setattr(page, "_LIVE_SECONDS", 1.5)
+    monkeypatch.setattr(page, "_can_edit", lambda user: True)
+    page.app.dependency_overrides[page._user] = Analyst
+    try:
+        client = TestClient(page.app)
+        after = alert_feed.last_entry_id(mirror.connect(settings), settings.alert_stream)
+        now = int(time.time() * 1000)
+        _publish(settings, [alert_row("one", (1, 1), now), alert_row("two", (2, 1), now)])
+        started = time.monotonic()
+        reply = client.get("/api/alerts/live", params={"rule": "2", "after": after})
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        assert time.monotonic() - started < 10, "the connection ends by itself"
+        events = [e for e in reply.text.split("\n\n") if e.startswith("event: ")]
+        alerts = [e for e in events if e.startswith("event: alert")]
+        assert len(alerts) == 1, events
+        lines = dict(line.split(": ", 1) for line in alerts[0].splitlines())
+        sent = json.loads(lines["data"])
+        assert sent["alertId"] == "two" and lines["id"] > after
+        assert 'data-alert-id="two"' in sent["html"] and 'data-rule="2"' in sent["html"]
+        assert 'data-testid="review-form"' in sent["html"]
+        assert "payerId=p-1" in sent["html"] and "v1</span>" in sent["html"]
+        assert any(e.startswith("event: health") for e in events)
+        # Resuming from the alert's id (the browser's Last-Event-ID) sends nothing again.
+        again = client.get(
+            "/api/alerts/live", params={"rule": "2", "after": after},
+            headers={"last-event-id": lines["id"]},
+        )  # fmt: skip
+        assert "event: alert" not in again.text
+        for params, field in [({"after": "x"}, "after"), ({"after": after, "rule": "9"}, "rule")]:
+            refused = client.get("/api/alerts/live", params=params)
+            assert refused.status_code == 400 and f"field '{field}'" in refused.text
+        listed = client.get("/api/alerts", params={"rule": "2", "limit": "1"}).json()
+        assert [a["alertId"] for a in listed["alerts"]] == ["two"] and listed["older"] is None
+        bad = client.get("/api/alerts", params={"from": "yesterday"})
+        assert bad.status_code == 400 and "field 'from'" in bad.text
+    finally:
+        page.app.dependency_overrides.clear()
+
+
+def test_backfill_runs_show_their_figures_state_and_airflow_link() -> None:
+    from velocity.backfill_runs import AirflowRun, RecordedRun, backfill_runs
+
+    recorded = RecordedRun(
+        "r1", 1767225600000, 1767229200000, (5, 7), 8904, 20, 0, 1767300000000,
+        1767300030000, lock_seconds=12.456, airflow_run_id="manual__<1>",
+    )  # fmt: skip
+    runs = backfill_runs(
+        [recorded],
+        [
+            AirflowRun("manual__<1>", "success", {}, 1767299999000, "/dags/b/runs/manual__%3C1%3E"),
+            AirflowRun("manual__2", "running", {"rule_ids": ["4"]}, 1767400000000, "/dags/x"),
+        ],
+    )
+    html = _page(backfills=runs)
+    running, done = html.split('data-testid="backfill-run" ')[1:]
+    assert running.startswith('data-state="running"') and "every rule" not in running
+    assert "the late events not yet backfilled, rules 4" in running
+    assert 'data-state="success"' in done
+    assert "2026-01-01 00:00:00.000Z … 2026-01-01 01:00:00.000Z" in done
+    assert '<td>5, 7</td><td class="figure">8904</td><td class="figure">20</td>' in done
+    assert '<td class="figure">12.46 s</td>' in done
+    assert 'href="/dags/b/runs/manual__%3C1%3E" target="_top"' in done
+    assert 'data-testid="no-backfills"' in _page(backfills=[])
+    assert "cannot read the backfill runs: &lt;x&gt;" in _page(
+        backfills_error="cannot read the backfill runs: <x>"
+    )
+
+
+def test_the_backfills_table_reads_with_and_without_the_later_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from velocity.delta.names import BACKFILLS
+    from velocity.delta.reader import recorded_backfills
+    from velocity.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path / "data")
+    assert recorded_backfills(settings) == []
+    row = {
+        "run_id": "r1", "from_ms": 1, "to_ms": 2, "rule_ids": [5], "late_through_batch": None,
+        "events_evaluated": 3, "corrections": 1, "retractions": 0, "alert_ids": ["a"],
+        "started_at": 10, "finished_at": 20,
+    }  # fmt: skip
+    schema = pa.schema(
+        [
+            *(pa.field(n, pa.int64()) for n in ("from_ms", "to_ms")),
+            pa.field("run_id", pa.string()),
+            pa.field("rule_ids", pa.list_(pa.int64())),
+            pa.field("late_through_batch", pa.int64()),
+            *(pa.field(n, pa.int64()) for n in ("events_evaluated", "corrections", "retractions")),
+            pa.field("alert_ids", pa.list_(pa.string())),
+            *(pa.field(n, pa.int64()) for n in ("started_at", "finished_at")),
+        ]
+    )
+    path = str(settings.table_path(BACKFILLS))
+    write_deltalake(path, pa.Table.from_pylist([row], schema))
+    [old] = recorded_backfills(settings)
+    assert (old.run_id, old.corrections, old.lock_seconds, old.airflow_run_id) == (
+        "r1", 1, None, None,
+    )  # fmt: skip
+    newer = schema.append(pa.field("lock_seconds", pa.float64())).append(
+        pa.field("airflow_run_id", pa.string())
+    )
+    later = {**row, "run_id": "r2", "lock_seconds": 1.5, "airflow_run_id": "manual__1"}
+    write_deltalake(path, pa.Table.from_pylist([later], newer), mode="append", schema_mode="merge")
+    runs = {r.run_id: r for r in recorded_backfills(settings)}
+    assert (runs["r2"].lock_seconds, runs["r2"].airflow_run_id) == (1.5, "manual__1")
+    assert runs["r1"].lock_seconds is None

@@ -100,6 +100,13 @@ def test_the_form_refuses_fields_it_does_not_have_and_times_just_before_1970() -
         "--rules",
         "2",
     ]
+    # The DAG run's id goes with it: the backfill records its figures under it.
+    assert backfill_form_args({"rule_ids": None}, "manual__2026-01-01T00:00:00+00:00") == [
+        "backfill",
+        "--late",
+        "--airflow-run",
+        "manual__2026-01-01T00:00:00+00:00",
+    ]
     with pytest.raises(UsageError, match="From must be at or after 1970"):
         backfill_args("1969-12-31T23:59:59.9995Z", 5)
     with pytest.raises(UsageError, match="Rules\\[0\\] must be an integer"):

@@ -112,6 +112,27 @@ def test_backfill_rejects_a_bad_range_and_unknown_rules(spark, data_settings: Se
         backfill.run(0, 5, rule_ids=[1, 99])
 
 
+@pytest.mark.timeout(300)
+def test_a_backfill_records_its_airflow_run_and_lock_time_in_an_older_backfills_table(
+    spark, data_settings: Settings
+) -> None:
+    """A backfills table made before lock_seconds and airflow_run_id gains them when the
+    backfill opens it, and the run records both (the Velocity page reads them)."""
+    from pyspark.sql.types import StructType
+
+    from velocity.delta.reader import recorded_backfills
+
+    live = LiveTables.of(data_settings)
+    later = ("lock_seconds", "airflow_run_id")
+    older = StructType([f for f in tables.BACKFILL_SCHEMA.fields if f.name not in later])
+    spark.createDataFrame([], older).write.format("delta").mode("append").save(str(live.backfills))
+    summary = Backfill(spark, data_settings).run(0, 5, airflow_run_id="manual__2026-01-01")
+    [run] = recorded_backfills(data_settings)  # no rule in force: recorded at once
+    assert (run.run_id, run.airflow_run_id) == (summary.run_id, "manual__2026-01-01")
+    assert run.lock_seconds == summary.lock_seconds
+    assert summary.to_json()["airflow_run_id"] == "manual__2026-01-01"
+
+
 def test_backfill_decides_each_event_with_the_rule_versions_its_batch_was_decided_with(
     spark, data_settings: Settings, tmp_path: Path
 ) -> None:

@@ -9,15 +9,20 @@ Spark.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from velocity.alert_search import AlertFilter, Cursor
 from velocity.alerts import AlertKind
-from velocity.delta.names import ALERT_REVIEWS, ALERTS, EVENTS, RULES
+from velocity.backfill_runs import RecordedRun
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
 from velocity.errors import UsageError
@@ -25,7 +30,7 @@ from velocity.explain import Explanation, explain_alert
 from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, Review, VersionPrecision
 from velocity.reviews import precision_by_version as _precision_by_version
 from velocity.rules import Rule
-from velocity.schema import FIELDS_BY_NAME, Event, FieldKind, parse_event_line
+from velocity.schema import FIELDS_BY_NAME, RULE_FIELDS, Event, FieldKind, parse_event_line
 from velocity.settings import Settings
 
 
@@ -183,3 +188,120 @@ def precision_by_version(
     if reviews is None:
         reviews = review_store(settings).all()
     return _precision_by_version(alert_volumes(settings, now_ms), reviews)
+
+
+# The alerts table's columns of a SPEC §4 record (not the stream's signature_id).
+_RECORD_COLUMNS = [
+    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
+    "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
+    "windowEnd", "decisionTime",
+]  # fmt: skip
+# The first decisionTime span searched below a page's boundary; each next one is 8 times
+# wider, until the page is full or the span reaches the table's oldest alert.
+_FIRST_SPAN_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class TableAlerts:
+    """A page's candidates from the alerts table, newest first; ``more``: the table holds
+    further matching alerts; ``newest``: its newest decisionTime (None: no alerts)."""
+
+    alerts: list[dict[str, Any]]
+    more: bool
+    newest: int | None
+
+
+def newest_alerts(
+    settings: Settings, query: AlertFilter, before: Cursor | None, limit: int
+) -> TableAlerts:
+    """The ``limit`` newest alerts of the alerts table that pass ``query`` and lie below
+    ``before`` (by decisionTime, then alertId), read with delta-rs and Arrow.
+
+    The filter is pushed into the scan; the search looks back in growing decisionTime spans
+    below the boundary (1 h, 8 h, 64 h, …), so data files of older alerts are skipped by
+    their statistics while the newest pages fill."""
+    table = _table(settings.table_path(ALERTS))
+    if table is None:
+        return TableAlerts([], False, None)
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return TableAlerts([], False, None)
+    oldest, newest = (
+        _stat(files, "min.decisionTime", pc.min),
+        _stat(files, "max.decisionTime", pc.max),
+    )
+    dataset = table.to_pyarrow_dataset()
+    where = _alert_predicate(query, before)
+    top = before.decision_time if before is not None else newest
+    span = _FIRST_SPAN_MS
+    while True:
+        lower = None if top is None or oldest is None or top - span <= oldest else top - span
+        scoped = where if lower is None else where & (pc.field("decisionTime") >= lower)
+        rows = dataset.to_table(filter=scoped, columns=_RECORD_COLUMNS)
+        if rows.num_rows > limit or lower is None:
+            break
+        span *= 8
+    newest_first = rows.sort_by([("decisionTime", "descending"), ("alertId", "descending")])
+    records = [_alert_record(r) for r in newest_first.slice(0, limit + 1).to_pylist()]
+    return TableAlerts(records[:limit], len(records) > limit, newest)
+
+
+def _stat(files: pa.Table, column: str, pick: Any) -> int | None:
+    """The min or max of a statistics column over the data files (None without stats)."""
+    if column not in files.column_names:
+        return None
+    value = pick(files.column(column)).as_py()
+    return None if value is None else int(value)
+
+
+def _alert_predicate(query: AlertFilter, before: Cursor | None) -> pc.Expression:
+    """``query`` and the page boundary as an Arrow filter on the alerts table."""
+    terms = []
+    if query.rule_id is not None:
+        terms.append(pc.field("ruleId") == query.rule_id)
+    if query.kind is not None:
+        terms.append(pc.field("kind") == query.kind.value)
+    if query.transaction_id is not None:
+        terms.append(pc.field("transactionId") == query.transaction_id)
+    if query.from_ms is not None:
+        terms.append(pc.field("eventTime") >= query.from_ms)
+    if query.to_ms is not None:
+        terms.append(pc.field("eventTime") <= query.to_ms)
+    for part in query.key:
+        names = (part.field,) if part.field is not None else RULE_FIELDS
+        terms.append(
+            reduce(
+                lambda a, b: a | b,
+                (
+                    pc.map_lookup(pc.field("key"), pa.scalar(n), "first") == part.value
+                    for n in names
+                ),
+            )
+        )
+    if before is not None:
+        at = pc.field("decisionTime")
+        terms.append(
+            (at < before.decision_time)
+            | ((at == before.decision_time) & (pc.field("alertId") < before.alert_id))
+        )
+    return reduce(lambda a, b: a & b, terms, pc.scalar(True))
+
+
+def recorded_backfills(settings: Settings) -> list[RecordedRun]:
+    """Every run the ``backfills`` table records (written by each run when it finishes),
+    without the ids of its alerts; empty before the first run. A table recorded before
+    lock_seconds and airflow_run_id existed reads them as None."""
+    table = _table(settings.table_path(BACKFILLS))
+    if table is None:
+        return []
+    present = {f.name for f in table.schema().fields}
+    wanted = [c for c in _BACKFILL_COLUMNS if c in present]
+    rows = table.to_pyarrow_dataset().to_table(columns=wanted).to_pylist()
+    return [RecordedRun.from_row(row) for row in rows]
+
+
+_BACKFILL_COLUMNS = [
+    "run_id", "from_ms", "to_ms", "rule_ids", "late_through_batch", "events_evaluated",
+    "corrections", "retractions", "started_at", "finished_at", "lock_seconds",
+    "airflow_run_id",
+]  # fmt: skip

@@ -14,6 +14,7 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     DecimalType,
+    DoubleType,
     IntegerType,
     LongType,
     MapType,
@@ -122,6 +123,10 @@ BACKFILL_SCHEMA = StructType(
         StructField("alert_ids", ArrayType(StringType(), False), False),
         StructField("started_at", LongType(), False),
         StructField("finished_at", LongType(), False),
+        # Added later: nullable (a run recorded before has none; create_if_missing adds
+        # them to an older table). The Velocity page shows them.
+        StructField("lock_seconds", DoubleType(), True),
+        StructField("airflow_run_id", StringType(), True),
     ]
 )
 

@@ -78,6 +78,8 @@ class BackfillSummary:
     buckets_rebuilt: int = 0
     # Seconds the run held the state lock, the longest the stream waited on it.
     lock_seconds: float = 0.0
+    # The Airflow DAG run that ran this backfill (`--airflow-run`), recorded with it.
+    airflow_run_id: str | None = None
     republished: int = 0
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
@@ -187,9 +189,13 @@ class Backfill:
         late_through_batch: int | None = None,
         decision_time: int | None = None,
         progress: Progress = QUIET,
+        airflow_run_id: str | None = None,
     ) -> BackfillSummary:
         with SparkProgress(self.spark, progress):
-            return self._run(from_ms, to_ms, rule_ids, late_through_batch, decision_time, progress)
+            return self._run(
+                from_ms, to_ms, rule_ids, late_through_batch, decision_time, progress,
+                airflow_run_id,
+            )  # fmt: skip
 
     def _run(
         self,
@@ -199,6 +205,7 @@ class Backfill:
         late_through_batch: int | None,
         decision_time: int | None,
         progress: Progress,
+        airflow_run_id: str | None = None,
     ) -> BackfillSummary:
         if from_ms < 0 or to_ms < from_ms:
             raise UsageError(
@@ -216,6 +223,7 @@ class Backfill:
             to_ms=to_ms,
             rule_ids=[r.rule_id for r in rules],
             late_through_batch=late_through_batch,
+            airflow_run_id=airflow_run_id,
         )
         with state_lock(self.redis, settings, f"backfill {summary.run_id} (recover)"):
             # Under the lock: another run between its append and its record is not a
@@ -301,7 +309,9 @@ class Backfill:
                     self._append_alerts(records)
                     self._publish(records)
                 timer.mark("amend+publish")
-                self._record(summary, [r["alertId"] for r in records], started)
+                # The lock time so far: the record is the last write under the lock.
+                held = summary.lock_seconds + lease.held_seconds()
+                self._record(summary, [r["alertId"] for r in records], started, held)
             summary.lock_seconds += lease.held_seconds()
         finally:
             decisions.unpersist()
@@ -608,7 +618,13 @@ class Backfill:
         frame = self.spark.createDataFrame(rows, tables.ALERT_SCHEMA)
         frame.write.format("delta").mode("append").save(str(self.live.alerts))
 
-    def _record(self, summary: BackfillSummary, alert_ids: list[str], started: int) -> None:
+    def _record(
+        self,
+        summary: BackfillSummary,
+        alert_ids: list[str],
+        started: int,
+        lock_seconds: float | None = None,
+    ) -> None:
         row = {
             "run_id": summary.run_id,
             "from_ms": summary.from_ms or 0,
@@ -621,7 +637,11 @@ class Backfill:
             "alert_ids": alert_ids,
             "started_at": started,
             "finished_at": int(time.time() * 1000),
+            "lock_seconds": summary.lock_seconds if lock_seconds is None else lock_seconds,
+            "airflow_run_id": summary.airflow_run_id,
         }
+        # A table made before lock_seconds and airflow_run_id got them when LiveState
+        # opened it (tables.create_if_missing adds missing nullable columns).
         frame = self.spark.createDataFrame([row], tables.BACKFILL_SCHEMA)
         frame.write.format("delta").mode("append").save(str(self.live.backfills))
 

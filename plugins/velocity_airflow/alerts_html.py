@@ -1,0 +1,245 @@
+"""The Velocity page's alerts: the filter form, the table (one row per alert, with its rule
+version and what the rule checks, its key as ``payerId=p-4041, beneficiaryId=2034``, UTC
+times, its explanation link and review cell), paging links, and the script that adds the
+alerts the server sends while the page is open (pure HTML from plain data; everything
+shown is escaped).
+
+Live: the newest page listens to ``/api/alerts/live`` (server-sent events, with the
+page's filter and the alert stream's position when the page was drawn); each event is a
+row drawn by ``alert_row`` on the server, put on top of the table unless an alert of its
+id is listed. The browser reconnects by itself (with the last position it had), and the
+server ends each connection after a while so that a closed tab, an expired login or an
+api-server shutdown does not keep it open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+from velocity.alert_search import AlertFilter, Cursor, key_text
+from velocity.alerts import AlertKind
+from velocity.reviews import Review
+from velocity.rules import Rule, rule_summary
+from velocity_airflow import review_html
+
+# Rows the live table keeps: the oldest go (and the Older link moves up) past this many.
+LIVE_ROWS_KEPT = 500
+
+STYLE = """
+form.filter input { font-size: .85rem; } form.filter label { margin-right: .5rem; }
+.rule-text { color: #718096; font-size: .8rem; display: block; }
+tr.fresh { animation: fresh 3s ease-out; }
+@keyframes fresh { from { background: #fefcbf; } to { background: transparent; } }
+.paging a { margin-right: 1rem; }
+"""
+
+# Rows sent by the server while the page is open go on top of the table; the health
+# section is redrawn with each health event (the heartbeat age keeps counting).
+_LIVE_SCRIPT = """
+(function () {
+  var table = document.querySelector('[data-testid="alerts"]');
+  if (!table || !table.dataset.live || !window.EventSource) { return; }
+  var rows = table.tBodies[0], status = document.querySelector('[data-testid="live-status"]');
+  var source = new EventSource(table.dataset.live, {withCredentials: true});
+  window.velocityLive = source;
+  function say(text) { if (status) { status.textContent = text; } }
+  source.onopen = function () { say("live: new alerts appear here as they are raised"); };
+  source.onerror = function () { say("live: reconnecting…"); };
+  source.addEventListener("alert", function (event) {
+    var message = JSON.parse(event.data);
+    var listed = rows.querySelectorAll("tr[data-alert-id]");
+    for (var i = 0; i < listed.length; i++) {
+      if (listed[i].dataset.alertId === message.alertId) { return; }
+    }
+    rows.insertAdjacentHTML("afterbegin", message.html);
+    var none = document.querySelector('[data-testid="no-alerts"]');
+    if (none) { none.hidden = true; }
+    var kept = rows.querySelectorAll("tr[data-alert-id]");
+    if (kept.length > table.dataset.kept) {
+      for (var j = Number(table.dataset.kept); j < kept.length; j++) { kept[j].remove(); }
+      var older = document.querySelector('[data-testid="older-alerts"]');
+      var last = kept[Number(table.dataset.kept) - 1];
+      if (older && last) {
+        var url = new URL(older.href);
+        url.searchParams.set("before", last.dataset.cursor);
+        older.href = url.toString();
+      }
+    }
+  });
+  source.addEventListener("health", function (event) {
+    var health = document.getElementById("health");
+    if (health) { health.innerHTML = JSON.parse(event.data).html; }
+  });
+  source.addEventListener("failed", function (event) {
+    say("live: " + JSON.parse(event.data).error);
+  });
+})();
+"""
+
+
+@dataclass
+class AlertsView:
+    """What the alerts section shows, besides the alerts themselves."""
+
+    base: str  # the app's URL prefix
+    can_edit: bool
+    query: AlertFilter = field(default_factory=AlertFilter)
+    # Every version of every rule, by (ruleId, version): the rule beside each alert.
+    rule_versions: Mapping[tuple[int, int], Rule] = field(default_factory=dict)
+    limit: int | None = None  # a page size asked for in the URL (kept by the links)
+    before: Cursor | None = None  # this page lists the alerts below this boundary
+    older: Cursor | None = None  # the next page's boundary; None: this is the last page
+    live_after: str | None = None  # the alert stream's position when drawn; None: not live
+    filter_error: str | None = None
+
+    def link(self, **extra: str) -> str:
+        """The page's URL with this filter (and page size) and ``extra`` parameters."""
+        params = dict(self.query.query())
+        if self.limit is not None:
+            params["limit"] = str(self.limit)
+        params.update(extra)
+        return f"{self.base}/?{urlencode(params)}" if params else f"{self.base}/"
+
+
+def time_text(ms: object) -> str:
+    """Epoch ms as UTC time (``2026-01-01 10:05:00.123Z``); anything else as escaped text."""
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        return "" if ms is None else escape(str(ms))
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return escape(str(ms))
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _rule_cell(alert: Mapping[str, Any], view: AlertsView) -> str:
+    rule_id, version = alert.get("ruleId"), alert.get("ruleVersion")
+    rule = view.rule_versions.get((rule_id, version))  # type: ignore[arg-type]
+    text = rule_summary(rule) if rule is not None else "(version not in the rules table)"
+    return (
+        f'<td data-testid="alert-rule">{escape(str(rule_id))} '
+        f'<span data-testid="alert-version">v{escape(str(version))}</span>'
+        f'<span class="rule-text">{escape(text)}</span></td>'
+    )
+
+
+def alert_row(
+    alert: Mapping[str, Any], view: AlertsView, review: Review | None, fresh: bool = False
+) -> str:
+    """One alert's row: decided, kind, rule version and what it checks, key, aggregate,
+    transaction, event time, explain link, review cell."""
+    alert_id = str(alert["alertId"])
+    rule = view.rule_versions.get((alert.get("ruleId"), alert.get("ruleVersion")))  # type: ignore[arg-type]
+    order = rule.grouping_keys if rule is not None else ()
+    key = alert.get("key")
+    shown_key = key_text(key, order) if isinstance(key, Mapping) else str(key)
+    explain = ""
+    if alert.get("kind") != AlertKind.RETRACTION:
+        at = {"before": view.before.text()} if view.before is not None else {}
+        link = view.link(alert=alert_id, **at)
+        explain = f'<a href="{escape(link)}#explanation">explain</a>'
+    cursor = Cursor.of(alert).text() if "decisionTime" in alert else ""
+    review_cell = review_html.review_cell(alert, review, view.can_edit, view.base)
+    return (
+        f'<tr data-testid="alert-row"{" class=fresh" if fresh else ""} '
+        f'data-alert-id="{escape(alert_id)}" data-cursor="{escape(cursor)}" '
+        f'data-rule="{escape(str(alert["ruleId"]))}" '
+        f'data-kind="{escape(str(alert.get("kind")))}" '
+        f'data-tx="{escape(str(alert["transactionId"]))}">'
+        f"<td>{time_text(alert.get('decisionTime'))}</td>"
+        f"<td>{escape(str(alert.get('kind')))}</td>{_rule_cell(alert, view)}"
+        f'<td data-testid="alert-key">{escape(shown_key)}</td>'
+        f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
+        f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"
+        f"<td>{time_text(alert.get('eventTime'))}</td><td>{explain}</td>"
+        f"<td>{review_cell}</td></tr>"
+    )
+
+
+def _filter_form(view: AlertsView) -> str:
+    text = view.query.text
+    rule_ids = sorted({rule_id for rule_id, _ in view.rule_versions})
+    rules = ['<option value="">every rule</option>'] + [
+        f'<option value="{r}"{" selected" if text.get("rule") == str(r) else ""}>ruleId {r}'
+        "</option>"
+        for r in rule_ids
+    ]
+    kinds = ['<option value="">every kind</option>'] + [
+        f'<option value="{k.value}"'
+        f"{' selected' if text.get('kind', '').upper() == k.value else ''}>{k.value}</option>"
+        for k in AlertKind
+    ]
+
+    def box(name: str, label: str, size: int, placeholder: str) -> str:
+        return (
+            f'<label>{label} <input name="{name}" size="{size}" placeholder="{placeholder}" '
+            f'value="{escape(text.get(name, ""))}" data-testid="filter-{name}"></label>'
+        )
+
+    kept = f'<input type="hidden" name="limit" value="{view.limit}">' if view.limit else ""
+    return (
+        f'<form class="filter" method="get" action="{view.base}/" data-testid="alert-filter">'
+        f'<label>Rule <select name="rule" data-testid="alert-rule">{"".join(rules)}</select>'
+        f'</label><label>Kind <select name="kind" data-testid="filter-kind">{"".join(kinds)}'
+        "</select></label>"
+        f"{box('key', 'Key', 28, 'payerId=p-4041 or a value')}"
+        f"{box('tx', 'Transaction', 12, 'transactionId')}"
+        f"{box('from', 'Event time from', 18, '2026-01-01 10:00 (UTC)')}"
+        f"{box('to', 'to', 18, '2026-01-01 11:00 (UTC)')}{kept}"
+        '<button type="submit" data-testid="filter-submit">Show</button> '
+        f'<a href="{view.base}/" data-testid="filter-clear">clear</a></form>'
+    )
+
+
+def alerts_section(
+    alerts: Sequence[Mapping[str, Any]],
+    view: AlertsView,
+    reviews: Mapping[str, Review],
+    error: str | None,
+) -> str:
+    """The filter form, then the table of ``alerts`` (newest first) with its paging links;
+    the newest page (no boundary) is live."""
+    form = _filter_form(view)
+    if view.filter_error:
+        return form + f'<p class="bad" data-testid="filter-error">{escape(view.filter_error)}</p>'
+    problem = f'<p class="bad">{escape(error)}</p>' if error else ""
+    where = (
+        f"older than {time_text(view.before.decision_time)}"
+        if view.before is not None
+        else "newest first"
+    )
+    condition = " matching the filter" if not view.query.empty else ""
+    caption = f'<p class="muted">Alerts{condition}, {where}, by decision time (UTC).'
+    live = ""
+    if view.before is None and view.live_after is not None:
+        params = {**view.query.query(), "after": view.live_after}
+        live_url = f"{view.base}/api/alerts/live?{urlencode(params)}"
+        live = f' data-live="{escape(live_url)}" data-kept="{LIVE_ROWS_KEPT}"'
+        caption += ' <span data-testid="live-status">live: connecting…</span>'
+    elif view.before is not None:
+        caption += " Live updates show on the newest page."
+    caption += "</p>"
+    none = (
+        '<p class="muted" data-testid="no-alerts">No alerts.</p>'
+        if not alerts
+        else '<p class="muted" data-testid="no-alerts" hidden>No alerts.</p>'
+    )
+    head = (
+        "<thead><tr><th>decided</th><th>kind</th><th>rule</th><th>key</th><th>aggregate</th>"
+        "<th>transaction</th><th>event time</th><th></th><th>review</th></tr></thead>"
+    )
+    rows = "".join(alert_row(a, view, reviews.get(str(a["alertId"]))) for a in alerts)
+    table = f'<table data-testid="alerts"{live}>{head}<tbody>{rows}</tbody></table>'
+    links = []
+    if view.before is not None:
+        links.append(f'<a href="{escape(view.link())}" data-testid="newest-alerts">newest</a>')
+    if view.older is not None:
+        older = view.link(before=view.older.text())
+        links.append(f'<a href="{escape(older)}" data-testid="older-alerts">older alerts →</a>')
+    paging = f'<p class="paging">{"".join(links)}</p>' if links else ""
+    return f"{form}{problem}{caption}{none}{table}{paging}<script>{_LIVE_SCRIPT}</script>"

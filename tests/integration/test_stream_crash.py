@@ -63,14 +63,16 @@ def kill_mid_batch(command: list[str], env: dict[str, str], checkpoint: Path) ->
             in_flight = started - committed
             if committed and in_flight and max(map(int, in_flight)) >= 2:
                 batch = max(map(int, in_flight))
-                time.sleep(0.5)  # inside the batch: its first Delta commits are under way
+                # Inside the batch (a 500-event batch takes about half a second since the
+                # write-behind left Spark; 0.5 s here let most of them commit first).
+                time.sleep(0.1)
                 if not (checkpoint / "commits" / str(batch)).exists():
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait(timeout=30)
                     return batch
             if process.poll() is not None:
                 pytest.fail(f"stream ended (exit {process.returncode}) before it could be killed")
-            time.sleep(0.2)
+            time.sleep(0.05)
         pytest.fail("no micro-batch in flight within 300 s")
     finally:
         if process.poll() is None:

@@ -304,8 +304,9 @@ def test_sigkill_mid_batch_then_restart_loses_and_doubles_nothing(
     in_order_events: Path,
     in_order_backtest: Alerts,
 ) -> None:
+    # Batches of 250 of the 1 600 messages: a few past the second for the kill to land in.
     settings = on_topics(
-        data_settings, kafka_bootstrap, partitions=1, kafka_max_offsets_per_trigger=500
+        data_settings, kafka_bootstrap, partitions=1, kafka_max_offsets_per_trigger=250
     )
     produce_files(settings, in_order_events)
     env = kafka_env(settings)

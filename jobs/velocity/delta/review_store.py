@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from arro3.core import Array, DataType, Table
+from arro3.core import Table
 from deltalake import DeltaTable
 
-from velocity.delta.small_tables import append_planned, open_table, read_rows
+from velocity.delta.small_tables import append_planned, open_table, read_rows, rows_table
 from velocity.reviews import (
     AlertRef,
     Review,
@@ -45,15 +45,6 @@ REVIEW_ARROW_SCHEMA = pa.schema(
     ]
 )
 _COLUMNS = [f.name for f in REVIEW_ARROW_SCHEMA]
-_TYPES = {
-    "alertId": DataType.string(),
-    "ruleId": DataType.int64(),
-    "ruleVersion": DataType.int32(),
-    "verdict": DataType.string(),
-    "note": DataType.string(),
-    "who": DataType.string(),
-    "when": DataType.int64(),
-}
 
 
 class ReviewStore:
@@ -102,10 +93,8 @@ class ReviewStore:
 
 
 def _rows_table(review: Review) -> Table:
-    """The review's row, built with arro3 (pyarrow would import pandas to build it)."""
     row: dict[str, Any] = review.to_json()
-    arrays = [Array([row[name]], _TYPES[name]) for name in _COLUMNS]
-    return Table.from_arrays(arrays, schema=REVIEW_ARROW_SCHEMA)
+    return rows_table(REVIEW_ARROW_SCHEMA, {name: [row[name]] for name in _COLUMNS})
 
 
 def _reviews(table: DeltaTable) -> list[Review]:

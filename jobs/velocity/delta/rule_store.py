@@ -19,14 +19,19 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
-from arro3.core import Array, DataType, Table
+from arro3.core import Table
 from deltalake import DeltaTable
 
 from velocity.decimals import dumps_json
-from velocity.delta.small_tables import append_planned, create_if_missing, open_table, read_rows
+from velocity.delta.small_tables import (
+    append_planned,
+    create_if_missing,
+    open_table,
+    read_rows,
+    rows_table,
+)
 from velocity.rule_changes import ApplyResult, in_force, latest_versions, plan_changes, stored_rule
 from velocity.rules import Rule, RuleEntry
 
@@ -95,18 +100,18 @@ class RuleStore:
 
 
 def _rows_table(written: Sequence[Rule], applied_at: int) -> Table:
-    """The rows of ``written``, built with arro3 (pyarrow would import pandas to build them:
-    a second of a `velocity rules` command)."""
-    columns: dict[str, tuple[list[Any], DataType]] = {
-        "ruleId": ([r.rule_id for r in written], DataType.int64()),
-        "version": ([r.version for r in written], DataType.int32()),
-        "ruleState": ([r.state.value for r in written], DataType.string()),
-        "rule_json": ([dumps_json(r.to_json()) for r in written], DataType.string()),
-        "signature_id": ([r.signature.signature_id for r in written], DataType.string()),
-        "applied_at": ([applied_at] * len(written), DataType.int64()),
-    }
-    arrays = [Array(columns[f.name][0], columns[f.name][1]) for f in RULE_ARROW_SCHEMA]
-    return Table.from_arrays(arrays, schema=RULE_ARROW_SCHEMA)
+    """The rows of ``written``."""
+    return rows_table(
+        RULE_ARROW_SCHEMA,
+        {
+            "ruleId": [r.rule_id for r in written],
+            "version": [r.version for r in written],
+            "ruleState": [r.state.value for r in written],
+            "rule_json": [dumps_json(r.to_json()) for r in written],
+            "signature_id": [r.signature.signature_id for r in written],
+            "applied_at": [applied_at] * len(written),
+        },
+    )
 
 
 def _history(table: DeltaTable) -> list[Rule]:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from arro3.core import Table
+from arro3.core import Array, DataType, Table
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from pyarrow import fs as pafs
@@ -51,6 +51,13 @@ def create_if_missing(path: Path, schema: pa.Schema) -> DeltaTable:
         if table is None:
             raise
         return table
+
+
+def rows_table(schema: pa.Schema, columns: Mapping[str, Sequence[Any]]) -> Table:
+    """Rows to append, a list of values per column of ``schema``, built with arro3
+    (pyarrow would import pandas to build them: a second of a short command)."""
+    arrays = [Array(columns[f.name], DataType.from_arrow(f.type)) for f in schema]
+    return Table.from_arrays(arrays, schema=schema)
 
 
 def read_rows(table: DeltaTable, columns: Sequence[str]) -> list[dict[str, Any]]:

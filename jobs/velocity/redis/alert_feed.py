@@ -15,6 +15,7 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from velocity.redis.connection import cluster_url
 from velocity.settings import Settings
 
 _PAGE = 500
@@ -53,10 +54,11 @@ def async_connect(settings: Settings, block_ms: int) -> aredis.Redis:
     ``velocity.redis.connection.connect``) whose reads outlast a ``block_ms`` XREAD."""
     timeout = block_ms / 1000 + 10
     if settings.redis_cluster:
-        url = "redis://" + settings.redis_url.split("://", 1)[1]
         return cast(
             aredis.Redis,
-            AsyncRedisCluster.from_url(url, decode_responses=True, socket_timeout=timeout),
+            AsyncRedisCluster.from_url(
+                cluster_url(settings), decode_responses=True, socket_timeout=timeout
+            ),
         )
     return aredis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=timeout)
 

@@ -13,6 +13,11 @@ from redis.cluster import RedisCluster
 from velocity.settings import Settings
 
 
+def cluster_url(settings: Settings) -> str:
+    """A ``redis+cluster://`` setting as the ``redis://`` URL redis-py's cluster clients take."""
+    return "redis://" + settings.redis_url.split("://", 1)[1]
+
+
 def connect(settings: Settings) -> redis.Redis:
     """A client of ``VELOCITY_REDIS_URL`` answering str; fails fast instead of retrying.
 
@@ -22,10 +27,9 @@ def connect(settings: Settings) -> redis.Redis:
     cluster's own path (``velocity.redis.cluster``).
     """
     if settings.redis_cluster:
-        url = "redis://" + settings.redis_url.split("://", 1)[1]
         return cast(
             redis.Redis,
-            RedisCluster.from_url(url, decode_responses=True, socket_timeout=10),
+            RedisCluster.from_url(cluster_url(settings), decode_responses=True, socket_timeout=10),
         )
     return redis.Redis.from_url(
         settings.redis_url, decode_responses=True, socket_timeout=10, retry_on_timeout=False

@@ -19,20 +19,23 @@ from velocity.stream_batch import KeyState
 pytestmark = pytest.mark.redis
 
 
-def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+def test_a_batch_past_luas_argument_slices_commits_whole_and_in_order(
+    settings: Settings,
 ) -> None:
-    monkeypatch.setattr(mirror, "COMMIT_CHUNK", 3)
+    """The commit's arguments are used where they lie, in slices of 2 000 (Lua's unpack
+    has a limit): a key with 1 500 buckets set and 4 500 transactionIds span slices."""
     client = connection.connect(settings)
     one = BucketAggregate.of_event("12.5", Decimal("12.5"))
     changed = {
         ("sig", f'["p-{i}"]'): (KeyState({60_000: one, 120_000: one}, {60_000: 60_001}), [60_000])
         for i in range(10)
     }
+    wide = {60_000 * (i + 10): one for i in range(1500)}
+    changed[("sig", '["wide"]')] = (KeyState(wide, {}), list(wide))
     # p-0's bucket 60 000 is changed and dropped below the horizon in the same batch.
     dropped = [("sig", '["p-0"]', 60_000)]
     alerts = [{"alertId": f"a-{i}", "n": i} for i in range(7)]
-    accepted = [f"tx-{i}" for i in range(8)]
+    accepted = [f"tx-{i}" for i in range(4500)]
     with state_lock(client, settings, "stream batch 0") as lease:
         commit = mirror.stream_commit(
             settings,
@@ -56,6 +59,8 @@ def test_a_batch_larger_than_a_chunk_commits_whole_and_in_order(
         value = client.hget(bucket_hash("sig", f'["p-{i}"]'), "60000")
         assert parse_bucket(value) == (one, 60_001)  # type: ignore[arg-type]
         assert 0 < client.pttl(bucket_hash("sig", f'["p-{i}"]')) <= 60_000
+    stored = client.hgetall(bucket_hash("sig", '["wide"]'))
+    assert {int(f) for f in stored if f.isdigit()} == set(wide)  # type: ignore[union-attr]
     assert mirror.committed_batch(client, settings) == 0
 
 

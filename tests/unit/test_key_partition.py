@@ -6,8 +6,6 @@ exactly the own buckets whose raw events that state lacks."""
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -51,15 +49,14 @@ def assert_bucket_entries(changes, after: dict) -> None:
     has at most QUIET_MAX_BUCKETS buckets."""
     bases = {KEYS.key_base(*slot): slot for slot in after}
     seen = set()
-    for base, quiet, sets, drops, *_ in map(json.loads, changes.entries):
-        slot = bases[base]
-        assert slot not in seen and drops == []
+    for change in changes.key_changes():
+        slot = bases[change.base]
+        assert slot not in seen and change.drops == []
         seen.add(slot)
         state = after[slot]
-        assert quiet == int(len(state.buckets) <= QUIET_MAX_BUCKETS)
-        for i in range(0, len(sets), 2):
-            start = int(sets[i])
-            assert sets[i + 1] == bucket_value(state.buckets[start], state.last_times[start])
+        assert change.quiet == (len(state.buckets) <= QUIET_MAX_BUCKETS)
+        for start, value in change.sets:
+            assert value == bucket_value(state.buckets[start], state.last_times[start])
 
 
 def applied_raw_events(kept: tuple[dict, dict], changes, forget: bool) -> tuple[dict, dict]:
@@ -67,18 +64,19 @@ def applied_raw_events(kept: tuple[dict, dict], changes, forget: bool) -> tuple[
     applies each key's entry: (the hash fields of buckets new to their key, the strings of
     buckets added to since), by raw-events key name, as texts."""
     fields, strings = dict(kept[0]), dict(kept[1])
-    for base, _quiet, _sets, _drops, removed, started, appended in map(json.loads, changes.entries):
-        for start in removed:
+    for change in changes.key_changes():
+        base = change.base
+        for start in change.removed:
             fields.pop(f"{base}:raw:{start}", None)
             strings.pop(f"{base}:raw:{start}", None)
-        for i in range(0, len(started), 2):
-            fields[f"{base}:raw:{started[i]}"] = started[i + 1]
-        for i in range(0, len(appended), 2):
-            name = f"{base}:raw:{appended[i]}"
+        for start, fragment in change.started:
+            fields[f"{base}:raw:{start}"] = fragment
+        for start, fragment in change.appended:
+            name = f"{base}:raw:{start}"
             if name in fields:  # moves to its own string
-                strings[name] = fields.pop(name) + appended[i + 1]
+                strings[name] = fields.pop(name) + fragment
             else:
-                strings[name] = strings.get(name, "") + appended[i + 1]
+                strings[name] = strings.get(name, "") + fragment
     return ({}, {}) if forget else (fields, strings)
 
 

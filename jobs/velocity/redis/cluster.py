@@ -28,6 +28,7 @@ from typing import Any, cast
 import redis
 from redis.cluster import RedisCluster
 
+from velocity.redis.commit_args import StreamCommit
 from velocity.redis.keys import RedisKeys, data_dir_tag
 from velocity.redis.lease import Lease
 from velocity.settings import Settings
@@ -141,7 +142,7 @@ def _finish(client: RedisCluster, keys: RedisKeys, batch: str, changes: Mapping[
             *changes["a"],
         )
     )
-    for marker, parts in changes["m"]:
+    for marker, count, runs in changes["m"]:
         client.fcall(
             "velocity_cluster_apply",
             1,
@@ -149,7 +150,8 @@ def _finish(client: RedisCluster, keys: RedisKeys, batch: str, changes: Mapping[
             batch,
             changes["ttl"],
             changes["bucket_ms"],
-            *(json.dumps(p, separators=(",", ":"), ensure_ascii=False) for p in parts),
+            count,
+            *runs,
         )
     client.fcall("velocity_cluster_done", 1, pending_record(keys), batch)
     return max(published, 0)
@@ -161,7 +163,7 @@ class ClusterCommit:
     connection to leave the answer on while the caller goes on."""
 
     def __init__(
-        self, client: RedisCluster, settings: Settings, commit: Sequence[str], lease: Lease
+        self, client: RedisCluster, settings: Settings, commit: StreamCommit, lease: Lease
     ) -> None:
         self._lease = lease
         self._error: BaseException | None = None
@@ -170,30 +172,27 @@ class ClusterCommit:
         except redis.RedisError as exc:
             self._error = exc
 
-    def _run(self, client: RedisCluster, settings: Settings, commit: Sequence[str]) -> int:
+    def _run(self, client: RedisCluster, settings: Settings, commit: StreamCommit) -> int:
         keys = settings.redis_keys
-        progress, alert_stream, _lock, token, batch, newest, ttl, seen_ttl, maxlen, width = commit[
-            :10
-        ]
-        seen_prefix = commit[10]
-        parts = [json.loads(part) for part in commit[11:]]
-        seen = [name for part in parts for name in part["s"]]
-        alerts = [alert for part in parts for alert in part["a"]]
-        per_master: dict[str, dict[str, list[Any]]] = {}
-
-        for part in parts:
-            for entry in part.get("k", ()):  # one a key: its names share its slot's tag
-                node = client.get_node_from_key(entry[0]).name
-                per_master.setdefault(node, {"k": []})["k"].append(entry)
+        progress, alert_stream, lock = commit.keys
+        runs = commit.changes.runs
+        per_master: dict[str, list[int]] = {}
+        for row, base in enumerate(runs.column("base").to_pylist()):
+            # One a key: its names share its slot's tag.
+            per_master.setdefault(client.get_node_from_key(base).name, []).append(row)
         changes = {
             "alert_stream": alert_stream,
-            "maxlen": maxlen,
-            "ttl": ttl,
-            "bucket_ms": width,
-            "a": alerts,
+            "maxlen": commit.alert_maxlen,
+            "ttl": commit.bucket_ttl_ms,
+            "bucket_ms": commit.bucket_ms,
+            "a": list(commit.alerts),
             "m": [
-                [applied_marker(client, keys, node), [entries]]
-                for node, entries in sorted(per_master.items())
+                [
+                    applied_marker(client, keys, node),
+                    len(rows),
+                    [a for args in runs.column("args").take(rows).to_pylist() for a in args],
+                ]
+                for node, rows in sorted(per_master.items())
             ],
         }
         decided = int(
@@ -201,20 +200,20 @@ class ClusterCommit:
                 "velocity_cluster_decide",
                 3,
                 progress,
-                self._lease.name,
+                lock,
                 pending_record(keys),
-                token,
-                batch,
-                newest,
-                seen_ttl,
+                commit.token,
+                commit.batch,
+                commit.newest,
+                commit.seen_ttl_ms,
                 json.dumps(changes, separators=(",", ":"), ensure_ascii=False),
-                seen_prefix,
-                json.dumps(seen, ensure_ascii=False),
+                commit.seen_prefix,
+                json.dumps(list(commit.accepted), ensure_ascii=False),
             )
         )
         if decided in (REPLAYED, FENCED):
             return decided
-        return _finish(client, keys, batch, changes)
+        return _finish(client, keys, str(commit.batch), changes)
 
     def result(self) -> int:
         """The alerts published, -1 for a replay; ``StateLockLost`` when fenced."""

@@ -46,6 +46,9 @@ from velocity.engine.fan_out import decimal_texts
 from velocity.rules import Rule, key_text
 from velocity.windows import KeyedEvent
 
+# A field of a bucket hash holding a bucket's raw events while one batch has added to them.
+RAW_FIELD = "~"
+
 
 def data_dir_tag(data_dir: str) -> str:
     return hashlib.sha256(data_dir.encode("utf-8")).hexdigest()[:16]

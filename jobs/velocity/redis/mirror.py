@@ -15,11 +15,12 @@ import redis
 from redis.cluster import RedisCluster
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
-from velocity.decimals import json_string
 from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
+from velocity.redis.commit_args import BucketChanges, KeyChange, StreamCommit, resp_command
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.keys import (
+    RAW_FIELD,
     RedisKeys,
     bucket_value,
     parse_bucket,
@@ -37,13 +38,10 @@ from velocity.windows import KeyedEvent
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
 _PIPELINE_CHUNK = 1000
-COMMIT_CHUNK = 20_000  # entries of each kind in one argument of velocity_stream_commit
 # A (signature, key) hash of at most this many buckets has no roll-ups: a hash with them
 # has 64 fields or more (velocity.lua's ROLLUP_KEEP_FIELDS), at most 9 a bucket (itself and
 # one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
 QUIET_MAX_BUCKETS = 6
-# A field of a bucket hash holding a bucket's raw events while one batch has added to them.
-RAW_FIELD = "~"
 FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
 
 
@@ -386,44 +384,6 @@ def read_stream_state(
     )
 
 
-@dataclass
-class BucketChanges:
-    """A micro-batch's writes to bucket hashes, as velocity_stream_commit takes them: one
-    entry per changed (signature, key), already its JSON text (``key_change_entry``), so
-    a key-partition builds them column by column and the commit only joins them."""
-
-    entries: list[str] = field(default_factory=list)
-
-    def extend(self, other: BucketChanges) -> None:
-        self.entries.extend(other.entries)
-
-
-def key_change_entry(
-    base: str,
-    quiet: bool,
-    sets: Sequence[tuple[int, str]] = (),
-    drops: Sequence[int] = (),
-    removed: Sequence[int] = (),
-    started: Sequence[tuple[int, str]] = (),
-    appended: Sequence[tuple[int, str]] = (),
-) -> str:
-    """One key's entry of velocity_stream_commit: its hash's name without ``:buckets``
-    (``RedisKeys.key_base``), whether the hash is quiet (at most ``QUIET_MAX_BUCKETS``
-    buckets, so no roll-ups), the buckets set (start, value) and dropped, and the raw
-    events of its newest buckets removed, started over and appended to (start, fragment)."""
-
-    def strings(items: Iterable[object]) -> str:
-        return "[" + ",".join(json_string(str(item)) for item in items) + "]"
-
-    def pairs(items: Sequence[tuple[int, str]]) -> str:
-        return strings(x for pair in items for x in pair)
-
-    return (
-        f"[{json_string(base)},{int(quiet)},{pairs(sets)},{strings(drops)},"
-        f"{strings(removed)},{pairs(started)},{pairs(appended)}]"
-    )
-
-
 def key_changes(
     keys: RedisKeys,
     changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
@@ -435,7 +395,7 @@ def key_changes(
     drops: dict[SignatureKey, list[int]] = {}
     for sig, key, start in dropped:
         drops.setdefault((sig, key), []).append(start)
-    out = BucketChanges()
+    out = []
     for slot in [*changed, *(s for s in drops if s not in changed)]:
         state, starts = changed.get(slot, (KeyState(), ()))
         sets = [
@@ -448,16 +408,16 @@ def key_changes(
             for start in starts
             if start in state.recent
         ]
-        out.entries.append(
-            key_change_entry(
+        out.append(
+            KeyChange(
                 keys.key_base(*slot),
                 len(state.buckets) <= QUIET_MAX_BUCKETS and slot not in drops,
                 sets,
+                started,
                 drops.get(slot, ()),
-                started=started,
             )
         )
-    return out
+    return BucketChanges.of(out)
 
 
 def read_recent(
@@ -484,50 +444,32 @@ def stream_commit(
     alerts: Sequence[str],
     bucket_ttl_seconds: int,
     lease: Lease,
-) -> tuple[str, ...]:
-    """One micro-batch's commit to Redis, as the arguments of velocity_stream_commit: the
-    bucket ``changes``, the accepted transactionIds, the ``alerts`` (SPEC §4 JSON) and the
-    progress, applied atomically by ``send_stream_commit`` or ``PendingCommit`` (built
-    apart from the call, so the stream sends it and goes on while Redis runs it). Redis
-    refuses a batch committed before (-1: a replay writes nothing) and writes nothing
-    unless the state lock still holds ``lease``'s token."""
+) -> StreamCommit:
+    """One micro-batch's commit to Redis: the bucket ``changes``, the accepted
+    transactionIds, the ``alerts`` (SPEC §4 JSON) and the progress, applied atomically by
+    ``send_stream_commit`` or ``PendingCommit`` (built apart from the call, so the stream
+    sends it and goes on while Redis runs it). Redis refuses a batch committed before (-1:
+    a replay writes nothing) and writes nothing unless the state lock still holds
+    ``lease``'s token."""
     keys = settings.redis_keys
-    parts: dict[str, list[str]] = {
-        "k": changes.entries,
-        "s": [json_string(tx) for tx in accepted],
-        "a": [json_string(alert) for alert in alerts],
-    }
-    # One Function call (atomic) whatever the batch's size, but in arguments of at most
-    # COMMIT_CHUNK entries each: no single argument nears Redis's bulk-string limits.
-    # The entries are JSON texts already: an argument only joins them.
-    longest = max(len(entries) for entries in parts.values())
-    chunks = [
-        "{"
-        + ",".join(
-            f'"{name}":[{",".join(entries[start : start + COMMIT_CHUNK])}]'
-            for name, entries in parts.items()
-        )
-        + "}"
-        for start in range(0, max(longest, 1), COMMIT_CHUNK)
-    ]
-    return (
-        keys.stream_progress,
-        settings.alert_stream,
-        lease.name,
+    return StreamCommit(
+        (keys.stream_progress, settings.alert_stream, lease.name),
         lease.token,
-        str(batch_id),
+        batch_id,
         "" if newest_event_time is None else str(newest_event_time),
-        str(bucket_ttl_seconds * 1000),
-        str(settings.dedup_horizon_seconds * 1000),
-        str(ALERT_STREAM_MAXLEN),
-        str(settings.bucket_width_ms),
+        bucket_ttl_seconds * 1000,
+        settings.dedup_horizon_seconds * 1000,
+        settings.bucket_width_ms,
         keys.seen_prefix,
-        *chunks,
+        ALERT_STREAM_MAXLEN,
+        changes,
+        list(accepted),
+        list(alerts),
     )
 
 
 def send_stream_commit(
-    client: redis.Redis, settings: Settings, commit: Sequence[str], lease: Lease
+    client: redis.Redis, settings: Settings, commit: StreamCommit, lease: Lease
 ) -> int:
     """Run a built ``stream_commit`` in Redis: the alerts published, -1 for a replay;
     ``StateLockLost`` when fenced (nothing written)."""
@@ -535,7 +477,7 @@ def send_stream_commit(
 
 
 def begin_stream_commit(
-    client: redis.Redis, settings: Settings, commit: Sequence[str], lease: Lease
+    client: redis.Redis, settings: Settings, commit: StreamCommit, lease: Lease
 ) -> PendingCommit | cluster.ClusterCommit:
     """Send a built ``stream_commit``; its ``result()`` is the answer. On one server Redis
     runs it while the caller goes on; on a cluster it is staged and done here."""
@@ -549,12 +491,12 @@ class PendingCommit:
     core while the caller goes on; ``result`` reads the answer. Sent on a connection of
     its own, in this thread, so it is on its way before the caller's next step."""
 
-    def __init__(self, client: redis.Redis, commit: Sequence[str], lease: Lease) -> None:
+    def __init__(self, client: redis.Redis, commit: StreamCommit, lease: Lease) -> None:
         self._pool = client.connection_pool
         self._lease = lease
         self._connection: Any = self._pool.get_connection()
         try:
-            self._connection.send_command("FCALL", "velocity_stream_commit", 3, *commit)
+            self._connection.send_packed_command(resp_command(commit.args()))
         except BaseException:
             self._connection.disconnect()
             self._release()

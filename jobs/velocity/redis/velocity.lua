@@ -572,127 +572,121 @@ local function velocity_stream_read(keys, args)
   })
 end
 
--- Runs `command key items...` over `items` (a list) in slices: Lua's unpack has a limit.
-local function in_slices(command, key, items)
-  for first = 1, #items, 2000 do
-    redis.call(command, key, unpack(items, first, math.min(first + 1999, #items)))
+-- Runs `command key items...` over `items[first..last]` in slices: Lua's unpack has a
+-- limit. Even slices, so (field, value) pairs stay whole.
+local function in_slices(command, key, items, first, last)
+  for from = first or 1, last or #items, 2000 do
+    redis.call(command, key, unpack(items, from, math.min(from + 1999, last or #items)))
   end
 end
 
--- Remembers the accepted transactionIds `ids` (see seen_indices) as accepted by `batch`.
-local function remember_seen(prefix, horizon_ms, ids, batch)
-  if #ids == 0 then return end
+-- Remembers the accepted transactionIds `ids[first..last]` (see seen_indices) as accepted
+-- by `batch`.
+local function remember_seen(prefix, horizon_ms, ids, first, last, batch)
+  if last < first then return end
   local span = seen_span(horizon_ms)
   local name = prefix .. string.format("%d", span)
   local fields = {}
-  for _, id in ipairs(ids) do
-    fields[#fields + 1] = id
+  for i = first, last do
+    fields[#fields + 1] = ids[i]
     fields[#fields + 1] = batch
   end
   in_slices("HSET", name, fields)
   redis.call("PEXPIREAT", name, string.format("%d", (span + 2) * horizon_ms))
 end
 
--- A micro-batch's bucket changes, given as parts (see velocity_stream_commit's changes),
--- one entry per changed (signature, key): its buckets' absolute values, its hash's TTL
--- and roll-ups, its dropped buckets, and the raw events of its newest buckets.
-local function apply_bucket_changes(parts, ttl_ms, bucket_ms)
-  for _, changes in ipairs(parts) do
-    for _, k in ipairs(changes["k"] or {}) do
-      local base, sets, drops, removed, started, appended = k[1], k[3], k[4], k[5], k[6], k[7]
-      local hash = base .. ":buckets"
-      -- The buckets, and the raw events of buckets new to the key beside them (fields
-      -- "~<start>"), in one HSET.
-      local fields = sets
-      if #started > 0 then
-        fields = {}
-        for i = 1, #sets do fields[i] = sets[i] end
-        for i = 1, #started, 2 do
-          fields[#fields + 1] = "~" .. started[i]
-          fields[#fields + 1] = started[i + 1]
-        end
-      end
-      if #fields > 0 then
-        in_slices("HSET", hash, fields)
-        redis.call("PEXPIRE", hash, ttl_ms)
-      end
-      -- Dropped buckets, and raw events no longer kept (in the hash or in their string).
+-- A micro-batch's bucket changes: `count` runs of plain arguments from args[first] on,
+-- one per changed (signature, key) (velocity/redis/commit_args.py's KeyChange):
+--   base quiet n_sets n_started (start value)... (~start fragment)...
+--   n_drops start... n_removed start... n_appended (start fragment)...
+-- its buckets' absolute values and the raw events of buckets new to it, its hash's TTL
+-- and roll-ups, its dropped buckets, and the raw events of its newest buckets. Nothing
+-- to decode: the arguments are used where they lie. Returns the index after the runs.
+local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
+  local i = first
+  for _ = 1, count do
+    local base, quiet = args[i], args[i + 1]
+    local n_sets, n_started = tonumber(args[i + 2]), tonumber(args[i + 3])
+    local hash, sets_at = base .. ":buckets", i + 4
+    i = sets_at + 2 * (n_sets + n_started)
+    -- The buckets, and the raw events of buckets new to the key beside them, in one HSET.
+    if i > sets_at then
+      in_slices("HSET", hash, args, sets_at, i - 1)
+      redis.call("PEXPIRE", hash, ttl_ms)
+    end
+    local n_drops = tonumber(args[i])
+    local drops_at = i + 1
+    local n_removed = tonumber(args[drops_at + n_drops])
+    local removed_at = drops_at + n_drops + 1
+    local n_appended = tonumber(args[removed_at + n_removed])
+    local appended_at = removed_at + n_removed + 1
+    i = appended_at + 2 * n_appended
+    -- Dropped buckets, and raw events no longer kept (in the hash or in their string).
+    if n_drops + n_removed > 0 then
       local gone = {}
-      for i = 1, #drops do gone[i] = drops[i] end
-      local strings = {}
-      for _, start in ipairs(removed) do
-        gone[#gone + 1] = "~" .. start
-        strings[#strings + 1] = base .. ":raw:" .. start
+      for j = drops_at, drops_at + n_drops - 1 do gone[#gone + 1] = args[j] end
+      for j = removed_at, removed_at + n_removed - 1 do
+        gone[#gone + 1] = "~" .. args[j]
+        redis.call("DEL", base .. ":raw:" .. args[j])
       end
-      if #gone > 0 then in_slices("HDEL", hash, gone) end
-      for _, name in ipairs(strings) do redis.call("DEL", name) end
-      -- Raw events added to: the first time, those in the hash move to a string of their
-      -- own ("<base>:raw:<start>", the buckets' TTL), which later batches append to.
-      for i = 1, #appended, 2 do
-        local field, name = "~" .. appended[i], base .. ":raw:" .. appended[i]
-        local kept = redis.call("HGET", hash, field)
-        if kept then
-          redis.call("SET", name, kept .. appended[i + 1], "PX", ttl_ms)
-          redis.call("HDEL", hash, field)
-        else
-          redis.call("APPEND", name, appended[i + 1])
-          redis.call("PEXPIRE", name, ttl_ms)
-        end
+      in_slices("HDEL", hash, gone)
+    end
+    -- Raw events added to: the first time, those in the hash move to a string of their
+    -- own ("<base>:raw:<start>", the buckets' TTL), which later batches append to.
+    for j = appended_at, i - 1, 2 do
+      local field, name = "~" .. args[j], base .. ":raw:" .. args[j]
+      local kept = redis.call("HGET", hash, field)
+      if kept then
+        redis.call("SET", name, kept .. args[j + 1], "PX", ttl_ms)
+        redis.call("HDEL", hash, field)
+      else
+        redis.call("APPEND", name, args[j + 1])
+        redis.call("PEXPIRE", name, ttl_ms)
       end
-      -- Roll-ups. A hash that only grew and is quiet (k[2] = 1: it has at most a few
-      -- buckets, so no roll-ups) needs nothing; one that only grew and has fewer than
-      -- ROLLUP_KEEP_FIELDS fields has none (one HLEN); the few dense ones are refreshed
-      -- at the starts touched.
-      local grew = #drops == 0
-      if #sets + #drops > 0 and not (grew and k[2] == 1)
-          and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
-        if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
-          local starts = {}
-          for i = 1, #sets, 2 do starts[tonumber(sets[i])] = true end
-          for _, start in ipairs(drops) do starts[tonumber(start)] = true end
-          after_bucket_writes(hash, starts, bucket_ms)
-        elseif grew and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
-          after_bucket_writes(hash, {}, bucket_ms) -- has just become dense: built whole
-        end
+    end
+    -- Roll-ups. A hash that only grew and is quiet (it has at most a few buckets, so no
+    -- roll-ups) needs nothing; one that only grew and has fewer than ROLLUP_KEEP_FIELDS
+    -- fields has none (one HLEN); the few dense ones are refreshed at the starts touched.
+    local grew = n_drops == 0
+    if n_sets + n_drops > 0 and not (grew and quiet == "1")
+        and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
+      if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
+        local starts = {}
+        for j = sets_at, sets_at + 2 * n_sets - 1, 2 do starts[tonumber(args[j])] = true end
+        for j = drops_at, drops_at + n_drops - 1 do starts[tonumber(args[j])] = true end
+        after_bucket_writes(hash, starts, bucket_ms)
+      elseif grew and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
+        after_bucket_writes(hash, {}, bucket_ms) -- has just become dense: built whole
       end
     end
   end
+  return i
 end
 
 -- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
 --   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
---   <seen prefix> <changes json>...
+--   <seen prefix> <keys changed> <transactionIds accepted> <each changed key's run>...
+--   <transactionId>... <alert json>...
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
 -- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
 -- transactionIds, the alerts on the stream, and the progress (with "at", the time of this
 -- commit). Fenced: unless the state lock holds the caller's token (its lease ran out,
 -- someone else may be writing) nothing is written and -2 returned. A batch not newer than
 -- the progress was committed already: nothing is written and -1 returned (a replay
--- changes nothing twice).
--- changes = {"k": [[P:{signature:key}, quiet, [start, value, ...], [dropped start, ...],
---                   [raw start removed, ...], [raw start, fragment, ...] started over,
---                   [raw start, fragment, ...] appended to], ...] (one entry a key),
---            "s": [transactionId, ...], "a": [alert json, ...]}, in one or more parts (each
---            argument a part of every list, in order, so no argument grows without
---            bound); quiet = 1 when the key's hash has at most 6 buckets (no roll-ups)
+-- changes nothing twice). A key's run: see apply_bucket_changes.
 local function velocity_stream_commit(keys, args)
   if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
   local batch = tonumber(args[2])
   local last = redis.call("HGET", keys[1], "batch")
   if last and tonumber(last) >= batch then return -1 end
-  local parts = {}
-  for i = 9, #args do parts[#parts + 1] = cjson.decode(args[i]) end
-  apply_bucket_changes(parts, args[4], tonumber(args[7]))
-  local published = 0
-  for _, changes in ipairs(parts) do remember_seen(args[8], tonumber(args[5]), changes["s"], args[2]) end
-  for _, changes in ipairs(parts) do
-    for _, alert in ipairs(changes["a"]) do
-      redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", alert, "batch", args[2])
-      published = published + 1
-    end
+  local ids_at = apply_bucket_changes(args, 11, tonumber(args[9]), args[4], tonumber(args[7]))
+  local alerts_at = ids_at + tonumber(args[10])
+  remember_seen(args[8], tonumber(args[5]), args, ids_at, alerts_at - 1, args[2])
+  for i = alerts_at, #args do
+    redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", args[i], "batch", args[2])
   end
   redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
-  return published
+  return #args - alerts_at + 1
 end
 
 -- Redis Cluster. A micro-batch's keys live on several masters there, and a call may only
@@ -711,7 +705,10 @@ local function velocity_cluster_decide(keys, args)
   if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
   local last = redis.call("HGET", keys[1], "batch")
   if last and tonumber(last) >= tonumber(args[2]) then return -1 end
-  for i = 7, #args do remember_seen(args[6], tonumber(args[4]), cjson.decode(args[i]), args[2]) end
+  for i = 7, #args do
+    local ids = cjson.decode(args[i])
+    remember_seen(args[6], tonumber(args[4]), ids, 1, #ids, args[2])
+  end
   redis.call("DEL", keys[3])
   redis.call("HSET", keys[3], "batch", args[2], "changes", args[5])
   redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
@@ -738,16 +735,14 @@ local function velocity_cluster_publish(keys, args)
 end
 
 -- FCALL velocity_cluster_apply 1 <applied marker> <batch> <bucket ttl ms> <bucket ms>
---   <changes json>...
--- One master's bucket changes of a decided batch (changes as velocity_stream_commit's, of
+--   <keys changed> <each changed key's run>...
+-- One master's bucket changes of a decided batch (runs as velocity_stream_commit's, of
 -- this master's hashes only), unless its marker (a key on the same master) says the batch
 -- is applied already (-1). 0 when applied.
 local function velocity_cluster_apply(keys, args)
   local last = redis.call("GET", keys[1])
   if last and tonumber(last) >= tonumber(args[1]) then return -1 end
-  local parts = {}
-  for i = 4, #args do parts[#parts + 1] = cjson.decode(args[i]) end
-  apply_bucket_changes(parts, args[2], tonumber(args[3]))
+  apply_bucket_changes(args, 5, tonumber(args[4]), args[2], tonumber(args[3]))
   redis.call("SET", keys[1], args[1])
   return 0
 end

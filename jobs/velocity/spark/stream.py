@@ -71,7 +71,7 @@ KAFKA_FETCH_MAX_WAIT_MS = 10
 class PreparedBatch:
     """A decided, spooled micro-batch waiting for its Redis commit."""
 
-    commit: tuple[str, ...]  # velocity_stream_commit's arguments (mirror.stream_commit)
+    commit: mirror.StreamCommit  # velocity_stream_commit's call (mirror.stream_commit)
     alerts: list[str]  # SPEC §4 JSON, in the order they are published
     partitions: list[dict[str, object]]  # each key-partition's figures, for the batch log
 

@@ -35,10 +35,11 @@ from velocity.engine.key_partition import (
 from velocity.engine.micro_batch import with_bucket_start
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
+from velocity.redis.commit_args import KEY_RUNS, BucketChanges, flat_runs
 from velocity.redis.keys import (
+    RAW_FIELD,
     RedisKeys,
     bucket_value_texts,
-    json_string_texts,
     one_chunk,
     recent_fragment_texts,
 )
@@ -67,7 +68,7 @@ class BatchDecided:
 
     alerts: pa.Table  # rows of the alerts table
     deltas: pa.Table  # rows of the buckets table: the batch's events alone per bucket
-    changes: mirror.BucketChanges = field(default_factory=mirror.BucketChanges)
+    changes: BucketChanges = field(default_factory=BucketChanges)
     missing: list[BucketSlot] = field(default_factory=list)  # own buckets to read from Delta
     partitions: list[dict[str, object]] = field(default_factory=list)  # per-partition log
 
@@ -210,27 +211,15 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     )
 
 
-def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.BucketChanges:
-    """A decided key-partition's Redis changes, column by column: per changed key
-    (``mirror.key_change_entry``), every changed bucket's new value (with its newest
-    eventTime), the dropped buckets, and the raw events kept: started over or appended to
-    (a fragment per bucket, its events in arrival order), or removed."""
+def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChanges:
+    """A decided key-partition's Redis changes, column by column: a run of arguments per
+    changed key (``commit_args.KeyChange``): every changed bucket's new value (with its
+    newest eventTime), the raw events of buckets new to the key, the dropped buckets, and
+    the raw events no longer kept or appended to (a fragment per bucket, its events in
+    arrival order)."""
     buckets, raw = decided.buckets, decided.raw_appended
-    starts = pc.cast(buckets.column("bucket_start"), pa.string())
-    sets = _per_key(
-        buckets,
-        pc.binary_join_element_wise(
-            '"',
-            starts,
-            '",',
-            json_string_texts(bucket_value_texts(buckets)),
-            "",
-        ),
-    )
-    drops = _per_key(decided.dropped, _quoted_starts(decided.dropped))
-    removed = _per_key(decided.raw_removed, _quoted_starts(decided.raw_removed))
     # One fragment per kept bucket, its events in arrival order (a stable sort keeps the
-    # rows' order within each bucket), then a key's buckets as (start, fragment) pairs.
+    # rows' order within each bucket).
     order = pc.sort_indices(raw, sort_keys=[(name, "ascending") for name in _SLOT])
     by_slot = raw.select([*_SLOT, "starts"]).take(order)
     firsts = run_starts(by_slot, _SLOT)
@@ -242,56 +231,79 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> mirror.Buck
         "",
     )
     slots = by_slot.take(pa.array(firsts))
-    pairs = pc.binary_join_element_wise(_quoted_starts(slots), json_string_texts(fragments), ",")
-    new = slots.column("starts")
-    started = _per_key(slots.filter(new), pairs.filter(new))
-    appended = _per_key(slots.filter(pc.invert(new)), pairs.filter(pc.invert(new)))
+    new, old = slots.column("starts"), pc.invert(slots.column("starts"))
+    started, appended = slots.filter(new), slots.filter(old)
     changed = decided.bucket_counts
-    # Each kind's texts lined up with the changed keys ("" where a key has none).
     names = _key_names(changed)
-    lists = [
-        pc.fill_null(texts.column("text").take(pc.index_in(names, _key_names(texts))), "")
-        for texts in (sets, drops, removed, started, appended)
-    ]
-    anything = pc.greater(pc.binary_length(pc.binary_join_element_wise(*lists, "")), 0)
-    changed, lists = changed.filter(anything), [x.filter(anything) for x in lists]
+    kinds = [buckets, started, decided.dropped, decided.raw_removed, appended]
+    owners = [_owners(rows, names) for rows in kinds]
+    counts = [np.bincount(owner, minlength=changed.num_rows) for owner in owners]
+    anything = np.sum(counts, axis=0) > 0
+    renumbered = np.cumsum(anything) - 1
+    owners = [renumbered[owner] for owner in owners]
+    counts = [pc.cast(pa.array(count[anything]), pa.string()) for count in counts]
+    changed = changed.filter(pa.array(anything))
+    set_of, started_of, drop_of, removed_of, appended_of = owners
+    n_sets, n_started, n_drops, n_removed, n_appended = counts
+    everyone = np.arange(changed.num_rows)
     quiet = pc.if_else(
         pc.less_equal(changed.column("bucket_count"), mirror.QUIET_MAX_BUCKETS), "1", "0"
     )
-    base = json_string_texts(
-        keys.key_base_texts(changed.column("signature_id"), changed.column("key"))
+    base = keys.key_base_texts(changed.column("signature_id"), changed.column("key"))
+    runs = flat_runs(
+        changed.num_rows,
+        [
+            (everyone, base),
+            (everyone, quiet),
+            (everyone, n_sets),
+            (everyone, n_started),
+            _pairs(set_of, _starts(buckets), bucket_value_texts(buckets)),
+            _pairs(
+                started_of,
+                pc.binary_join_element_wise(RAW_FIELD, _starts(started), ""),
+                fragments.filter(new),
+            ),
+            (everyone, n_drops),
+            (drop_of, _starts(decided.dropped)),
+            (everyone, n_removed),
+            (removed_of, _starts(decided.raw_removed)),
+            (everyone, n_appended),
+            _pairs(appended_of, _starts(appended), fragments.filter(old)),
+        ],
     )
-    entries = pc.binary_join_element_wise(
-        "[", base, ",", quiet, ",[", lists[0], "],[", lists[1], "],[", lists[2], "],[",
-        lists[3], "],[", lists[4], "]]", "",
-    )  # fmt: skip
-    return mirror.BucketChanges(entries.to_pylist())
+    return BucketChanges(pa.table({"base": base, "args": runs}, schema=KEY_RUNS))
 
 
 _SLOT = ("signature_id", "key", "bucket_start")
 
 
+def _owners(rows: pa.Table, names: pa.ChunkedArray) -> np.ndarray:
+    """The index in ``names`` (``_key_names``) of each row's (signature, key)."""
+    index = pc.index_in(_key_names(rows), value_set=one_chunk(names))
+    if index.null_count:
+        raise ValueError("a change of a key the partition did not change")
+    return index.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _starts(slots: pa.Table) -> pa.ChunkedArray:
+    return pc.cast(slots.column("bucket_start"), pa.string())
+
+
+def _pairs(
+    owner: np.ndarray, firsts: pa.Array | pa.ChunkedArray, seconds: pa.Array | pa.ChunkedArray
+) -> tuple[np.ndarray, pa.Array]:
+    """(first, second) of each row, one after the other, with their rows' owners."""
+    rows = len(owner)
+    interleaved = np.empty(2 * rows, np.int64)
+    interleaved[0::2] = np.arange(rows)
+    interleaved[1::2] = np.arange(rows) + rows
+    texts = pa.concat_arrays([one_chunk(t).cast(pa.string()) for t in (firsts, seconds)])
+    return np.repeat(owner, 2), texts.take(pa.array(interleaved))
+
+
 def _key_names(rows: pa.Table) -> pa.ChunkedArray:
     """One text per (signature, key) of ``rows``, to look keys up by."""
     return pc.binary_join_element_wise(rows.column("signature_id"), rows.column("key"), "\x1f")
-
-
-def _quoted_starts(slots: pa.Table) -> pa.ChunkedArray:
-    return pc.binary_join_element_wise(
-        '"', pc.cast(slots.column("bucket_start"), pa.string()), '"', ""
-    )
-
-
-def _per_key(rows: pa.Table, items: pa.Array | pa.ChunkedArray) -> pa.Table:
-    """Each (signature, key)'s ``items`` (JSON texts, a row's each) joined by commas in
-    row order: columns signature_id, key, text."""
-    order = pc.sort_indices(rows, sort_keys=[(name, "ascending") for name in _KEY])
-    keyed = rows.select(list(_KEY)).take(order)
-    firsts = run_starts(keyed, _KEY)
-    values = one_chunk(items.take(order))
-    offsets = pa.array(np.append(firsts, rows.num_rows), pa.int32())
-    texts = pc.binary_join(pa.ListArray.from_arrays(offsets, values), ",")
-    return keyed.take(pa.array(firsts)).append_column("text", texts)
 
 
 def _slots_of(rows: pa.Table, width_ms: int) -> set[BucketSlot]:

@@ -71,7 +71,7 @@ def run(events_dir: Path) -> dict[str, float]:
         count = len(lines)
         t = mark("parse", t)
         events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
-        read = mirror.read_stream_state(client, settings, [e.transaction_id for e in events], [])
+        read = mirror.read_stream_state(client, settings, [e.transaction_id for e in events])
         t = mark("redis-read (seen ids)", t)
         admitted = admit(
             events, read.seen, read.newest_event_time, settings.allowed_lateness_ms,

@@ -22,6 +22,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
+import pyarrow as pa
 from hypothesis import strategies as st
 
 from velocity.buckets import ALLOWED_BUCKET_SECONDS
@@ -561,3 +562,13 @@ def append_alerts(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         ]
     )
     write_deltalake(str(path), pa.Table.from_pylist(list(rows), schema), mode="append")
+
+
+def asked_keys(slots: Sequence[tuple[str, str]]) -> pa.Table:
+    """(signature, key)s as the columns ``mirror.read_stream_state`` asks for."""
+    return pa.table(
+        {
+            "signature_id": pa.array([sig for sig, _ in slots], pa.string()),
+            "key": pa.array([key for _, key in slots], pa.string()),
+        }
+    )

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 
+from tests.builders import asked_keys
 from velocity.buckets import BucketAggregate
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.keys import parse_bucket
@@ -84,13 +85,13 @@ def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Set
     entries = client.xrange(settings.alert_stream)
     assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(5))
     read = mirror.read_stream_state(
-        client, settings, ["tx-3", "tx-new"], [("sig", f'["p-{i}"]') for i in range(40)]
+        client, settings, ["tx-3", "tx-new"], asked_keys([("sig", f'["p-{i}"]') for i in range(40)])
     )
     assert (read.committed_batch, read.newest_event_time, read.seen) == (0, 123, {"tx-3"})
     # Only the changed bucket (60 000) is written; p-0's was dropped in the same batch.
-    assert ("sig", '["p-0"]') not in read.states
+    assert ("sig", '["p-0"]') not in read.hot.key_states()
     for i in range(1, 40):
-        assert read.states[("sig", f'["p-{i}"]')].buckets == {60_000: ONE}
+        assert read.hot.key_states()[("sig", f'["p-{i}"]')].buckets == {60_000: ONE}
     assert not client.exists(cluster.pending_record(settings.redis_keys))
     assert mirror.committed_batch(client, settings) == 0
 
@@ -124,8 +125,8 @@ def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
     assert client.hget(hash_name, "60000") is None
 
     monkeypatch.setattr(cluster, "_finish", finished)
-    read = mirror.read_stream_state(client, settings, [], [("sig", '["p-1"]')])
-    assert read.states[("sig", '["p-1"]')].buckets == {60_000: ONE}
+    read = mirror.read_stream_state(client, settings, [], asked_keys([("sig", '["p-1"]')]))
+    assert read.hot.key_states()[("sig", '["p-1"]')].buckets == {60_000: ONE}
     assert parse_bucket(client.hget(hash_name, "60000")) == (ONE, 60_001)  # type: ignore[arg-type]
     assert client.xlen(settings.alert_stream) == 1
     # Finishing again (a second reader, or the lock's taker) changes nothing.

@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 import redis
 
+from tests.builders import asked_keys
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
 from velocity.redis import connection, mirror
@@ -181,8 +182,8 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
     assert_windows_match(client, name, buckets, rng)
 
     # The stream reads a hash's buckets only, never its roll-ups.
-    read = mirror.read_stream_state(client, g1, [], [(SIGNATURE, '["dense"]')])
-    assert read.states[(SIGNATURE, '["dense"]')].buckets == buckets
+    read = mirror.read_stream_state(client, g1, [], asked_keys([(SIGNATURE, '["dense"]')]))
+    assert read.hot.key_states()[(SIGNATURE, '["dense"]')].buckets == buckets
     # A bucket's raw events written whole stay in its hash (field "~<start>"), beside its
     # roll-ups, and survive the roll-ups' upkeep.
     start = changed_starts[0]

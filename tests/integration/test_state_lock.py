@@ -137,6 +137,6 @@ def test_a_stream_commit_whose_lease_ran_out_writes_nothing(settings: Settings) 
             )
             mirror.send_stream_commit(client, settings, commit, lease)
     assert client.xlen(settings.alert_stream) == 0
-    assert not mirror.read_stream_state(client, settings, ["tx-1"], []).seen
+    assert not mirror.read_stream_state(client, settings, ["tx-1"]).seen
     assert mirror.committed_batch(client, settings) is None
     assert client.get(lease.name) == '{"token": "next-holder"}'

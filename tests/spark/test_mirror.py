@@ -189,7 +189,7 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
         replay = mirror.send_stream_commit(client, streamed.settings, commit, lease)
     assert replay == -1
     assert client.xlen(stream) == len(entries)
-    assert not mirror.read_stream_state(client, streamed.settings, ["tx-replayed"], []).seen
+    assert not mirror.read_stream_state(client, streamed.settings, ["tx-replayed"]).seen
     assert buckets == {name: client.hgetall(name) for name in buckets}
 
 

@@ -21,8 +21,10 @@ from velocity.engine.key_partition import (
     decide_key_partition,
     missing_history,
     needed_own_buckets,
+    stored_buckets,
 )
-from velocity.redis.keys import RedisKeys, bucket_value, parse_recent
+from velocity.redis.hot_state import RAW_TEXTS, HotState
+from velocity.redis.keys import RedisKeys, bucket_value, parse_recent, recent_fragment
 from velocity.redis.mirror import QUIET_MAX_BUCKETS
 from velocity.rules import RuleState, rules_by_signature
 from velocity.spark.stream_decide import bucket_changes
@@ -147,18 +149,17 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
             for slot in groups
             if slot in hot
         }
-        for sig, key, start in needed_own_buckets(table, states, width):  # read from Redis
-            state = states[(sig, key)]
-            state.recent.update(
-                trusted_recent(state.buckets, {start: stored_raw.get((sig, key, start), [])})
-            )
-        missing = missing_history(table, states, width)
+        stored = stored_buckets(states)
+        needed = needed_own_buckets(table, stored, width)  # read from Redis, then trusted
+        texts = {s: recent_fragment(stored_raw[s]) for s in needed if stored_raw.get(s)}
+        recent = HotState(stored, RAW_TEXTS.empty_table()).recent_events(needed, texts)
+        missing = missing_history(table, stored, recent, width)
         if not forget_raw:
             # Raw events are missing only for an own bucket older than the key's newest two.
             for sig, key, start in missing:
                 assert start not in sorted(states[(sig, key)].buckets)[-2:]
         history = keyed_table([keyed_row(s[:2], e) for s in missing for e in raw.get(s, [])], False)
-        got = decide_key_partition(table, states, history, active, width, None)
+        got = decide_key_partition(table, stored, recent, history, active, width, None)
         assert {
             (active[int(r)].rule_id, rows[int(i)]["transactionId"]): (str(v), int(s))
             for i, r, v, s in zip(

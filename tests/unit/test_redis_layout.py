@@ -14,16 +14,20 @@ from tests.unit.test_kernel import _ARROW
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
 from velocity.engine.key_partition import STORED_SCHEMA
+from velocity.redis.hot_state import hot_state
 from velocity.redis.keys import (
+    RAW_FIELD,
     RedisKeys,
     bucket_value,
     bucket_value_texts,
     default_prefix,
+    hash_field_rows,
     parse_bucket,
     parse_recent,
     recent_fragment,
     recent_fragment_texts,
 )
+from velocity.stream_batch import KeyState
 from velocity.windows import KeyedEvent
 
 pytestmark = pytest.mark.timeout(120)
@@ -172,3 +176,63 @@ def test_raw_event_fragments_built_column_by_column_equal_recent_fragment(rows) 
     assert texts == [recent_fragment([e]) for e in events]
     if events:
         assert parse_recent("".join(texts)) == tuple(events)
+
+
+tricky = st.sampled_from(["a],5", 'x","y', "back\\slash", "tab\there", "[]", "", "ü"])
+
+
+@st.composite
+def hot_keys(draw: st.DrawFn) -> dict[tuple[str, str], KeyState]:
+    """Keys' hot states as the stream leaves them: buckets (negative sums, distinct values
+    that look like the value's own syntax), newest eventTimes known or not, and raw events
+    of some buckets, whole (as many as the bucket counts) or not."""
+    states = {}
+    for n in range(draw(st.integers(0, 4))):
+        state = KeyState()
+        for start in draw(st.sets(st.integers(0, 50), max_size=4)):
+            parts = [
+                BucketAggregate.of_event(v, draw(st.decimals(-(10**12), 10**12, places=8)))
+                for v in draw(st.lists(st.one_of(values, tricky), min_size=1, max_size=4))
+            ]
+            aggregate = merge_all(parts)
+            state.buckets[start * 60_000] = aggregate
+            state.last_times[start * 60_000] = draw(st.one_of(st.none(), st.integers(0, 2**62)))
+            events = [KeyedEvent(start * 60_000 + i, f"tx-{i}") for i in range(aggregate.count)]
+            whole = draw(st.sampled_from([None, True, False]))
+            if whole is not None:
+                state.recent[start * 60_000] = tuple(events if whole else events[1:])
+        states[("sig", f'["p-{n}"]')] = state
+    return states
+
+
+@settings(max_examples=150, deadline=None)
+@given(hot_keys())
+def test_the_hot_state_read_column_by_column_is_what_was_written(states) -> None:
+    """velocity.lua's read_hashes lines, parsed column by column, give back every bucket
+    and newest eventTime, and the raw events that account for their bucket whole."""
+    keys = RedisKeys("P", "/data")
+    lines = []
+    for (sig, key), state in states.items():
+        name = keys.bucket_hash(sig, key)
+        for start, aggregate in state.buckets.items():
+            lines.append(f"{name}\t{start}\t{bucket_value(aggregate, state.last_times[start])}\n")
+        for start, events in state.recent.items():
+            lines.append(f"{name}\t{RAW_FIELD}{start}\t{recent_fragment(events)}\n")
+    asked = pa.table(
+        {
+            "hash": pa.array([keys.bucket_hash(*slot) for slot in states], pa.string()),
+            "signature_id": pa.array([sig for sig, _ in states], pa.string()),
+            "key": pa.array([key for _, key in states], pa.string()),
+        }
+    )
+    got = hot_state(hash_field_rows("".join(lines)), asked).key_states()
+    expected = {
+        slot: KeyState(
+            state.buckets,
+            state.last_times,
+            {s: e for s, e in state.recent.items() if len(e) == state.buckets[s].count},
+        )
+        for slot, state in states.items()
+        if state.buckets
+    }
+    assert got == expected

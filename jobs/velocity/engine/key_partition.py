@@ -76,42 +76,39 @@ def stored_buckets(states: Mapping[SignatureKey, KeyState]) -> pa.Table:
     return pa.table(rows, schema=STORED_SCHEMA)
 
 
-def needed_own_buckets(
-    events: pa.Table, states: Mapping[SignatureKey, KeyState], width_ms: int
-) -> list[BucketSlot]:
+def needed_own_buckets(events: pa.Table, stored: pa.Table, width_ms: int) -> list[BucketSlot]:
     """The own buckets whose earlier events the partition needs raw (an event later than
     one to decide, or an unknown newest eventTime): read their raw events first."""
-    needed = own_buckets_needing_history(events, stored_buckets(states), width_ms)
+    needed = own_buckets_needing_history(events, stored, width_ms)
     return list(zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True))
 
 
 def missing_history(
-    events: pa.Table, states: Mapping[SignatureKey, KeyState], width_ms: int
+    events: pa.Table,
+    stored: pa.Table,
+    recent: Mapping[BucketSlot, Sequence[KeyedEvent]],
+    width_ms: int,
 ) -> list[BucketSlot]:
-    """The needed own buckets whose raw events the states do not hold (trusted): those
+    """The needed own buckets whose raw events ``recent`` does not hold (trusted): those
     come from the Delta history."""
-    return [
-        (sig, key, start)
-        for sig, key, start in needed_own_buckets(events, states, width_ms)
-        if start not in states[(sig, key)].recent
-    ]
+    return [s for s in needed_own_buckets(events, stored, width_ms) if s not in recent]
 
 
 def decide_key_partition(
     events: pa.Table,
-    states: Mapping[SignatureKey, KeyState],
+    stored: pa.Table,
+    recent: Mapping[BucketSlot, Sequence[KeyedEvent]],
     history: pa.Table | None,
     rules: Sequence[Rule],
     width_ms: int,
     cutoff: int | None,
 ) -> KeyPartitionDecided:
     """Decide a partition's batch ``events`` (KEYED_COLUMNS and ``decide``, in arrival
-    order) over its keys' ``states`` (recent events trusted); ``history`` holds the raw
-    earlier events of the own buckets ``missing_history`` named (KEYED_COLUMNS, or
-    None when it named none)."""
-    stored = stored_buckets(states)
+    order) over its keys' ``stored`` buckets (STORED_SCHEMA) and the trusted ``recent``
+    raw events of own buckets; ``history`` holds the raw earlier events of the own
+    buckets ``missing_history`` named (KEYED_COLUMNS, or None when it named none)."""
     needed = own_buckets_needing_history(events, stored, width_ms)
-    earlier = [_recent_rows(needed, states, events.schema)]
+    earlier = [_recent_rows(needed, recent, events.schema)]
     if history is not None and history.num_rows:
         earlier.append(history.select(list(KEYED_COLUMNS)).cast(earlier[0].schema))
     decided = decide_micro_batch(events, stored, pa.concat_tables(earlier), rules, width_ms)
@@ -120,15 +117,15 @@ def decide_key_partition(
 
 
 def _recent_rows(
-    needed: pa.Table, states: Mapping[SignatureKey, KeyState], schema: pa.Schema
+    needed: pa.Table, recent: Mapping[BucketSlot, Sequence[KeyedEvent]], schema: pa.Schema
 ) -> pa.Table:
     """The recent raw events of the ``needed`` own buckets, as keyed rows."""
     events: list[tuple[str, str, KeyedEvent]] = []
-    for sig, key, start in zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True):
-        recent = states[(sig, key)].recent.get(start)
-        if recent is None:
+    for slot in zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True):
+        known = recent.get(slot)
+        if known is None:
             continue  # from the Delta history (``missing_history``)
-        events.extend((sig, key, e) for e in recent)
+        events.extend((slot[0], slot[1], e) for e in known)
     columns = {
         "signature_id": [s for s, _, _ in events],
         "key": [k for _, k, _ in events],

@@ -75,10 +75,10 @@ def read_stream_state(
     settings: Settings,
     transaction_ids: Sequence[str],
     names: Sequence[str],
-) -> tuple[dict[str, str], set[int], str, str, dict[str, dict[str, str]]]:
+) -> tuple[dict[str, str], set[int], str, str, str]:
     """(progress, 0-based indices of the seen transactionIds, epoch, mirror marker, the
-    named hashes' buckets): mirror.read_stream_state's inputs, on a cluster. A pending
-    batch is finished first."""
+    named hashes' fields as velocity.lua's read_hashes lines): mirror.read_stream_state's
+    inputs, on a cluster. A pending batch is finished first."""
     keys = settings.redis_keys
     accepted = json.dumps(list(transaction_ids), ensure_ascii=False)
 
@@ -99,19 +99,15 @@ def read_stream_state(
     if reply["b"]:
         finish_pending(client, settings)
         reply = progress_read()
-    hashes: dict[str, dict[str, str]] = {}
-    for group in by_master(client, names).values():
-        hashes.update(
-            json.loads(
-                client.fcall_ro(  # type: ignore[arg-type]
-                    "velocity_cluster_read_buckets",
-                    1,
-                    group[0],
-                    json.dumps(group, ensure_ascii=False),
-                )
-            )
-            or {}
+    hashes = "".join(
+        cast(
+            str,
+            client.fcall_ro(
+                "velocity_cluster_read_buckets", 1, group[0], json.dumps(group, ensure_ascii=False)
+            ),
         )
+        for group in by_master(client, names).values()
+    )
     return (
         reply["p"] or {},
         {i - 1 for i in reply["s"] or []},

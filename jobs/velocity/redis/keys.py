@@ -31,6 +31,7 @@ dirs share one Redis without touching each other's keys:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import format_decimal, json_string
@@ -305,6 +307,66 @@ def bucket_value_texts(buckets: pa.Table) -> pa.Array:
         values = buckets.slice(row, 1).to_pylist()[0]
         out[row] = bucket_value(bucket_from_columns(values), values["last_time"])
     return pa.array(out, pa.string())
+
+
+# A bucket value's parts (``bucket_value``); decimals hold no quote, so "[^"]*" is one.
+_BUCKET_VALUE = (
+    r'^\[(?P<event_count>\d+),(?P<value_count>\d+),(?:null|"(?P<value_sum>[^"]*)"),'
+    r'(?:null|"(?P<value_min>[^"]*)"),(?:null|"(?P<value_max>[^"]*)"),'
+    r"(?P<distinct_values>\[.*\])(?:,(?P<last_time>-?\d+))?\]$"
+)
+# velocity.lua's read_hashes: a line "<hash>\t<field>\t<value>" a field.
+HASH_FIELDS = pa.schema(
+    [pa.field("hash", pa.string()), pa.field("field", pa.string()), pa.field("value", pa.string())]
+)
+
+
+def hash_field_rows(text: str) -> pa.Table:
+    """read_hashes' lines as columns (``HASH_FIELDS``): no value holds a tab or a newline
+    (bucket values and raw events are JSON, control characters escaped)."""
+    data = text.encode()
+    if not data:
+        return HASH_FIELDS.empty_table()
+    return pa_csv.read_csv(
+        io.BytesIO(data),
+        read_options=pa_csv.ReadOptions(
+            column_names=HASH_FIELDS.names, block_size=max(len(data) + 1, 1 << 20)
+        ),
+        parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False),
+        convert_options=pa_csv.ConvertOptions(
+            column_types=HASH_FIELDS, strings_can_be_null=False, quoted_strings_can_be_null=False
+        ),
+    )
+
+
+def bucket_value_columns(texts: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:
+    """``parse_bucket`` of every text, column by column: the figures and ``last_time`` as
+    ``schema`` types them. A distinct value holding an escape goes through the JSON
+    parser (rare: the column split needs plain texts)."""
+    texts = one_chunk(texts)
+    parts = pc.extract_regex(texts, _BUCKET_VALUE)
+    if parts.null_count:
+        bad = texts.filter(pc.is_null(parts))[0].as_py()
+        raise ValueError(f"not a bucket value: {bad!r}")
+    columns = {}
+    for name in ("event_count", "value_count", "value_sum", "value_min", "value_max", "last_time"):
+        part = parts.field(name)
+        typed = pc.if_else(pc.equal(part, ""), pa.scalar(None, pa.string()), part)
+        columns[name] = pc.cast(typed, schema.field(name).type)
+    lists = parts.field("distinct_values")
+    inner = pc.if_else(
+        pc.equal(lists, "[]"), pa.scalar(None, pa.string()), pc.utf8_slice_codeunits(lists, 2, -2)
+    )
+    kind = schema.field("distinct_values").type
+    distinct = pc.fill_null(pc.split_pattern(inner, '","'), pa.scalar([], kind))
+    escaped = pc.match_substring(lists, "\\").to_numpy(zero_copy_only=False)
+    if escaped.any():
+        values = distinct.to_pylist()
+        for row in np.flatnonzero(escaped).tolist():
+            values[row] = json.loads(lists[row].as_py())
+        distinct = pa.array(values, kind)
+    columns["distinct_values"] = distinct.cast(kind)
+    return pa.table(columns)
 
 
 def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

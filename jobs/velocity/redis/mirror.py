@@ -11,29 +11,32 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 from redis.cluster import RedisCluster
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
+from velocity.decimals import json_string
 from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
 from velocity.redis.commit_args import BucketChanges, KeyChange, StreamCommit, resp_command
 from velocity.redis.connection import connect, is_cluster, read_hash
+from velocity.redis.hot_state import HotState, hot_state
 from velocity.redis.keys import (
-    RAW_FIELD,
     RedisKeys,
     bucket_value,
-    parse_bucket,
+    hash_field_rows,
+    json_string_texts,
+    one_chunk,
     parse_bucket_value,
-    parse_recent,
     recent_fragment,
     rule_entry,
 )
 from velocity.redis.lease import Lease
 from velocity.rules import Rule
 from velocity.settings import Settings
-from velocity.stream_batch import BucketSlot, KeyState, SignatureKey, trusted_recent
-from velocity.windows import KeyedEvent
+from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
@@ -302,6 +305,10 @@ def compare_buckets(
 # --- the stream's hot state: one read and one atomic commit per micro-batch --------------
 
 
+# No keys asked (the driver's read of the progress and seen transactionIds).
+ASKED_NONE = pa.table({"signature_id": pa.array([], pa.string()), "key": pa.array([], pa.string())})
+
+
 @dataclass
 class StreamRead:
     """What a micro-batch reads from Redis before deciding, in one round trip."""
@@ -311,7 +318,7 @@ class StreamRead:
     epoch: str  # <prefix>:buckets-epoch: changes when anyone but the stream rewrote buckets
     mirror_of: str  # the data dir Redis holds the buckets of ("" after a flush)
     seen: set[str]  # transactionIds accepted by earlier batches (of those asked)
-    states: dict[SignatureKey, KeyState]  # the asked (signature, key)s that Redis holds
+    hot: HotState  # the asked (signature, key)s' buckets and raw events that Redis holds
 
 
 def committed_batch(client: redis.Redis, settings: Settings) -> int | None:
@@ -324,63 +331,49 @@ def read_stream_state(
     client: redis.Redis,
     settings: Settings,
     transaction_ids: Sequence[str],
-    slots: Sequence[SignatureKey],
+    asked: pa.Table | None = None,
 ) -> StreamRead:
     """The stream's progress, the seen transactionIds among ``transaction_ids`` and the
-    buckets of ``slots``, as one Function call (velocity_stream_read)."""
+    hot state of the ``asked`` keys (columns signature_id, key), as one Function call
+    (velocity_stream_read). The keys' names and the request are built column by column:
+    a key-partition asks for tens of thousands."""
     keys = settings.redis_keys
     seen_prefix = keys.seen_prefix
-    names = [keys.bucket_hash(sig, key) for sig, key in slots]
+    asked = ASKED_NONE if asked is None else asked.select(ASKED_NONE.column_names)
+    names = pc.binary_join_element_wise(
+        keys.key_base_texts(asked.column("signature_id"), asked.column("key")), ":buckets", ""
+    )
     if is_cluster(client):
         progress, seen_indices, epoch, mirror_of, hashes = cluster.read_stream_state(
-            cast(RedisCluster, client), settings, transaction_ids, names
+            cast(RedisCluster, client), settings, transaction_ids, names.to_pylist()
         )
     else:
-        request = json.dumps(
-            {
-                "h": names,
-                "s": list(transaction_ids),
-                "sp": seen_prefix,
-                "sh": settings.dedup_horizon_seconds * 1000,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
+        quoted = one_chunk(json_string_texts(names))
+        bounds = pa.array([0, len(quoted)], pa.int32())
+        json_names = pc.binary_join(pa.ListArray.from_arrays(bounds, quoted), ",")[0].as_py()
+        request = (
+            f'{{"h":[{json_names}],"s":{json.dumps(list(transaction_ids), ensure_ascii=False)},'
+            f'"sp":{json_string(seen_prefix)},"sh":{settings.dedup_horizon_seconds * 1000}}}'
         )
-        reply = json.loads(
-            client.fcall_ro(
-                "velocity_stream_read",
-                3,
-                keys.stream_progress,
-                keys.buckets_epoch,
-                keys.mirror_marker,
-                request,
-            )  # type: ignore[arg-type]
+        answer, hashes = client.fcall_ro(  # type: ignore[misc]
+            "velocity_stream_read",
+            3,
+            keys.stream_progress,
+            keys.buckets_epoch,
+            keys.mirror_marker,
+            request,
         )
-        progress, hashes = reply["p"] or {}, reply["h"] or {}
+        reply = json.loads(answer)
+        progress = reply["p"] or {}
         seen_indices = {i - 1 for i in reply["s"] or []}
         epoch, mirror_of = str(reply["e"]), str(reply["m"])
-    states: dict[SignatureKey, KeyState] = {}
-    for slot, name in zip(slots, names, strict=True):
-        fields = hashes.get(name)
-        if not fields:
-            continue
-        state = KeyState()
-        raw: dict[int, tuple[KeyedEvent, ...]] = {}
-        for field_name, value in fields.items():
-            if field_name.startswith(RAW_FIELD):  # a new bucket's raw events (velocity.lua)
-                raw[int(field_name[1:])] = parse_recent(value)
-                continue
-            start = int(field_name)
-            state.buckets[start], state.last_times[start] = parse_bucket(value)
-        state.recent.update(trusted_recent(state.buckets, raw))
-        states[slot] = state
     return StreamRead(
         committed_batch=int(progress["batch"]) if "batch" in progress else None,
         newest_event_time=int(progress["newest"]) if progress.get("newest") else None,
         epoch=epoch,
         mirror_of=mirror_of,
         seen={transaction_ids[i] for i in seen_indices},
-        states=states,
+        hot=hot_state(hash_field_rows(hashes), asked.append_column("hash", names)),
     )
 
 
@@ -420,19 +413,18 @@ def key_changes(
     return BucketChanges.of(out)
 
 
-def read_recent(
+def read_recent_texts(
     client: redis.Redis, keys: RedisKeys, slots: Sequence[BucketSlot]
-) -> dict[BucketSlot, tuple[KeyedEvent, ...]]:
-    """The raw events Redis holds of the given (signature, key, bucket start)s, in one
-    pipelined round trip (untrusted: ``trusted_recent`` checks them against the bucket)."""
+) -> dict[BucketSlot, str]:
+    """The raw-events strings Redis holds of the given (signature, key, bucket start)s, in
+    one pipelined round trip (untrusted: ``HotState.recent_events`` checks them against
+    the bucket)."""
     if not slots:
         return {}
     pipe = client.pipeline(transaction=False)
     for sig, key, start in slots:
         pipe.get(keys.recent_events(sig, key, start))
-    return {
-        slot: parse_recent(text) for slot, text in zip(slots, pipe.execute(), strict=True) if text
-    }
+    return {slot: text for slot, text in zip(slots, pipe.execute(), strict=True) if text}
 
 
 def stream_commit(

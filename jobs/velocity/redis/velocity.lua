@@ -501,20 +501,22 @@ local function velocity_renew(keys, args)
   return 0
 end
 
--- Every bucket of the named hashes (roll-ups left out), by hash; empty hashes left out.
+-- Every bucket and raw-events field of the named hashes (roll-ups left out), as lines
+-- "<hash>\t<field>\t<value>\n", which the caller reads column by column (no value holds a
+-- tab or a newline: bucket values and raw events are JSON, control characters escaped).
 local function read_hashes(names)
-  local hashes = {}
+  local parts = {}
   for _, name in ipairs(names) do
-    local buckets = redis.call("HGETALL", name)
-    if #buckets > 0 then
-      local map = {}
-      for i = 1, #buckets, 2 do
-        if is_bucket(buckets[i]) or is_raw(buckets[i]) then map[buckets[i]] = buckets[i + 1] end
+    local fields = redis.call("HGETALL", name)
+    for i = 1, #fields, 2 do
+      if is_bucket(fields[i]) or is_raw(fields[i]) then
+        local n = #parts
+        parts[n + 1], parts[n + 2], parts[n + 3] = name, "\t", fields[i]
+        parts[n + 4], parts[n + 5], parts[n + 6] = "\t", fields[i + 1], "\n"
       end
-      hashes[name] = map
     end
   end
-  return hashes
+  return table.concat(parts)
 end
 
 -- The accepted transactionIds, de-duplicated over a horizon h: the hash "<seen prefix><n>"
@@ -556,20 +558,22 @@ end
 -- transactionId keys exist, and the named bucket hashes' buckets (all of them).
 -- request = {"h": [bucket hash, ...], "s": [transactionId, ...], "sp": seen prefix,
 --            "sh": de-duplication horizon ms}
--- reply = {"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen],
---          "h": {hash: {start: value}}} (empty hashes left out)
+-- reply = [{"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen]},
+--          the hashes' fields as read_hashes' lines]
 local function velocity_stream_read(keys, args)
   local request = cjson.decode(args[1])
   local progress = {}
   local fields = redis.call("HGETALL", keys[1])
   for i = 1, #fields, 2 do progress[fields[i]] = fields[i + 1] end
-  return cjson.encode({
-    p = progress,
-    e = redis.call("GET", keys[2]) or "0",
-    m = redis.call("GET", keys[3]) or "",
-    s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
-    h = read_hashes(request["h"]),
-  })
+  return {
+    cjson.encode({
+      p = progress,
+      e = redis.call("GET", keys[2]) or "0",
+      m = redis.call("GET", keys[3]) or "",
+      s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
+    }),
+    read_hashes(request["h"]),
+  }
 end
 
 -- Runs `command key items...` over `items[first..last]` in slices: Lua's unpack has a
@@ -769,9 +773,9 @@ local function velocity_cluster_read_progress(keys, args)
 end
 
 -- FCALL_RO velocity_cluster_read_buckets 1 <one of the hashes> <hash names json>
--- The named hashes' buckets, all on this master: {hash: {start: value}}.
+-- The named hashes' buckets, all on this master, as read_hashes' lines.
 local function velocity_cluster_read_buckets(keys, args)
-  return cjson.encode(read_hashes(cjson.decode(args[1])))
+  return read_hashes(cjson.decode(args[1]))
 end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,

@@ -325,13 +325,13 @@ class StreamJob:
     def _read_state(self, transaction_ids: list[str], batch_id: int) -> mirror.StreamRead:
         """The Redis half of a batch's input on the driver (progress, seen transactionIds);
         refills Redis first when it lost this data dir's state."""
-        read = mirror.read_stream_state(self.redis, self.settings, transaction_ids, [])
+        read = mirror.read_stream_state(self.redis, self.settings, transaction_ids)
         if read.mirror_of != str(self.settings.data_dir):
             log.warning(
                 "Redis lost the state of %s: rebuilding it from Delta", self.settings.data_dir
             )
             self.mirror.rebuild(batch_id - 1)
-            read = mirror.read_stream_state(self.redis, self.settings, transaction_ids, [])
+            read = mirror.read_stream_state(self.redis, self.settings, transaction_ids)
         return read
 
     def _own_bucket_history(

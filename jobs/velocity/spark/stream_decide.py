@@ -46,7 +46,7 @@ from velocity.redis.keys import (
 from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
-from velocity.stream_batch import BucketSlot, trusted_recent
+from velocity.stream_batch import BucketSlot
 
 _KEY = ("signature_id", "key")
 
@@ -162,31 +162,26 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     rows = _from_ipc(rows_ipc)
     history = None if history_ipc is None else _from_ipc(history_ipc)
     keys = _keys_of(rows)
-    slots = list(zip(*(keys.column(n).to_pylist() for n in _KEY), strict=True))
     width = settings.bucket_width_ms
     given = set() if history is None else _slots_of(history, width)
     client = connection.connect(settings)
     try:
-        states = mirror.read_stream_state(client, settings, [], slots).states
-        # The raw events of the own buckets that need them and were added to since their
-        # first batch (their own strings), in a second round trip.
-        wanted = [
-            s
-            for s in needed_own_buckets(rows, states, width)
-            if s not in given and s[2] not in states[s[:2]].recent  # not kept in the hash
-        ]
-        for (sig, key, start), events in mirror.read_recent(
-            client, settings.redis_keys, wanted
-        ).items():
-            state = states[(sig, key)]
-            state.recent.update(trusted_recent(state.buckets, {start: events}))
+        hot = mirror.read_stream_state(client, settings, [], keys).hot
+        # The raw events of the own buckets that need them: kept in the hash (a bucket
+        # new to its key in one batch) or, added to since, in their own strings, read in a
+        # second round trip.
+        needed = [s for s in needed_own_buckets(rows, hot.buckets, width) if s not in given]
+        recent = hot.recent_events(needed)
+        wanted = [s for s in needed if s not in recent]
+        texts = mirror.read_recent_texts(client, settings.redis_keys, wanted)
+        recent.update(hot.recent_events(list(texts), texts))
     finally:
         client.close()
     read = time.perf_counter()
-    missing = [s for s in wanted if s[2] not in states[(s[0], s[1])].recent]
+    missing = [s for s in wanted if s not in recent]
     log: dict[str, object] = {
         "rows": rows.num_rows,
-        "keys": len(slots),
+        "keys": keys.num_rows,
         "executor": _executor_name(),
         "attempt": _task_attempt(),
         "wait_s": round(waited, 4),
@@ -195,7 +190,9 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
     if missing:
         log["ended"] = time.time()
         return pickle.dumps({"missing": missing, "log": log})
-    decided = decide_key_partition(rows, states, history, plan.rules, width, plan.cutoff)
+    decided = decide_key_partition(
+        rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff
+    )
     alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
     changes = bucket_changes(settings.redis_keys, decided)
     log["decide_s"] = round(time.perf_counter() - read, 4)

@@ -47,7 +47,9 @@ RULE_IDS, RULE_LABELS = rule_choices(rules_in_force_for_forms())
             format="date-time",
             title="From",
             description="First event time of the range, inclusive. Empty with To empty: "
-            "the recorded late events not yet backfilled.",
+            "the recorded late events not yet backfilled. Airflow's own fields of this form "
+            "(Logical Date, Run ID, Unpause, Single Run or Backfill) are ignored: the range "
+            "is From and To.",
         ),
         "to_time": Param(
             None,

@@ -252,6 +252,8 @@ def run_design(
         "VELOCITY_REDIS_ALERT_STREAM": "velocity:alerts",
         # A broker only where it is read: an idle one would still take CPU and memory.
         "VELOCITY_KAFKA_BOOTSTRAP": f"127.0.0.1:{port + 3000}" if source == "kafka" else "",
+        # Its metrics on a port of its own, beside a stream on the default one.
+        "VELOCITY_METRICS_PORT": str(port + 2000),
     }
     if design == "old":
         tree = work / "old-tree"
@@ -490,7 +492,11 @@ def main() -> int:
     )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
     parser.add_argument(
-        "--port", type=int, default=6392, help="the benchmark's own Redis (its cluster: +1000)"
+        "--port",
+        type=int,
+        default=6392,
+        help="the benchmark's own Redis (its cluster +1000, the stream's metrics +2000, the "
+        "Kafka broker +3000)",
     )
     args = parser.parse_args()
     if args.redis != "single" and (args.source != "folder" or args.design != "new"):

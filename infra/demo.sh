@@ -8,8 +8,9 @@
 #   DEMO_DIR/live)  DEMO_DIR (default data/demo): the demo's logs and exported alerts
 #   DEMO_DRAIN_SECONDS (default 10) how long alerts are still shown after the generator ends
 # Every port follows the settings (VELOCITY_* or VELOCITY_CONFIG): Redis the port of
-# VELOCITY_REDIS_URL, the broker VELOCITY_KAFKA_BOOTSTRAP (its controller the next port), and
-# state lives in VELOCITY_DATA_DIR; Spark's UI is off and its driver takes free loopback ports.
+# VELOCITY_REDIS_URL, the broker VELOCITY_KAFKA_BOOTSTRAP (its controller the next port), the
+# stream's metrics VELOCITY_METRICS_PORT, and state lives in VELOCITY_DATA_DIR; Spark's UI is
+# off and its driver takes free loopback ports.
 # So a second copy runs beside the first with other ports and another data dir.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -80,6 +81,10 @@ until read -r verdict _ < <(stream_state) && [ "$verdict" = running ]; do
   sleep 3
 done
 echo "the stream runs ($((SECONDS - began)) s since the demo began)"
+metrics_port="$("$python" -c 'from velocity.settings import load_settings; print(load_settings().metrics_port)')"
+if [ "$metrics_port" != 0 ]; then
+  echo "its metrics, for Prometheus: http://127.0.0.1:${metrics_port}/metrics"
+fi
 echo "streaming for ${seconds}s: ${rate} events/s over ${keys} payers, alerts below (Ctrl-C stops)"
 
 $velocity generate "${writes[@]}" --follow --rate "$rate" --keys "$keys" --duration "$seconds" \

@@ -80,7 +80,8 @@ def free_ports_from(offsets: tuple[int, ...], low: int, high: int) -> int:
     check (a JVM starts first), and an outgoing connection of any test would otherwise take
     one of them as its local port meanwhile. Each kind of service draws from a range of its
     own: the Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
-    22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000."""
+    22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000, streams'
+    metrics 10 000-12 000."""
     import random
 
     for _ in range(100):
@@ -98,6 +99,21 @@ def free_ports_from(offsets: tuple[int, ...], low: int, high: int) -> int:
 def free_port_pair() -> int:
     """A free loopback port whose next port is free too (the broker's controller)."""
     return free_ports_from((0, 1), low=23_000, high=30_000)
+
+
+def free_metrics_port() -> int:
+    """A port for a stream's metrics server (VELOCITY_METRICS_PORT)."""
+    return free_ports_from((0,), low=10_000, high=12_000)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_metrics_server() -> Iterator[None]:
+    """Streams that tests start (in this process or as `velocity stream`) serve no metrics
+    unless the test gives them a port: two at once, or one beside a developer's own stream,
+    would otherwise both want the default port and the second would refuse to start."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VELOCITY_METRICS_PORT", "0")
+        yield
 
 
 def free_airflow_port() -> int:

@@ -350,7 +350,9 @@ def cmd_stream(args: argparse.Namespace) -> int:
         if entries:
             for change in job.rule_store.apply(entries).changes:
                 print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
-        lifecycle.attach_status_listener(spark, status, settings.stream_heartbeat_seconds)
+        lifecycle.attach_status_listener(
+            spark, status, settings.stream_heartbeat_seconds, job.metrics
+        )
         query = job.start(source, args.trigger == "available-now", args.max_files_per_trigger)
     except KeyboardInterrupt:
         status.stopped("interrupted (Ctrl-C) while starting", final=True)
@@ -359,8 +361,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
         # Startup failed (bad Redis URL, Spark, Delta): say so in the status file too.
         status.failed(f"startup failed: {exc}", final=True)
         raise
+    metrics = (
+        f"; metrics on http://127.0.0.1:{settings.metrics_port}/metrics"
+        if settings.metrics_port
+        else ""
+    )
     print(
-        f"stream running over {source} (data dir {settings.data_dir}); "
+        f"stream running over {source} (data dir {settings.data_dir}{metrics}); "
         "`velocity stream-stop` or Ctrl-C stops it",
         flush=True,
     )

@@ -29,6 +29,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REDIS_PORT = 6391
 DEFAULT_REDIS_PASSWORD = "velocity-local"
 DEFAULT_KAFKA_PORT = 9392
+DEFAULT_METRICS_PORT = 9391
 
 
 def local_mode_cores(master: str) -> int | None:
@@ -140,6 +141,14 @@ class Settings(BaseSettings):
         ge=1,
         description="An idle stream refreshes its status file this often "
         "(spark.sql.streaming.noDataProgressEventInterval).",
+    )
+    metrics_port: int = Field(
+        default=DEFAULT_METRICS_PORT,
+        ge=0,
+        le=65535,
+        description="`velocity stream` serves its metrics in Prometheus's text format on "
+        "127.0.0.1:PORT (0: no metrics server); a port taken by another program stops the "
+        "start, so a scrape never reads another stream's figures.",
     )
     quality_max_quarantine_rate: float = Field(
         default=0.05,

@@ -378,6 +378,54 @@ def _pick(driver: Any, label: str, day: str, clock: str) -> None:
     _wait(driver).until(lambda d: visible("HH:mm") is None)
 
 
+def _choose_every_rule(driver: Any, chooser: Any) -> list[str]:
+    """Choose, one at a time, every rule the Rules field still offers (each choice closes
+    its menu); returns their labels in the order chosen."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.keys import Keys
+
+    def offered(d: Any) -> Any:
+        found = d.find_elements(_by("CSS_SELECTOR"), "[role=option]")
+        return next((o for o in found if re.match(r"\d+ · ", o.text) and o.is_displayed()), None)
+
+    chosen: list[str] = []
+    for _ in range(100):
+        # Room below the field for its menu, which stays where it opens (position: fixed).
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", chooser)
+        chooser.send_keys(Keys.ARROW_DOWN)  # opens the menu
+        try:
+            option = _wait(driver, 5).until(offered)
+        except TimeoutException:  # none left: away from the field, as a person would go
+            _leave(driver, chooser)
+            return chosen
+        chosen.append(option.text)
+        option.click()
+    raise AssertionError(f"a menu that never ends: {chosen[:5]}…")
+
+
+def _leave(driver: Any, chooser: Any) -> None:
+    """Leave a select as a click elsewhere does: its input loses focus, its menu closes."""
+    driver.execute_script("arguments[0].blur()", chooser)
+    menus = "[role=listbox], [role=option]"
+    _wait(driver, 10).until(
+        lambda d: not [e for e in d.find_elements(_by("CSS_SELECTOR"), menus) if e.is_displayed()]
+    )
+
+
+def _reachable(driver: Any, element: Any) -> bool:
+    """Whether a person can press ``element``: scrolled into view, it is enabled and the
+    topmost thing at its centre."""
+    return bool(
+        driver.execute_script(
+            "const e = arguments[0]; e.scrollIntoView({block: 'center'});"
+            "const r = e.getBoundingClientRect();"
+            "const top = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);"
+            "return r.width > 0 && r.height > 0 && !e.disabled && e.contains(top);",
+            element,
+        )
+    )
+
+
 def test_a_backfill_triggered_from_its_form_lists_its_corrections(
     deployment: Deployment, browser: Any
 ) -> None:
@@ -404,6 +452,18 @@ def test_a_backfill_triggered_from_its_form_lists_its_corrections(
         _wait(browser).until(option).click()
     assert "5 · ACTIVE · COUNT() >= 20 over 1440 min by payerId" in rules.text
     _shot(deployment, browser, "06-backfill-form")
+    # Every rule chosen, the form at its tallest: its Trigger button can still be pressed.
+    # Then back to rules 5 and 7 (each other rule's chip taken off by its ×).
+    others = _choose_every_rule(browser, chooser)
+    submit = browser.find_element(_by("CSS_SELECTOR"), '[data-testid="trigger-dag-submit"]')
+    assert len(others) >= 5 and _reachable(browser, submit), others
+    _shot(deployment, browser, "06a-backfill-form-every-rule")
+    for label in others:
+        chip = rules.find_element(_by("XPATH"), f".//*[normalize-space(text())='{label}']/..")
+        chip.find_element(_by("CSS_SELECTOR"), "[role=button]").click()
+    _leave(browser, chooser)  # the chips' × opened the menu
+    assert not any(label in rules.text for label in others), rules.text
+    assert "5 · ACTIVE · COUNT() >= 20 over 1440 min by payerId" in rules.text
     headers = {"Authorization": f"Bearer {_token(deployment, 'admin')}"}
     runs_url = f"{deployment.base}/api/v2/dags/backfill_alerts/dagRuns"
     before = {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST_JVM, free_port, free_port_pair
+from tests.conftest import FAST_JVM, free_metrics_port, free_port, free_port_pair
 from velocity.settings import PROJECT_ROOT, load_settings
 
 DEMO_SH = PROJECT_ROOT / "infra" / "demo.sh"
@@ -37,13 +37,14 @@ pytestmark = [
 def test_demo_exits_zero_beside_another_copy(tmp_path: Path, redis_url: str) -> None:
     import redis
 
-    redis_port, kafka_port = free_port(), free_port_pair()
+    redis_port, kafka_port, metrics_port = free_port(), free_port_pair(), free_metrics_port()
     # Only the demo's own settings: none of this run's VELOCITY_* leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VELOCITY_", "DEMO_"))}
     env.update(
         VELOCITY_DATA_DIR=str(tmp_path / "data"),
         VELOCITY_REDIS_URL=f"redis://:demo-secret@127.0.0.1:{redis_port}/0",
         VELOCITY_KAFKA_BOOTSTRAP=f"127.0.0.1:{kafka_port}",
+        VELOCITY_METRICS_PORT=str(metrics_port),
         VELOCITY_SPARK_SHUFFLE_PARTITIONS="2",
         VELOCITY_SPARK_DRIVER_MEMORY="1g",
         DEMO_DIR=str(tmp_path / "demo"),
@@ -78,6 +79,7 @@ def test_demo_exits_zero_beside_another_copy(tmp_path: Path, redis_url: str) -> 
     # It said what it waited for, then showed alerts live.
     assert "waiting for the stream to start" in output, output
     assert "the stream's first micro-batch is done" in output, output
+    assert f"its metrics, for Prometheus: http://127.0.0.1:{metrics_port}/metrics" in output
     alert_times = [at for at, line in lines if re.match(r"rule +\d+ ", line)]
     assert alert_times, output
     seen = re.search(r"^(\d+) alerts seen on ", output, re.MULTILINE)

@@ -3,7 +3,8 @@
 One test runs `velocity stream` twice as a subprocess (real Spark, Delta, redis-server):
 healthy with batches advancing and an idle heartbeat, SIGKILL -> dead, a stale stop
 request that must not stop the next start, restart -> healthy and resumed from the
-checkpoint (every event once), stream-stop -> exit 0 and STOPPED. The others need no Spark.
+checkpoint (every event once), its metrics scraped and parsed as Prometheus does and held
+to what it was given, stream-stop -> exit 0 and STOPPED. The others need no Spark.
 """
 
 from __future__ import annotations
@@ -15,18 +16,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FAST_JVM
+from tests.builders import event_line, rule_obj, rules_text
+from tests.conftest import FAST_JVM, free_metrics_port
 from velocity import stream_control
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
-from velocity.generate import GenerateOptions, generate_events
+from velocity.generate import DEFAULT_START_MS, GenerateOptions, generate_events
 from velocity.settings import Settings
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
@@ -70,6 +76,34 @@ def land(source: Path, events: Path) -> None:
     time.sleep(0.01)  # distinct mtimes keep the landing order
 
 
+def add_lines_the_metrics_tell_apart(path: Path, earlier: Path) -> None:
+    """Append to ``path`` (landed as one micro-batch) two malformed lines, a duplicate of an
+    event of the ``earlier`` file (accepted by another run) and one of its own first
+    event, and a late event (ten minutes before the first generated one)."""
+    own_first = path.read_text().splitlines()[0]
+    earlier_first = earlier.read_text().splitlines()[0]
+    more = [
+        "not json",
+        event_line(paymentType="WIRE"),
+        earlier_first,
+        own_first,
+        event_line(transactionId="late-1", eventTime=DEFAULT_START_MS - 600_000),
+    ]
+    with path.open("a") as out:
+        out.write("".join(line + "\n" for line in more))
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The stream's metrics as Prometheus reads them: by (sample name, sorted labels)."""
+    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    answer.raise_for_status()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
 @contextmanager
 def stream_process(env: dict[str, str], events: Path, log: Path) -> Iterator[subprocess.Popen[str]]:
     with log.open("w") as out:
@@ -109,6 +143,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
         ),
     )
     files = sorted(held.glob("*.jsonl"))
+    add_lines_the_metrics_tell_apart(files[-1], files[0])
     events = tmp_path / "events"
     events.mkdir()
     for source in files[:FIRST_WAVE]:
@@ -122,6 +157,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
         "VELOCITY_SPARK_MASTER": "local[2]",
         "VELOCITY_SPARK_SHUFFLE_PARTITIONS": "2",
         "VELOCITY_STREAM_HEARTBEAT_SECONDS": "2",
+        "VELOCITY_METRICS_PORT": str(metrics_port := free_metrics_port()),
     }
 
     def status() -> dict[str, Any]:
@@ -164,6 +200,20 @@ def test_status_stop_kill_and_resume_through_the_cli(
     stream_control.write_json_atomically(stream_control.stop_request_path(data_dir), stale_request)
     for source in files[FIRST_WAVE + 1 :]:
         land(source, events)
+    # Rules from the second run on: every alert on the Redis stream is that run's.
+    rules = tmp_path / "rules.json"
+    count = {"groupingKeyNames": ["payerId"], "aggregatorFunctionType": "COUNT", "limit": 1}
+    rules.write_text(
+        rules_text(
+            [
+                rule_obj(ruleId=1, limitOperatorType=">=", windowMinutes=60, **count),
+                rule_obj(ruleId=2, limitOperatorType=">=", windowMinutes=60,
+                         filter={"paymentType": "CRD"}, **count),
+            ]
+        )
+    )  # fmt: skip
+    applied = cli(env, "rules", "apply", str(rules))
+    assert applied.returncode == 0, applied
 
     # --- second run: resumes from the checkpoint, then stops on request ---------------------
     with stream_process(env, events, tmp_path / "run2.log") as second:
@@ -184,6 +234,45 @@ def test_status_stop_kill_and_resume_through_the_cli(
         assert (code, health["verdict"]) == (0, "running"), health
         assert second.poll() is None
 
+        # Its metrics: the last file, 50 generated events and the five lines added to them.
+        metrics = scrape(metrics_port)
+
+        def metric(name: str, **labels: str) -> float | None:
+            return metrics.get((name, tuple(sorted(labels.items()))))
+
+        assert metric("velocity_events_read_total") == EVENTS_PER_FILE + 5
+        assert metric("velocity_events_accepted_total") == EVENTS_PER_FILE + 1
+        assert metric("velocity_events_duplicate_total") == 2
+        assert metric("velocity_events_late_total") == 1
+        quarantined = {
+            labels: n
+            for (name, labels), n in metrics.items()
+            if name == "velocity_events_quarantined_total" and n
+        }
+        assert quarantined == {(("reason", "not_json"),): 1, (("reason", "unknown_enum"),): 1}
+        published = Counter(
+            (str(alert["ruleId"]), alert["kind"])
+            for _, fields in redis.Redis.from_url(data_settings.redis_url).xrange(
+                data_settings.alert_stream
+            )
+            for alert in [json.loads(fields[b"alert"])]
+        )
+        scraped = {
+            (dict(labels)["rule_id"], dict(labels)["kind"]): n
+            for (name, labels), n in metrics.items()
+            if name == "velocity_alerts_total"
+        }
+        assert scraped == published and set(published) == {("1", "ALERT"), ("2", "ALERT")}
+        assert metric("velocity_batch_duration_seconds_count") == health["batchesThisRun"]
+        assert metric("velocity_redis_commit_seconds_count") == health["batchesThisRun"]
+        assert metric("velocity_committed_batch_id") == health["batch"]
+        assert metric("velocity_backlog_files") == 0
+        assert 0 <= (metric("velocity_write_behind_delay_seconds") or -1) < 120
+        heartbeat = metric("velocity_heartbeat_timestamp_seconds") or 0
+        assert abs(heartbeat - time.time()) < 60
+        info = {"source": str(events), "data_dir": str(data_dir)}
+        assert metric("velocity_stream_info", **info) == 1
+
         asked = time.monotonic()
         stop = cli(env, "stream-stop", "--reason", "test", "--wait", "120", timeout=150)
         assert stop.returncode == 0, stop
@@ -199,7 +288,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
     # Every event counted once across the kill and the restart.
     spark = request.getfixturevalue("spark")
     stored = tables.read_table(spark, LiveTables.of(data_settings).events)
-    total = EVENTS_PER_FILE * len(files)
+    total = EVENTS_PER_FILE * len(files) + 1  # and the late event
     assert stored.count() == total
     assert stored.select("transactionId").distinct().count() == total
 

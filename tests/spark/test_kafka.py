@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import generated_in_arrival_order
 from tests.conftest import FAST_JVM, free_port_pair
@@ -33,6 +34,7 @@ from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
 from velocity.stream_control import KafkaSource
+from velocity.stream_metrics import kafka_lag
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis, pytest.mark.kafka]
 
@@ -92,7 +94,8 @@ def topic_messages(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | N
 
 def run_kafka_available_now(job: StreamJob, settings: Settings) -> list[dict[str, Any]]:
     """The topic read to its end; returns each micro-batch's (start, end) offsets by
-    partition, for the batches that had messages."""
+    partition and its lag (``velocity.stream_metrics.kafka_lag`` of its progress), for the
+    batches that had messages."""
     source = KafkaSource(settings.kafka_bootstrap, settings.kafka_events_topic)
     query = job.start(source, available_now=True)
     try:
@@ -103,10 +106,14 @@ def run_kafka_available_now(job: StreamJob, settings: Settings) -> list[dict[str
     for progress in query.recentProgress:
         if progress["numInputRows"] == 0:
             continue
-        (read,) = json.loads(progress.json)["sources"]
+        figures = json.loads(progress.json)
+        (read,) = figures["sources"]
         topic = settings.kafka_events_topic
         start = read["startOffset"] or {}  # None before the first batch
-        ranges.append({"start": start.get(topic, {}), "end": read["endOffset"][topic]})
+        ranges.append(
+            {"start": start.get(topic, {}), "end": read["endOffset"][topic],
+             "lag": kafka_lag(figures)}
+        )  # fmt: skip
     return ranges
 
 
@@ -177,11 +184,30 @@ def test_stream_from_kafka_equals_the_backtest_in_its_arrival_order(
 
     ranges = run_kafka_available_now(job, settings)
     assert len(ranges) >= 3, "several micro-batches"
+    messages = topic_messages(settings.kafka_bootstrap, settings.kafka_events_topic)
+    assert len(messages) == produced
+
+    # Every message was there before the start: after each batch, the lag of a partition
+    # (the metrics' figure from Spark's progress) is what it holds past the batch's end.
+    ends: dict[str, int] = {}
+    for partition, offset, _, _ in messages:
+        ends[str(partition)] = max(ends.get(str(partition), 0), offset + 1)
+    for batch in ranges:
+        assert batch["lag"] == {
+            (settings.kafka_events_topic, p): ends.get(p, 0) - end
+            for p, end in batch["end"].items()
+        }
+    assert sum(ranges[0]["lag"].values()) > 0 and set(ranges[-1]["lag"].values()) == {0}
+    read = [
+        sample.value
+        for family in text_string_to_metric_families(job.metrics.render().decode())
+        for sample in family.samples
+        if sample.name == "velocity_events_read_total"
+    ]
+    assert read == [produced], "every message is a line read"
 
     # The reference: the backtest over the messages in the stream's arrival order, one
     # file a micro-batch, each ordered by (partition, offset) as SPEC's Kafka arrival says.
-    messages = topic_messages(settings.kafka_bootstrap, settings.kafka_events_topic)
-    assert len(messages) == produced
     arrived = tmp_path / "arrived"
     arrived.mkdir()
     for index, batch in enumerate(ranges):

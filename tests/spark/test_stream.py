@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from decimal import Decimal
@@ -364,12 +365,13 @@ def test_far_future_events_are_quarantined_and_change_no_alert(
     assert future_ids(data_settings.data_dir / "bt" / "backtest" / "quarantine") == streamed_future
 
 
-def test_another_bucket_width_and_a_deleted_checkpoint_are_refused_with_the_fix(
+def test_another_bucket_width_a_deleted_checkpoint_and_a_taken_port_are_refused_with_the_fix(
     spark, data_settings: Settings, in_order_events: Path, tmp_path: Path
 ) -> None:
     """Buckets read at another width would be relabelled (every window wrong); without its
-    checkpoint the stream would number batches from 0 again and skip them as committed.
-    Both refuse to start and say what to do. One committed batch is all either needs."""
+    checkpoint the stream would number batches from 0 again and skip them as committed; on
+    a metrics port another program holds, a scrape would read that program's figures.
+    Each refuses to start and says what to do. One committed batch is all they need."""
     events = tmp_path / "events"
     events.mkdir()
     land(sorted(in_order_events.glob("*.jsonl"))[0], events, 0)
@@ -383,6 +385,13 @@ def test_another_bucket_width_and_a_deleted_checkpoint_are_refused_with_the_fix(
     shutil.rmtree(data_settings.data_dir / "checkpoints" / "stream")
     with pytest.raises(UsageError, match="restore the checkpoint folder"):
         StreamJob(spark, data_settings).start(events, available_now=True)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        taken = data_settings.model_copy(update={"metrics_port": port})
+        with pytest.raises(UsageError, match=rf"127\.0\.0\.1:{port} .*VELOCITY_METRICS_PORT"):
+            StreamJob(spark, taken).start(events, available_now=True)
 
 
 def test_a_signature_activated_before_a_replay_counts_the_replayed_batch(

@@ -4,6 +4,8 @@ sizes, and a flush cut short is finished without doubling anything."""
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from velocity.delta import tables
 from velocity.delta.live import LiveState
 from velocity.delta.write_behind import ARROW_SCHEMAS, SPOOLED_TABLES, Spool
-from velocity.settings import Settings
+from velocity.settings import Settings, load_settings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -60,3 +62,17 @@ def test_every_spooled_row_lands_once_even_after_empty_batches(
     state.spool.root.joinpath("flushing.json").write_text(json.dumps([8, 9, 10]))
     state.flush_spool(10)
     assert stored() == sorted([*expected, "a-8-0", "a-10-0", "a-10-1"])
+
+
+def test_the_oldest_spooled_batch_says_how_far_delta_trails(tmp_path: Path) -> None:
+    spool = Spool(load_settings(data_dir=tmp_path / "data"))
+    assert spool.oldest_spooled_at() is None
+    spool_batches(spool, {4: 0})  # empty: its flush needs no Delta table
+    time.sleep(0.05)
+    spool_batches(spool, {5: 0})
+    folders = {b: (spool.root / f"{b:012d}").stat().st_mtime for b in (4, 5)}
+    assert folders[4] < folders[5] and spool.oldest_spooled_at() == folders[4]
+    spool.flush(4)
+    assert spool.oldest_spooled_at() == folders[5]
+    spool.discard_from(5)
+    assert spool.oldest_spooled_at() is None

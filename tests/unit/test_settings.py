@@ -205,3 +205,14 @@ def test_spark_master_on_loopback(master: str, on_loopback: bool) -> None:
 )
 def test_local_mode_cores(master: str, cores: int | None) -> None:
     assert local_mode_cores(master) == cores
+
+
+def test_the_metrics_port_is_9391_by_default_0_for_none_and_a_real_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().metrics_port == 9391
+    monkeypatch.setenv("VELOCITY_METRICS_PORT", "0")
+    assert load_settings().metrics_port == 0  # no metrics server
+    monkeypatch.setenv("VELOCITY_METRICS_PORT", "70000")
+    with pytest.raises(SettingsError, match="metrics_port"):
+        load_settings()

@@ -101,6 +101,16 @@ class Spool:
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
 
+    def oldest_spooled_at(self) -> float | None:
+        """When the oldest batch still spooled was written (epoch seconds; its folder's
+        mtime, set by its last file), None when the spool is empty: how far Delta trails."""
+        for batch_id in self.batches():
+            try:
+                return self._folder(batch_id).stat().st_mtime
+            except FileNotFoundError:
+                continue  # flushed between the listing and the look
+        return None
+
     def meta(self, batch_id: int) -> dict[str, object]:
         return dict(json.loads((self._folder(batch_id) / "meta.json").read_text()))
 

@@ -31,20 +31,28 @@ from velocity.stream_control import (
     read_stop_request,
     remove_stop_request,
 )
+from velocity.stream_metrics import StreamMetrics
 
 log = logging.getLogger("velocity.lifecycle")
 
 
 class StatusListener(StreamingQueryListener):
-    """Keeps a StreamStatus current from the events of the query named ``QUERY_NAME``.
+    """Keeps a StreamStatus (and the stream's metrics: heartbeat, backlog) current from the
+    events of the query named ``QUERY_NAME``.
 
     Listener calls come on Spark's listener thread, asynchronously; a failure here is
     logged and never reaches the query.
     """
 
-    def __init__(self, status: StreamStatus, query_name: str = QUERY_NAME) -> None:
+    def __init__(
+        self,
+        status: StreamStatus,
+        query_name: str = QUERY_NAME,
+        metrics: StreamMetrics | None = None,
+    ) -> None:
         self._status = status
         self._query_name = query_name
+        self._metrics = metrics
         self._ids: set[str] = set()
 
     def _guard(self, action: Callable[[], None]) -> None:
@@ -61,11 +69,20 @@ class StatusListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         if str(event.progress.id) in self._ids:
-            self._guard(lambda: self._status.progress(json.loads(event.progress.json)))
+            progress = json.loads(event.progress.json)
+            self._guard(lambda: self._status.progress(progress))
+            self._guard(lambda: self._observe(progress))
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:
         if str(event.id) in self._ids:
             self._guard(self._status.heartbeat)
+            self._guard(lambda: self._observe(None))
+
+    def _observe(self, progress: dict[str, Any] | None) -> None:
+        """Hand the metrics the event, with the folder's backlog the status just counted."""
+        if self._metrics is not None:
+            backlog = self._status.snapshot().get("backlogFiles")
+            self._metrics.source_progress(progress, None if backlog is None else int(backlog))
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
         if str(event.id) not in self._ids:
@@ -78,7 +95,10 @@ class StatusListener(StreamingQueryListener):
 
 
 def attach_status_listener(
-    spark: SparkSession, status: StreamStatus, heartbeat_seconds: int
+    spark: SparkSession,
+    status: StreamStatus,
+    heartbeat_seconds: int,
+    metrics: StreamMetrics | None = None,
 ) -> StatusListener:
     """Register the listener and make idle queries report every ``heartbeat_seconds``.
 
@@ -87,7 +107,7 @@ def attach_status_listener(
     spark.conf.set(
         "spark.sql.streaming.noDataProgressEventInterval", f"{heartbeat_seconds * 1000}ms"
     )
-    listener = StatusListener(status)
+    listener = StatusListener(status, metrics=metrics)
     spark.streams.addListener(listener)
     return listener
 

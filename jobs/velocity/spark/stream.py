@@ -37,8 +37,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 import pyarrow as pa
+from prometheus_client import start_http_server
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -60,6 +62,7 @@ from velocity.spark.redis_state import RedisState
 from velocity.spark.stream_decide import BatchDecided, BatchPlan, batch_keyed_rows, decide_batch
 from velocity.stream_batch import Admitted, BucketSlot, admit, collect_batch_garbage
 from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
+from velocity.stream_metrics import BatchCounts, StreamMetrics, batch_counts
 from velocity.timing import StepTimer
 
 log = logging.getLogger("velocity.stream")
@@ -74,6 +77,7 @@ class PreparedBatch:
     commit: mirror.StreamCommit  # velocity_stream_commit's call (mirror.stream_commit)
     alerts: list[str]  # SPEC §4 JSON, in the order they are published
     partitions: list[dict[str, object]]  # each key-partition's figures, for the batch log
+    counts: BatchCounts  # for the metrics
 
 
 class SharedStateLock:
@@ -128,7 +132,9 @@ def batch_lines(table: pa.Table, skip_blank: bool = True) -> list[batch_rows.Lin
 class StreamJob:
     """The streaming job over one data dir; ``process_batch`` is its foreachBatch function."""
 
-    def __init__(self, spark: SparkSession, settings: Settings) -> None:
+    def __init__(
+        self, spark: SparkSession, settings: Settings, metrics: StreamMetrics | None = None
+    ) -> None:
         self.spark = spark
         self.settings = settings
         self.state = LiveState(spark, settings)
@@ -148,6 +154,9 @@ class StreamJob:
         self._flusher: threading.Thread | None = None
         self._reads_kafka = False
         self._kafka_alerts: AlertPublisher | None = None
+        self.metrics = metrics if metrics is not None else StreamMetrics()
+        self.metrics.follow_spool(self.spool.oldest_spooled_at)
+        self._metrics_server: WSGIServer | None = None
 
     # --- the hot path ------------------------------------------------------------------
 
@@ -164,10 +173,12 @@ class StreamJob:
             # collection (which would otherwise scan them all) in ``_commit``.
             del parsed
             partitions = [] if prepared is None else prepared.partitions
+            counts = None if prepared is None else prepared.counts
             alerts = 0 if prepared is None else self._commit(prepared, batch_id, timer, lease)
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
+        self.metrics.batch_done(batch_id, timer.total, counts, timer.steps.get("redis-commit"))
         log.info(
             json.dumps(
                 {
@@ -240,19 +251,20 @@ class StreamJob:
         late = [e for e in admitted.accepted if e.transaction_id in admitted.late]
         future = [replace(valid[i], parsed=why) for i, why in admitted.future.items()]
         duplicates = [valid[i] for i in admitted.duplicates]
+        rows = {
+            "events": accepted_rows,
+            "duplicates": batch_rows.event_rows("duplicates", duplicates, ingest_time),
+            "quarantine": batch_rows.quarantine_rows(
+                [ln for ln in lines if not isinstance(ln.parsed, Event)] + future,
+                ingest_time,
+            ),
+            "late_events": batch_rows.late_rows(late, admitted.watermark, batch_id),
+            "buckets": decided.deltas,
+            "alerts": decided.alerts,
+        }
         self.spool.write(
             batch_id,
-            {
-                "events": accepted_rows,
-                "duplicates": batch_rows.event_rows("duplicates", duplicates, ingest_time),
-                "quarantine": batch_rows.quarantine_rows(
-                    [ln for ln in lines if not isinstance(ln.parsed, Event)] + future,
-                    ingest_time,
-                ),
-                "late_events": batch_rows.late_rows(late, admitted.watermark, batch_id),
-                "buckets": decided.deltas,
-                "alerts": decided.alerts,
-            },
+            rows,
             {"newest_before": read.newest_event_time, "newest": admitted.newest_event_time},
         )
         timer.mark("spool")
@@ -267,7 +279,7 @@ class StreamJob:
             lease,
         )
         timer.mark("commit-args")
-        return PreparedBatch(commit, alerts, decided.partitions)
+        return PreparedBatch(commit, alerts, decided.partitions, batch_counts(len(lines), rows))
 
     def _decide(
         self,
@@ -467,13 +479,37 @@ class StreamJob:
                 log.exception("write-behind flush failed; will retry")
 
     def close(self) -> None:
-        """Stop the background flusher and flush every committed batch. Idempotent."""
+        """Stop the background flusher, flush every committed batch, then stop serving the
+        metrics. Idempotent."""
         if self._flusher is not None:
             self._flusher_stop.set()
             self._flusher.join()
             self._flusher = None
-        self.flush(max((b for b in (self._committed, last_committed_batch(self.settings))
-                         if b is not None), default=None))  # fmt: skip
+        try:
+            self.flush(max((b for b in (self._committed, last_committed_batch(self.settings))
+                             if b is not None), default=None))  # fmt: skip
+        finally:
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
+                self._metrics_server.server_close()
+                self._metrics_server = None
+
+    def _serve_metrics(self, source: EventSource) -> None:
+        """Serve the metrics on 127.0.0.1:``metrics_port`` (0: not at all), once. A taken
+        port stops the start: a scrape must never read another stream's figures."""
+        self.metrics.stream_info(str(source), str(self.settings.data_dir))
+        port = self.settings.metrics_port
+        if port == 0 or self._metrics_server is not None:
+            return
+        try:
+            self._metrics_server, _ = start_http_server(
+                port, addr="127.0.0.1", registry=self.metrics.registry
+            )
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve the stream's metrics on 127.0.0.1:{port} ({exc.strerror}): set "
+                "VELOCITY_METRICS_PORT to a free port, or 0 for no metrics server"
+            ) from exc
 
     def _folder_lines(self, folder: Path, max_files_per_trigger: int | None) -> DataFrame:
         # A file deleted between Spark's listing and its read is skipped (its lines went
@@ -526,10 +562,12 @@ class StreamJob:
         """Start the query over ``source`` (a folder, or a Kafka topic); its checkpoint
         lives in the data dir.
 
-        Refills Redis from Delta first when Redis does not hold this data dir's state.
-        With the available-now trigger every batch is flushed to Delta before the next;
-        otherwise a background thread writes Delta behind (``close`` flushes the rest).
+        Serves the metrics first (``metrics_port``), then refills Redis from Delta when
+        Redis does not hold this data dir's state. With the available-now trigger every
+        batch is flushed to Delta before the next; otherwise a background thread writes
+        Delta behind (``close`` flushes the rest).
         """
+        self._serve_metrics(source)
         # A batch makes many short-lived objects; each batch collects its own garbage
         # once (``collect_batch_garbage``) instead of the collector running every 700.
         gc.set_threshold(1_000_000, 1000, 1000)

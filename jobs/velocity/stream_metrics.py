@@ -1,0 +1,269 @@
+"""The stream's metrics, in Prometheus's text format (``velocity stream`` serves them on
+127.0.0.1:``VELOCITY_METRICS_PORT``; the README's Metrics section lists them).
+
+Where the figures come from:
+- each micro-batch hands over one summary once it has committed (``BatchCounts``,
+  counted from the Arrow rows the batch spools: table lengths and group counts, no loop
+  per event);
+- the source's backlog comes with Spark's progress and idle events (a folder's waiting
+  files as the status file counts them, a topic's lag from the batch's offsets);
+- the write-behind delay is read when scraped, from the spool.
+
+Counters count this process's batches and start at 0 with each run (Prometheus's
+``rate`` and ``increase`` take the reset in their stride). A batch replayed after a crash
+that Redis had committed already counts in the batch duration only: the process that
+committed it counted its events. So over the batches a run decided,
+read = accepted + duplicate + quarantined, and late <= accepted.
+
+No Spark, Redis or Airflow here; serving the registry over HTTP is the stream's
+(``velocity.spark.stream``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from velocity.schema import RejectReason
+
+# From a tiny batch's 50 ms to the minute a backlog's bounded batch may take.
+BATCH_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A commit's wait is milliseconds when Redis is well; seconds mean it is not.
+REDIS_COMMIT_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+PartitionLag = dict[tuple[str, str], int]  # (topic, partition) -> messages behind
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What one decided micro-batch did with its lines."""
+
+    lines: int  # read from the source (a folder's blank lines skipped)
+    accepted: int
+    duplicates: int
+    late: int  # accepted, older than the watermark
+    quarantined: Mapping[str, int]  # by reason code
+    alerts: Mapping[tuple[int, str], int]  # by (ruleId, kind)
+
+
+def _group_counts(table: pa.Table, keys: list[str]) -> dict[tuple[Any, ...], int]:
+    grouped = table.select(keys).group_by(keys).aggregate([([], "count_all")])
+    columns = [grouped.column(k).to_pylist() for k in keys]
+    counts = grouped.column("count_all").to_pylist()
+    return dict(zip(zip(*columns, strict=True), counts, strict=True))
+
+
+def batch_counts(lines: int, rows: Mapping[str, pa.Table]) -> BatchCounts:
+    """A batch's counts from the rows it spools (keyed by live table, in the live tables'
+    shapes: ``velocity.delta.write_behind.SPOOLED_TABLES``)."""
+    reasons = _group_counts(rows["quarantine"], ["reason_code"])
+    return BatchCounts(
+        lines=lines,
+        accepted=rows["events"].num_rows,
+        duplicates=rows["duplicates"].num_rows,
+        late=rows["late_events"].num_rows,
+        quarantined={str(reason): n for (reason,), n in reasons.items()},
+        alerts={
+            (int(rule), str(kind)): n
+            for (rule, kind), n in _group_counts(rows["alerts"], ["ruleId", "kind"]).items()
+        },
+    )
+
+
+def kafka_lag(progress: Mapping[str, Any]) -> PartitionLag | None:
+    """Messages each topic partition holds past the batch's end, from a Spark progress
+    (StreamingQueryProgress as JSON: a Kafka source's ``latestOffset`` and ``endOffset`` are
+    ``{topic: {partition: offset}}``); None when no source has such offsets (a folder)."""
+    lag: PartitionLag = {}
+    for source in progress.get("sources") or ():
+        latest, end = source.get("latestOffset"), source.get("endOffset")
+        if not isinstance(latest, dict) or not isinstance(end, dict):
+            continue
+        for topic, offsets in latest.items():
+            ends = end.get(topic)
+            if not isinstance(offsets, dict) or not isinstance(ends, dict):
+                continue
+            for partition, offset in offsets.items():
+                done = ends.get(partition)
+                if isinstance(offset, int) and isinstance(done, int):
+                    lag[(str(topic), str(partition))] = max(0, offset - done)
+    return lag or None
+
+
+class StreamMetrics:
+    """The stream's metrics in a registry of their own (never the process-global one).
+
+    Thread-safe: the micro-batch, Spark's listener thread and the HTTP server's threads
+    use it at once (each update is one counter call or one attribute assignment).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
+        r = self.registry
+        self._read = Counter(
+            "velocity_events_read", "Lines read from the source (blank lines of files skipped).",
+            registry=r,
+        )  # fmt: skip
+        self._accepted = Counter(
+            "velocity_events_accepted", "Events accepted (late ones included).", registry=r
+        )
+        self._quarantined = Counter(
+            "velocity_events_quarantined", "Lines quarantined, by reason code.", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self._duplicates = Counter(
+            "velocity_events_duplicate",
+            "Events dropped as duplicates (their transactionId accepted before).",
+            registry=r,
+        )
+        self._late = Counter(
+            "velocity_events_late",
+            "Accepted events older than the watermark: counted, not decided, left for the "
+            "backfill.",
+            registry=r,
+        )
+        self._alerts = Counter(
+            "velocity_alerts", "Alerts published, by rule and kind.", ["rule_id", "kind"],
+            registry=r,
+        )  # fmt: skip
+        self._batch_seconds = Histogram(
+            "velocity_batch_duration_seconds",
+            "Wall time of a micro-batch (read, decide, spool, Redis commit; the flush too "
+            "with the available-now trigger).",
+            buckets=BATCH_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self._commit_seconds = Histogram(
+            "velocity_redis_commit_seconds",
+            "How long a micro-batch waited for its Redis commit's answer after collecting "
+            "its garbage, which overlaps the commit.",
+            buckets=REDIS_COMMIT_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self._info = Info("velocity_stream", "What this stream reads and where its state is.",
+                          registry=r)  # fmt: skip
+        # Every reason from the start at 0, so a rate over a first quarantined line works.
+        for reason in RejectReason:
+            self._quarantined.labels(reason=reason.value)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, memory, open files
+        # What is read at scrape time (``collect``): gauges only once their value is known.
+        self._backlog_files: int | None = None
+        self._lag: PartitionLag = {}
+        self._heartbeat: float | None = None
+        self._committed_batch: int | None = None
+        self._spooled_since: Callable[[], float | None] | None = None
+        r.register(self)
+
+    # --- updates --------------------------------------------------------------------
+
+    def stream_info(self, source: str, data_dir: str) -> None:
+        """Name the stream's source and data dir (``velocity_stream_info``)."""
+        self._info.info({"source": source, "data_dir": data_dir})
+
+    def follow_spool(self, spooled_since: Callable[[], float | None]) -> None:
+        """Read the write-behind delay at each scrape: ``spooled_since()`` is when the oldest
+        batch not yet in Delta was spooled (epoch seconds), None when none waits."""
+        self._spooled_since = spooled_since
+
+    def batch_done(
+        self,
+        batch_id: int,
+        seconds: float,
+        counts: BatchCounts | None,
+        redis_commit_seconds: float | None = None,
+    ) -> None:
+        """A micro-batch committed; ``counts`` is None for a replay Redis had committed."""
+        self._batch_seconds.observe(seconds)
+        if redis_commit_seconds is not None:
+            self._commit_seconds.observe(redis_commit_seconds)
+        self._committed_batch = batch_id
+        self._heartbeat = self._clock()
+        if counts is None:
+            return
+        self._read.inc(counts.lines)
+        self._accepted.inc(counts.accepted)
+        self._duplicates.inc(counts.duplicates)
+        self._late.inc(counts.late)
+        for reason, n in counts.quarantined.items():
+            self._quarantined.labels(reason=reason).inc(n)
+        for (rule_id, kind), n in counts.alerts.items():
+            self._alerts.labels(rule_id=str(rule_id), kind=kind).inc(n)
+
+    def source_progress(
+        self, progress: Mapping[str, Any] | None, backlog_files: int | None
+    ) -> None:
+        """A Spark progress event of the query (StreamingQueryProgress as JSON), or an idle
+        one (None: the source had nothing new, so a topic has no lag); ``backlog_files`` is
+        the folder's waiting files (None for a topic)."""
+        self._heartbeat = self._clock()
+        self._backlog_files = backlog_files
+        lag = None if progress is None else kafka_lag(progress)
+        if lag is not None:
+            self._lag = lag
+        elif progress is None:
+            self._lag = dict.fromkeys(self._lag, 0)
+
+    # --- read at scrape time --------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauges of the moment (the registry calls this at each scrape)."""
+        if self._backlog_files is not None:
+            yield GaugeMetricFamily(
+                "velocity_backlog_files",
+                "Files in the events folder that no micro-batch has picked up yet (a lower "
+                "bound: one landing with an older mtime than the newest read is not counted).",
+                value=self._backlog_files,
+            )
+        if self._lag:
+            lag = GaugeMetricFamily(
+                "velocity_kafka_lag_messages",
+                "Messages of each topic partition past the last micro-batch's end offset.",
+                labels=["topic", "partition"],
+            )
+            for (topic, partition), behind in sorted(self._lag.items()):
+                lag.add_metric([topic, partition], behind)
+            yield lag
+        if self._spooled_since is not None:
+            since = self._spooled_since()
+            delay = 0.0 if since is None else max(0.0, self._clock() - since)
+            yield GaugeMetricFamily(
+                "velocity_write_behind_delay_seconds",
+                "Age of the oldest committed batch not yet appended to Delta (0: Delta holds "
+                "every batch Redis has).",
+                value=delay,
+            )
+        if self._committed_batch is not None:
+            yield GaugeMetricFamily(
+                "velocity_committed_batch_id",
+                "The last micro-batch this process committed to Redis.",
+                value=self._committed_batch,
+            )
+        if self._heartbeat is not None:
+            yield GaugeMetricFamily(
+                "velocity_heartbeat_timestamp_seconds",
+                "When the stream last showed life (a batch's end, a progress or idle event: "
+                "at least every VELOCITY_STREAM_HEARTBEAT_SECONDS between batches).",
+                value=self._heartbeat,
+            )
+
+    def render(self) -> bytes:
+        """Every metric in Prometheus's text format, as a scrape gets them."""
+        return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """One key-partition of a stream micro-batch, decided over its keys' hot state (pure).
 
 The stream shuffles a micro-batch's keyed events by (signature, key); each partition
-reads its keys' state (``KeyState``: the buckets, the newest eventTime counted in each,
-and the raw events of the newest buckets) and is decided here by the columnar
+reads its keys' state as columns (``velocity.redis.hot_state``: the stored buckets with
+the newest eventTime counted in each, and the raw events of the own buckets that need
+them) and is decided here by the columnar
 ``velocity.engine.micro_batch``. What comes out is what the partition's commit writes:
 every changed bucket's new absolute value, the buckets that fell below the horizon, and
 the raw events the batch adds to each key's newest ``RECENT_BUCKETS`` buckets (appended:
@@ -10,8 +11,9 @@ a hot key's bucket is never rewritten whole), so that an out-of-order event of a
 batch finds its own bucket's earlier events in the hot state instead of in Delta.
 
 A key's raw events of a bucket are read only for an own bucket that needs them, and
-used only when trusted (``velocity.stream_batch.trusted_recent``): appending to a bucket
-whose raw events were incomplete keeps them incomplete, so the count tells.
+used only when trusted (``HotState.recent_events``: as many as the bucket counts):
+appending to a bucket whose raw events were incomplete keeps them incomplete, so the
+count tells.
 """
 
 from __future__ import annotations

@@ -85,19 +85,6 @@ def _recent_after(
     return recent
 
 
-def trusted_recent(
-    buckets: Mapping[int, BucketAggregate], recent: Mapping[int, Sequence[KeyedEvent]]
-) -> dict[int, tuple[KeyedEvent, ...]]:
-    """The recent raw events of the buckets they account for whole: they are a subset of a
-    bucket's events by construction, so as many as the bucket counts means all of them,
-    whatever happened in between (a rebuild from Delta, a signature built again)."""
-    return {
-        start: tuple(events)
-        for start, events in recent.items()
-        if start in buckets and buckets[start].count == len(events)
-    }
-
-
 def recent_history(
     needed: Iterable[BucketSlot], states: Mapping[SignatureKey, KeyState]
 ) -> tuple[dict[BucketSlot, Sequence[KeyedEvent]], set[BucketSlot]]:

@@ -35,7 +35,6 @@ from velocity.stream_batch import (
     decide,
     history_needed,
     key_groups,
-    trusted_recent,
 )
 from velocity.windows import KeyedEvent, format_aggregate
 
@@ -197,7 +196,9 @@ def test_stale_raw_events_are_not_trusted() -> None:
     one = KeyedEvent(60_001, "tx-1")
     buckets = {60_000: BucketAggregate(2), 120_000: BucketAggregate(1)}
     recent = {60_000: (one,), 120_000: (KeyedEvent(120_001, "tx-2"),), 180_000: (one,)}
-    assert trusted_recent(buckets, recent) == {120_000: recent[120_000]}
+    hot = HotState(stored_buckets({("sig", "k"): KeyState(buckets)}), RAW_TEXTS.empty_table())
+    texts = {("sig", "k", start): recent_fragment(evs) for start, evs in recent.items()}
+    assert hot.recent_events(list(texts), texts) == {("sig", "k", 120_000): recent[120_000]}
 
 
 def per_key_raw_changes(arrivals, stored, cutoff):

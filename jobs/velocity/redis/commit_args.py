@@ -117,7 +117,7 @@ class BucketChanges:
         return self.runs.num_rows
 
     def key_changes(self) -> Iterator[KeyChange]:
-        """Each key's change, parsed back (for the Redis Cluster's split and for tests)."""
+        """Each key's change, parsed back (``KeyChange.parse``): what a commit writes, read."""
         for args in self.runs.column("args").to_pylist():
             yield KeyChange.parse(args)
 

@@ -17,15 +17,9 @@ import pyarrow.compute as pc
 
 from velocity.buckets import bucket_from_columns
 from velocity.engine.bucketing import BUCKET_ROWS
-from velocity.engine.key_partition import STORED_SCHEMA, stored_buckets
+from velocity.engine.key_partition import STORED_SCHEMA
 from velocity.engine.micro_batch import SLOT
-from velocity.redis.keys import (
-    RAW_FIELD,
-    bucket_value_columns,
-    one_chunk,
-    parse_recent,
-    recent_fragment,
-)
+from velocity.redis.keys import RAW_FIELD, bucket_value_columns, one_chunk, parse_recent
 from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
 from velocity.windows import KeyedEvent
 
@@ -42,25 +36,13 @@ class HotState:
     buckets: pa.Table
     raw: pa.Table
 
-    @classmethod
-    def of(cls, states: Mapping[SignatureKey, KeyState]) -> HotState:
-        """The states' buckets; their recent events as texts (the reference's shape)."""
-        rows = [
-            (sig, key, start, recent_fragment(events))
-            for (sig, key), state in states.items()
-            for start, events in state.recent.items()
-        ]
-        raw = pa.table(
-            {name: [row[i] for row in rows] for i, name in enumerate(RAW_TEXTS.names)},
-            schema=RAW_TEXTS,
-        )
-        return cls(stored_buckets(states), raw)
-
     def recent_events(
         self, slots: Sequence[BucketSlot], texts: Mapping[BucketSlot, str] | None = None
     ) -> dict[BucketSlot, tuple[KeyedEvent, ...]]:
-        """The raw events of ``slots`` that are trusted (as many as the bucket counts,
-        ``trusted_recent``): from ``texts`` (read apart), else the hash's own text."""
+        """The raw events of ``slots`` that are trusted: from ``texts`` (read apart), else
+        the hash's own text. They are a subset of a bucket's events by construction, so as
+        many as the bucket counts means all of them, whatever happened in between (a
+        rebuild from Delta, a signature built again)."""
         if not slots:
             return {}
         wanted = pa.table(

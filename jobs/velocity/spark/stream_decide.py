@@ -32,7 +32,7 @@ from velocity.engine.key_partition import (
     needed_own_buckets,
     run_starts,
 )
-from velocity.engine.micro_batch import with_bucket_start
+from velocity.engine.micro_batch import SLOT, with_bucket_start
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import KEY_RUNS, BucketChanges, flat_runs
@@ -217,9 +217,9 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChang
     buckets, raw = decided.buckets, decided.raw_appended
     # One fragment per kept bucket, its events in arrival order (a stable sort keeps the
     # rows' order within each bucket).
-    order = pc.sort_indices(raw, sort_keys=[(name, "ascending") for name in _SLOT])
-    by_slot = raw.select([*_SLOT, "starts"]).take(order)
-    firsts = run_starts(by_slot, _SLOT)
+    order = pc.sort_indices(raw, sort_keys=[(name, "ascending") for name in SLOT])
+    by_slot = raw.select([*SLOT, "starts"]).take(order)
+    firsts = run_starts(by_slot, SLOT)
     fragments = pc.binary_join(
         pa.ListArray.from_arrays(
             pa.array(np.append(firsts, raw.num_rows), pa.int32()),
@@ -271,9 +271,6 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChang
     return BucketChanges(pa.table({"base": base, "args": runs}, schema=KEY_RUNS))
 
 
-_SLOT = ("signature_id", "key", "bucket_start")
-
-
 def _owners(rows: pa.Table, names: pa.ChunkedArray) -> np.ndarray:
     """The index in ``names`` (``_key_names``) of each row's (signature, key)."""
     index = pc.index_in(_key_names(rows), value_set=one_chunk(names))
@@ -305,7 +302,7 @@ def _key_names(rows: pa.Table) -> pa.ChunkedArray:
 
 def _slots_of(rows: pa.Table, width_ms: int) -> set[BucketSlot]:
     slots = with_bucket_start(rows, width_ms)
-    return set(zip(*(slots.column(n).to_pylist() for n in _SLOT), strict=True))
+    return set(zip(*(slots.column(n).to_pylist() for n in SLOT), strict=True))
 
 
 def _keys_of(rows: pa.Table) -> pa.Table:

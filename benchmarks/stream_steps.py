@@ -3,10 +3,10 @@
 
 The stream's hot path is one Python process; this runs its steps on generated in-order
 events, batch by batch, as ``velocity.spark.stream.StreamJob`` does in ``_prepare`` and
-``_commit`` (parse, the seen-ids read, admission and the events' rows, the fan-out, one
-key-partition decided in this process as an executor task would (its Redis read and the
-kernel), alert records, spool, the commit's arguments, then the collection while Redis
-runs the commit),
+``_commit`` (parse, as the executors do, the seen-ids read, admission and the events'
+rows, the fan-out, one key-partition decided in this process as an executor task would
+(its Redis read and the kernel, and its alerts' JSON), spool, the commit's arguments, then the
+collection while Redis runs the commit),
 against a real Redis started by ``velocity up`` on its own port, and prints microseconds
 per event for each step. No JVM, no write-behind: the floor the whole stream stands on.
 ``--before REV`` runs that revision's own loop (from a git worktree, on the same events and
@@ -25,23 +25,26 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(events_dir: Path) -> dict[str, float]:
-    from velocity.alerts import record_of_stored
     from velocity.cli import sample_rules_path
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
+    from velocity.engine.admission import admit_batch
+    from velocity.engine.event_lines import in_arrival_order, line_verdicts
     from velocity.redis import connection, mirror
     from velocity.redis.lock import state_lock
     from velocity.rules import active_rules, parse_rules, rules_by_signature
-    from velocity.schema import Event, is_blank, parse_event_line
     from velocity.settings import load_settings
+    from velocity.spark.ingest import _VERDICT_ARROW
     from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
-    from velocity.stream_batch import admit, collect_batch_garbage
+    from velocity.stream_batch import collect_batch_garbage
 
     settings = load_settings()
     client = connection.connect(settings)
@@ -61,23 +64,32 @@ def run(events_dir: Path) -> dict[str, float]:
         return now
 
     for batch_id, path in enumerate(sorted(events_dir.glob("*.jsonl"))):
-        raws = path.read_text().splitlines()
+        raws = pa.array(path.read_text().splitlines(), pa.string())
         t = time.perf_counter()
-        lines = [
-            batch_rows.Line(raw, str(path), 0, seq, parse_event_line(raw))
-            for seq, raw in enumerate(raws)
-            if not is_blank(raw)
-        ]
-        count = len(lines)
-        t = mark("parse", t)
-        events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
-        read = mirror.read_stream_state(client, settings, [e.transaction_id for e in events])
+        # In the stream the executors parse (the Python workers), the driver orders.
+        judged = pa.table(
+            {
+                "raw": raws,
+                "source_file": pa.repeat(pa.scalar(str(path)), len(raws)),
+                "source_block": pa.repeat(pa.scalar(0), len(raws)),
+                "_verdict": line_verdicts(raws, _VERDICT_ARROW),
+            }
+        )
+        t = mark("parse (executors)", t)
+        lines = in_arrival_order(judged)
+        count = lines.num_rows
+        valid = lines.filter(lines.column("accepted"))
+        ids = valid.column("transactionId")
+        read = mirror.read_stream_state(client, settings, pc.unique(ids).to_pylist())
         t = mark("redis-read (seen ids)", t)
-        admitted = admit(
-            events, read.seen, read.newest_event_time, settings.allowed_lateness_ms,
-            settings.max_future_ms,
+        seen = pc.is_in(ids, value_set=pa.array(sorted(read.seen), pa.string()))
+        admitted = admit_batch(
+            valid, seen.to_numpy(zero_copy_only=False), read.newest_event_time,
+            settings.allowed_lateness_ms, settings.max_future_ms, int(time.time() * 1000),
         )  # fmt: skip
-        accepted = batch_rows.event_rows("events", lines, 0, batch_id)
+        accepted = batch_rows.live_rows(
+            "events", admitted.accepted, ingest_time=0, stream_batch=batch_id
+        )
         t = mark("admit+rows", t)
         keyed = batch_keyed_rows(accepted, signatures, admitted.watermark)
         t = mark("fan-out", t)
@@ -87,17 +99,17 @@ def run(events_dir: Path) -> dict[str, float]:
         # One key-partition in this process: what each executor task does, all of it.
         decided = decide_batch(None, keyed, None, plan, 1, in_executors=False)  # type: ignore[arg-type]
         t = mark("key-partition (Redis read + decide)", t)
-        records = sorted(
-            (record_of_stored(row) for row in decided.alerts.to_pylist()),
-            key=lambda r: (r["eventTime"], r["ruleId"], r["transactionId"]),
-        )
-        alerts = [json.dumps(r, separators=(",", ":")) for r in records]
-        t = mark("alerts", t)
+        alerts = decided.published
         rows = {
             "events": accepted,
-            "duplicates": batch_rows.event_rows("duplicates", [], 0),
-            "quarantine": batch_rows.quarantine_rows([], 0),
-            "late_events": batch_rows.late_rows([], None, batch_id),
+            "duplicates": batch_rows.live_rows("duplicates", admitted.duplicates, ingest_time=0),
+            "quarantine": batch_rows.live_rows("quarantine", admitted.future, ingest_time=0),
+            "late_events": batch_rows.live_rows(
+                "late_events",
+                admitted.accepted.filter(pa.array(admitted.late)),
+                watermark=admitted.watermark,
+                stream_batch=batch_id,
+            ),
             "buckets": decided.deltas,
             "alerts": decided.alerts,
         }
@@ -105,13 +117,13 @@ def run(events_dir: Path) -> dict[str, float]:
         t = mark("spool", t)
         with state_lock(client, settings, f"bench batch {batch_id}") as lease:
             commit = mirror.stream_commit(
-                settings, batch_id, admitted.newest_event_time, decided.changes,
-                [e.transaction_id for e in admitted.accepted], alerts, horizon_s, lease,
+                settings, batch_id, admitted.newest, decided.changes,
+                admitted.accepted.column("transactionId").to_pylist(), alerts, horizon_s, lease,
             )  # fmt: skip
             t = mark("commit-args", t)
             # As the stream: Redis runs the commit while this process collects.
             pending = mirror.PendingCommit(client, commit, lease)
-            del raws, lines, events, read, admitted, decided, records, rows, commit, keyed
+            del raws, judged, lines, valid, read, admitted, decided, rows, commit, keyed
             collect_batch_garbage()
             t = mark("gc", t)
             pending.result()

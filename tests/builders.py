@@ -572,3 +572,15 @@ def asked_keys(slots: Sequence[tuple[str, str]]) -> pa.Table:
             "key": pa.array([key for _, key in slots], pa.string()),
         }
     )
+
+
+# Values that sit on the plain path's edges: kinds it declines, spellings it must read
+# exactly as the checked path does, and values it must not take as they are.
+EDGE_FIELD_VALUES = st.sampled_from(
+    [
+        None, "", " ", "\u00a0", "x", " x ", "é", "\ud800", 0, 7, -1, True, 1.5, 10**18,
+        10**18 - 1, Decimal("1E+2"), Decimal("43.660"), Decimal("-0.0"), Decimal("0.00000001"),
+        "0", "00", "0.0", "10.0", "1.50", "007", "1e2", "+1", "0.123456789", "1" * 19,
+        "999999999999999999.99999999", "CRD", "crd", "CSH", [], {}, "NaN",
+    ]
+)  # fmt: skip

@@ -1,14 +1,14 @@
 """Lines of JSON text -> validated events, quarantined lines and dropped duplicates.
 
-Validation runs the pure ``velocity.schema`` parser in an Arrow UDF, so the
-stream, the backtest and the tests share one definition of a bad event.
+Validation runs the pure columnar parser (``velocity.engine.event_lines``, which leaves
+unusual lines to ``velocity.schema.parse_event_line``) in an Arrow UDF, so the stream, the
+backtest and the tests share one definition of a bad event.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 from functools import partial
 
 import numpy as np
@@ -20,13 +20,11 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from velocity.arrival import Verdict, future_rejection
-from velocity.decimals import EXACT
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
 from velocity.engine.admission import ACCEPTED, FUTURE, NO_TIME, VERDICT_NAMES, admit
-from velocity.schema import EVENT_FIELDS, Rejection, is_blank, parse_event_line
+from velocity.engine.event_lines import line_verdicts
 
 ARRIVAL_ORDER = ("source_file", "source_block", "line_seq")
-_EVENT_COLUMNS = [f.name for f in EVENT_FIELDS]
 # What the parser returns per line; the raw text and its source stay in the JVM.
 _VERDICT_FIELDS = [
     f
@@ -35,7 +33,6 @@ _VERDICT_FIELDS = [
 ]
 VERDICT_TYPE = StructType([StructField("blank", BooleanType(), False), *_VERDICT_FIELDS])
 _VERDICT_ARROW = to_arrow_schema(VERDICT_TYPE)
-_AMOUNT_QUANTUM = Decimal("1e-8")
 
 
 def read_event_lines(spark: SparkSession, path: str) -> DataFrame:
@@ -77,50 +74,28 @@ def with_line_order(lines: DataFrame) -> DataFrame:
     return lines.withColumn("line_seq", F.monotonically_increasing_id())
 
 
-def line_texts(raws: pa.Array | pa.ChunkedArray) -> list[str | None]:
-    """A text column's lines as str. Spark's text source passes the file's bytes through
-    unchecked; bytes that are not UTF-8 become U+FFFD, so such a line is judged (and kept)
-    as text instead of failing the whole batch."""
-    try:
-        return raws.to_pylist()
-    except UnicodeDecodeError:
-        as_bytes: list[bytes | None] = raws.cast(pa.binary()).to_pylist()
-        return [None if b is None else b.decode("utf-8", errors="replace") for b in as_bytes]
-
-
 def verdicts(raws: pa.Array) -> pa.Array:
-    """The pure parser over a batch of lines: one verdict struct per line, in order."""
-    columns: dict[str, list[object]] = {name: [] for name in _VERDICT_ARROW.names}
-    rejected = dict.fromkeys(_EVENT_COLUMNS)
-    for raw in line_texts(raws):
-        if raw is None or is_blank(raw):
-            row: dict[str, object] = {**rejected, "blank": True, "accepted": False}
-        else:
-            parsed = parse_event_line(raw)
-            if isinstance(parsed, Rejection):
-                row = {
-                    **rejected,
-                    "blank": False,
-                    "accepted": False,
-                    "reason_code": parsed.code.value,
-                    "reason": parsed.message,
-                }
-            else:
-                row = {
-                    **parsed.values,
-                    "blank": False,
-                    "accepted": True,
-                    "reason_code": None,
-                    "reason": None,
-                    "eventTime": parsed.event_time,
-                    "paymentAmount": parsed.amount.quantize(_AMOUNT_QUANTUM, context=EXACT),
-                }
-        for name, values in columns.items():
-            values.append(row.get(name))
-    return pa.StructArray.from_arrays(
-        [pa.array(columns[f.name], type=f.type) for f in _VERDICT_ARROW],
-        fields=list(_VERDICT_ARROW),
-    )
+    """The parser over a batch of lines: one verdict struct per line, in order
+    (``velocity.engine.event_lines``: by columns, ``parse_event_line`` for the rest).
+    Typed ``pa.Array -> pa.Array``: ``F.arrow_udf`` takes its kind from the hints."""
+    return line_verdicts(raws, _VERDICT_ARROW)
+
+
+def message_verdicts(raws: pa.Array) -> pa.Array:
+    """``verdicts`` of messages: a blank one is quarantined, not skipped."""
+    return line_verdicts(raws, _VERDICT_ARROW, judge_blank=True)
+
+
+def with_verdicts(lines: DataFrame, judge_blank: bool = False) -> DataFrame:
+    """``lines`` with each line's verdict (``VERDICT_TYPE``) as ``_verdict``, parsed in the
+    executors' Python workers a block of lines at a time."""
+    # Nondeterministic only so the optimizer keeps one evaluation per line: a deterministic
+    # UDF is copied into a filter and the projection after it, and every line was parsed
+    # twice (measured, 1M lines: 24.1 s, 13.7 s with this).
+    parse = F.arrow_udf(  # type: ignore[call-overload]
+        message_verdicts if judge_blank else verdicts, VERDICT_TYPE
+    ).asNondeterministic()
+    return lines.withColumn("_verdict", parse(F.col("raw")))
 
 
 def parse_events(lines: DataFrame) -> DataFrame:
@@ -128,20 +103,19 @@ def parse_events(lines: DataFrame) -> DataFrame:
 
     Output columns are ``PARSED_SCHEMA``'s.
     """
-    # Nondeterministic only so the optimizer keeps one evaluation per line: a deterministic
-    # UDF is copied into the filter below and the projection after it, and every line was
-    # parsed twice (measured, 1M lines: 24.1 s, 13.7 s with this).
-    parse = F.arrow_udf(verdicts, VERDICT_TYPE).asNondeterministic()  # type: ignore[call-overload]
-    parsed = lines.withColumn("_verdict", parse(F.col("raw")))
-    return parsed.where(~F.col("_verdict.blank")).select(
-        *[
-            F.col(f"_verdict.{f.name}").alias(f.name)
-            if f.name in VERDICT_TYPE.fieldNames()
-            else F.col(f.name)
-            for f in PARSED_SCHEMA.fields
-            if f.name != "ingest_time"
-        ],
-        F.unix_millis(F.current_timestamp()).alias("ingest_time"),
+    return (
+        with_verdicts(lines)
+        .where(~F.col("_verdict.blank"))
+        .select(
+            *[
+                F.col(f"_verdict.{f.name}").alias(f.name)
+                if f.name in VERDICT_TYPE.fieldNames()
+                else F.col(f.name)
+                for f in PARSED_SCHEMA.fields
+                if f.name != "ingest_time"
+            ],
+            F.unix_millis(F.current_timestamp()).alias("ingest_time"),
+        )
     )
 
 

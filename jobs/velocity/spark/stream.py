@@ -1,21 +1,24 @@
-"""`velocity stream`: per-event decisions in memory, Redis as the hot state, Delta behind.
+"""`velocity stream`: decisions in Spark's executors, Redis as the hot state, Delta behind.
 
 Each micro-batch (``process_batch``), holding the data dir's state lock:
 
 1. take the new lines (of files landing in a folder, or messages of a Kafka topic) as
-   Arrow once and parse them (the pure ``velocity.schema`` parser);
-2. read, in one Redis call, the stream's progress, which of the batch's transactionIds
-   earlier batches accepted, and the buckets of the batch's (signature, key)s that this
-   process does not hold in memory already;
-3. decide in memory (``velocity.stream_batch``): events far ahead of the newest accepted
-   eventTime or the clock are quarantined, first arrivals win, late events count
-   without a decision, every other event's window is its key's whole buckets below its
-   own bucket plus its own bucket's events up to its time;
-4. spool the batch's rows for Delta (``velocity.delta.write_behind``), then commit the
+   Arrow, parsed in the executors' Python workers a block of lines at a time
+   (``velocity.engine.event_lines``), and put them in arrival order;
+2. read, in one Redis call, the stream's progress and which of the batch's
+   transactionIds earlier batches accepted;
+3. admit column by column (``velocity.engine.admission``): events far ahead of the newest
+   accepted eventTime or the clock are quarantined, first arrivals win, late events
+   count without a decision;
+4. decide a key-partition per Spark task (``velocity.spark.stream_decide``): each reads
+   its keys' hot state from Redis in one call and runs the columnar kernel, every event's
+   window being its key's whole buckets below its own bucket plus its own bucket's
+   events up to its time;
+5. spool the batch's rows for Delta (``velocity.delta.write_behind``), then commit the
    changed buckets, the accepted transactionIds, the alerts and the progress to Redis in
    one atomic Function call; then, when alerts go to Kafka too, publish them there (at
    least once: a replayed batch that finds itself committed publishes them again);
-5. a flush appends the spooled batches to the Delta tables: at every batch with the
+6. a flush appends the spooled batches to the Delta tables: at every batch with the
    available-now trigger, else from a background thread within ``write_behind_seconds``.
 
 Rules are re-read when the rules table has a new version; a signature that becomes
@@ -35,32 +38,33 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import start_http_server
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from velocity.alerts import record_of_stored
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
+from velocity.engine.admission import admit_batch
+from velocity.engine.event_lines import in_arrival_order
 from velocity.errors import UsageError
 from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.redis import connection, mirror
 from velocity.redis.lease import Lease
 from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
-from velocity.schema import Event, is_blank, parse_event_line
 from velocity.settings import Settings, local_mode_cores
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
-from velocity.spark.ingest import kafka_messages, line_texts, with_line_source
+from velocity.spark.ingest import kafka_messages, with_line_source, with_verdicts
 from velocity.spark.redis_state import RedisState
 from velocity.spark.stream_decide import BatchDecided, BatchPlan, batch_keyed_rows, decide_batch
-from velocity.stream_batch import Admitted, BucketSlot, admit, collect_batch_garbage
+from velocity.stream_batch import BucketSlot, collect_batch_garbage
 from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
 from velocity.stream_metrics import BatchCounts, StreamMetrics, batch_counts
 from velocity.timing import StepTimer
@@ -114,21 +118,6 @@ class SharedStateLock:
                     self._stack, self._lease = None, None
 
 
-def batch_lines(table: pa.Table, skip_blank: bool = True) -> list[batch_rows.Line]:
-    """The batch's lines in arrival order (file name or topic partition, block or offset,
-    position), parsed; blank lines of files are skipped (a blank message is quarantined)."""
-    raws = line_texts(table.column("raw"))
-    files = table.column("source_file").to_pylist()
-    blocks = table.column("source_block").to_pylist()
-    order = sorted(range(len(raws)), key=lambda i: (files[i], blocks[i], i))
-    lines = []
-    for seq, i in enumerate(order):
-        raw = raws[i]
-        if raw is not None and not (skip_blank and is_blank(raw)):
-            lines.append(batch_rows.Line(raw, files[i], blocks[i], seq, parse_event_line(raw)))
-    return lines
-
-
 class StreamJob:
     """The streaming job over one data dir; ``process_batch`` is its foreachBatch function."""
 
@@ -163,8 +152,9 @@ class StreamJob:
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
         """One micro-batch (the foreachBatch function); logs one JSON line when done."""
         timer = StepTimer()
-        parsed = batch_lines(lines.toArrow(), skip_blank=not self._reads_kafka)
-        line_count = len(parsed)
+        judged = with_verdicts(lines, judge_blank=self._reads_kafka).toArrow()
+        parsed = in_arrival_order(judged)
+        line_count = parsed.num_rows
         timer.mark("read+parse")
         with self._lock.held(f"stream batch {batch_id}") as lease:
             timer.mark("lock")
@@ -194,17 +184,18 @@ class StreamJob:
         )
 
     def _prepare(
-        self, lines: list[batch_rows.Line], batch_id: int, timer: StepTimer, lease: Lease
+        self, lines: pa.Table, batch_id: int, timer: StepTimer, lease: Lease
     ) -> PreparedBatch | None:
-        """Decide the batch and spool its rows; None when Redis has it committed already."""
+        """Decide the batch (``lines``: parsed, in arrival order) and spool its rows; None
+        when Redis has it committed already."""
         settings = self.settings
         decision_time = int(time.time() * 1000)
         rules = self._rules_in_force(batch_id)
         timer.mark("rules")
         signatures = list(rules_by_signature(rules))
-        events = [line.parsed for line in lines if isinstance(line.parsed, Event)]
-        transaction_ids = list(dict.fromkeys(e.transaction_id for e in events))
-        read = self._read_state(transaction_ids, batch_id)
+        valid = lines.filter(lines.column("accepted"))
+        transaction_ids = valid.column("transactionId")
+        read = self._read_state(pc.unique(transaction_ids).to_pylist(), batch_id)
         timer.mark("redis-read")
         if read.committed_batch is not None and read.committed_batch >= batch_id:
             # Committed before a crash: its rows are spooled (or flushed) already; its
@@ -220,19 +211,18 @@ class StreamJob:
         # What a backfill decides this batch's events with (SPEC §3).
         self.state.record_rule_versions(batch_id, rules)
 
-        admitted = admit(
-            events,
-            read.seen,
+        seen = pc.is_in(transaction_ids, value_set=pa.array(sorted(read.seen), pa.string()))
+        admitted = admit_batch(
+            valid,
+            seen.to_numpy(zero_copy_only=False),
             read.newest_event_time,
             settings.allowed_lateness_ms,
             settings.max_future_ms,
             clock_ms=decision_time,
         )
         ingest_time = int(time.time() * 1000)
-        accepted_ids = {id(e) for e in admitted.accepted}
-        valid = [ln for ln in lines if isinstance(ln.parsed, Event)]
-        accepted_rows = batch_rows.event_rows(
-            "events", [ln for ln in valid if id(ln.parsed) in accepted_ids], ingest_time, batch_id
+        accepted_rows = batch_rows.live_rows(
+            "events", admitted.accepted, ingest_time=ingest_time, stream_batch=batch_id
         )
         timer.mark("admit")
         cutoff = None
@@ -240,63 +230,64 @@ class StreamJob:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             cutoff = read.newest_event_time - horizon_ms
         decided = self._decide(
-            accepted_rows, signatures, rules, admitted, cutoff, batch_id, decision_time
+            accepted_rows, signatures, rules, admitted.watermark, cutoff, decision_time, batch_id
         )
         timer.mark("decide")
-        records = sorted(
-            (record_of_stored(row) for row in decided.alerts.to_pylist()),
-            key=lambda r: (r["eventTime"], r["ruleId"], r["transactionId"]),
-        )
-        alerts = [json.dumps(r, separators=(",", ":")) for r in records]
-        late = [e for e in admitted.accepted if e.transaction_id in admitted.late]
-        future = [replace(valid[i], parsed=why) for i, why in admitted.future.items()]
-        duplicates = [valid[i] for i in admitted.duplicates]
+        alerts = decided.published
+        rejected = lines.filter(pc.invert(lines.column("accepted")))
         rows = {
             "events": accepted_rows,
-            "duplicates": batch_rows.event_rows("duplicates", duplicates, ingest_time),
-            "quarantine": batch_rows.quarantine_rows(
-                [ln for ln in lines if not isinstance(ln.parsed, Event)] + future,
-                ingest_time,
+            "duplicates": batch_rows.live_rows(
+                "duplicates", admitted.duplicates, ingest_time=ingest_time
             ),
-            "late_events": batch_rows.late_rows(late, admitted.watermark, batch_id),
+            "quarantine": pa.concat_tables(
+                batch_rows.live_rows("quarantine", part, ingest_time=ingest_time)
+                for part in (rejected, admitted.future)
+            ),
+            "late_events": batch_rows.live_rows(
+                "late_events",
+                admitted.accepted.filter(pa.array(admitted.late)),
+                watermark=admitted.watermark,
+                stream_batch=batch_id,
+            ),
             "buckets": decided.deltas,
             "alerts": decided.alerts,
         }
         self.spool.write(
             batch_id,
             rows,
-            {"newest_before": read.newest_event_time, "newest": admitted.newest_event_time},
+            {"newest_before": read.newest_event_time, "newest": admitted.newest},
         )
         timer.mark("spool")
         commit = mirror.stream_commit(
             settings,
             batch_id,
-            admitted.newest_event_time,
+            admitted.newest,
             decided.changes,
-            [e.transaction_id for e in admitted.accepted],
+            admitted.accepted.column("transactionId").to_pylist(),
             alerts,
             mirror.horizon_seconds(rules, settings),
             lease,
         )
         timer.mark("commit-args")
-        return PreparedBatch(commit, alerts, decided.partitions, batch_counts(len(lines), rows))
+        return PreparedBatch(commit, alerts, decided.partitions, batch_counts(lines.num_rows, rows))
 
     def _decide(
         self,
         accepted: pa.Table,
         signatures: list[RuleSignature],
         rules: list[Rule],
-        admitted: Admitted,
+        watermark: int | None,
         cutoff: int | None,
-        batch_id: int,
         decision_time: int,
+        batch_id: int,
     ) -> BatchDecided:
         """The batch's decisions, a key-partition at a time (``velocity.spark.stream_decide``):
         in the executors unless the batch is small. An own bucket whose earlier events the
         hot state does not hold (after a restart, rarely) makes a second round with them
         read from the Delta history."""
         settings = self.settings
-        keyed = batch_keyed_rows(accepted, signatures, admitted.watermark)
+        keyed = batch_keyed_rows(accepted, signatures, watermark)
         plan = BatchPlan(settings, tuple(rules), decision_time, cutoff)
         partitions = (
             settings.stream_decide_partitions

@@ -11,6 +11,7 @@ process (``BatchPlan.in_executors``): a Spark job costs more than it saves there
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
@@ -24,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
+from velocity.alerts import record_of_stored
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
@@ -49,6 +51,8 @@ from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
 from velocity.stream_batch import BucketSlot
 
 _KEY = ("signature_id", "key")
+# A batch's alerts are published in this order (SPEC §4 records sorted by it).
+_PUBLISHING_ORDER = ("eventTime", "ruleId", "transactionId")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class BatchDecided:
     alerts: pa.Table  # rows of the alerts table
     deltas: pa.Table  # rows of the buckets table: the batch's events alone per bucket
     changes: BucketChanges = field(default_factory=BucketChanges)
+    published: list[str] = field(default_factory=list)  # SPEC §4 JSON, in publishing order
     missing: list[BucketSlot] = field(default_factory=list)  # own buckets to read from Delta
     partitions: list[dict[str, object]] = field(default_factory=list)  # per-partition log
 
@@ -103,7 +108,7 @@ def decide_batch(
     else:
         results = [_run_partition(plan, *part) for part in parts]
     out = BatchDecided(_ALERT_ARROW.empty_table(), _empty_deltas(plan))
-    alerts, deltas = [out.alerts], [out.deltas]
+    alerts, deltas, texts = [out.alerts], [out.deltas], [pa.array([], pa.string())]
     returned = time.time()
     for blob in results:
         done = pickle.loads(blob)
@@ -114,9 +119,12 @@ def decide_batch(
         if done["missing"]:
             continue
         alerts.append(_from_ipc(done["alerts"]))
+        texts.append(_from_ipc(done["alert_texts"]).column(0).combine_chunks())
         deltas.append(_from_ipc(done["deltas"]))
         out.changes.extend(done["changes"])
     out.alerts, out.deltas = pa.concat_tables(alerts), pa.concat_tables(deltas)
+    order = pc.sort_indices(out.alerts, sort_keys=[(n, "ascending") for n in _PUBLISHING_ORDER])
+    out.published = pa.concat_arrays(texts).take(order).to_pylist()
     return out
 
 
@@ -194,6 +202,7 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
         rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff
     )
     alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
+    published = [json.dumps(record_of_stored(r), separators=(",", ":")) for r in alerts.to_pylist()]
     changes = bucket_changes(settings.redis_keys, decided)
     log["decide_s"] = round(time.perf_counter() - read, 4)
     log["ended"] = time.time()
@@ -201,6 +210,7 @@ def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) 
         {
             "missing": [],
             "alerts": _to_ipc(alerts),
+            "alert_texts": _to_ipc(pa.table({"json": pa.array(published, pa.string())})),
             "deltas": _to_ipc(bucket_table(decided.deltas, width)),
             "changes": changes,
             "log": log,

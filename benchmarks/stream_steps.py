@@ -3,7 +3,7 @@
 
 The stream's hot path is one Python process; this runs its steps on generated in-order
 events, batch by batch, as ``velocity.spark.stream.StreamJob`` does in ``_prepare`` and
-``_commit`` (parse, as the executors do, the seen-ids read, admission and the events'
+``_commit`` (parse, the seen-ids read, admission and the events'
 rows, the fan-out, one key-partition decided in this process as an executor task would
 (its Redis read and the kernel, and its alerts' JSON), spool, the commit's arguments, then the
 collection while Redis runs the commit),
@@ -37,12 +37,12 @@ def run(events_dir: Path) -> dict[str, float]:
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
     from velocity.engine.admission import admit_batch
-    from velocity.engine.event_lines import in_arrival_order, line_verdicts
+    from velocity.engine.event_lines import parsed_in_arrival_order
     from velocity.redis import connection, mirror
     from velocity.redis.lock import state_lock
     from velocity.rules import active_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
-    from velocity.spark.ingest import _VERDICT_ARROW
+    from velocity.spark.ingest import VERDICT_ARROW
     from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
     from velocity.stream_batch import collect_batch_garbage
 
@@ -66,18 +66,16 @@ def run(events_dir: Path) -> dict[str, float]:
     for batch_id, path in enumerate(sorted(events_dir.glob("*.jsonl"))):
         raws = pa.array(path.read_text().splitlines(), pa.string())
         t = time.perf_counter()
-        # In the stream the executors parse (the Python workers), the driver orders.
-        judged = pa.table(
+        taken = pa.table(
             {
                 "raw": raws,
                 "source_file": pa.repeat(pa.scalar(str(path)), len(raws)),
                 "source_block": pa.repeat(pa.scalar(0), len(raws)),
-                "_verdict": line_verdicts(raws, _VERDICT_ARROW),
             }
         )
-        t = mark("parse (executors)", t)
-        lines = in_arrival_order(judged)
+        lines = parsed_in_arrival_order(taken, VERDICT_ARROW)
         count = lines.num_rows
+        t = mark("parse", t)
         valid = lines.filter(lines.column("accepted"))
         ids = valid.column("transactionId")
         read = mirror.read_stream_state(client, settings, pc.unique(ids).to_pylist())
@@ -123,7 +121,7 @@ def run(events_dir: Path) -> dict[str, float]:
             t = mark("commit-args", t)
             # As the stream: Redis runs the commit while this process collects.
             pending = mirror.PendingCommit(client, commit, lease)
-            del raws, judged, lines, valid, read, admitted, decided, rows, commit, keyed
+            del raws, taken, lines, valid, read, admitted, decided, rows, commit, keyed
             collect_batch_garbage()
             t = mark("gc", t)
             pending.result()

@@ -109,22 +109,24 @@ def line_texts(raws: pa.Array | pa.ChunkedArray) -> list[str | None]:
         return [None if b is None else b.decode("utf-8", errors="replace") for b in as_bytes]
 
 
-def in_arrival_order(judged: pa.Table) -> pa.Table:
-    """A micro-batch's lines (``raw``, ``source_file``, ``source_block``, and the parser's
-    ``_verdict`` struct) in arrival order, blank ones left out, each with its ``line_seq``
-    and its verdict's fields as columns. Arrival order is (file or topic partition, block
-    or offset, position in what Spark gave)."""
-    position = pa.array(np.arange(judged.num_rows, dtype=np.int64))
-    ordered = judged.append_column("_position", position).sort_by(
+def parsed_in_arrival_order(
+    lines: pa.Table, schema: pa.Schema, judge_blank: bool = False
+) -> pa.Table:
+    """A micro-batch's lines (``raw``, ``source_file``, ``source_block``) in arrival order,
+    each with its ``line_seq`` and its verdict's fields (``line_verdicts``, as ``schema``)
+    as columns; blank lines left out unless judged. Arrival order is (file or topic
+    partition, block or offset, position in what Spark gave)."""
+    position = pa.array(np.arange(lines.num_rows, dtype=np.int64))
+    ordered = lines.append_column("_position", position).sort_by(
         [("source_file", "ascending"), ("source_block", "ascending"), ("_position", "ascending")]
     )
-    verdict = ordered.column("_verdict").combine_chunks()
-    lines = ordered.drop_columns(["_verdict", "_position"]).append_column(
+    verdicts = line_verdicts(ordered.column("raw"), schema, judge_blank)
+    parsed = ordered.drop_columns(["_position"]).append_column(
         "line_seq", pa.array(np.arange(ordered.num_rows, dtype=np.int64))
     )
-    for field in verdict.type:
-        lines = lines.append_column(field.name, verdict.field(field.name))
-    return lines.filter(pc.invert(lines.column("blank"))).drop_columns(["blank"])
+    for field in verdicts.type:
+        parsed = parsed.append_column(field.name, verdicts.field(field.name))
+    return parsed.filter(pc.invert(parsed.column("blank"))).drop_columns(["blank"])
 
 
 def line_verdicts(

@@ -32,7 +32,7 @@ _VERDICT_FIELDS = [
     if f.name not in ("raw", "source_file", "source_block", "line_seq", "ingest_time")
 ]
 VERDICT_TYPE = StructType([StructField("blank", BooleanType(), False), *_VERDICT_FIELDS])
-_VERDICT_ARROW = to_arrow_schema(VERDICT_TYPE)
+VERDICT_ARROW = to_arrow_schema(VERDICT_TYPE)
 
 
 def read_event_lines(spark: SparkSession, path: str) -> DataFrame:
@@ -78,24 +78,7 @@ def verdicts(raws: pa.Array) -> pa.Array:
     """The parser over a batch of lines: one verdict struct per line, in order
     (``velocity.engine.event_lines``: by columns, ``parse_event_line`` for the rest).
     Typed ``pa.Array -> pa.Array``: ``F.arrow_udf`` takes its kind from the hints."""
-    return line_verdicts(raws, _VERDICT_ARROW)
-
-
-def message_verdicts(raws: pa.Array) -> pa.Array:
-    """``verdicts`` of messages: a blank one is quarantined, not skipped."""
-    return line_verdicts(raws, _VERDICT_ARROW, judge_blank=True)
-
-
-def with_verdicts(lines: DataFrame, judge_blank: bool = False) -> DataFrame:
-    """``lines`` with each line's verdict (``VERDICT_TYPE``) as ``_verdict``, parsed in the
-    executors' Python workers a block of lines at a time."""
-    # Nondeterministic only so the optimizer keeps one evaluation per line: a deterministic
-    # UDF is copied into a filter and the projection after it, and every line was parsed
-    # twice (measured, 1M lines: 24.1 s, 13.7 s with this).
-    parse = F.arrow_udf(  # type: ignore[call-overload]
-        message_verdicts if judge_blank else verdicts, VERDICT_TYPE
-    ).asNondeterministic()
-    return lines.withColumn("_verdict", parse(F.col("raw")))
+    return line_verdicts(raws, VERDICT_ARROW)
 
 
 def parse_events(lines: DataFrame) -> DataFrame:
@@ -103,19 +86,20 @@ def parse_events(lines: DataFrame) -> DataFrame:
 
     Output columns are ``PARSED_SCHEMA``'s.
     """
-    return (
-        with_verdicts(lines)
-        .where(~F.col("_verdict.blank"))
-        .select(
-            *[
-                F.col(f"_verdict.{f.name}").alias(f.name)
-                if f.name in VERDICT_TYPE.fieldNames()
-                else F.col(f.name)
-                for f in PARSED_SCHEMA.fields
-                if f.name != "ingest_time"
-            ],
-            F.unix_millis(F.current_timestamp()).alias("ingest_time"),
-        )
+    # Nondeterministic only so the optimizer keeps one evaluation per line: a deterministic
+    # UDF is copied into the filter below and the projection after it, and every line was
+    # parsed twice (measured, 1M lines: 24.1 s, 13.7 s with this).
+    parse = F.arrow_udf(verdicts, VERDICT_TYPE).asNondeterministic()  # type: ignore[call-overload]
+    parsed = lines.withColumn("_verdict", parse(F.col("raw")))
+    return parsed.where(~F.col("_verdict.blank")).select(
+        *[
+            F.col(f"_verdict.{f.name}").alias(f.name)
+            if f.name in VERDICT_TYPE.fieldNames()
+            else F.col(f.name)
+            for f in PARSED_SCHEMA.fields
+            if f.name != "ingest_time"
+        ],
+        F.unix_millis(F.current_timestamp()).alias("ingest_time"),
     )
 
 

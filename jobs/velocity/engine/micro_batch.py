@@ -122,19 +122,20 @@ def _positions(table: pa.Table, other: pa.Table) -> pa.Array:
 def _merged(deltas: pa.Table, stored: pa.Table) -> pa.Table:
     """Each delta merged with the stored bucket of its slot (``BucketAggregate.merge``);
     the newest eventTime stays unknown where the stored one was."""
-    n = deltas.num_rows
     match = _positions(deltas, stored)
     found = match.is_valid().to_numpy(zero_copy_only=False)
-    old = stored.take(match.fill_null(0)) if stored.num_rows else None
+    # A delta without a stored bucket takes a null row appended to the stored ones: any
+    # real row in its place would be copied once per such delta, distinct values and all
+    # (a hot key's bucket holds thousands: 0.45 s a micro-batch, measured).
+    index = match.fill_null(stored.num_rows)
+    columns: dict[str, pa.Array] = {}
 
     def stored_column(name: str) -> pa.Array:
-        if old is None:
-            return pa.nulls(n, stored.schema.field(name).type)
-        column = old.column(name).combine_chunks()
-        return pc.if_else(pa.array(found), column, pa.nulls(n, column.type))
-
-    def extremes(name: str) -> tuple[pa.ChunkedArray, pa.Array]:
-        return deltas.column(name), stored_column(name)
+        if name not in columns:
+            column = stored.column(name).combine_chunks()
+            padded = pa.concat_arrays([column, pa.nulls(1, column.type)])
+            columns[name] = padded.take(index)
+        return columns[name]
 
     def count(name: str) -> pa.Array:
         return pc.add(deltas.column(name), pc.fill_null(stored_column(name), 0))
@@ -165,6 +166,8 @@ def _merged(deltas: pa.Table, stored: pa.Table) -> pa.Table:
             "value_max": pc.max_element_wise(
                 deltas.column("value_max"), stored_column("value_max")
             ),
-            "distinct_values": distinct_lists(flat, parents.astype(np.int64), n, list_type),
+            "distinct_values": distinct_lists(
+                flat, parents.astype(np.int64), deltas.num_rows, list_type
+            ),
         }
     )

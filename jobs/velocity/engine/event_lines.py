@@ -242,12 +242,11 @@ def _read_blocks(quoted: pa.Array) -> tuple[dict[str, pa.Array], np.ndarray]:
 def _read_json(lines: pa.Array) -> pa.Table | None:
     """Arrow's JSON reader over ``lines``; None when it refuses them or reads another
     number of rows than there are lines."""
-    joined = pc.binary_join_element_wise(lines, pa.scalar(""), "\n")
-    _, offsets, data = joined.buffers()
-    bounds = np.frombuffer(offsets, dtype=np.int32)[joined.offset : joined.offset + len(joined) + 1]
+    whole = pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines)
+    text = pc.binary_join(whole, pa.scalar("\n", lines.type))[0]
     try:
         table = pj.read_json(
-            pa.BufferReader(data[int(bounds[0]) : int(bounds[-1])]),
+            pa.BufferReader(text.as_buffer()),
             read_options=_READ_OPTIONS,
             parse_options=_PARSE_OPTIONS,
         )

@@ -18,31 +18,15 @@ from tests.builders import EDGE_FIELD_VALUES, event_line, event_objs, json_text
 from velocity.engine import event_lines
 from velocity.engine.event_lines import line_verdicts
 from velocity.schema import EVENT_FIELDS
+from velocity.spark.ingest import VERDICT_ARROW
 
-VERDICTS = pa.schema(
-    [
-        pa.field("blank", pa.bool_(), nullable=False),
-        pa.field("accepted", pa.bool_(), nullable=False),
-        pa.field("reason_code", pa.string()),
-        pa.field("reason", pa.string()),
-        pa.field("transactionId", pa.string()),
-        pa.field("eventTime", pa.int64()),
-        pa.field("payerId", pa.string()),
-        pa.field("beneficiaryId", pa.string()),
-        pa.field("paymentAmount", pa.decimal128(26, 8)),
-        pa.field("paymentType", pa.string()),
-        pa.field("ip", pa.string()),
-        pa.field("deviceId", pa.string()),
-        pa.field("action", pa.string()),
-    ]
-)
 DECLARED = [f.name for f in EVENT_FIELDS]
 
 
 def reference(lines: list[str | None], judge_blank: bool = False) -> list[dict[str, Any]]:
     """``parse_event_line`` on each line, as the parser's rows."""
     raws = pa.array(lines, pa.string())
-    return event_lines._line_by_line(raws, VERDICTS, judge_blank).to_pylist()
+    return event_lines._line_by_line(raws, VERDICT_ARROW, judge_blank).to_pylist()
 
 
 @contextmanager
@@ -106,10 +90,10 @@ def test_verdicts_equal_the_line_parsers_on_any_lines(
     original = event_lines.BLOCK_LINES
     event_lines.BLOCK_LINES = block  # small blocks: refused lines are halved down to one
     try:
-        verdicts = line_verdicts(pa.array(lines, pa.string()), VERDICTS, judge_blank)
+        verdicts = line_verdicts(pa.array(lines, pa.string()), VERDICT_ARROW, judge_blank)
     finally:
         event_lines.BLOCK_LINES = original
-    assert verdicts.type == pa.struct(list(VERDICTS))
+    assert verdicts.type == pa.struct(list(VERDICT_ARROW))
     assert verdicts.to_pylist() == reference(lines, judge_blank)
 
 
@@ -122,7 +106,7 @@ def test_lines_in_the_schemas_order_and_plain_lines_never_reach_the_line_parser(
         for line in in_order
     ]
     with line_parser_calls() as calls:
-        verdicts = line_verdicts(pa.array(in_order + reordered), VERDICTS).to_pylist()
+        verdicts = line_verdicts(pa.array(in_order + reordered), VERDICT_ARROW).to_pylist()
     assert calls == []
     assert verdicts == reference(in_order + reordered)
     assert all(v["accepted"] for v in verdicts)
@@ -135,7 +119,7 @@ def test_a_refused_line_takes_the_line_parser_alone() -> None:
     lines = [event_line(transactionId=f"t-{i}") for i in range(9)]
     lines[5] = lines[5][:-1] + ', "payerId": "second"}'
     with line_parser_calls() as calls:
-        verdicts = line_verdicts(pa.array(lines), VERDICTS).to_pylist()
+        verdicts = line_verdicts(pa.array(lines), VERDICT_ARROW).to_pylist()
     assert calls == [lines[5]]
     assert verdicts[5]["payerId"] == "second" and verdicts == reference(lines)
 
@@ -161,13 +145,13 @@ def test_a_refused_line_takes_the_line_parser_alone() -> None:
     ],
 )
 def test_edge_spellings_agree_with_the_line_parser(line: str) -> None:
-    assert line_verdicts(pa.array([line]), VERDICTS).to_pylist() == reference([line])
+    assert line_verdicts(pa.array([line]), VERDICT_ARROW).to_pylist() == reference([line])
 
 
 def test_a_blank_message_is_quarantined_and_a_blank_line_skipped() -> None:
     lines = pa.array(["", "  ", event_line()])
-    as_file = line_verdicts(lines, VERDICTS).to_pylist()
-    as_messages = line_verdicts(lines, VERDICTS, judge_blank=True).to_pylist()
+    as_file = line_verdicts(lines, VERDICT_ARROW).to_pylist()
+    as_messages = line_verdicts(lines, VERDICT_ARROW, judge_blank=True).to_pylist()
     assert [v["blank"] for v in as_file] == [True, True, False]
     assert [v["reason_code"] for v in as_messages] == ["not_json", "not_json", None]
 
@@ -175,5 +159,5 @@ def test_a_blank_message_is_quarantined_and_a_blank_line_skipped() -> None:
 def test_bytes_that_are_not_utf8_are_judged_as_text() -> None:
     lines = pa.array([b"\xff\xfe{", event_line().encode()], pa.binary())
     raws = lines.cast(pa.string(), safe=False)
-    verdicts = line_verdicts(raws, VERDICTS).to_pylist()
+    verdicts = line_verdicts(raws, VERDICT_ARROW).to_pylist()
     assert verdicts[0]["reason_code"] == "not_json" and verdicts[1]["accepted"]

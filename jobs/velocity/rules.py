@@ -492,3 +492,14 @@ def rules_by_signature(rules: Iterable[Rule]) -> dict[RuleSignature, list[Rule]]
     for rule in active_rules(rules):
         grouped.setdefault(rule.signature, []).append(rule)
     return dict(sorted(grouped.items(), key=lambda item: item[0].signature_id))
+
+
+def distinct_counted(rules: Iterable[Rule]) -> frozenset[str]:
+    """The signatures whose buckets keep their distinct values: those an active
+    UNIQUE_COUNT rule counts. Only they need them, and a bucket keyed by a busy field
+    would otherwise carry every amount it ever saw."""
+    return frozenset(
+        r.signature.signature_id
+        for r in active_rules(rules)
+        if r.aggregator is Aggregator.UNIQUE_COUNT
+    )

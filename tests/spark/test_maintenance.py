@@ -17,7 +17,7 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
+from velocity.rules import Rule, active_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backtest import run_backtest
@@ -83,7 +83,9 @@ def buckets_from_raw_events(spark, settings: Settings, since: int) -> set[tuple]
     rules = active_rules(StreamJob(spark, settings).rule_store.in_force())
     events = tables.read_table(spark, live.events)
     built = bucket_aggregates(
-        keyed_events(events, rules_by_signature(rules)), settings.bucket_width_ms
+        keyed_events(events, rules_by_signature(rules)),
+        settings.bucket_width_ms,
+        distinct_counted(rules),
     ).where(F.col("bucket_start") >= since)
     return {as_tuple(r) for r in built.select(*BUCKET_COLUMNS).collect()}
 

@@ -19,7 +19,7 @@ from velocity.delta.rule_store import RuleStore
 from velocity.generate import GenerateOptions, generate_events
 from velocity.quality import format_summary, run_quality_checks
 from velocity.quality.checks import QUALITY_RESULTS, write_results
-from velocity.rules import active_rules, parse_rules, rules_by_signature
+from velocity.rules import active_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     bucket_aggregates,
@@ -71,8 +71,16 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     rules = active_rules(store.in_force())
     signatures = list(rules_by_signature(rules))
     widest = max(r.window_ms for r in rules)
+    counted = distinct_counted(rules)
     built = [
-        (s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0, widest) for s in signatures
+        (
+            s.signature_id,
+            json.dumps(s.to_json(), sort_keys=True),
+            0,
+            widest,
+            s.signature_id in counted,
+        )
+        for s in signatures
     ]
     tables.overwrite_table(spark.createDataFrame(built, tables.SIGNATURE_SCHEMA), live.signatures)
 
@@ -83,13 +91,13 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
         rows.write.format("delta").mode("append").save(str(live.buckets))
 
     first = keyed.where(F.col("eventTime") < second_batch)
-    append_buckets(bucket_aggregates(first, width_ms))
+    append_buckets(bucket_aggregates(first, width_ms, counted))
     hours = hour_buckets(minute_buckets(tables.read_table(spark, live.buckets), width_ms), width_ms)
     tables.overwrite_table(hours.localCheckpoint(), live.buckets)
     second = keyed.where(F.col("eventTime") >= second_batch)
     # As the stream writes them: a row per bucket and batch, beside the compacted hours.
-    append_buckets(bucket_aggregates(second.where(F.col("eventTime") % 2 == 0), width_ms))
-    append_buckets(bucket_aggregates(second.where(F.col("eventTime") % 2 == 1), width_ms))
+    append_buckets(bucket_aggregates(second.where(F.col("eventTime") % 2 == 0), width_ms, counted))
+    append_buckets(bucket_aggregates(second.where(F.col("eventTime") % 2 == 1), width_ms, counted))
 
     alerts = evaluate_alerts(keyed, rules, width_ms, 1_800_000_000_000, 2)
     tables.overwrite_table(alerts, live.alerts)

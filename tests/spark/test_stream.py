@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from tests.builders import generated_in_arrival_order
 from tests.spark.streaming import run_available_now
@@ -199,12 +200,33 @@ def test_rules_change_between_batches_and_new_rule_sees_history(
     land(files[1], arriving, 1)
     run_available_now(job, arriving)
 
-    # Rule 4 (COUNT by payer, a new signature) and a pause of rule 1 reach the next batch.
-    job.rule_store.apply([sample[3], StateChange(1, RuleState.PAUSE)])
+    live = LiveTables.of(data_settings)
+    shared = sample[0].signature.signature_id  # type: ignore[union-attr]
+
+    def distinct_values_kept() -> int:
+        buckets = tables.read_table(spark, live.buckets).where(F.col("signature_id") == shared)
+        return buckets.where(F.size("distinct_values") > 0).count()
+
+    assert distinct_values_kept() == 0, "no rule counts the shared buckets' distinct values"
+
+    # Rule 4 (COUNT by payer, a new signature), a pause of rule 1, and rule 9, counting
+    # distinct amounts in the buckets rules 1-3 share, reach the next batch.
+    unique = {
+        "ruleId": 9,
+        "ruleState": "ACTIVE",
+        "groupingKeyNames": ["payerId", "beneficiaryId"],
+        "aggregateFieldName": "paymentAmount",
+        "aggregatorFunctionType": "UNIQUE_COUNT",
+        "limitOperatorType": ">",
+        "limit": 1,
+        "windowMinutes": 1440,
+        "filter": {"paymentType": "CRD"},
+    }
+    rule9 = parse_rules(json.dumps([unique]))
+    job.rule_store.apply([sample[3], StateChange(1, RuleState.PAUSE), *rule9])
     land(files[2], arriving, 2)
     run_available_now(job, arriving)
-
-    live = LiveTables.of(data_settings)
+    assert distinct_values_kept() > 0, "rebuilt with the distinct values of its history"
     streamed = alert_pairs(spark, live.alerts)
     earlier = {e.transaction_id for e in first_arrivals(files[:2])}
     batch3 = {e.transaction_id for e in first_arrivals(files[:3])} - earlier
@@ -218,10 +240,11 @@ def test_rules_change_between_batches_and_new_rule_sees_history(
     three.mkdir()
     for f in files[:3]:
         shutil.copy(f, three)
-    rule4_v1 = [r.with_version(1) for r in sample[3:4] if isinstance(r, Rule)]
-    expected = backtest_pairs(spark, data_settings, rule4_v1, three, tmp_path / "bt4.jsonl")
+    new_v1 = [r.with_version(1) for r in [*sample[3:4], *rule9] if isinstance(r, Rule)]
+    expected = backtest_pairs(spark, data_settings, new_v1, three, tmp_path / "bt4.jsonl")
     expected_batch3 = {pair: v for pair, v in expected.items() if pair[1] in batch3}
-    assert {pair: v for pair, v in streamed.items() if pair[0] == 4} == expected_batch3
+    assert any(rule_id == 9 for rule_id, _ in expected_batch3)
+    assert {pair: v for pair, v in streamed.items() if pair[0] in (4, 9)} == expected_batch3
 
 
 def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(

@@ -30,12 +30,14 @@ def expected_buckets(rows: list[tuple], width: int) -> dict[Slot, tuple[BucketAg
     return dict(out)
 
 
-def columnar_buckets(rows: list[tuple], width: int) -> dict[Slot, tuple[BucketAggregate, int]]:
+def columnar_buckets(
+    rows: list[tuple], width: int, counted: frozenset[str] | None = None
+) -> dict[Slot, tuple[BucketAggregate, int]]:
     table = pa.Table.from_pylist(
         [dict(zip(_ARROW.names, row, strict=True)) for row in rows], schema=_ARROW
     )
     out = {}
-    for r in bucket_rows(table, width).to_pylist():
+    for r in bucket_rows(table, width, counted).to_pylist():
         slot = (r["signature_id"], r["key"], r["bucket_start"])
         assert slot not in out, f"{slot} twice"
         assert r["distinct_values"] == sorted(r["distinct_values"])
@@ -49,12 +51,22 @@ def columnar_buckets(rows: list[tuple], width: int) -> dict[Slot, tuple[BucketAg
     rules=rule_sets(max_size=5),
     seconds=st.sampled_from((1, 60)),
     order=st.randoms(use_true_random=False),
+    data=st.data(),
 )
-def test_columnar_buckets_equal_merged_events(events, rules, seconds, order: random.Random) -> None:
+def test_columnar_buckets_equal_merged_events(
+    events, rules, seconds, order: random.Random, data
+) -> None:
     width = bucket_width_ms(seconds)
     rows = keyed_rows(histories_of(events, active_rules(rules)))
     order.shuffle(rows)
     assert columnar_buckets(rows, width) == expected_buckets(rows, width)
+    # Distinct values kept for the counted signatures only; every other figure unchanged.
+    ids = sorted({row[0] for row in rows})
+    counted = frozenset(data.draw(st.lists(st.sampled_from(ids), unique=True)) if ids else ())
+    assert columnar_buckets(rows, width, counted) == {
+        slot: (a if slot[0] in counted else a._replace(distinct=frozenset()), newest)
+        for slot, (a, newest) in expected_buckets(rows, width).items()
+    }
 
 
 def test_bucket_sums_past_int64_units_are_exact() -> None:

@@ -5,6 +5,8 @@ and own buckets that need their earlier events raw."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -13,10 +15,10 @@ from hypothesis import strategies as st
 from tests.builders import MINUTE_MS, bucket_seconds, events, rule_sets
 from tests.unit.test_kernel import _ARROW, keyed_row
 from tests.unit.test_stream_batch import arrival_batches
-from velocity.buckets import bucket_from_columns
+from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.micro_batch import STORED_COLUMNS, decide_micro_batch
-from velocity.rules import RuleState, rules_by_signature
+from velocity.rules import RuleState, distinct_counted, rules_by_signature
 from velocity.stream_batch import KeyState, admit, decide, history_needed, key_groups
 from velocity.windows import format_aggregate
 
@@ -73,6 +75,12 @@ def test_micro_batch_equals_the_streams_batch_engine(data, evs, rules, seconds) 
     unknown = data.draw(st.booleans())  # buckets read from Delta: newest eventTime unknown
     active = [r for r in rules if r.state is RuleState.ACTIVE]
     signatures = list(rules_by_signature(active))
+    counted = distinct_counted(active)
+
+    def as_kept(aggregate: BucketAggregate, signature_id: str) -> BucketAggregate:
+        """The reference keeps every distinct value; the engine only those a rule counts."""
+        return aggregate if signature_id in counted else aggregate._replace(distinct=frozenset())
+
     states: dict = {}
     raw: dict = {}
     seen: set[str] = set()
@@ -111,9 +119,9 @@ def test_micro_batch_equals_the_streams_batch_engine(data, evs, rules, seconds) 
             (d.rule.rule_id, d.event.transaction_id): (format_aggregate(d.value), d.window_start)
             for d, _, _ in expected.decisions
         }
-        assert {slot_of(r): bucket_from_columns(r) for r in got.deltas.to_pylist()} == (
-            expected.deltas
-        )
+        assert {slot_of(r): bucket_from_columns(r) for r in got.deltas.to_pylist()} == {
+            slot: as_kept(aggregate, slot[0]) for slot, aggregate in expected.deltas.items()
+        }
         assert {
             (r["signature_id"], r["key"], r["bucket_start"]): (
                 bucket_from_columns(r),
@@ -121,12 +129,21 @@ def test_micro_batch_equals_the_streams_batch_engine(data, evs, rules, seconds) 
             )
             for r in got.buckets.to_pylist()
         } == {
-            (*slot, start): (state.buckets[start], state.last_times.get(start))
+            (*slot, start): (as_kept(state.buckets[start], slot[0]), state.last_times.get(start))
             for slot, state in expected.buckets.items()
             for start in expected.changed[slot]
         }
 
-        states.update(expected.buckets)
+        # The stored buckets carry distinct values only where a rule counts them.
+        states.update(
+            {
+                slot: replace(
+                    state,
+                    buckets={start: as_kept(a, slot[0]) for start, a in state.buckets.items()},
+                )
+                for slot, state in expected.buckets.items()
+            }
+        )
         if unknown:  # as read back from Delta: no newest eventTimes, no raw events
             states = {
                 s: KeyState(st_.buckets, dict.fromkeys(st_.buckets)) for s, st_ in states.items()

@@ -103,6 +103,10 @@ SIGNATURE_SCHEMA = StructType(
         # The widest window whose history these buckets hold: the narrowest widest-active-
         # window since the build, as eviction keeps no more. A wider rule rebuilds them.
         StructField("kept_window_ms", LongType(), True),
+        # Whether these buckets keep their distinct values (``rules.distinct_counted``):
+        # a UNIQUE_COUNT rule that starts counting rebuilds them when not. Null: a data
+        # dir from before the column, whose buckets kept them all.
+        StructField("kept_distinct", BooleanType(), True),
     ]
 )
 

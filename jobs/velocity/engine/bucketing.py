@@ -8,6 +8,8 @@ amounts could pass 2^62 units is summed in Python integers.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,9 +51,15 @@ def bucket_schema(sum_type: pa.DataType, amount_type: pa.DataType) -> pa.Schema:
 BUCKET_ROWS = bucket_schema(pa.decimal128(38, AMOUNT_PLACES), pa.decimal128(26, AMOUNT_PLACES))
 
 
-def bucket_rows(events: pa.Table, width_ms: int, schema: pa.Schema | None = None) -> pa.Table:
+def bucket_rows(
+    events: pa.Table,
+    width_ms: int,
+    distinct_counted: Collection[str] | None = None,
+    schema: pa.Schema | None = None,
+) -> pa.Table:
     """The buckets of ``events`` (KEYED_COLUMNS, any order): one row per (signature, key,
-    bucket start) with ``BUCKET_ROW_COLUMNS``, ``distinct_values`` sorted."""
+    bucket start) with ``BUCKET_ROW_COLUMNS``, ``distinct_values`` sorted, and empty for
+    a signature not in ``distinct_counted`` (None: every signature keeps them)."""
     schema = schema or BUCKET_ROWS
     n = events.num_rows
     if n == 0:
@@ -101,8 +109,14 @@ def bucket_rows(events: pa.Table, width_ms: int, schema: pa.Schema | None = None
 
     groups_by_row = np.empty(n, dtype=np.int64)
     groups_by_row[order] = group_of
+    values = events.column("value")
+    if distinct_counted is not None:
+        counted = pc.is_in(
+            events.column("signature_id"), pa.array(sorted(distinct_counted), pa.string())
+        )
+        values = pc.if_else(counted, values, pa.scalar(None, pa.string()))
     distinct_values = distinct_lists(
-        events.column("value"), groups_by_row, groups, schema.field("distinct_values").type
+        values, groups_by_row, groups, schema.field("distinct_values").type
     )
     first_rows = pa.array(order[heads])
     valid = number_counts > 0

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from velocity.engine.bucketing import BUCKET_ROWS, bucket_rows, distinct_lists
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, Decisions, decide
-from velocity.rules import Rule
+from velocity.rules import Rule, distinct_counted
 
 SLOT = ("signature_id", "key", "bucket_start")
 # Stored buckets: a slot, the newest eventTime counted in it (null: unknown), the figures.
@@ -82,7 +82,7 @@ def decide_micro_batch(
     batch = events.select(list(KEYED_COLUMNS)).append_column("decide", _decided(events))
     rows = pa.concat_tables([batch, earlier.cast(batch.schema)])
     decisions = decide(rows, buckets, rules, width_ms)
-    deltas = bucket_rows(events.select(list(KEYED_COLUMNS)), width_ms)
+    deltas = bucket_rows(events.select(list(KEYED_COLUMNS)), width_ms, distinct_counted(rules))
     return MicroBatchDecided(decisions, deltas, _merged(deltas, stored))
 
 

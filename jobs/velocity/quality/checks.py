@@ -25,7 +25,7 @@ from velocity.delta.tables import LIVE_SCHEMAS
 from velocity.quality.alert_values import alert_violation, rule_terms
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, RuleSignature, rules_by_signature
+from velocity.rules import Rule, RuleSignature, distinct_counted, rules_by_signature
 from velocity.schema import EVENT_FIELDS, MAX_AMOUNT
 from velocity.settings import Settings
 from velocity.spark.evaluate import BUCKET_FIGURES, bucket_aggregates, keyed_events, minute_buckets
@@ -147,19 +147,23 @@ def _text(column: Column) -> Column:
     return F.coalesce(column.cast("string"), F.lit("null"))
 
 
-def _figure_differences(stored: str, recount: str) -> Column:
-    """``name stored X, from events Y`` for each figure that differs; '' when none does."""
+def _figure_differences(stored: str, recount: str, distinct_counted: Column) -> Column:
+    """``name stored X, from events Y`` for each figure that differs; '' when none does.
+    Distinct values are compared where ``distinct_counted`` holds: elsewhere no rule reads
+    them, and a stored list may be left from a UNIQUE_COUNT rule since paused."""
     parts = []
     for name in BUCKET_FIGURES:
         s, e = F.col(f"{stored}.{name}"), F.col(f"{recount}.{name}")
+        compared = F.lit(True)
         if name == "distinct_values":
             s, e = F.array_sort(s), F.array_sort(e)
             shown_s, shown_e = F.to_json(s), F.to_json(e)
+            compared = distinct_counted
         else:
             shown_s, shown_e = _text(s), _text(e)
         parts.append(
             F.when(
-                ~s.eqNullSafe(e),
+                compared & ~s.eqNullSafe(e),
                 F.format_string(f"{name} stored %s, from events %s", shown_s, shown_e),
             )
         )
@@ -170,6 +174,7 @@ def bucket_recount(
     stored: DataFrame,
     events: DataFrame,
     signatures: Sequence[RuleSignature],
+    distinct_counted: frozenset[str],
     width_ms: int,
     horizon_start: int | None,
 ) -> DataFrame:
@@ -184,13 +189,14 @@ def bucket_recount(
     """
     ids = [s.signature_id for s in signatures]
     mine = stored.where(F.col("signature_id").isin(ids))
-    recount = bucket_aggregates(keyed_events(events, signatures), width_ms)
+    recount = bucket_aggregates(keyed_events(events, signatures), width_ms, distinct_counted)
     if horizon_start is not None:
         mine = mine.where(F.col("bucket_start") >= horizon_start)
         recount = recount.where(F.col("bucket_start") >= horizon_start)
     slot = ["signature_id", "key", "bucket_start"]
     joined = mine.alias("s").join(recount.alias("e"), slot, "full_outer")
-    differences = _figure_differences("s", "e")
+    counted = F.col("signature_id").isin(sorted(distinct_counted))
+    differences = _figure_differences("s", "e", counted)
     where = F.format_string(
         "signature %s key %s bucket %s: ",
         F.col("signature_id"),
@@ -242,7 +248,8 @@ def buckets_frame(snapshot: Snapshot, rules: Sequence[Rule], settings: Settings)
     # Every bucket would look wrong; say what is wrong once instead.
     refuse_another_bucket_width(buckets, settings)
     stored = stored_minute_buckets(buckets, width_ms)
-    return bucket_recount(stored, events, signatures, width_ms, horizon_start)
+    counted = distinct_counted(rules)
+    return bucket_recount(stored, events, signatures, counted, width_ms, horizon_start)
 
 
 # --- alerts ---------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from velocity.progress import QUIET, Progress
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rule_changes import RuleEpochs
-from velocity.rules import Rule, active_rules, rules_by_signature
+from velocity.rules import Rule, active_rules, distinct_counted, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     BUCKET_FIGURES,
@@ -403,7 +403,8 @@ class Backfill:
         ids = [s.signature_id for s in signatures]
         pinned = _read_at(spark, self.live.events, events_version)
         raw = pinned.where(F.col("eventTime").between(lower, upper - 1))
-        recount = bucket_aggregates(keyed_events(raw, signatures), width).select(
+        counted = distinct_counted(in_force)
+        recount = bucket_aggregates(keyed_events(raw, signatures), width, counted).select(
             *_SLOT, *[F.col(n).alias(f"new_{n}") for n in BUCKET_FIGURES]
         )
         stored_rows = _read_at(spark, self.live.buckets, buckets_version).where(
@@ -414,9 +415,16 @@ class Backfill:
             .where(F.col("bucket_start") < upper)
             .select(*_SLOT, *BUCKET_FIGURES)
         )
+        # Distinct values only where a rule counts them: a list left from a UNIQUE_COUNT
+        # rule since paused is read by nothing, so it is no reason to rewrite a bucket.
+        unread = ~F.col("signature_id").isin(sorted(counted))
         same = reduce(
             lambda a, b: a & b,
-            [F.col(n).eqNullSafe(F.col(f"new_{n}")) for n in BUCKET_FIGURES],
+            [
+                F.col(n).eqNullSafe(F.col(f"new_{n}"))
+                | (unread if n == "distinct_values" else F.lit(False))
+                for n in BUCKET_FIGURES
+            ],
         )
         differ = recount.join(stored, _SLOT, "full_outer").where(~same)
         rows = differ.select(*_SLOT, *[F.col(f"new_{n}").alias(n) for n in BUCKET_FIGURES])
@@ -438,18 +446,17 @@ class Backfill:
         if changes.rows.isEmpty():
             return 0
         spark, width = self.spark, self.settings.bucket_width_ms
+        in_force = active_rules(self.state.rule_store.in_force())
         signatures = [
-            s
-            for s in rules_by_signature(active_rules(self.state.rule_store.in_force()))
-            if s.signature_id in changes.signature_ids
+            s for s in rules_by_signature(in_force) if s.signature_id in changes.signature_ids
         ]
         since_pin = self.state.read("events").where(
             (F.col("stream_batch") > changes.pinned_batch)
             & F.col("eventTime").between(changes.lower, changes.upper - 1)
         )
-        added = bucket_aggregates(keyed_events(since_pin, signatures), width).join(
-            changes.rows.select(*_SLOT), _SLOT, "left_semi"
-        )
+        added = bucket_aggregates(
+            keyed_events(since_pin, signatures), width, distinct_counted(in_force)
+        ).join(changes.rows.select(*_SLOT), _SLOT, "left_semi")
         recounted = changes.rows.where(F.col("event_count").isNotNull())
         final = (
             recounted.select(*_SLOT, *BUCKET_FIGURES)

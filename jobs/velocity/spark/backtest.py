@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from velocity.alerts import ALERT_FIELDS
 from velocity.delta import tables
 from velocity.progress import QUIET, Progress
-from velocity.rules import Rule, active_rules, rules_by_signature
+from velocity.rules import Rule, active_rules, distinct_counted, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     key_partitioned,
@@ -176,7 +176,8 @@ def _run_backtest(
     keyed = keyed_events(events, rules_by_signature(active))
     ordered = key_partitioned(keyed, settings.spark_shuffle_partitions).localCheckpoint(eager=True)
     step("fan-out+shuffle")
-    tables.overwrite_table(partition_buckets(ordered, width_ms), root / tables.BUCKETS)
+    buckets = partition_buckets(ordered, width_ms, distinct_counted(active))
+    tables.overwrite_table(buckets, root / tables.BUCKETS)
     step("buckets")
     alerts = partition_alerts(ordered, active, width_ms, decision_time)
     tables.overwrite_table(alerts, root / tables.ALERTS)

@@ -86,22 +86,31 @@ def key_partitioned(keyed: DataFrame, partitions: int | None = None) -> DataFram
     return shuffled.sortWithinPartitions(*keys).select(*KEYED_COLUMNS)
 
 
-def bucket_aggregates(keyed: DataFrame, width_ms: int) -> DataFrame:
+def bucket_aggregates(
+    keyed: DataFrame, width_ms: int, distinct_counted: frozenset[str]
+) -> DataFrame:
     """Buckets per (signature, key, bucket start), as ``BucketAggregate`` defines them
-    (BUCKET_SCHEMA, g-wide rows)."""
-    return partition_buckets(key_partitioned(keyed), width_ms)
+    (BUCKET_SCHEMA, g-wide rows), keeping distinct values for ``distinct_counted``
+    signatures only (``velocity.rules.distinct_counted``)."""
+    return partition_buckets(key_partitioned(keyed), width_ms, distinct_counted)
 
 
-def partition_buckets(ordered: DataFrame, width_ms: int) -> DataFrame:
+def partition_buckets(
+    ordered: DataFrame, width_ms: int, distinct_counted: frozenset[str]
+) -> DataFrame:
     """The buckets of ``key_partitioned`` rows, made per partition by the columnar
     ``velocity.engine.bucketing`` in the executors (BUCKET_SCHEMA, g-wide rows)."""
-    return ordered.mapInArrow(partial(_bucket_batches, width_ms=width_ms), BUCKET_SCHEMA)
+    make = partial(_bucket_batches, width_ms=width_ms, distinct_counted=distinct_counted)
+    return ordered.mapInArrow(make, BUCKET_SCHEMA)
 
 
-def _bucket_batches(batches: Iterator[pa.RecordBatch], width_ms: int) -> Iterator[pa.RecordBatch]:
+def _bucket_batches(
+    batches: Iterator[pa.RecordBatch], width_ms: int, distinct_counted: frozenset[str]
+) -> Iterator[pa.RecordBatch]:
     """One partition's buckets (rows sorted by signature, key), whole keys at a time."""
     for chunk in _whole_keys(batches, KERNEL_CHUNK_ROWS):
-        yield from bucket_table(bucket_rows(chunk, width_ms), width_ms).to_batches()
+        rows = bucket_rows(chunk, width_ms, distinct_counted)
+        yield from bucket_table(rows, width_ms).to_batches()
 
 
 def bucket_table(rows: pa.Table, width_ms: int) -> pa.Table:

@@ -59,7 +59,13 @@ from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.redis import connection, mirror
 from velocity.redis.lease import Lease
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, RuleSignature, active_rules, rules_by_signature
+from velocity.rules import (
+    Rule,
+    RuleSignature,
+    active_rules,
+    distinct_counted,
+    rules_by_signature,
+)
 from velocity.settings import Settings, local_mode_cores
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import VERDICT_ARROW, kafka_messages, with_line_source
@@ -391,14 +397,17 @@ class StreamJob:
         """
         spark = self.spark
         widest = max((r.window_ms for r in rules), default=0)
-        kept = {
-            r["signature_id"]: r["kept_window_ms"] for r in self.state.read("signatures").collect()
-        }
+        counted = distinct_counted(rules)
+        recorded = self.state.read("signatures").collect()
+        kept = {r["signature_id"]: r["kept_window_ms"] for r in recorded}
+        without_distinct = {r["signature_id"] for r in recorded if r["kept_distinct"] is False}
         wanted = {s.signature_id: s for s in signatures}
         for gone in sorted(set(kept) - set(wanted)):
             spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
             spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
         short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
+        # A UNIQUE_COUNT rule now counts buckets built without their distinct values.
+        short |= set(wanted) & without_distinct & counted
         build = sorted((set(wanted) - set(kept)) | short)
         if build:
             # The build reads every earlier batch from Delta: flush what is spooled first.
@@ -410,6 +419,14 @@ class StreamJob:
             f"UPDATE delta.`{self.live.signatures}` SET kept_window_ms = {widest} "
             f"WHERE kept_window_ms > {widest}"
         )
+        # Buckets stop gathering distinct values once no rule counts them.
+        uncounted = sorted(set(wanted) - counted - without_distinct)
+        if uncounted:
+            ids = ", ".join(f"'{s}'" for s in uncounted)
+            spark.sql(
+                f"UPDATE delta.`{self.live.signatures}` SET kept_distinct = false "
+                f"WHERE signature_id IN ({ids})"
+            )
 
     def _build_signature(
         self, signature: RuleSignature, rules: list[Rule], widest: int, batch_id: int
@@ -425,8 +442,9 @@ class StreamJob:
             history = history.where(F.col("eventTime") >= int(newest[0]) - horizon_ms)
         for table in (self.live.signatures, self.live.buckets):
             spark.sql(f"DELETE FROM delta.`{table}` WHERE signature_id = '{signature_id}'")
+        counted = distinct_counted(rules)
         deltas = bucket_aggregates(
-            keyed_events(history, [signature]), self.settings.bucket_width_ms
+            keyed_events(history, [signature]), self.settings.bucket_width_ms, counted
         )
         deltas.write.format("delta").mode("append").save(str(self.live.buckets))
         built_now = self.state.buckets_in_horizon(rules).where(
@@ -434,7 +452,15 @@ class StreamJob:
         )
         self.mirror.write_buckets(built_now, rules)
         record = spark.createDataFrame(
-            [(signature_id, json.dumps(signature.to_json(), sort_keys=True), batch_id, widest)],
+            [
+                (
+                    signature_id,
+                    json.dumps(signature.to_json(), sort_keys=True),
+                    batch_id,
+                    widest,
+                    signature_id in counted,
+                )
+            ],
             tables.SIGNATURE_SCHEMA,
         )
         record.write.format("delta").mode("append").save(str(self.live.signatures))

@@ -14,6 +14,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from tests.builders import asked_keys
+from tests.integration.test_partition_commit import partition_commit
 from velocity.buckets import BucketAggregate
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.keys import parse_bucket
@@ -60,7 +61,7 @@ def test_keys_spread_over_the_masters_and_a_key_stays_in_one_slot(settings: Sett
     assert client.keyslot(one) == client.keyslot('{sig:["p-7"]}')
     # The stream's own keys share the data dir's slot: its decide step is one call.
     own = [keys.stream_progress, keys.state_lock, keys.seen_prefix + "tx-1"]
-    own.append(cluster.pending_record(keys))
+    own += [cluster.pending_record(keys), keys.partition_record(3, 1), keys.batch_plan]
     assert len({client.keyslot(name) for name in own}) == 1
 
 
@@ -134,6 +135,35 @@ def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
     with state_lock(client, settings, "compaction"):
         pass
     assert client.xlen(settings.alert_stream) == 1
+
+
+def test_a_partition_recorded_but_not_applied_is_applied_by_its_next_attempt(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key-partition's keys live on several masters: its record is written first, then
+    each master's changes. A task dying between the two leaves the record; the next
+    attempt applies what is missing (each master once) and returns the first outcome."""
+    client = connection.connect(settings)
+    keys = settings.redis_keys
+    finish = cluster.finish_partition
+
+    def crash(*args: object) -> str:
+        raise KeyboardInterrupt("the task dies between its record and the masters")
+
+    monkeypatch.setattr(cluster, "finish_partition", crash)
+    with state_lock(client, settings, "stream batch 3") as lease:
+        first = partition_commit(settings, lease.token, 3, 2, "first")
+        with pytest.raises(KeyboardInterrupt):
+            mirror.commit_partition(client, settings, first)
+        assert client.hget(keys.bucket_hash("sig", '["p-0"]'), "60000") is None
+        monkeypatch.setattr(cluster, "finish_partition", finish)
+        assert mirror.partition_outcome(client, keys.partition_record(3, 1)) == "first"
+        again = partition_commit(settings, lease.token, 3, 7, "second")
+        assert mirror.commit_partition(client, settings, again) == "first"
+    names = [keys.bucket_hash("sig", f'["p-{i}"]') for i in range(5)]
+    assert len(cluster.by_master(client, names)) > 1, "the partition spans masters"
+    for name in names:
+        assert parse_bucket(client.hget(name, "60000"))[0].count == 2  # type: ignore[arg-type]
 
 
 def test_a_commit_whose_lease_ran_out_writes_nothing_on_the_cluster(settings: Settings) -> None:

@@ -451,3 +451,57 @@ def test_a_signature_activated_before_a_replay_counts_the_replayed_batch(
         if e.values.get("paymentType") == "CSH"
     ]
     assert counted == len(cash) > 0
+
+
+def test_a_batch_cut_short_after_its_partitions_committed_is_replayed_as_first_decided(
+    spark,
+    data_settings: Settings,
+    in_order_events: Path,
+    sample_backtest: dict[tuple[int, str], tuple[str, int, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The third batch's key-partitions commit, then the stream dies before the batch's
+    own commit. Restarted with another partition count and rule 4 paused, the replay is
+    cut and decided as first recorded: its partitions return their recorded outcomes and
+    apply nothing twice, and the batches after it use the new rules."""
+    import redis
+
+    from velocity.redis import mirror
+
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+    arriving = tmp_path / "arriving"
+    arriving.mkdir()
+    files = sorted(in_order_events.glob("*.jsonl"))
+    for order, path in enumerate(files):
+        land(path, arriving, order)
+    begin = mirror.begin_stream_commit
+
+    def dies_at_the_third(client, settings, commit, lease):  # type: ignore[no-untyped-def]
+        if commit.batch == 2:
+            raise RuntimeError("the stream dies before the batch's own commit")
+        return begin(client, settings, commit, lease)
+
+    monkeypatch.setattr(mirror, "begin_stream_commit", dies_at_the_third)
+    with pytest.raises(Exception, match="before the batch's own commit"):
+        run_available_now(job, arriving)
+    job.close()
+    monkeypatch.undo()
+    keys = data_settings.redis_keys
+    client = redis.Redis.from_url(data_settings.redis_url, decode_responses=True)
+    recorded = sorted(client.scan_iter(match=keys.partition_records))
+    assert recorded and all(name.split(":")[-2] == "2" for name in recorded), recorded
+
+    job.rule_store.apply([StateChange(4, RuleState.PAUSE)])
+    restarted = data_settings.model_copy(update={"stream_decide_partitions": 3})
+    again = StreamJob(spark, restarted)
+    assert run_available_now(again, arriving) == 3, "the third batch again, then two"
+    assert not list(client.scan_iter(match=keys.partition_records)), "dropped once committed"
+
+    live = LiveTables.of(data_settings)
+    first_three = {e.transaction_id for e in first_arrivals(files[:3])}
+    assert alert_pairs(spark, live.alerts) == {
+        pair: v for pair, v in sample_backtest.items() if pair[0] != 4 or pair[1] in first_three
+    }
+    assert again.mirror.reconcile().clean, "no bucket counted twice in Redis"

@@ -28,7 +28,7 @@ from typing import Any, cast
 import redis
 from redis.cluster import RedisCluster
 
-from velocity.redis.commit_args import StreamCommit
+from velocity.redis.commit_args import BucketChanges, PartitionCommit, StreamCommit
 from velocity.redis.keys import RedisKeys, data_dir_tag
 from velocity.redis.lease import Lease
 from velocity.settings import Settings
@@ -153,6 +153,63 @@ def _finish(client: RedisCluster, keys: RedisKeys, batch: str, changes: Mapping[
     return max(published, 0)
 
 
+def per_master_runs(
+    client: RedisCluster, keys: RedisKeys, changes: BucketChanges, marker_suffix: str = ""
+) -> list[list[Any]]:
+    """``changes`` split by master, as velocity_cluster_apply takes them: [the master's
+    applied marker (with ``marker_suffix``), its keys changed, their runs' arguments]."""
+    runs = changes.runs
+    per_master: dict[str, list[int]] = {}
+    for row, base in enumerate(runs.column("base").to_pylist()):
+        # One a key: its names share its slot's tag.
+        per_master.setdefault(client.get_node_from_key(base).name, []).append(row)
+    return [
+        [
+            applied_marker(client, keys, node) + marker_suffix,
+            len(rows),
+            [a for args in runs.column("args").take(rows).to_pylist() for a in args],
+        ]
+        for node, rows in sorted(per_master.items())
+    ]
+
+
+def commit_partition(client: RedisCluster, keys: RedisKeys, commit: PartitionCommit) -> int | str:
+    """A key-partition's commit on a cluster, staged as the batch's: the record (holding
+    the outcome and each master's changes) in the data dir's slot, fenced and idempotent,
+    then each master's changes under a marker of the partition's own. Returns
+    velocity_partition_commit's -2 or -1, or the outcome that counts."""
+    partition = commit.keys[2].rsplit(":", 1)[1]
+    staged = json.dumps(
+        {
+            "o": commit.outcome,
+            "b": str(commit.batch),
+            "ttl": commit.bucket_ttl_ms,
+            "bucket_ms": commit.bucket_ms,
+            "m": per_master_runs(client, keys, commit.changes, f":p{partition}"),
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    head = commit.args(BucketChanges()).to_pylist()[3:]  # after FCALL <name> <numkeys>
+    head[-1] = staged
+    reply = client.fcall("velocity_partition_commit", 3, *head)
+    if reply in (REPLAYED, FENCED):
+        return cast(int, reply)
+    return finish_partition(client, staged if reply == 0 else cast(list[str], reply)[0])
+
+
+def finish_partition(client: RedisCluster, staged: str) -> str:
+    """Apply a recorded partition's changes on each master (skipped where its marker has
+    the batch); returns the partition's outcome."""
+    record = json.loads(staged)
+    for marker, count, runs in record["m"]:
+        client.fcall(
+            "velocity_cluster_apply", 1, marker, record["b"], record["ttl"],
+            record["bucket_ms"], count, *runs,
+        )  # fmt: skip
+    return cast(str, record["o"])
+
+
 class ClusterCommit:
     """A built ``mirror.stream_commit`` run on a Redis Cluster (decide, then finish);
     ``result`` as ``mirror.PendingCommit.result``. Runs when constructed: there is no one
@@ -171,25 +228,13 @@ class ClusterCommit:
     def _run(self, client: RedisCluster, settings: Settings, commit: StreamCommit) -> int:
         keys = settings.redis_keys
         progress, alert_stream, lock = commit.keys
-        runs = commit.changes.runs
-        per_master: dict[str, list[int]] = {}
-        for row, base in enumerate(runs.column("base").to_pylist()):
-            # One a key: its names share its slot's tag.
-            per_master.setdefault(client.get_node_from_key(base).name, []).append(row)
         changes = {
             "alert_stream": alert_stream,
             "maxlen": commit.alert_maxlen,
             "ttl": commit.bucket_ttl_ms,
             "bucket_ms": commit.bucket_ms,
             "a": list(commit.alerts),
-            "m": [
-                [
-                    applied_marker(client, keys, node),
-                    len(rows),
-                    [a for args in runs.column("args").take(rows).to_pylist() for a in args],
-                ]
-                for node, rows in sorted(per_master.items())
-            ],
+            "m": per_master_runs(client, keys, commit.changes),
         }
         decided = int(
             client.fcall(  # type: ignore[arg-type]

@@ -168,6 +168,32 @@ class StreamCommit:
         )
 
 
+@dataclass(frozen=True)
+class PartitionCommit:
+    """One key-partition's commit (velocity_partition_commit), ready to send: its bucket
+    changes and the outcome its task returns, idempotent on (batch, partition record)."""
+
+    keys: tuple[str, str, str]  # the progress hash, the state lock, the partition record
+    token: str  # the state lock's token the commit is fenced by
+    batch: int
+    record_ttl_ms: int
+    bucket_ttl_ms: int
+    bucket_ms: int
+    changes: BucketChanges
+    outcome: str
+
+    def args(self, changes: BucketChanges | None = None) -> pa.Array:
+        """The whole call, with ``changes`` in place of the partition's own (a cluster
+        sends none: each master's are applied apart)."""
+        changes = self.changes if changes is None else changes
+        head = [
+            "FCALL", "velocity_partition_commit", "3", *self.keys, self.token,
+            str(self.batch), str(self.record_ttl_ms), str(self.bucket_ttl_ms),
+            str(self.bucket_ms), str(len(changes)), self.outcome,
+        ]  # fmt: skip
+        return pa.concat_arrays([pa.array(head, pa.string()), changes.flat()])
+
+
 def flat_runs(keys: int, segments: Sequence[tuple[np.ndarray, pa.Array]]) -> pa.ListArray:
     """One run of texts per key out of ``segments``, each (the key index of each text, the
     texts): a key's run is its texts of the first segment, then of the second, and so on,

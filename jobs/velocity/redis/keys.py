@@ -127,6 +127,22 @@ class RedisKeys:
         horizon-long span since the epoch (velocity.lua's ``seen_indices``)."""
         return f"{self.prefix}:seen:{{{data_dir_tag(self.data_dir)}}}:"
 
+    def partition_record(self, batch: int, partition: int) -> str:
+        """What a micro-batch's key-partition committed (velocity_partition_commit), kept
+        until the batch's own commit: in the data dir's slot, beside the progress."""
+        return f"{self.prefix}:partition:{{{data_dir_tag(self.data_dir)}}}:{batch}:{partition}"
+
+    @property
+    def partition_records(self) -> str:
+        """SCAN pattern of every partition record."""
+        return f"{self.prefix}:partition:*"
+
+    @property
+    def batch_plan(self) -> str:
+        """How the micro-batch in flight is cut into key-partitions, and what it is decided
+        with (velocity_batch_plan)."""
+        return f"{self.prefix}:plan:{{{data_dir_tag(self.data_dir)}}}"
+
     @property
     def state_lock(self) -> str:
         """The lock that serialises writers of the data dir's bucket state (stream batches,

@@ -20,7 +20,13 @@ from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import json_string
 from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
-from velocity.redis.commit_args import BucketChanges, KeyChange, StreamCommit, resp_command
+from velocity.redis.commit_args import (
+    BucketChanges,
+    KeyChange,
+    PartitionCommit,
+    StreamCommit,
+    resp_command,
+)
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.hot_state import HotState, hot_state
 from velocity.redis.keys import (
@@ -33,7 +39,7 @@ from velocity.redis.keys import (
     recent_fragment,
     rule_entry,
 )
-from velocity.redis.lease import Lease
+from velocity.redis.lease import Lease, StateLockLost
 from velocity.rules import Rule
 from velocity.settings import Settings
 from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
@@ -46,6 +52,7 @@ _PIPELINE_CHUNK = 1000
 # one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
 QUIET_MAX_BUCKETS = 6
 FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
+REPLAYED = -1  # velocity_stream_commit: the batch is committed already (nothing written)
 
 
 def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:
@@ -476,6 +483,81 @@ def begin_stream_commit(
     if is_cluster(client):
         return cluster.ClusterCommit(cast(RedisCluster, client), settings, commit, lease)
     return PendingCommit(client, commit, lease)
+
+
+# A partition record outlives any restart of a crashed batch; the batch's commit drops it.
+PARTITION_RECORD_TTL_MS = 86_400_000
+
+
+def batch_plan(
+    client: redis.Redis, settings: Settings, lease: Lease, batch_id: int, plan: str
+) -> str:
+    """The plan (JSON, its "batch" as text) a micro-batch is cut and decided by: the one
+    recorded for ``batch_id`` when a first attempt recorded one, else ``plan``, recorded
+    now (velocity_batch_plan). ``StateLockLost`` when fenced."""
+    keys = settings.redis_keys
+    reply = client.fcall(
+        "velocity_batch_plan", 2, keys.state_lock, keys.batch_plan, lease.token, str(batch_id), plan
+    )
+    if reply == FENCED:
+        lease.lost.set()
+        lease.check()
+    return cast(str, reply)
+
+
+def partition_outcome(client: redis.Redis, record: str) -> str | None:
+    """The outcome a key-partition committed already (its changes applied in full), or
+    None: a retried task, or a replayed batch, returns it instead of deciding again."""
+    recorded = cast(str | None, client.get(record))
+    if recorded is not None and is_cluster(client):
+        return cluster.finish_partition(cast(RedisCluster, client), recorded)
+    return recorded
+
+
+def commit_partition(client: redis.Redis, settings: Settings, commit: PartitionCommit) -> str:
+    """Apply a key-partition's changes and record its outcome, once per (batch,
+    partition), fenced by the state lock (velocity_partition_commit). Returns the outcome
+    that counts: ``commit``'s, or the one an earlier attempt recorded (nothing applied)."""
+    if is_cluster(client):
+        reply = cluster.commit_partition(cast(RedisCluster, client), settings.redis_keys, commit)
+    else:
+        connection = client.connection_pool.get_connection()
+        try:
+            connection.send_packed_command(resp_command(commit.args()))
+            reply = connection.read_response()
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            client.connection_pool.release(connection)
+        if isinstance(reply, list):
+            reply = reply[0]
+    if reply == FENCED:
+        raise StateLockLost(
+            f"batch {commit.batch}: the state lock is no longer this stream's; "
+            "a key-partition wrote nothing"
+        )
+    # -1: the batch is committed already (a straggling task): nothing was applied, and
+    # the batch's commit, refused as a replay, uses no outcome.
+    return commit.outcome if reply in (0, REPLAYED) else cast(str, reply)
+
+
+def forget_partitions(
+    client: redis.Redis, keys: RedisKeys, batch: int | None = None, count: int = 0
+) -> None:
+    """Drop the partition records of ``batch`` (its ``count`` partitions) once the batch is
+    committed; with no batch, every one (a rebuild from Delta: the batch after it must
+    be decided and applied anew)."""
+    if batch is None:
+        names = list(client.scan_iter(match=keys.partition_records, count=1000))
+    else:
+        names = [keys.partition_record(batch, p) for p in range(count)]
+    for first in range(0, len(names), 1000):
+        if is_cluster(client) and batch is None:
+            for name in names[first : first + 1000]:
+                client.delete(name)
+        else:  # one slot: the data dir's
+            client.delete(*names[first : first + 1000])
 
 
 class PendingCommit:

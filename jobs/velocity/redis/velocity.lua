@@ -693,6 +693,44 @@ local function velocity_stream_commit(keys, args)
   return #args - alerts_at + 1
 end
 
+-- FCALL velocity_batch_plan 2 <state lock> <plan key> <lock token> <batch> <plan json>
+-- How a micro-batch is cut into key-partitions and what it is decided with: the plan
+-- recorded for this batch, if any (a replay after a crash must cut and decide as the first
+-- attempt did, or a partition's record would stand for other keys), else `plan json`,
+-- recorded now. The plan's "batch" is text. Fenced: -2, nothing written.
+local function velocity_batch_plan(keys, args)
+  if not held_by(redis.call("GET", keys[1]), args[1]) then return -2 end
+  local recorded = redis.call("GET", keys[2])
+  if recorded then
+    local ok, plan = pcall(cjson.decode, recorded)
+    if ok and type(plan) == "table" and plan["batch"] == args[2] then return recorded end
+  end
+  redis.call("SET", keys[2], args[3])
+  return args[3]
+end
+
+-- FCALL velocity_partition_commit 3 <progress hash> <state lock> <partition record>
+--   <lock token> <batch> <record ttl ms> <bucket ttl ms> <bucket ms> <keys changed>
+--   <outcome> <each changed key's run>...
+-- One key-partition of a micro-batch, idempotent on (batch, partition): its bucket changes
+-- (runs as velocity_stream_commit's) and its record holding `outcome` (what its task
+-- returns: its alerts and Delta rows), atomically. Fenced (-2) and refused once the batch
+-- is committed (-1) as velocity_stream_commit. When the record is there already (a retried
+-- or speculative task, a replayed batch) nothing is applied and {recorded outcome} is
+-- returned: a partition's first decisions are the ones that count. 0 when applied. On a
+-- Redis Cluster the runs are none and the outcome holds each master's changes, applied
+-- next by velocity_cluster_apply.
+local function velocity_partition_commit(keys, args)
+  if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
+  local last = redis.call("HGET", keys[1], "batch")
+  if last and tonumber(last) >= tonumber(args[2]) then return -1 end
+  local recorded = redis.call("GET", keys[3])
+  if recorded then return {recorded} end
+  apply_bucket_changes(args, 8, tonumber(args[6]), args[4], tonumber(args[5]))
+  redis.call("SET", keys[3], args[7], "PX", args[3])
+  return 0
+end
+
 -- Redis Cluster. A micro-batch's keys live on several masters there, and a call may only
 -- touch keys of the master it runs on, so the commit is staged (velocity/redis/cluster.py):
 -- decide on the master of the progress (atomic, fenced), then finish: publish the alerts,
@@ -788,6 +826,8 @@ redis.register_function("velocity_renew", velocity_renew)
 redis.register_function{function_name = "velocity_stream_read", callback = velocity_stream_read,
                         flags = {"no-writes"}}
 redis.register_function("velocity_stream_commit", velocity_stream_commit)
+redis.register_function("velocity_batch_plan", velocity_batch_plan)
+redis.register_function("velocity_partition_commit", velocity_partition_commit)
 redis.register_function("velocity_cluster_decide", velocity_cluster_decide)
 redis.register_function("velocity_cluster_publish", velocity_cluster_publish)
 redis.register_function{function_name = "velocity_cluster_apply", callback = velocity_cluster_apply,

@@ -68,6 +68,7 @@ class RedisState:
         keys = self.settings.redis_keys
         if connection.is_cluster(self.redis):
             cluster.forget_staging(cast(RedisCluster, self.redis), keys)
+        mirror.forget_partitions(self.redis, keys)
         mirror.publish_rules(self.redis, keys, rules, self.settings.bucket_width_ms)
         buckets = self.state.buckets_in_horizon(rules)
         written = buckets.count()

@@ -12,13 +12,15 @@ Each micro-batch (``process_batch``), holding the data dir's state lock:
    accepted eventTime or the clock are quarantined, first arrivals win, late events
    count without a decision;
 4. decide a key-partition per Spark task (``velocity.spark.stream_decide``): each reads
-   its keys' hot state from Redis in one call and runs the columnar kernel, every event's
+   its keys' hot state from Redis in one call, runs the columnar kernel (every event's
    window being its key's whole buckets below its own bucket plus its own bucket's
-   events up to its time;
+   events up to its time) and commits its keys' buckets in one call, idempotent on
+   (batch, partition) and fenced by the state lock; the batch's cut, rules and clock are
+   recorded first, so a replay decides as its first attempt did;
 5. spool the batch's rows for Delta (``velocity.delta.write_behind``), then commit the
-   changed buckets, the accepted transactionIds, the alerts and the progress to Redis in
-   one atomic Function call; then, when alerts go to Kafka too, publish them there (at
-   least once: a replayed batch that finds itself committed publishes them again);
+   accepted transactionIds, the alerts and the progress to Redis in one atomic Function
+   call; then, when alerts go to Kafka too, publish them there (at least once: a
+   replayed batch that finds itself committed publishes them again);
 6. a flush appends the spooled batches to the Delta tables: at every batch with the
    available-now trigger, else from a background thread within ``write_behind_seconds``.
 
@@ -26,8 +28,9 @@ Rules are re-read when the rules table has a new version; a signature that becom
 active (or needs a wider history) is built from the Delta events first (SPEC §2).
 
 Exactly once: the Redis commit refuses a batch it has already committed, so a replay
-after a crash finds its rows spooled (or flushed) and only finishes the flush; Delta
-appends carry ``txnAppId``/``txnVersion``; alert ids are deterministic.
+after a crash finds its rows spooled (or flushed) and only finishes the flush; a batch
+whose key-partitions committed before the crash gets their recorded outcomes back;
+Delta appends carry ``txnAppId``/``txnVersion``; alert ids are deterministic.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.errors import UsageError
 from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
 from velocity.redis import connection, mirror
+from velocity.redis.commit_args import BucketChanges
 from velocity.redis.lease import Lease
 from velocity.redis.lock import state_lock
 from velocity.rules import (
@@ -70,7 +74,13 @@ from velocity.settings import Settings, local_mode_cores
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import VERDICT_ARROW, kafka_messages, with_line_source
 from velocity.spark.redis_state import RedisState
-from velocity.spark.stream_decide import BatchDecided, BatchPlan, batch_keyed_rows, decide_batch
+from velocity.spark.stream_decide import (
+    BatchDecided,
+    BatchPlan,
+    RecordedPlan,
+    batch_keyed_rows,
+    decide_batch,
+)
 from velocity.stream_batch import BucketSlot, collect_batch_garbage
 from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
 from velocity.stream_metrics import BatchCounts, StreamMetrics, batch_counts
@@ -89,6 +99,7 @@ class PreparedBatch:
     alerts: list[str]  # SPEC §4 JSON, in the order they are published
     partitions: list[dict[str, object]]  # each key-partition's figures, for the batch log
     counts: BatchCounts  # for the metrics
+    partition_count: int  # the key-partitions it was cut into (their records go after it)
 
 
 class SharedStateLock:
@@ -197,10 +208,8 @@ class StreamJob:
         """Decide the batch (``lines``: parsed, in arrival order) and spool its rows; None
         when Redis has it committed already."""
         settings = self.settings
-        decision_time = int(time.time() * 1000)
         rules = self._rules_in_force(batch_id)
         timer.mark("rules")
-        signatures = list(rules_by_signature(rules))
         valid = lines.filter(lines.column("accepted"))
         transaction_ids = valid.column("transactionId")
         read = self._read_state(pc.unique(transaction_ids).to_pylist(), batch_id)
@@ -215,6 +224,9 @@ class StreamJob:
             self._committed = batch_id
             return None
         lease.check()  # a batch that stalled past its lease must not write anything
+        plan = self._batch_plan(batch_id, rules, lease)
+        rules, decision_time = list(plan.rules), plan.decision_time
+        signatures = list(rules_by_signature(rules))
         self.spool.discard_from(batch_id)
         # What a backfill decides this batch's events with (SPEC §3).
         self.state.record_rule_versions(batch_id, rules)
@@ -237,8 +249,16 @@ class StreamJob:
         if read.newest_event_time is not None and rules:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             cutoff = read.newest_event_time - horizon_ms
+        bucket_ttl_ms = mirror.horizon_seconds(rules, settings) * 1000
         decided = self._decide(
-            accepted_rows, signatures, rules, admitted.watermark, cutoff, decision_time, batch_id
+            accepted_rows,
+            signatures,
+            admitted.watermark,
+            BatchPlan(
+                settings, tuple(rules), decision_time, cutoff, batch_id, lease.token, bucket_ttl_ms
+            ),
+            plan.partitions,
+            batch_id,
         )
         timer.mark("decide")
         alerts = decided.published
@@ -271,23 +291,50 @@ class StreamJob:
             settings,
             batch_id,
             admitted.newest,
-            decided.changes,
+            BucketChanges(),  # committed by the key-partitions
             admitted.accepted.column("transactionId").to_pylist(),
             alerts,
             mirror.horizon_seconds(rules, settings),
             lease,
         )
         timer.mark("commit-args")
-        return PreparedBatch(commit, alerts, decided.partitions, batch_counts(lines.num_rows, rows))
+        return PreparedBatch(
+            commit,
+            alerts,
+            decided.partitions,
+            batch_counts(lines.num_rows, rows),
+            plan.partitions,
+        )
+
+    def _batch_plan(self, batch_id: int, rules: list[Rule], lease: Lease) -> RecordedPlan:
+        """How the batch is cut and decided: as now, or, for a batch replayed after a crash
+        whose key-partitions may have committed already, as its first attempt recorded."""
+        settings = self.settings
+        partitions = (
+            settings.stream_decide_partitions
+            or local_mode_cores(settings.spark_master)
+            or self.spark.sparkContext.defaultParallelism
+        )
+        now = RecordedPlan(partitions, int(time.time() * 1000), tuple(rules))
+        recorded = RecordedPlan.parse(
+            mirror.batch_plan(self.redis, settings, lease, batch_id, now.text(batch_id))
+        )
+        if recorded != now:
+            log.warning(
+                "batch %s is replayed as first decided: %s key-partitions, rules %s",
+                batch_id,
+                recorded.partitions,
+                [(r.rule_id, r.version) for r in recorded.rules],
+            )
+        return recorded
 
     def _decide(
         self,
         accepted: pa.Table,
         signatures: list[RuleSignature],
-        rules: list[Rule],
         watermark: int | None,
-        cutoff: int | None,
-        decision_time: int,
+        plan: BatchPlan,
+        partitions: int,
         batch_id: int,
     ) -> BatchDecided:
         """The batch's decisions, a key-partition at a time (``velocity.spark.stream_decide``):
@@ -296,12 +343,6 @@ class StreamJob:
         read from the Delta history."""
         settings = self.settings
         keyed = batch_keyed_rows(accepted, signatures, watermark)
-        plan = BatchPlan(settings, tuple(rules), decision_time, cutoff)
-        partitions = (
-            settings.stream_decide_partitions
-            or local_mode_cores(settings.spark_master)
-            or self.spark.sparkContext.defaultParallelism
-        )
         in_executors = keyed.num_rows >= settings.stream_executor_min_rows
         decided = decide_batch(self.spark, keyed, None, plan, partitions, in_executors)
         if decided.missing:
@@ -319,13 +360,16 @@ class StreamJob:
         replayed, finds itself committed in Redis and publishes them again. Returns the
         alerts published."""
         pending = mirror.begin_stream_commit(self.redis, self.settings, prepared.commit, lease)
-        alerts = prepared.alerts
+        alerts, partitions = prepared.alerts, prepared.partition_count
         try:
             del prepared
             collect_batch_garbage()
             timer.mark("gc")
         finally:  # never leave a commit in flight behind a failed step
             published = pending.result()
+        # Committed: its key-partitions' records are of no more use (a replay stops at
+        # the progress). Left by a crash here, they expire.
+        mirror.forget_partitions(self.redis, self.settings.redis_keys, batch_id, partitions)
         timer.mark("redis-commit")
         if self._kafka_alerts is not None and alerts:
             self._kafka_alerts.publish(alerts)

@@ -3,14 +3,21 @@
 The driver fans the batch's accepted events out to (signature, key) rows (columnar) and
 cuts them into key-partitions; each partition is one Spark task, which reads its keys'
 hot state from Redis in one call, decides with the columnar kernel
-(``velocity.engine.key_partition``) and returns its alert rows, its bucket deltas for
-Delta and its Redis bucket changes. The driver then commits the whole batch to Redis in
-one atomic call, as before. A small batch is decided the same way in the driver's
-process (``BatchPlan.in_executors``): a Spark job costs more than it saves there.
+(``velocity.engine.key_partition``), commits its bucket changes to Redis in one call and
+returns its alert rows and its bucket deltas for Delta. The driver then commits the
+batch's accepted transactionIds, alerts and progress in one call. A small batch is
+decided the same way in the driver's process: a Spark job costs more than it saves there.
+
+A partition's commit is idempotent on (batch, partition) and fenced by the state lock's
+token (``mirror.commit_partition``): it records the partition's outcome beside its
+changes, so a retried or speculative task, or the partition of a batch replayed after a
+crash, returns the recorded outcome and applies nothing twice. A replay is cut and
+decided by the plan its first attempt recorded (``mirror.batch_plan``).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
@@ -18,6 +25,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +34,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from velocity.alerts import record_of_stored
+from velocity.decimals import dumps_json
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
@@ -37,7 +46,7 @@ from velocity.engine.key_partition import (
 from velocity.engine.micro_batch import SLOT, with_bucket_start
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
-from velocity.redis.commit_args import KEY_RUNS, BucketChanges, flat_runs
+from velocity.redis.commit_args import KEY_RUNS, BucketChanges, PartitionCommit, flat_runs
 from velocity.redis.keys import (
     RAW_FIELD,
     RedisKeys,
@@ -45,7 +54,7 @@ from velocity.redis.keys import (
     one_chunk,
     recent_fragment_texts,
 )
-from velocity.rules import Rule, RuleSignature
+from velocity.rules import Rule, RuleSignature, parse_rule
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
 from velocity.stream_batch import BucketSlot
@@ -63,7 +72,43 @@ class BatchPlan:
     rules: tuple[Rule, ...]
     decision_time: int
     cutoff: int | None  # buckets of changed keys below it are dropped (the horizon)
+    batch: int
+    token: str  # the state lock's, which fences every partition's commit
+    bucket_ttl_ms: int
     submitted: float = 0.0  # epoch seconds the batch's key-partitions were sent off
+
+
+@dataclass(frozen=True)
+class RecordedPlan:
+    """How a micro-batch is cut into key-partitions and decided: recorded in Redis before
+    its first partition commits (``mirror.batch_plan``), so that a replay after a crash
+    cuts the same keys into the same partitions and decides them by the same rules and
+    clock, whatever the rules or the settings are by then."""
+
+    partitions: int
+    decision_time: int
+    rules: tuple[Rule, ...]
+
+    def text(self, batch_id: int) -> str:
+        return dumps_json(
+            {
+                "batch": str(batch_id),
+                "partitions": self.partitions,
+                "decision_time": self.decision_time,
+                "rules": [{"version": r.version, "rule": r.to_json()} for r in self.rules],
+            }
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> RecordedPlan:
+        plan = json.loads(text, parse_float=Decimal)
+        rules = []
+        for entry in plan["rules"]:
+            rule, problems = parse_rule(entry["rule"])
+            if not isinstance(rule, Rule) or problems:
+                raise ValueError(f"a recorded batch plan holds a rule that is not one: {entry}")
+            rules.append(rule.with_version(int(entry["version"])))
+        return cls(int(plan["partitions"]), int(plan["decision_time"]), tuple(rules))
 
 
 @dataclass
@@ -72,7 +117,6 @@ class BatchDecided:
 
     alerts: pa.Table  # rows of the alerts table
     deltas: pa.Table  # rows of the buckets table: the batch's events alone per bucket
-    changes: BucketChanges = field(default_factory=BucketChanges)
     published: list[str] = field(default_factory=list)  # SPEC §4 JSON, in publishing order
     missing: list[BucketSlot] = field(default_factory=list)  # own buckets to read from Delta
     partitions: list[dict[str, object]] = field(default_factory=list)  # per-partition log
@@ -118,10 +162,10 @@ def decide_batch(
         out.partitions.append(done["log"])
         if done["missing"]:
             continue
-        alerts.append(_from_ipc(done["alerts"]))
-        texts.append(_from_ipc(done["alert_texts"]).column(0).combine_chunks())
-        deltas.append(_from_ipc(done["deltas"]))
-        out.changes.extend(done["changes"])
+        alerts_ipc, texts_ipc, deltas_ipc = unpacked(done["outcome"])
+        alerts.append(_from_ipc(alerts_ipc))
+        texts.append(_from_ipc(texts_ipc).column(0).combine_chunks())
+        deltas.append(_from_ipc(deltas_ipc))
     out.alerts, out.deltas = pa.concat_tables(alerts), pa.concat_tables(deltas)
     order = pc.sort_indices(out.alerts, sort_keys=[(n, "ascending") for n in _PUBLISHING_ORDER])
     out.published = pa.concat_arrays(texts).take(order).to_pylist()
@@ -134,11 +178,13 @@ def _empty_deltas(plan: BatchPlan) -> pa.Table:
 
 def _key_partitions(
     keyed: pa.Table, history: pa.Table | None, partitions: int
-) -> list[tuple[bytes, bytes | None]]:
-    """The batch's keyed rows (and history rows) cut by (signature, key) into at most
-    ``partitions`` parts, each in arrival order, as Arrow IPC."""
+) -> list[tuple[int, bytes, bytes | None]]:
+    """The batch's keyed rows (and history rows) cut by (signature, key) into
+    ``partitions`` parts, each in arrival order, as Arrow IPC: (partition, rows, history)
+    for each part with rows. The same rows are always cut the same way (a partition's
+    commit is recorded under its number)."""
     codes = _key_codes(keyed)
-    count = max(1, min(partitions, keyed.num_rows))
+    count = max(1, partitions)
     part_of = codes % count
     parts = []
     for p in range(count):
@@ -149,7 +195,7 @@ def _key_partitions(
         if history is not None and history.num_rows:
             mine = history.join(_keys_of(rows), keys=list(_KEY), join_type="inner")
             given = _to_ipc(mine) if mine.num_rows else None
-        parts.append((_to_ipc(rows), given))
+        parts.append((p, _to_ipc(rows), given))
     return parts
 
 
@@ -161,61 +207,101 @@ def _key_codes(keyed: pa.Table) -> np.ndarray:
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _run_partition(plan: BatchPlan, rows_ipc: bytes, history_ipc: bytes | None) -> bytes:
-    """One key-partition, where its task runs: read its keys' state, decide, and return
-    its rows and changes (pickled; IPC inside)."""
+def _run_partition(
+    plan: BatchPlan, partition: int, rows_ipc: bytes, history_ipc: bytes | None
+) -> bytes:
+    """One key-partition, where its task runs: read its keys' state, decide, commit its
+    changes to Redis, and return its outcome (pickled: the log, and the outcome as
+    recorded in Redis). A partition committed before returns that outcome unchanged."""
     began = time.perf_counter()
     waited = time.time() - plan.submitted  # from the driver's send until this task ran
     settings = plan.settings
+    keys = settings.redis_keys
+    record = keys.partition_record(plan.batch, partition)
     rows = _from_ipc(rows_ipc)
     history = None if history_ipc is None else _from_ipc(history_ipc)
-    keys = _keys_of(rows)
-    width = settings.bucket_width_ms
-    given = set() if history is None else _slots_of(history, width)
+    log: dict[str, object] = {
+        "partition": partition,
+        "rows": rows.num_rows,
+        "executor": _executor_name(),
+        "attempt": _task_attempt(),
+        "wait_s": round(waited, 4),
+    }
     client = connection.connect(settings)
     try:
-        hot = mirror.read_stream_state(client, settings, [], keys).hot
+        recorded = mirror.partition_outcome(client, record)
+        if recorded is not None:
+            log["recorded"] = True
+            log["ended"] = time.time()
+            return pickle.dumps({"missing": [], "outcome": recorded, "log": log})
+        asked = _keys_of(rows)
+        width = settings.bucket_width_ms
+        given = set() if history is None else _slots_of(history, width)
+        hot = mirror.read_stream_state(client, settings, [], asked).hot
         # The raw events of the own buckets that need them: kept in the hash (a bucket
         # new to its key in one batch) or, added to since, in their own strings, read in a
         # second round trip.
         needed = [s for s in needed_own_buckets(rows, hot.buckets, width) if s not in given]
         recent = hot.recent_events(needed)
         wanted = [s for s in needed if s not in recent]
-        texts = mirror.read_recent_texts(client, settings.redis_keys, wanted)
+        texts = mirror.read_recent_texts(client, keys, wanted)
         recent.update(hot.recent_events(list(texts), texts))
+        read = time.perf_counter()
+        log.update(keys=asked.num_rows, redis_read_s=round(read - began, 4))
+        missing = [s for s in wanted if s not in recent]
+        if missing:  # read from Delta by the driver, then decided in a second round
+            log["ended"] = time.time()
+            return pickle.dumps({"missing": missing, "log": log})
+        decided = decide_key_partition(
+            rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff
+        )
+        alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
+        published = [
+            json.dumps(record_of_stored(r), separators=(",", ":")) for r in alerts.to_pylist()
+        ]
+        outcome = packed(
+            [
+                _to_ipc(alerts),
+                _to_ipc(pa.table({"json": pa.array(published, pa.string())})),
+                _to_ipc(bucket_table(decided.deltas, width)),
+            ]
+        )
+        decided_at = time.perf_counter()
+        log["decide_s"] = round(decided_at - read, 4)
+        commit = PartitionCommit(
+            (keys.stream_progress, keys.state_lock, record),
+            plan.token,
+            plan.batch,
+            mirror.PARTITION_RECORD_TTL_MS,
+            plan.bucket_ttl_ms,
+            width,
+            bucket_changes(keys, decided),
+            outcome,
+        )
+        kept = mirror.commit_partition(client, settings, commit)
+        log["commit_s"] = round(time.perf_counter() - decided_at, 4)
+        if kept is not outcome:
+            log["recorded"] = True  # a speculative twin committed first
     finally:
         client.close()
-    read = time.perf_counter()
-    missing = [s for s in wanted if s not in recent]
-    log: dict[str, object] = {
-        "rows": rows.num_rows,
-        "keys": keys.num_rows,
-        "executor": _executor_name(),
-        "attempt": _task_attempt(),
-        "wait_s": round(waited, 4),
-        "redis_read_s": round(read - began, 4),
-    }
-    if missing:
-        log["ended"] = time.time()
-        return pickle.dumps({"missing": missing, "log": log})
-    decided = decide_key_partition(
-        rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff
-    )
-    alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
-    published = [json.dumps(record_of_stored(r), separators=(",", ":")) for r in alerts.to_pylist()]
-    changes = bucket_changes(settings.redis_keys, decided)
-    log["decide_s"] = round(time.perf_counter() - read, 4)
     log["ended"] = time.time()
-    return pickle.dumps(
-        {
-            "missing": [],
-            "alerts": _to_ipc(alerts),
-            "alert_texts": _to_ipc(pa.table({"json": pa.array(published, pa.string())})),
-            "deltas": _to_ipc(bucket_table(decided.deltas, width)),
-            "changes": changes,
-            "log": log,
-        }
-    )
+    return pickle.dumps({"missing": [], "outcome": kept, "log": log})
+
+
+def packed(blobs: Sequence[bytes]) -> str:
+    """Byte strings as one text (each behind its length; base64, as Redis replies are
+    decoded as text): a partition's outcome as recorded in Redis."""
+    return base64.b64encode(b"".join(len(b).to_bytes(8, "big") + b for b in blobs)).decode()
+
+
+def unpacked(text: str) -> list[bytes]:
+    """The inverse of ``packed``."""
+    data, out, at = base64.b64decode(text), [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 8], "big")
+        out.append(data[at + 8 : at + 8 + size])
+        at += 8 + size
+    return out
 
 
 def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChanges:

@@ -1,7 +1,7 @@
 """Test-only fault injection, loaded by the Python workers of the cluster test's stream
 (this folder is put first on their PYTHONPATH by a wrapper interpreter, see
 ``test_spark_cluster``): the first key-partition task that runs on worker 1's executor
-decides its partition, then SIGKILLs that executor's JVM before its result is returned,
+decides and commits its partition, then SIGKILLs that executor's JVM before its result is returned,
 as a machine failure would in the middle of a micro-batch. Spark must re-run the task
 elsewhere, and the stream must lose and double nothing.
 

@@ -81,8 +81,12 @@ def stored_buckets(states: Mapping[SignatureKey, KeyState]) -> pa.Table:
 def needed_own_buckets(events: pa.Table, stored: pa.Table, width_ms: int) -> list[BucketSlot]:
     """The own buckets whose earlier events the partition needs raw (an event later than
     one to decide, or an unknown newest eventTime): read their raw events first."""
-    needed = own_buckets_needing_history(events, stored, width_ms)
-    return list(zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True))
+    return slot_list(own_buckets_needing_history(events, stored, width_ms))
+
+
+def slot_list(slots: pa.Table) -> list[BucketSlot]:
+    """SLOT rows as (signature, key, bucket start) tuples."""
+    return list(zip(*(slots.column(n).to_pylist() for n in SLOT), strict=True))
 
 
 def missing_history(
@@ -104,16 +108,19 @@ def decide_key_partition(
     rules: Sequence[Rule],
     width_ms: int,
     cutoff: int | None,
+    needed: pa.Table | None = None,
 ) -> KeyPartitionDecided:
     """Decide a partition's batch ``events`` (KEYED_COLUMNS and ``decide``, in arrival
     order) over its keys' ``stored`` buckets (STORED_SCHEMA) and the trusted ``recent``
     raw events of own buckets; ``history`` holds the raw earlier events of the own
-    buckets ``missing_history`` named (KEYED_COLUMNS, or None when it named none)."""
-    needed = own_buckets_needing_history(events, stored, width_ms)
+    buckets ``missing_history`` named (KEYED_COLUMNS, or None when it named none).
+    ``needed``: ``own_buckets_needing_history``, when the caller has it already."""
+    if needed is None:
+        needed = own_buckets_needing_history(events, stored, width_ms)
     earlier = [_recent_rows(needed, recent, events.schema)]
     if history is not None and history.num_rows:
         earlier.append(history.select(list(KEYED_COLUMNS)).cast(earlier[0].schema))
-    decided = decide_micro_batch(events, stored, pa.concat_tables(earlier), rules, width_ms)
+    decided = decide_micro_batch(events, stored, pa.concat_tables(earlier), rules, width_ms, needed)
     raw = _raw_changes(events, stored, width_ms, cutoff)
     return KeyPartitionDecided(decided.decisions, decided.deltas, decided.buckets, *raw)
 
@@ -123,7 +130,7 @@ def _recent_rows(
 ) -> pa.Table:
     """The recent raw events of the ``needed`` own buckets, as keyed rows."""
     events: list[tuple[str, str, KeyedEvent]] = []
-    for slot in zip(*(needed.column(n).to_pylist() for n in SLOT), strict=True):
+    for slot in slot_list(needed):
         known = recent.get(slot)
         if known is None:
             continue  # from the Delta history (``missing_history``)

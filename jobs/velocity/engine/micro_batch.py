@@ -57,12 +57,15 @@ def decide_micro_batch(
     history: pa.Table,
     rules: Sequence[Rule],
     width_ms: int,
+    needed: pa.Table | None = None,
 ) -> MicroBatchDecided:
     """Decide ``events`` (KEYED_COLUMNS and ``decide``) over their keys' ``stored``
-    buckets (STORED_COLUMNS) and, for the slots ``own_buckets_needing_history`` names,
-    those buckets' earlier events (``history``, KEYED_COLUMNS) instead of the stored
-    bucket. Returns the decisions and the changed buckets."""
-    needed = own_buckets_needing_history(events, stored, width_ms)
+    buckets (STORED_COLUMNS) and, for the slots ``own_buckets_needing_history`` names
+    (``needed``, when the caller has them already), those buckets' earlier events
+    (``history``, KEYED_COLUMNS) instead of the stored bucket. Returns the decisions and
+    the changed buckets."""
+    if needed is None:
+        needed = own_buckets_needing_history(events, stored, width_ms)
     given = with_bucket_start(history, width_ms).group_by(list(SLOT)).aggregate([])
     missing = needed.join(given, keys=list(SLOT), join_type="left anti")
     if missing.num_rows:

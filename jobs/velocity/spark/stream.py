@@ -231,7 +231,7 @@ class StreamJob:
         # What a backfill decides this batch's events with (SPEC §3).
         self.state.record_rule_versions(batch_id, rules)
 
-        seen = pc.is_in(transaction_ids, value_set=pa.array(sorted(read.seen), pa.string()))
+        seen = pc.is_in(transaction_ids, value_set=pa.array(list(read.seen), pa.string()))
         admitted = admit_batch(
             valid,
             seen.to_numpy(zero_copy_only=False),

@@ -40,10 +40,10 @@ from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
     KeyPartitionDecided,
     decide_key_partition,
-    needed_own_buckets,
     run_starts,
+    slot_list,
 )
-from velocity.engine.micro_batch import SLOT, with_bucket_start
+from velocity.engine.micro_batch import SLOT, own_buckets_needing_history, with_bucket_start
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import KEY_RUNS, BucketChanges, PartitionCommit, flat_runs
@@ -241,7 +241,8 @@ def _run_partition(
         # The raw events of the own buckets that need them: kept in the hash (a bucket
         # new to its key in one batch) or, added to since, in their own strings, read in a
         # second round trip.
-        needed = [s for s in needed_own_buckets(rows, hot.buckets, width) if s not in given]
+        needing_history = own_buckets_needing_history(rows, hot.buckets, width)
+        needed = [s for s in slot_list(needing_history) if s not in given]
         recent = hot.recent_events(needed)
         wanted = [s for s in needed if s not in recent]
         texts = mirror.read_recent_texts(client, keys, wanted)
@@ -253,7 +254,7 @@ def _run_partition(
             log["ended"] = time.time()
             return pickle.dumps({"missing": missing, "log": log})
         decided = decide_key_partition(
-            rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff
+            rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff, needing_history
         )
         alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
         published = [

@@ -80,3 +80,37 @@ def test_bucket_sums_past_int64_units_are_exact() -> None:
 
 def test_no_events_no_buckets() -> None:
     assert bucket_rows(_ARROW.empty_table(), 60_000).num_rows == 0
+
+
+def test_distinct_values_kept_only_where_counted_whatever_the_chunks() -> None:
+    """Columns of several chunks laid out differently (a sliced one first, as Spark's
+    batches arrive): pyarrow's ``if_else`` returned a corrupt array for such input."""
+    rows = [
+        (sig, '["k"]', 1_000 + i, f"t{i}", f"v{i % 3}", None)
+        for i, sig in enumerate(["a", "b", "a", "b", "a", "b", "a"])
+    ]
+    whole = pa.Table.from_pylist(
+        [dict(zip(_ARROW.names, row, strict=True)) for row in rows], schema=_ARROW
+    )
+    chunked = pa.concat_tables([whole.slice(0, 3).combine_chunks(), whole.slice(3)])
+    chunked = pa.table(
+        {
+            name: (
+                pa.chunked_array(
+                    [
+                        whole.column(name).combine_chunks().slice(0, 2),
+                        whole.column(name).combine_chunks().slice(2),
+                    ]
+                )  # fmt: skip
+                if name == "signature_id"
+                else chunked.column(name)
+            )
+            for name in _ARROW.names
+        },
+        schema=_ARROW,
+    )
+    got = {
+        r["signature_id"]: r["distinct_values"]
+        for r in bucket_rows(chunked, 60_000, {"a"}).to_pylist()
+    }
+    assert got == {"a": ["v0", "v1", "v2"], "b": []}

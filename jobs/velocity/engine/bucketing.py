@@ -109,14 +109,15 @@ def bucket_rows(
 
     groups_by_row = np.empty(n, dtype=np.int64)
     groups_by_row[order] = group_of
-    values = events.column("value")
+    kept = None
     if distinct_counted is not None:
-        counted = pc.is_in(
-            events.column("signature_id"), pa.array(sorted(distinct_counted), pa.string())
-        )
-        values = pc.if_else(counted, values, pa.scalar(None, pa.string()))
+        # A mask, not ``pc.if_else``: pyarrow 22 returns a corrupt array from it when the
+        # condition's and the values' chunks are laid out differently (a sliced chunk).
+        counted = pa.array(sorted(distinct_counted), pa.string())
+        kept = pc.is_in(events.column("signature_id").combine_chunks(), counted)
+        kept = kept.to_numpy(zero_copy_only=False)
     distinct_values = distinct_lists(
-        values, groups_by_row, groups, schema.field("distinct_values").type
+        events.column("value"), groups_by_row, groups, schema.field("distinct_values").type, kept
     )
     first_rows = pa.array(order[heads])
     valid = number_counts > 0
@@ -149,10 +150,15 @@ def _decimal_array(words: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> 
 
 
 def distinct_lists(
-    values: pa.Array | pa.ChunkedArray, group_of: np.ndarray, groups: int, list_type: pa.DataType
+    values: pa.Array | pa.ChunkedArray,
+    group_of: np.ndarray,
+    groups: int,
+    list_type: pa.DataType,
+    kept: np.ndarray | None = None,
 ) -> pa.Array:
     """Each group's distinct non-null ``values``, sorted: a list per group, ``group_of``
-    naming each value's group (any order)."""
+    naming each value's group (any order); only the values where ``kept`` holds (None:
+    all)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     encoded = pc.dictionary_encode(values)
@@ -160,6 +166,8 @@ def distinct_lists(
     codes = encoded.indices.fill_null(-1).to_numpy().astype(np.int64)
     size = len(dictionary)
     present = codes >= 0
+    if kept is not None:
+        present &= kept
     if size == 0 or not present.any():
         empty = pa.array(np.zeros(groups + 1, dtype=np.int32))
         return pa.ListArray.from_arrays(empty, pa.array([], pa.string()), list_type)

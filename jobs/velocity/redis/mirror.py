@@ -51,8 +51,8 @@ _PIPELINE_CHUNK = 1000
 # has 64 fields or more (velocity.lua's ROLLUP_KEEP_FIELDS), at most 9 a bucket (itself and
 # one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
 QUIET_MAX_BUCKETS = 6
-FENCED = -2  # velocity_stream_commit: the state lock is not the caller's (nothing written)
-REPLAYED = -1  # velocity_stream_commit: the batch is committed already (nothing written)
+# velocity_stream_commit's and velocity_partition_commit's answers (nothing written).
+FENCED, REPLAYED = cluster.FENCED, cluster.REPLAYED
 
 
 def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:

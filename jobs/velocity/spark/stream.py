@@ -258,7 +258,6 @@ class StreamJob:
                 settings, tuple(rules), decision_time, cutoff, batch_id, lease.token, bucket_ttl_ms
             ),
             plan.partitions,
-            batch_id,
         )
         timer.mark("decide")
         alerts = decided.published
@@ -335,7 +334,6 @@ class StreamJob:
         watermark: int | None,
         plan: BatchPlan,
         partitions: int,
-        batch_id: int,
     ) -> BatchDecided:
         """The batch's decisions, a key-partition at a time (``velocity.spark.stream_decide``):
         in the executors unless the batch is small. An own bucket whose earlier events the
@@ -346,7 +344,7 @@ class StreamJob:
         in_executors = keyed.num_rows >= settings.stream_executor_min_rows
         decided = decide_batch(self.spark, keyed, None, plan, partitions, in_executors)
         if decided.missing:
-            history = self._own_bucket_history(set(decided.missing), signatures, batch_id)
+            history = self._own_bucket_history(set(decided.missing), signatures, plan.batch)
             decided = decide_batch(self.spark, keyed, history, plan, partitions, in_executors)
             if decided.missing:
                 raise RuntimeError(f"own buckets without history: {decided.missing[:3]}")

@@ -26,7 +26,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +54,8 @@ from velocity.redis.keys import (
     one_chunk,
     recent_fragment_texts,
 )
-from velocity.rules import Rule, RuleSignature, parse_rule
+from velocity.rule_changes import stored_rule
+from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
 from velocity.stream_batch import BucketSlot
@@ -91,24 +91,28 @@ class RecordedPlan:
     rules: tuple[Rule, ...]
 
     def text(self, batch_id: int) -> str:
+        """As JSON; each rule as a row of the rules table, read back by ``stored_rule``."""
         return dumps_json(
             {
                 "batch": str(batch_id),
                 "partitions": self.partitions,
                 "decision_time": self.decision_time,
-                "rules": [{"version": r.version, "rule": r.to_json()} for r in self.rules],
+                "rules": [
+                    {
+                        "ruleId": r.rule_id,
+                        "version": r.version,
+                        "ruleState": r.state.value,
+                        "rule_json": dumps_json(r.to_json()),
+                    }
+                    for r in self.rules
+                ],
             }
         )
 
     @classmethod
     def parse(cls, text: str) -> RecordedPlan:
-        plan = json.loads(text, parse_float=Decimal)
-        rules = []
-        for entry in plan["rules"]:
-            rule, problems = parse_rule(entry["rule"])
-            if not isinstance(rule, Rule) or problems:
-                raise ValueError(f"a recorded batch plan holds a rule that is not one: {entry}")
-            rules.append(rule.with_version(int(entry["version"])))
+        plan = json.loads(text)
+        rules = [stored_rule(row) for row in plan["rules"]]
         return cls(int(plan["partitions"]), int(plan["decision_time"]), tuple(rules))
 
 

@@ -103,21 +103,10 @@ def run(events_dir: Path) -> dict[str, float]:
             decided = decide_batch(None, keyed, None, plan, 1, in_executors=False)  # type: ignore[arg-type]
             t = mark("key-partition (Redis read + decide + commit)", t)
             alerts = decided.published
-            rows = {
-                "events": accepted,
-                "duplicates": batch_rows.live_rows(
-                    "duplicates", admitted.duplicates, ingest_time=0
-                ),
-                "quarantine": batch_rows.live_rows("quarantine", admitted.future, ingest_time=0),
-                "late_events": batch_rows.live_rows(
-                    "late_events",
-                    admitted.accepted.filter(pa.array(admitted.late)),
-                    watermark=admitted.watermark,
-                    stream_batch=batch_id,
-                ),
-                "buckets": decided.deltas,
-                "alerts": decided.alerts,
-            }
+            rejected = lines.filter(pc.invert(lines.column("accepted")))
+            rows = batch_rows.spooled_rows(
+                accepted, rejected, admitted, decided.deltas, decided.alerts, 0, batch_id
+            )
             spool.write(batch_id, rows, {})
             t = mark("spool", t)
             commit = mirror.stream_commit(

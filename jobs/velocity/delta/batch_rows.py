@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from velocity.buckets import BucketAggregate
 from velocity.delta.write_behind import ARROW_SCHEMAS
+from velocity.engine.admission import AdmittedBatch
 
 
 def _table(name: str, columns: Mapping[str, Sequence[Any]]) -> pa.Table:
@@ -68,3 +69,33 @@ def alert_rows(records: Iterable[Mapping[str, Any]], signature_ids: Sequence[str
     columns["key"] = [list(r["key"].items()) for r in records]
     columns["signature_id"] = list(signature_ids)
     return _table("alerts", columns)
+
+
+def spooled_rows(
+    accepted: pa.Table,
+    rejected: pa.Table,
+    admitted: AdmittedBatch,
+    deltas: pa.Table,
+    alerts: pa.Table,
+    ingest_time: int,
+    batch_id: int,
+) -> dict[str, pa.Table]:
+    """A stream micro-batch's rows for each live table: ``accepted`` (already events-table
+    rows), the ``rejected`` lines and the far-future events for quarantine, the
+    duplicates, the late events, the bucket ``deltas`` and the ``alerts``."""
+    return {
+        "events": accepted,
+        "duplicates": live_rows("duplicates", admitted.duplicates, ingest_time=ingest_time),
+        "quarantine": pa.concat_tables(
+            live_rows("quarantine", part, ingest_time=ingest_time)
+            for part in (rejected, admitted.future)
+        ),
+        "late_events": live_rows(
+            "late_events",
+            admitted.accepted.filter(pa.array(admitted.late)),
+            watermark=admitted.watermark,
+            stream_batch=batch_id,
+        ),
+        "buckets": deltas,
+        "alerts": alerts,
+    }

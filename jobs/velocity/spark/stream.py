@@ -262,24 +262,15 @@ class StreamJob:
         timer.mark("decide")
         alerts = decided.published
         rejected = lines.filter(pc.invert(lines.column("accepted")))
-        rows = {
-            "events": accepted_rows,
-            "duplicates": batch_rows.live_rows(
-                "duplicates", admitted.duplicates, ingest_time=ingest_time
-            ),
-            "quarantine": pa.concat_tables(
-                batch_rows.live_rows("quarantine", part, ingest_time=ingest_time)
-                for part in (rejected, admitted.future)
-            ),
-            "late_events": batch_rows.live_rows(
-                "late_events",
-                admitted.accepted.filter(pa.array(admitted.late)),
-                watermark=admitted.watermark,
-                stream_batch=batch_id,
-            ),
-            "buckets": decided.deltas,
-            "alerts": decided.alerts,
-        }
+        rows = batch_rows.spooled_rows(
+            accepted_rows,
+            rejected,
+            admitted,
+            decided.deltas,
+            decided.alerts,
+            ingest_time,
+            batch_id,
+        )
         self.spool.write(
             batch_id,
             rows,

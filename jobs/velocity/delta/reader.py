@@ -55,8 +55,11 @@ def rules_in_force(settings: Settings) -> list[Rule]:
 
 
 def _alert_record(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row of the alerts table as its SPEC §4 record (the map column comes as pairs)."""
-    record = {k: v for k, v in row.items() if k != "signature_id"}
+    """A row of the alerts table as its SPEC §4 record (the map column comes as pairs;
+    ``"shadow": true`` only for a SHADOW rule's alert)."""
+    record = {k: v for k, v in row.items() if k not in ("signature_id", "shadow")}
+    if row.get("shadow"):
+        record["shadow"] = True
     key = row["key"]
     record["key"] = dict(key) if not isinstance(key, dict) else key
     return record
@@ -194,7 +197,7 @@ def precision_by_version(
 _RECORD_COLUMNS = [
     "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
     "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
-    "windowEnd", "decisionTime",
+    "windowEnd", "decisionTime", "shadow",
 ]  # fmt: skip
 # The first decisionTime span searched below a page's boundary; each next one is 8 times
 # wider, until the page is full or the span reaches the table's oldest alert.
@@ -237,7 +240,9 @@ def newest_alerts(
     while True:
         lower = None if top is None or oldest is None or top - span <= oldest else top - span
         scoped = where if lower is None else where & (pc.field("decisionTime") >= lower)
-        rows = dataset.to_table(filter=scoped, columns=_RECORD_COLUMNS)
+        # A table of an older Velocity has no shadow column until the stream adds it.
+        columns = [c for c in _RECORD_COLUMNS if c in dataset.schema.names]
+        rows = dataset.to_table(filter=scoped, columns=columns)
         if rows.num_rows > limit or lower is None:
             break
         span *= 8

@@ -28,3 +28,23 @@ def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
             seed=21,
         ),
     )
+
+
+@pytest.fixture(scope="module")
+def late_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Events with late arrivals (10–60 min behind), duplicates and malformed lines."""
+    folder = tmp_path_factory.mktemp("backfill-events")
+    return generated_in_arrival_order(
+        folder,
+        GenerateOptions(
+            events=2400,
+            rate=0.5,
+            payers=20,
+            files=6,
+            spike_fraction=0.05,
+            late_fraction=0.04,
+            duplicate_fraction=0.02,
+            malformed_fraction=0.01,
+            seed=33,
+        ),
+    )

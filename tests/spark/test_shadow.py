@@ -19,6 +19,7 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.rules import Rule, RuleState, parse_rules
 from velocity.settings import Settings
+from velocity.spark.backfill import Backfill
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
 
@@ -150,3 +151,54 @@ def test_promote_switches_over_on_the_next_batch_with_no_alert_lost_or_doubled(
     assert sorted(fired) == sorted(
         (tx, value, start) for (_, tx), (value, start, _) in expected.items()
     )
+
+
+@pytest.mark.timeout(600)
+def test_a_backfill_amends_a_shadow_rule_on_the_shadow_stream_only(
+    spark, data_settings: Settings, late_events: Path, tmp_path: Path
+) -> None:
+    # Rule 5 (COUNT by payer over a day) and a candidate: late events move both counts.
+    rule_5 = next(r for r in SAMPLE if isinstance(r, Rule) and r.rule_id == 5)
+    assert isinstance(rule_5, Rule)
+    candidate_5 = replace(rule_5, limit=rule_5.limit - 5, state=RuleState.SHADOW)
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply([rule_5, candidate_5])
+    run_available_now(job, late_events)
+    backfill = Backfill(spark, data_settings)
+    pending = backfill.pending_late_range()
+    assert pending is not None
+    summary = backfill.run(*pending[:2], late_through_batch=pending[2])
+    assert summary.corrections + summary.retractions > 0
+
+    # After it, each version's decisions in effect are its complete-data result.
+    versions = [rule_5.with_version(1), candidate_5.with_state(RuleState.ACTIVE).with_version(2)]
+    settings_bt = data_settings.model_copy(update={"data_dir": tmp_path / "bt"})
+    run_backtest(spark, settings_bt, versions, str(late_events), tmp_path / "bt.jsonl")
+    complete = {
+        (a["ruleVersion"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
+        for a in map(json.loads, (tmp_path / "bt.jsonl").read_text().splitlines())
+    }
+    rows = tables.read_table(spark, LiveTables.of(data_settings).alerts).collect()
+    net: dict[tuple[int, str], int] = {}
+    latest: dict[tuple[int, str], dict] = {}
+    for row in sorted((r.asDict() for r in rows), key=lambda r: r["decisionTime"]):
+        decision = (row["ruleVersion"], row["transactionId"])
+        assert bool(row["shadow"]) == (row["ruleVersion"] == 2), "shadow is the candidate's"
+        net[decision] = net.get(decision, 0) + (-1 if row["kind"] == "RETRACTION" else 1)
+        if row["kind"] != "RETRACTION":
+            latest[decision] = row
+    in_effect = {d: (latest[d]["aggregateValue"], latest[d]["windowStart"])
+                 for d, n in net.items() if n}  # fmt: skip
+    assert in_effect == complete
+
+    # The candidate's amendments went to the shadow stream, the rule in force's to the
+    # alert stream: each stream holds its own rule's, none of the other's.
+    amendments = {r["alertId"]: r["ruleVersion"] for r in rows if r["kind"] != "ALERT"}
+    assert set(amendments.values()) == {1, 2}, "both versions were amended"
+    for stream, version in (
+        (data_settings.alert_stream, 1),
+        (data_settings.shadow_alert_stream, 2),
+    ):
+        entries = job.redis.xrange(stream)
+        amended = [json.loads(f["alert"])["alertId"] for _, f in entries if f.get("backfill")]
+        assert sorted(amended) == sorted(i for i, v in amendments.items() if v == version)

@@ -36,7 +36,9 @@ class ApplyResult:
 
 def stored_rule(row: Mapping[str, Any]) -> Rule:
     """One row of the rules table (ruleId, version, ruleState, rule_json) as its Rule."""
-    entry, problems = parse_rule(json.loads(row["rule_json"], parse_float=Decimal))
+    body = json.loads(row["rule_json"], parse_float=Decimal)
+    # The state is the row's (a DISCARD is no state a rules file may carry).
+    entry, problems = parse_rule({**body, "ruleState": RuleState.ACTIVE.value})
     if not isinstance(entry, Rule):
         # Only validated rules are ever written, so this means the table was edited by hand.
         raise VelocityError(

@@ -151,14 +151,15 @@ class Backfill:
         rules = deciding_rules(self.state.rule_store.in_force())
         if not rule_ids:
             return rules
-        by_id = {r.rule_id: r for r in rules}
-        unknown = sorted(set(rule_ids) - set(by_id))
+        deciding = {r.rule_id for r in rules}
+        unknown = sorted(set(rule_ids) - deciding)
         if unknown:
             raise UsageError(
-                f"--rules names {unknown}, not ACTIVE rules in force; ACTIVE rules are "
-                f"{sorted(by_id)} (`velocity rules list`)"
+                f"--rules names {unknown}, not ACTIVE or SHADOW rules in force; those are "
+                f"{sorted(deciding)} (`velocity rules list`)"
             )
-        return [by_id[i] for i in sorted(set(rule_ids))]
+        # A ruleId names its rule in force and its candidate, both replayed.
+        return [r for r in rules if r.rule_id in set(rule_ids)]
 
     def pending_late_range(self) -> tuple[int, int, int] | None:
         """(from, to, through batch) covering the late events no backfill has covered yet:
@@ -221,7 +222,7 @@ class Backfill:
             run_id=uuid.uuid4().hex,
             from_ms=from_ms,
             to_ms=to_ms,
-            rule_ids=[r.rule_id for r in rules],
+            rule_ids=sorted({r.rule_id for r in rules}),
             late_through_batch=late_through_batch,
             airflow_run_id=airflow_run_id,
         )

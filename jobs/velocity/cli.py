@@ -518,7 +518,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     client = connection.connect(settings)
-    stream = settings.alert_stream
+    stream = settings.shadow_alert_stream if args.shadow else settings.alert_stream
     last = "0-0" if args.from_start else "$"
     deadline = time.monotonic() + args.duration if args.duration else None
     seen = 0
@@ -532,7 +532,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
                     published_ms = int(entry_id.split("-")[0])
                     seen += 1
                     print(
-                        f"rule {alert['ruleId']:>3} {alert['aggregatorFunctionType']:<12} "
+                        f"rule {alert['ruleId']:>3} v{alert['ruleVersion']:<3} "
+                        f"{alert['aggregatorFunctionType']:<12} "
                         f"{json.dumps(alert['key'], separators=(',', ':')):<40} "
                         f"{alert['aggregateValue']:>14} {alert['limitOperatorType']} "
                         f"{alert['limit']:<10} tx {alert['transactionId']:<12} "
@@ -877,6 +878,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", help="print alerts live from the Redis alert stream")
     watch.add_argument("--duration", type=float, help="stop after this many seconds")
     watch.add_argument("--from-start", action="store_true", help="replay the whole stream first")
+    watch.add_argument(
+        "--shadow", action="store_true", help="the SHADOW rules' alerts (<alert stream>:shadow)"
+    )
     watch.set_defaults(run=cmd_watch)
 
     alerts = sub.add_parser("alerts", help="export the alerts table as JSON lines")

@@ -78,6 +78,12 @@ class RuleStore:
         table = open_table(self._path)
         return [] if table is None else _history(table)
 
+    def applied_times(self) -> dict[tuple[int, int], int]:
+        """When each version was applied (epoch ms), by (ruleId, version)."""
+        table = open_table(self._path)
+        rows = [] if table is None else read_rows(table, ["ruleId", "version", "applied_at"])
+        return {(int(r["ruleId"]), int(r["version"])): int(r["applied_at"]) for r in rows}
+
     def latest(self) -> dict[int, Rule]:
         """The latest version of each ruleId's rule in force, deleted ones included."""
         return latest_versions(self.history())

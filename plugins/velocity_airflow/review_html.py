@@ -59,11 +59,16 @@ def review_cell(
     )
 
 
-def _percent(figures: VersionPrecision) -> str:
-    if figures.precision is None:
+def percent_text(precision: float | None, confirmed: int, false_positives: int) -> str:
+    """A precision as shown: ``67% (2/3)``, or a dash while there is none."""
+    if precision is None:
         return '<span class="muted">—</span>'
-    decided = figures.confirmed + figures.false_positives
-    return f'{figures.precision:.0%} <span class="muted">({figures.confirmed}/{decided})</span>'
+    decided = confirmed + false_positives
+    return f'{precision:.0%} <span class="muted">({confirmed}/{decided})</span>'
+
+
+def _percent(figures: VersionPrecision) -> str:
+    return percent_text(figures.precision, figures.confirmed, figures.false_positives)
 
 
 def precision_table(figures: Sequence[VersionPrecision] | None, error: str | None) -> str:

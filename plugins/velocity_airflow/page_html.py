@@ -305,6 +305,11 @@ def _lookup(data: PageData) -> str:
     )
 
 
+def _shadow(data: PageData) -> set[tuple[int, int]]:
+    """The (ruleId, version)s of SHADOW candidates, standing or not."""
+    return {key for key, rule in data.rule_versions.items() if rule.state is RuleState.SHADOW}
+
+
 def render_page(data: PageData) -> str:
     flash = ""
     if data.flash is not None:
@@ -330,7 +335,7 @@ def render_page(data: PageData) -> str:
         '<h2 id="shadow">Shadow rules</h2>'
         f"{shadow_html.shadow_section(data.shadow, data.shadow_error, data.can_edit, data.base)}"
         "<h2>Alerts and precision by rule version</h2>"
-        f"{review_html.precision_table(data.precision, data.precision_error)}"
+        f"{review_html.precision_table(data.precision, data.precision_error, _shadow(data))}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
         f'<h2 id="backfills">Backfill runs</h2>'
         f"{backfill_html.backfill_table(data.backfills, data.backfills_error)}"

@@ -14,6 +14,7 @@ from tests.builders import alert_row, append_alerts, make_rule
 
 from velocity.alert_search import Cursor, parse_filter
 from velocity.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
+from velocity.rules import RuleState
 from velocity.settings import Settings
 from velocity_airflow.page_html import Flash, PageData, render_page
 
@@ -233,6 +234,11 @@ def test_precision_per_rule_version_and_a_version_without_verdicts() -> None:
     assert '<td class="figure">5</td><td class="figure">9</td>' in newer
     assert 'data-testid="precision-value"><span class="muted">—</span>' in newer
     assert 'data-testid="no-precision"' in _page(precision=[])
+    candidate = replace(RULES[0], version=2, state=RuleState.SHADOW)
+    versions = {(1, 1): replace(RULES[0], version=1), (1, 2): candidate}
+    marked = _page(precision=figures, rule_versions=versions)
+    assert "shadow-version-badge" not in marked.split('data-testid="precision-1-2"')[0]
+    assert 'shadow-version-badge">shadow</span>' in marked.split('data-testid="precision-1-2"')[1]
     broken = _page(precision_error="cannot read the reviews: <boom>")
     assert "cannot read the reviews: &lt;boom&gt;" in broken
 

@@ -862,6 +862,7 @@ def test_a_shadow_candidate_beside_its_rule_then_discarded_or_promoted(
     cells = _cells(browser, PAUSED_RULE)
     assert cells[1:4] == [str(promoted), "ACTIVE", "COUNT() > 2 over 10 min by payerId"], cells
     assert _testid(browser, "no-shadow-rules")
+    browser.execute_script("window.scrollTo(0, 0)")  # the outcome and the rules in force
     _shot(deployment, browser, "13-candidate-promoted")
 
     # The stream's next micro-batch decides with the promoted version, on the alert stream.

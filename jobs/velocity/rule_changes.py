@@ -58,39 +58,45 @@ class Promotion:
 Change = RuleEntry | Promotion
 
 
-@dataclass(frozen=True)
+@dataclass
 class RuleBook:
     """The rules table read as two tracks per ruleId (SPEC §2): the rule in force (its
     latest ACTIVE, PAUSE or DELETE version) and the candidate beside it (its latest SHADOW
     version, unless discarded or promoted since). Versions count up across both tracks,
     so a (ruleId, version) names one rule and one alert-id scheme, shadow or not."""
 
-    latest_version: Mapping[int, int] = field(default_factory=dict)
-    live: Mapping[int, Rule] = field(default_factory=dict)  # deleted ones included
-    candidates: Mapping[int, Rule] = field(default_factory=dict)
+    latest_version: dict[int, int] = field(default_factory=dict)
+    live: dict[int, Rule] = field(default_factory=dict)  # deleted ones included
+    candidates: dict[int, Rule] = field(default_factory=dict)
 
     @classmethod
     def of(cls, history: Iterable[Rule]) -> RuleBook:
-        latest: dict[int, int] = {}
-        live: dict[int, Rule] = {}
-        candidates: dict[int, Rule] = {}
+        book = cls()
         for rule in sorted(history, key=lambda r: (r.rule_id, r.version)):
-            latest[rule.rule_id] = rule.version
-            if rule.state is RuleState.SHADOW:
-                candidates[rule.rule_id] = rule
-            elif rule.state is RuleState.DISCARD:
-                candidates.pop(rule.rule_id, None)
-            else:
-                live[rule.rule_id] = rule
-                candidate = candidates.get(rule.rule_id)
-                if candidate is not None and _promotes(rule, candidate):
-                    del candidates[rule.rule_id]
-        return cls(latest, live, candidates)
+            book.record(rule)
+        return book
+
+    def record(self, rule: Rule) -> None:
+        """``rule``, the next version of its ruleId, as the table's next row."""
+        self.latest_version[rule.rule_id] = rule.version
+        if rule.state is RuleState.SHADOW:
+            self.candidates[rule.rule_id] = rule
+        elif rule.state is RuleState.DISCARD:
+            self.candidates.pop(rule.rule_id, None)
+        else:
+            self.live[rule.rule_id] = rule
+            candidate = self.candidates.get(rule.rule_id)
+            if candidate is not None and _promotes(rule, candidate):
+                del self.candidates[rule.rule_id]
+
+    def standing(self) -> dict[int, Rule]:
+        """The ACTIVE and PAUSE rules in force, by ruleId."""
+        return {i: r for i, r in self.live.items() if r.state is not RuleState.DELETE}
 
     def in_force(self) -> list[Rule]:
         """ACTIVE and PAUSE rules and the standing candidates, by (ruleId, version)."""
-        live = [r for r in self.live.values() if r.state is not RuleState.DELETE]
-        return sorted([*live, *self.candidates.values()], key=lambda r: (r.rule_id, r.version))
+        rules = [*self.standing().values(), *self.candidates.values()]
+        return sorted(rules, key=lambda r: (r.rule_id, r.version))
 
 
 def _promotes(live: Rule, candidate: Rule) -> bool:
@@ -116,64 +122,48 @@ def in_force(history: Iterable[Rule]) -> list[Rule]:
 
 def plan_changes(book: RuleBook, entries: Sequence[Change]) -> tuple[list[Rule], ApplyResult]:
     """The new rule versions ``entries`` make from ``book`` (pure; nothing written)."""
-    latest = dict(book.latest_version)
-    live = dict(book.live)
-    in_force = {i: r for i, r in live.items() if r.state is not RuleState.DELETE}
-    candidates = dict(book.candidates)
+    book = RuleBook(dict(book.latest_version), dict(book.live), dict(book.candidates))
     written: list[Rule] = []
     result = ApplyResult()
 
-    def write(rule: Rule) -> Rule:
-        new = rule.with_version(latest.get(rule.rule_id, 0) + 1)
-        latest[rule.rule_id] = new.version
+    def write(rule: Rule) -> None:
+        new = rule.with_version(book.latest_version.get(rule.rule_id, 0) + 1)
+        book.record(new)
         written.append(new)
         result.changes.append(RuleChange(new.rule_id, new.version, new.state))
-        return new
 
     def put(rule: Rule) -> None:
-        current = live.get(rule.rule_id)
-        if current is not None and _same(current, rule):
-            # Applying what is already in force changes nothing (a rerun of the same file
-            # keeps versions, and with them alert ids, stable).
-            return
-        new = write(rule)
-        live[rule.rule_id] = new
-        if new.state is RuleState.DELETE:
-            in_force.pop(rule.rule_id, None)
-        else:
-            in_force[rule.rule_id] = new
-        candidate = candidates.get(rule.rule_id)
-        if candidate is not None and _promotes(new, candidate):
-            del candidates[rule.rule_id]
+        current = book.live.get(rule.rule_id)
+        # Applying what is already in force changes nothing (a rerun of the same file
+        # keeps versions, and with them alert ids, stable).
+        if current is None or not _same(current, rule):
+            write(rule)
 
     def shadow(rule: Rule) -> None:
-        current = candidates.get(rule.rule_id)
+        current = book.candidates.get(rule.rule_id)
         if current is not None and _same(current, rule):
             return
-        standing = in_force.get(rule.rule_id)
-        if standing is not None and _promotes(standing, rule):
-            return  # the rule in force already: a candidate of itself would end at once
-        candidates[rule.rule_id] = write(rule)
+        standing = book.standing().get(rule.rule_id)
+        if standing is None or not _promotes(standing, rule):
+            write(rule)  # else the rule in force already: its candidate would end at once
 
     def candidate_of(rule_id: int, doing: str) -> Rule:
-        if rule_id not in candidates:
+        if rule_id not in book.candidates:
             raise UnknownRuleError(
                 f"ruleId {rule_id} has no shadow candidate to {doing}; "
                 "`velocity rules list` shows the SHADOW rules"
             )
-        return candidates.pop(rule_id)
+        return book.candidates[rule_id]
 
     for entry in entries:
         if isinstance(entry, Rule):
-            if entry.state is RuleState.SHADOW:
-                shadow(entry)
-            else:
-                put(entry)
+            (shadow if entry.state is RuleState.SHADOW else put)(entry)
         elif isinstance(entry, Promotion):
             put(candidate_of(entry.rule_id, "promote").with_state(RuleState.ACTIVE))
         elif isinstance(entry, StateChange) and entry.state is RuleState.DISCARD:
             write(candidate_of(entry.rule_id, "discard").with_state(RuleState.DISCARD))
         elif isinstance(entry, StateChange):
+            in_force = book.standing()
             if entry.rule_id not in in_force:
                 raise UnknownRuleError(
                     f"ruleId {entry.rule_id} is not in force, so it cannot be set to "
@@ -182,15 +172,12 @@ def plan_changes(book: RuleBook, entries: Sequence[Change]) -> tuple[list[Rule],
             put(in_force[entry.rule_id].with_state(entry.state))
         elif isinstance(entry, Control):
             if entry.control_type is ControlType.DELETE_RULES_ALL:
-                for rule in sorted(in_force.values(), key=lambda r: r.rule_id):
+                for rule in sorted(book.standing().values(), key=lambda r: r.rule_id):
                     put(rule.with_state(RuleState.DELETE))
-                for rule_id in sorted(candidates):
-                    write(candidates.pop(rule_id).with_state(RuleState.DISCARD))
+                for rule_id in sorted(book.candidates):
+                    write(book.candidates[rule_id].with_state(RuleState.DISCARD))
             elif entry.control_type is ControlType.EXPORT_RULES_CURRENT:
-                standing = [*in_force.values(), *candidates.values()]
-                result.exports.append(
-                    [r.to_json() for r in sorted(standing, key=lambda r: (r.rule_id, r.version))]
-                )
+                result.exports.append([r.to_json() for r in book.in_force()])
             else:
                 result.clear_state = True
     return written, result

@@ -25,6 +25,7 @@ from velocity.rule_changes import (
     Change,
     Promotion,
     RuleBook,
+    as_candidates,
     outcome_lines,
     plan_changes,
     rules_file_text,
@@ -153,14 +154,7 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
 
 def cmd_rules_shadow(args: argparse.Namespace) -> int:
     """Every rule of FILE as a SHADOW candidate, whatever its ruleState says."""
-    entries = _read_rules_file(args.file)
-    others = [e for e in entries if not isinstance(e, Rule)]
-    if others:
-        raise UsageError(
-            f"{args.file}: `rules shadow` takes whole rules only, not {others[0]!r}; "
-            "apply state changes and controls with `velocity rules apply`"
-        )
-    candidates = [e.with_state(RuleState.SHADOW) for e in entries if isinstance(e, Rule)]
+    candidates = as_candidates(_read_rules_file(args.file))
     for line in outcome_lines(_rule_store(_settings(args)).apply(candidates), candidates):
         print(line)
     return EXIT_OK

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from velocity.decimals import dumps_json
-from velocity.errors import UnknownRuleError, VelocityError
+from velocity.errors import UnknownRuleError, UsageError, VelocityError
 from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange, parse_rule
 
 
@@ -107,6 +107,19 @@ def _promotes(live: Rule, candidate: Rule) -> bool:
 
 def _body(rule: Rule) -> Rule:
     return rule.with_version(0).with_state(RuleState.ACTIVE)
+
+
+def as_candidates(entries: Sequence[RuleEntry]) -> list[Rule]:
+    """Every rule of ``entries`` as a SHADOW candidate, whatever ruleState it says
+    (`velocity rules shadow FILE`, the page's Shadow); ``UsageError`` for a state change
+    or a control, which has no candidate to be."""
+    for entry in entries:
+        if not isinstance(entry, Rule):
+            raise UsageError(
+                f"a shadow candidate is a whole rule, not {entry!r}; apply state changes "
+                "and controls as rule changes"
+            )
+    return [e.with_state(RuleState.SHADOW) for e in entries if isinstance(e, Rule)]
 
 
 def latest_versions(history: Iterable[Rule]) -> dict[int, Rule]:

@@ -613,16 +613,14 @@ def _shadow_rules(
 ) -> RedirectResponse | HTMLResponse:
     """Every rule of ``entries`` as a SHADOW candidate, whatever its ruleState says, as
     `velocity rules shadow` adds them."""
-    from velocity.rules import Rule, RuleState
+    from velocity.errors import UsageError
+    from velocity.rule_changes import as_candidates
 
-    others = [e for e in entries if not isinstance(e, Rule)]
-    if others:
-        text = (
-            f"error: Shadow takes whole rules only, not {others[0]!r}; apply state changes "
-            "and controls with Apply"
-        )
-        return _page_again(request, user, rules_json, Flash(False, text))
-    return _back(*_apply_rules([e.with_state(RuleState.SHADOW) for e in entries]))
+    try:
+        candidates = as_candidates(entries)
+    except UsageError as exc:
+        return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"))
+    return _back(*_apply_rules(candidates))
 
 
 @app.post("/alerts/{alert_id}/review")

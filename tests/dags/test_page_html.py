@@ -660,6 +660,6 @@ def test_the_page_adds_compares_promotes_and_discards_a_candidate(
         control = client.post(
             "/rules", data={"rules_json": '{"ruleId": 1, "ruleState": "PAUSE"}', "intent": "shadow"}
         )
-        assert control.status_code == 422 and "Shadow takes whole rules only" in control.text
+        assert control.status_code == 422 and "a shadow candidate is a whole rule" in control.text
     finally:
         page.app.dependency_overrides.clear()

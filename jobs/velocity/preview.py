@@ -1,0 +1,464 @@
+"""What a rule would have fired over the last hours of accepted events (pure; issue 24).
+
+The preview decides candidate rules, and the versions in force of the same ruleIds,
+over a span of the live events table with the backtest's engine: the columnar fan-out
+(``velocity.engine.fan_out.keyed_rows``), the kernel (``velocity.engine.kernel``) and
+the alert rows and ids (``velocity.engine.records``, ``velocity.alerts``), here on Arrow
+in one process, where the backtest runs them in Spark tasks. Invariants:
+
+- the span is ``(end - H hours, end]``, ``end`` the newest accepted eventTime (the
+  anchor: a quiet stream still previews its last hour of events, not an empty hour);
+- only events inside the span are decided; the events of the window before it are
+  history: a signature's rows start at ``floor_g(span.start - W)`` for its widest
+  window ``W``, the lower edge of the earliest decided event's window (SPEC §3), so a
+  decision equals the backtest's over all the events, restricted to the span;
+- rules are decided whatever their ``ruleState`` (a preview asks "if this were ACTIVE");
+  an unsaved candidate has version 0, so its alert ids are those of version 0;
+- the difference against the version in force is per transactionId: added (the
+  candidate fires, the version in force does not), removed, changed value.
+
+Nothing here reads a table: ``velocity.delta.preview_reader`` reads the events and the
+rules in force and calls ``decide_span``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from velocity.alerts import record_of_stored
+from velocity.buckets import bucket_start
+from velocity.decimals import dumps_json
+from velocity.engine.fan_out import canonical_texts, keyed_rows
+from velocity.engine.kernel import Decisions, decide_history
+from velocity.engine.records import alert_rows
+from velocity.errors import UsageError
+from velocity.explain import Explanation, explain_alert
+from velocity.rules import Rule, RuleSignature, RuleState, rule_summary
+from velocity.schema import FIELDS_BY_NAME, Event
+
+HOUR_MS = 3_600_000
+# Alerts shown with their explanation per rule, and transactions listed per kind of
+# difference, unless the caller asks for another number.
+SAMPLE_SIZE = 5
+DIFF_SHOWN = 10
+
+# The keyed rows and the alerts as Arrow, as ``velocity.spark.evaluate`` has them from
+# Spark's schemas (KEYED_SCHEMA, ALERT_SCHEMA; a unit test holds them equal), written
+# out so that the preview imports no Spark.
+AMOUNT_ARROW = pa.decimal128(26, 8)
+KEYED_ARROW = pa.schema(
+    [
+        pa.field("signature_id", pa.string(), False),
+        pa.field("key", pa.string(), False),
+        pa.field("eventTime", pa.int64(), False),
+        pa.field("transactionId", pa.string(), False),
+        pa.field("value", pa.string()),
+        pa.field("number", AMOUNT_ARROW),
+    ]
+)
+ALERT_ARROW = pa.schema(
+    [
+        pa.field("alertId", pa.string(), False),
+        pa.field("kind", pa.string(), False),
+        pa.field("ruleId", pa.int64(), False),
+        pa.field("ruleVersion", pa.int32(), False),
+        pa.field("transactionId", pa.string(), False),
+        pa.field(
+            "key",
+            pa.map_(pa.string(), pa.field("value", pa.string(), False)),
+            False,
+        ),
+        pa.field("eventTime", pa.int64(), False),
+        pa.field("aggregatorFunctionType", pa.string(), False),
+        pa.field("aggregateValue", pa.string(), False),
+        pa.field("limitOperatorType", pa.string(), False),
+        pa.field("limit", pa.string(), False),
+        pa.field("windowStart", pa.int64(), False),
+        pa.field("windowEnd", pa.int64(), False),
+        pa.field("decisionTime", pa.int64(), False),
+        pa.field("signature_id", pa.string(), False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The events decided: eventTime in ``(start, end]``."""
+
+    start: int  # exclusive
+    end: int  # inclusive: the newest accepted eventTime
+
+    def to_json(self) -> dict[str, int]:
+        return {"start": self.start, "end": self.end}
+
+
+def span_of(newest_ms: int, hours: float) -> Span:
+    """The last ``hours`` (fractions allowed) before and at ``newest_ms``."""
+    if not (isinstance(hours, (int, float)) and math.isfinite(hours) and hours > 0):
+        raise UsageError(f"hours must be a positive number, got {hours!r}")
+    return Span(newest_ms - round(hours * HOUR_MS), newest_ms)
+
+
+def history_start(span: Span, window_ms: int, width_ms: int) -> int:
+    """The oldest eventTime the window of an event of ``span`` can hold: ``floor_g(t - W)``
+    is never below ``floor_g(span.start - W)`` for ``t > span.start``."""
+    return bucket_start(span.start - window_ms, width_ms)
+
+
+def read_from(span: Span, rules: Sequence[Rule], width_ms: int) -> int:
+    """The oldest eventTime any of ``rules`` needs to decide ``span`` (its widest window)."""
+    widest = max(rule.window_ms for rule in rules)
+    return history_start(span, widest, width_ms)
+
+
+def event_fields(rules: Sequence[Rule]) -> list[str]:
+    """The events table's columns the fan-out of ``rules``' signatures reads."""
+    names: set[str] = set()
+    for rule in rules:
+        signature = rule.signature
+        names.update(signature.grouping_keys)
+        names.update(name for name, _ in signature.filter)
+        if signature.aggregate_field:
+            names.add(signature.aggregate_field)
+    return ["eventTime", "transactionId", *sorted(names - {"eventTime", "transactionId"})]
+
+
+@dataclass(frozen=True)
+class Fired:
+    """One rule's alerts over a span: its decisions over the keyed rows of its signature."""
+
+    rule: Rule
+    keyed: pa.Table  # KEYED_ARROW columns (and ``decide``) of the rule's signature
+    decisions: Decisions  # rows index ``keyed``; ``rules`` all 0 (``rule``)
+
+    def __len__(self) -> int:
+        return len(self.decisions)
+
+    def table(self) -> pa.Table:
+        """transactionId, eventTime, aggregateValue, windowStart: one row per alert."""
+        rows = pa.array(self.decisions.rows, pa.int64())
+        return pa.table(
+            {
+                "transactionId": self.keyed.column("transactionId").take(rows),
+                "eventTime": self.keyed.column("eventTime").take(rows),
+                "aggregateValue": pa.array(self.decisions.values.tolist(), pa.string()),
+                "windowStart": pa.array(self.decisions.window_starts, pa.int64()),
+            }
+        )
+
+    def alerts(self, decision_time: int, positions: np.ndarray | None = None) -> pa.Table:
+        """The SPEC §4 rows (ALERT_ARROW) of the alerts at ``positions`` (all when None),
+        with the backtest's alert ids."""
+        d = self.decisions
+        chosen = np.arange(len(d)) if positions is None else np.asarray(positions, dtype=np.int64)
+        picked = Decisions(
+            d.rows[chosen], d.rules[chosen], d.values[chosen], d.window_starts[chosen]
+        )
+        return alert_rows(picked, self.keyed, [self.rule], decision_time, ALERT_ARROW)
+
+    def records(self, decision_time: int, positions: np.ndarray) -> list[dict[str, Any]]:
+        return [record_of_stored(r) for r in self.alerts(decision_time, positions).to_pylist()]
+
+
+def decide_span(events: pa.Table, rules: Sequence[Rule], span: Span, width_ms: int) -> list[Fired]:
+    """Each rule's alerts (in ``rules``' order) over the events of ``span``, deciding with
+    ``events`` (the events table's ``event_fields`` columns, any order) as history.
+
+    One fan-out and one kernel call per signature: rules that share one are decided over
+    the same sorted rows. Equal to the backtest's alerts over ``events`` whose eventTime
+    lies in the span, provided ``events`` holds every event from ``read_from`` on."""
+    fired: list[Fired | None] = [None] * len(rules)
+    by_signature: dict[RuleSignature, list[int]] = {}
+    for index, rule in enumerate(rules):
+        by_signature.setdefault(rule.signature, []).append(index)
+    for signature, indices in by_signature.items():
+        group = [rules[i] for i in indices]
+        lower = history_start(span, max(r.window_ms for r in group), width_ms)
+        times = events.column("eventTime")
+        inside = pc.and_(pc.greater_equal(times, lower), pc.less_equal(times, span.end))
+        keyed = keyed_rows(events.filter(inside), [signature], KEYED_ARROW)
+        keyed = keyed.append_column("decide", pc.greater(keyed.column("eventTime"), span.start))
+        decisions = decide_history(keyed, group, width_ms)
+        for position, index in enumerate(indices):
+            mine = decisions.rules == position
+            fired[index] = Fired(
+                rules[index],
+                keyed,
+                Decisions(
+                    decisions.rows[mine],
+                    np.zeros(int(mine.sum()), dtype=np.int64),
+                    decisions.values[mine],
+                    decisions.window_starts[mine],
+                ),
+            )
+    return [f for f in fired if f is not None]
+
+
+@dataclass(frozen=True)
+class HourCount:
+    """Alerts of events with eventTime in ``(start, end]``."""
+
+    start: int
+    end: int
+    alerts: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"start": self.start, "end": self.end, "alerts": self.alerts}
+
+
+def hourly_counts(event_times: np.ndarray, span: Span) -> list[HourCount]:
+    """Alerts per hour of the span, oldest first: hours counted back from its end, so the
+    oldest may be part of an hour (a fractional ``hours``)."""
+    hours = max(1, math.ceil((span.end - span.start) / HOUR_MS))
+    back = (span.end - np.asarray(event_times, dtype=np.int64)) // HOUR_MS
+    counts = np.bincount(back[(back >= 0) & (back < hours)], minlength=hours)
+    out = []
+    for k in reversed(range(hours)):
+        out.append(
+            HourCount(
+                max(span.start, span.end - (k + 1) * HOUR_MS),
+                span.end - k * HOUR_MS,
+                int(counts[k]),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class DiffEntry:
+    """One transaction whose decision differs; a value is None where that rule is silent."""
+
+    transaction_id: str
+    event_time: int
+    candidate: str | None
+    in_force: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transactionId": self.transaction_id,
+            "eventTime": self.event_time,
+            "candidateValue": self.candidate,
+            "inForceValue": self.in_force,
+        }
+
+
+@dataclass(frozen=True)
+class AlertDiff:
+    """The candidate's alerts against the version in force's, per transactionId: counts,
+    and the first ``shown`` transactions of each kind by eventTime."""
+
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+    added_shown: tuple[DiffEntry, ...] = ()
+    removed_shown: tuple[DiffEntry, ...] = ()
+    changed_shown: tuple[DiffEntry, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "added": self.added,
+            "removed": self.removed,
+            "changed": self.changed,
+            "unchanged": self.unchanged,
+            "addedShown": [e.to_json() for e in self.added_shown],
+            "removedShown": [e.to_json() for e in self.removed_shown],
+            "changedShown": [e.to_json() for e in self.changed_shown],
+        }
+
+
+def diff_alerts(candidate: pa.Table, in_force: pa.Table, shown: int = DIFF_SHOWN) -> AlertDiff:
+    """``candidate`` against ``in_force`` (each: transactionId, eventTime, aggregateValue;
+    one row per transaction), compared by transactionId."""
+    left = candidate.select(["transactionId", "eventTime", "aggregateValue"]).rename_columns(
+        ["transactionId", "candidateTime", "candidateValue"]
+    )
+    right = in_force.select(["transactionId", "eventTime", "aggregateValue"]).rename_columns(
+        ["transactionId", "inForceTime", "inForceValue"]
+    )
+    joined = left.join(right, "transactionId", join_type="full outer")
+    has_candidate = joined.column("candidateValue").is_valid()
+    has_in_force = joined.column("inForceValue").is_valid()
+    both = joined.filter(pc.and_(has_candidate, has_in_force))
+    # Both sides are ``format_decimal`` text (no exponent, no trailing zeros): equal
+    # text is an equal value.
+    differs = pc.not_equal(both.column("candidateValue"), both.column("inForceValue"))
+    added = joined.filter(pc.invert(has_in_force))
+    removed = joined.filter(pc.invert(has_candidate))
+    changed = both.filter(differs)
+
+    def first(rows: pa.Table, time: str) -> tuple[DiffEntry, ...]:
+        ordered = rows.sort_by([(time, "ascending"), ("transactionId", "ascending")])
+        return tuple(
+            DiffEntry(r["transactionId"], r[time], r["candidateValue"], r["inForceValue"])
+            for r in ordered.slice(0, shown).to_pylist()
+        )
+
+    return AlertDiff(
+        added=added.num_rows,
+        removed=removed.num_rows,
+        changed=changed.num_rows,
+        unchanged=both.num_rows - changed.num_rows,
+        added_shown=first(added, "candidateTime"),
+        removed_shown=first(removed, "inForceTime"),
+        changed_shown=first(changed, "candidateTime"),
+    )
+
+
+def sample_positions(event_times: np.ndarray, size: int) -> np.ndarray:
+    """Up to ``size`` alerts spread evenly over the span (by eventTime, then position):
+    the first, the last and evenly between; deterministic."""
+    n = len(event_times)
+    if n == 0 or size <= 0:
+        return np.array([], dtype=np.int64)
+    order = np.argsort(np.asarray(event_times), kind="stable")
+    if size >= n:
+        return order
+    picks = np.unique(np.linspace(0, n - 1, size).round().astype(np.int64))
+    return order[picks]
+
+
+def window_events(events: pa.Table, alert: Mapping[str, Any], rule: Rule) -> list[Event]:
+    """The events of ``events`` in the alert's window and key (every field ``events``
+    holds, as canonical text): what ``explain_alert`` recounts. Fields ``events`` lacks
+    read as absent, and the amount as 0 when it is not read (no rule counts it then)."""
+    times = events.column("eventTime")
+    where = pc.and_(
+        pc.greater_equal(times, alert["windowStart"]), pc.less_equal(times, alert["windowEnd"])
+    )
+    rows = events.filter(where)
+    for name in rule.grouping_keys:
+        rows = rows.filter(pc.equal(canonical_texts(rows, name), str(alert["key"][name])))
+    fields = [n for n in rows.column_names if n in FIELDS_BY_NAME and n != "eventTime"]
+    texts = {n: canonical_texts(rows, n).to_pylist() for n in fields}
+    amounts = (
+        rows.column("paymentAmount").to_pylist() if "paymentAmount" in rows.column_names else None
+    )
+    ids = rows.column("transactionId").to_pylist()
+    out = []
+    for i, event_time in enumerate(rows.column("eventTime").to_pylist()):
+        amount = amounts[i] if amounts is not None else Decimal(0)
+        values = {n: texts[n][i] for n in fields}
+        out.append(Event(ids[i], event_time, amount, values))
+    return out
+
+
+@dataclass(frozen=True)
+class RulePreview:
+    """One candidate rule over the span, beside the version in force of its ruleId."""
+
+    rule: Rule  # the candidate as previewed (version 0: not saved)
+    in_force: Rule | None  # the version in force of the ruleId (ACTIVE or PAUSE), if any
+    alerts: int
+    per_hour: tuple[HourCount, ...]
+    in_force_alerts: int  # 0 without a version in force, or when it is PAUSE
+    in_force_per_hour: tuple[HourCount, ...]
+    sample: tuple[Explanation, ...]  # each: its alert record (``.alert``) and why it fired
+    diff: AlertDiff
+
+    def to_json(self) -> dict[str, Any]:
+        in_force = self.in_force
+        return {
+            "rule": {"version": self.rule.version, **self.rule.to_json()},
+            "summary": rule_summary(self.rule),
+            "inForce": None
+            if in_force is None
+            else {"version": in_force.version, **in_force.to_json()},
+            "alerts": self.alerts,
+            "perHour": [h.to_json() for h in self.per_hour],
+            "inForceAlerts": self.in_force_alerts,
+            "inForcePerHour": [h.to_json() for h in self.in_force_per_hour],
+            "sample": [e.to_json() for e in self.sample],
+            "diff": self.diff.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What the rules of a file would have fired over ``span`` of the live events."""
+
+    span: Span
+    hours: float
+    events_in_span: int
+    events_read: int  # the span and the history before it that the widest window needs
+    read_from: int  # the oldest eventTime read
+    rules: tuple[RulePreview, ...]
+    skipped: tuple[str, ...] = ()  # entries of the file that are not rules (state changes)
+    seconds: float = 0.0
+    step_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "span": self.span.to_json(),
+            "anchor": "the newest accepted eventTime in the events table",
+            "hours": self.hours,
+            "eventsInSpan": self.events_in_span,
+            "eventsRead": self.events_read,
+            "readFrom": self.read_from,
+            "rules": [r.to_json() for r in self.rules],
+            "skipped": list(self.skipped),
+            "seconds": round(self.seconds, 3),
+            "stepSeconds": {k: round(v, 3) for k, v in self.step_seconds.items()},
+        }
+
+    def to_json_text(self) -> str:
+        return dumps_json(self.to_json())
+
+
+def baseline(in_force: Sequence[Rule], rule_id: int) -> Rule | None:
+    """The version in force of ``rule_id`` (ACTIVE or PAUSE), or None."""
+    found = [r for r in in_force if r.rule_id == rule_id]
+    return max(found, key=lambda r: r.version) if found else None
+
+
+def rule_previews(
+    events: pa.Table,
+    candidates: Sequence[Rule],
+    in_force: Sequence[Rule],
+    span: Span,
+    width_ms: int,
+    decision_time: int,
+    sample_size: int = SAMPLE_SIZE,
+    diff_shown: int = DIFF_SHOWN,
+) -> list[RulePreview]:
+    """Each candidate's preview over ``span``: ``events`` as ``decide_span`` takes them,
+    ``in_force`` the rules in force (the baselines are picked by ruleId; a PAUSE version
+    fires nothing, so against it every alert is added)."""
+    baselines = [baseline(in_force, c.rule_id) for c in candidates]
+    deciding = [b for b in baselines if b is not None and b.state is RuleState.ACTIVE]
+    fired = decide_span(events, [*candidates, *deciding], span, width_ms)
+    by_baseline = {id(b): f for b, f in zip(deciding, fired[len(candidates) :], strict=True)}
+    out = []
+    for candidate, mine, base in zip(candidates, fired, baselines, strict=True):
+        table = mine.table()
+        theirs = by_baseline.get(id(base))
+        base_table = theirs.table() if theirs is not None else table.schema.empty_table()
+        times = table.column("eventTime").to_numpy()
+        positions = sample_positions(times, sample_size)
+        sample = tuple(
+            explain_alert(record, candidate, window_events(events, record, candidate))
+            for record in mine.records(decision_time, positions)
+        )
+        out.append(
+            RulePreview(
+                rule=candidate,
+                in_force=base,
+                alerts=len(mine),
+                per_hour=tuple(hourly_counts(times, span)),
+                in_force_alerts=base_table.num_rows,
+                in_force_per_hour=tuple(
+                    hourly_counts(base_table.column("eventTime").to_numpy(), span)
+                ),
+                sample=sample,
+                diff=diff_alerts(table, base_table, diff_shown),
+            )
+        )
+    return out

@@ -174,15 +174,18 @@ def cmd_rules_preview(args: argparse.Namespace) -> int:
                     f"    {kind} {entry.transaction_id} at {entry.event_time}: "
                     f"{entry.in_force} -> {entry.candidate}"
                 )
-        for explanation in rule.sample:
-            alert = explanation.alert
+        for sample in rule.sample:
+            alert = sample.alert
             print(
                 f"  alert {alert['alertId']} transaction {alert['transactionId']} key "
                 f"{json.dumps(alert['key'])} at {alert['eventTime']}: "
                 f"{alert['aggregatorFunctionType']} {alert['aggregateValue']} "
                 f"{alert['limitOperatorType']} {alert['limit']}"
             )
-            print(f"    {explanation.arithmetic}")
+            if sample.explanation is None:
+                print(f"    {sample.window_events} events in the window (too many to list)")
+            else:
+                print(f"    {sample.explanation.arithmetic}")
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -149,10 +150,15 @@ class Fired:
             {
                 "transactionId": self.keyed.column("transactionId").take(rows),
                 "eventTime": self.keyed.column("eventTime").take(rows),
-                "aggregateValue": pa.array(self.decisions.values.tolist(), pa.string()),
+                "aggregateValue": pa.array(self.decisions.values, pa.string()),
                 "windowStart": pa.array(self.decisions.window_starts, pa.int64()),
             }
         )
+
+    def event_times(self) -> np.ndarray:
+        """The eventTime of each alert."""
+        times = self.keyed.column("eventTime").combine_chunks().to_numpy()
+        return np.asarray(times[self.decisions.rows], dtype=np.int64)
 
     def alerts(self, decision_time: int, positions: np.ndarray | None = None) -> pa.Table:
         """The SPEC §4 rows (ALERT_ARROW) of the alerts at ``positions`` (all when None),
@@ -168,25 +174,48 @@ class Fired:
         return [record_of_stored(r) for r in self.alerts(decision_time, positions).to_pylist()]
 
 
-def decide_span(events: pa.Table, rules: Sequence[Rule], span: Span, width_ms: int) -> list[Fired]:
+def decide_span(
+    events: pa.Table, rules: Sequence[Rule], span: Span, width_ms: int, workers: int = 2
+) -> list[Fired]:
     """Each rule's alerts (in ``rules``' order) over the events of ``span``, deciding with
     ``events`` (the events table's ``event_fields`` columns, any order) as history.
 
-    One fan-out and one kernel call per signature: rules that share one are decided over
+    One fan-out, and one kernel call per signature: rules that share one are decided over
     the same sorted rows. Equal to the backtest's alerts over ``events`` whose eventTime
     lies in the span, provided ``events`` holds every event from ``read_from`` on."""
     fired: list[Fired | None] = [None] * len(rules)
     by_signature: dict[RuleSignature, list[int]] = {}
     for index, rule in enumerate(rules):
         by_signature.setdefault(rule.signature, []).append(index)
-    for signature, indices in by_signature.items():
-        group = [rules[i] for i in indices]
-        lower = history_start(span, max(r.window_ms for r in group), width_ms)
-        times = events.column("eventTime")
-        inside = pc.and_(pc.greater_equal(times, lower), pc.less_equal(times, span.end))
-        keyed = keyed_rows(events.filter(inside), [signature], KEYED_ARROW)
+    lowers = {
+        signature: history_start(span, max(rules[i].window_ms for i in indices), width_ms)
+        for signature, indices in by_signature.items()
+    }
+    times = events.column("eventTime")
+    inside = pc.and_(
+        pc.greater_equal(times, min(lowers.values(), default=span.start)),
+        pc.less_equal(times, span.end),
+    )
+    # One fan-out for every signature (a field's canonical text is made once), its rows
+    # signature after signature.
+    signatures = list(by_signature)
+    everything = keyed_rows(events.filter(inside), signatures, KEYED_ARROW)
+    counts = {
+        row["values"]: row["counts"]
+        for row in pc.value_counts(everything.column("signature_id")).to_pylist()
+    }
+    slices = []
+    offset = 0
+    for signature in signatures:
+        n = counts.get(signature.signature_id, 0)
+        slices.append((signature, everything.slice(offset, n)))
+        offset += n
+
+    def decide_one(signature: RuleSignature, keyed: pa.Table) -> None:
+        indices = by_signature[signature]
+        keyed = keyed.filter(pc.greater_equal(keyed.column("eventTime"), lowers[signature]))
         keyed = keyed.append_column("decide", pc.greater(keyed.column("eventTime"), span.start))
-        decisions = decide_history(keyed, group, width_ms)
+        decisions = decide_history(keyed, [rules[i] for i in indices], width_ms)
         for position, index in enumerate(indices):
             mine = decisions.rules == position
             fired[index] = Fired(
@@ -199,6 +228,12 @@ def decide_span(events: pa.Table, rules: Sequence[Rule], span: Span, width_ms: i
                     decisions.window_starts[mine],
                 ),
             )
+
+    # The kernel's numpy and Arrow calls release the GIL for their long loops (sorts,
+    # searches, prefix sums): signatures decided in threads use both cores.
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for done in [pool.submit(decide_one, sig, keyed) for sig, keyed in slices]:
+            done.result()
     return [f for f in fired if f is not None]
 
 
@@ -313,30 +348,147 @@ def diff_alerts(candidate: pa.Table, in_force: pa.Table, shown: int = DIFF_SHOWN
     )
 
 
+def diff_fired(candidate: Fired, in_force: Fired | None, shown: int = DIFF_SHOWN) -> AlertDiff:
+    """``diff_alerts`` of two rules' alerts; when both were decided over the same keyed
+    rows (one signature), compared by row (one per transaction there) with numpy, not
+    by a join on transactionId (seconds for millions of alerts)."""
+    if in_force is None:
+        times = candidate.event_times()
+        return AlertDiff(
+            added=len(candidate),
+            removed=0,
+            changed=0,
+            unchanged=0,
+            added_shown=_entries(candidate, _first(times, shown), None),
+        )
+    if in_force.keyed is not candidate.keyed:
+        return diff_alerts(candidate.table(), in_force.table(), shown)
+    mine, theirs = candidate.decisions, in_force.decisions
+    _, at_mine, at_theirs = np.intersect1d(mine.rows, theirs.rows, return_indices=True)
+    differs = mine.values[at_mine] != theirs.values[at_theirs]
+    only_mine = np.setdiff1d(np.arange(len(mine)), at_mine, assume_unique=True)
+    only_theirs = np.setdiff1d(np.arange(len(theirs)), at_theirs, assume_unique=True)
+    mine_times, their_times = candidate.event_times(), in_force.event_times()
+    changed_mine, changed_theirs = at_mine[differs], at_theirs[differs]
+    first_changed = _first(mine_times[changed_mine], shown)
+    return AlertDiff(
+        added=len(only_mine),
+        removed=len(only_theirs),
+        changed=int(differs.sum()),
+        unchanged=int((~differs).sum()),
+        added_shown=_entries(candidate, only_mine[_first(mine_times[only_mine], shown)], None),
+        removed_shown=_entries(
+            in_force, only_theirs[_first(their_times[only_theirs], shown)], None, swap=True
+        ),
+        changed_shown=_entries(
+            candidate,
+            changed_mine[first_changed],
+            (in_force, changed_theirs[first_changed]),
+        ),
+    )
+
+
+def _first(times: np.ndarray, shown: int) -> np.ndarray:
+    """Positions of the ``shown`` earliest ``times``, earliest first."""
+    if len(times) > shown:
+        kept = np.argpartition(times, shown - 1)[:shown] if shown > 0 else np.array([], int)
+    else:
+        kept = np.arange(len(times))
+    return kept[np.argsort(times[kept], kind="stable")]
+
+
+def _entries(
+    fired: Fired,
+    positions: np.ndarray,
+    other: tuple[Fired, np.ndarray] | None,
+    swap: bool = False,
+) -> tuple[DiffEntry, ...]:
+    """DiffEntries of ``fired``'s alerts at ``positions`` (its value as the candidate's,
+    or with ``swap`` as the version in force's), ``other``'s values beside them."""
+    rows = fired.decisions.rows[positions]
+    ids = fired.keyed.column("transactionId").take(pa.array(rows, pa.int64())).to_pylist()
+    times = fired.event_times()[positions].tolist()
+    values = fired.decisions.values[positions].tolist()
+    others = (
+        other[0].decisions.values[other[1]].tolist() if other is not None else [None] * len(ids)
+    )
+    out = []
+    for tx, time, value, theirs in zip(ids, times, values, others, strict=True):
+        if swap:
+            out.append(DiffEntry(tx, time, theirs, value))
+        else:
+            out.append(DiffEntry(tx, time, value, theirs))
+    return tuple(out)
+
+
 def sample_positions(event_times: np.ndarray, size: int) -> np.ndarray:
     """Up to ``size`` alerts spread evenly over the span (by eventTime, then position):
     the first, the last and evenly between; deterministic."""
     n = len(event_times)
     if n == 0 or size <= 0:
         return np.array([], dtype=np.int64)
-    order = np.argsort(np.asarray(event_times), kind="stable")
+    times = np.asarray(event_times)
     if size >= n:
-        return order
-    picks = np.unique(np.linspace(0, n - 1, size).round().astype(np.int64))
-    return order[picks]
+        return np.argsort(times, kind="stable")
+    ranks = np.unique(np.linspace(0, n - 1, size).round().astype(np.int64))
+    # Only the chosen ranks need their place: a partition, not a sort of every alert.
+    # Ties at a rank resolve to some alert of that eventTime (deterministic for an input).
+    return np.argpartition(times, ranks)[ranks]
 
 
-def window_events(events: pa.Table, alert: Mapping[str, Any], rule: Rule) -> list[Event]:
-    """The events of ``events`` in the alert's window and key (every field ``events``
-    holds, as canonical text): what ``explain_alert`` recounts. Fields ``events`` lacks
-    read as absent, and the amount as 0 when it is not read (no rule counts it then)."""
+# A sampled alert's window is recounted in Python (``explain_alert``, some µs an event): a
+# window of more events than this (a key such as ``action`` over 24 h holds a third of
+# all events) is sampled with its event count but without the recount.
+EXPLAINED_EVENTS = 5_000
+
+
+@dataclass(frozen=True)
+class SampleAlert:
+    """A sampled alert (SPEC §4 record), the events of its window that count (the rule's
+    key and filter), and why it fired (None: more than ``EXPLAINED_EVENTS`` of them)."""
+
+    alert: Mapping[str, Any]
+    window_events: int
+    explanation: Explanation | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alert": dict(self.alert),
+            "windowEvents": self.window_events,
+            "explanation": None if self.explanation is None else self.explanation.to_json(),
+        }
+
+
+def window_rows(events: pa.Table, alert: Mapping[str, Any], rule: Rule) -> pa.Table:
+    """The rows of ``events`` in the alert's window and key that pass the rule's filter."""
     times = events.column("eventTime")
     where = pc.and_(
         pc.greater_equal(times, alert["windowStart"]), pc.less_equal(times, alert["windowEnd"])
     )
     rows = events.filter(where)
     for name in rule.grouping_keys:
-        rows = rows.filter(pc.equal(canonical_texts(rows, name), str(alert["key"][name])))
+        rows = rows.filter(
+            pc.is_in(rows.column(name), value_set=_field_values(rows, name, [alert]))
+        )
+    for name, allowed in rule.signature.filter:
+        inside = pc.is_in(canonical_texts(rows, name), value_set=pa.array(allowed, pa.string()))
+        rows = rows.filter(inside)
+    return rows
+
+
+def _field_values(rows: pa.Table, name: str, alerts: Sequence[Mapping[str, Any]]) -> pa.Array:
+    """The alerts' key values of ``name`` as values of its column: a text column holds
+    canonical text already (compared as it is), the amount by its exact value."""
+    values = sorted({str(a["key"][name]) for a in alerts})
+    if FIELDS_BY_NAME[name].numeric:
+        return pa.array([Decimal(v) for v in values]).cast(rows.schema.field(name).type)
+    return pa.array(values, pa.string())
+
+
+def event_objects(rows: pa.Table) -> list[Event]:
+    """``rows`` (events-table columns) as accepted events, every field they hold as its
+    canonical text; fields not read are absent, and the amount 0 when not read (no rule
+    of the preview counts it then)."""
     fields = [n for n in rows.column_names if n in FIELDS_BY_NAME and n != "eventTime"]
     texts = {n: canonical_texts(rows, n).to_pylist() for n in fields}
     amounts = (
@@ -346,9 +498,43 @@ def window_events(events: pa.Table, alert: Mapping[str, Any], rule: Rule) -> lis
     out = []
     for i, event_time in enumerate(rows.column("eventTime").to_pylist()):
         amount = amounts[i] if amounts is not None else Decimal(0)
-        values = {n: texts[n][i] for n in fields}
-        out.append(Event(ids[i], event_time, amount, values))
+        out.append(Event(ids[i], event_time, amount, {n: texts[n][i] for n in fields}))
     return out
+
+
+def samples(
+    events: pa.Table,
+    records: Sequence[Mapping[str, Any]],
+    rule: Rule,
+    explained_events: int = EXPLAINED_EVENTS,
+) -> tuple[SampleAlert, ...]:
+    """Each of ``rule``'s alert ``records`` with the events of its window in ``events``
+    and, unless they are more than ``explained_events``, ``explain_alert`` of them. One
+    pass over ``events`` keeps the rows of the records' keys and windows; each record's
+    window is cut from those (a 24 h window is the whole of ``events``)."""
+    if not records:
+        return ()
+    times = events.column("eventTime")
+    near = events.filter(
+        pc.and_(
+            pc.greater_equal(times, min(r["windowStart"] for r in records)),
+            pc.less_equal(times, max(r["windowEnd"] for r in records)),
+        )
+    )
+    for name in rule.grouping_keys:
+        near = near.filter(
+            pc.is_in(near.column(name), value_set=_field_values(near, name, records))
+        )
+    out = []
+    for record in records:
+        rows = window_rows(near, record, rule)
+        explanation = (
+            explain_alert(record, rule, event_objects(rows))
+            if rows.num_rows <= explained_events
+            else None
+        )
+        out.append(SampleAlert(record, rows.num_rows, explanation))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -361,7 +547,7 @@ class RulePreview:
     per_hour: tuple[HourCount, ...]
     in_force_alerts: int  # 0 without a version in force, or when it is PAUSE
     in_force_per_hour: tuple[HourCount, ...]
-    sample: tuple[Explanation, ...]  # each: its alert record (``.alert``) and why it fired
+    sample: tuple[SampleAlert, ...]
     diff: AlertDiff
 
     def to_json(self) -> dict[str, Any]:
@@ -437,28 +623,21 @@ def rule_previews(
     fired = decide_span(events, [*candidates, *deciding], span, width_ms)
     by_baseline = {id(b): f for b, f in zip(deciding, fired[len(candidates) :], strict=True)}
     out = []
-    for candidate, mine, base in zip(candidates, fired, baselines, strict=True):
-        table = mine.table()
+    for candidate, mine, base in zip(candidates, fired[: len(candidates)], baselines, strict=True):
         theirs = by_baseline.get(id(base))
-        base_table = theirs.table() if theirs is not None else table.schema.empty_table()
-        times = table.column("eventTime").to_numpy()
+        times = mine.event_times()
+        their_times = theirs.event_times() if theirs is not None else np.array([], np.int64)
         positions = sample_positions(times, sample_size)
-        sample = tuple(
-            explain_alert(record, candidate, window_events(events, record, candidate))
-            for record in mine.records(decision_time, positions)
-        )
         out.append(
             RulePreview(
                 rule=candidate,
                 in_force=base,
                 alerts=len(mine),
                 per_hour=tuple(hourly_counts(times, span)),
-                in_force_alerts=base_table.num_rows,
-                in_force_per_hour=tuple(
-                    hourly_counts(base_table.column("eventTime").to_numpy(), span)
-                ),
-                sample=sample,
-                diff=diff_alerts(table, base_table, diff_shown),
+                in_force_alerts=len(their_times),
+                in_force_per_hour=tuple(hourly_counts(their_times, span)),
+                sample=samples(events, mine.records(decision_time, positions), candidate),
+                diff=diff_fired(mine, theirs, diff_shown),
             )
         )
     return out

@@ -79,7 +79,8 @@ def keyed_rows(
         n = len(rows)
         number_type = schema.field("number").type
         columns = {
-            "signature_id": pa.array(np.full(n, signature.signature_id), pa.string()),
+            # pa.repeat: np.full of a string costs ~0.6 µs a row (2 s for 3.6M), this nothing.
+            "signature_id": pa.repeat(pa.scalar(signature.signature_id, pa.string()), n),
             "key": _key_texts([text(f).take(rows) for f in signature.grouping_keys], n),
             "eventTime": events.column("eventTime").take(rows),
             "transactionId": events.column("transactionId").take(rows),
@@ -99,7 +100,7 @@ def keyed_rows(
 def _key_texts(values: list[pa.ChunkedArray], n: int) -> pa.ChunkedArray:
     """``key_text`` of each row's key values (a compact JSON array of strings)."""
     if not values:
-        return pa.chunked_array([pa.array(np.full(n, "[]"), pa.string())])
+        return pa.chunked_array([pa.repeat(pa.scalar("[]", pa.string()), n)])
     pieces: list[pa.ChunkedArray | str] = ['["']
     for index, column in enumerate(values):
         if index:

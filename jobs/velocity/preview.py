@@ -605,6 +605,13 @@ def baseline(in_force: Sequence[Rule], rule_id: int) -> Rule | None:
     return max(found, key=lambda r: r.version) if found else None
 
 
+def same_decisions(one: Rule, other: Rule) -> bool:
+    """Whether two rules decide alike: equal but for their version and state."""
+    return one.with_version(0).with_state(RuleState.ACTIVE) == other.with_version(0).with_state(
+        RuleState.ACTIVE
+    )
+
+
 def rule_previews(
     events: pa.Table,
     candidates: Sequence[Rule],
@@ -619,9 +626,18 @@ def rule_previews(
     ``in_force`` the rules in force (the baselines are picked by ruleId; a PAUSE version
     fires nothing, so against it every alert is added)."""
     baselines = [baseline(in_force, c.rule_id) for c in candidates]
-    deciding = [b for b in baselines if b is not None and b.state is RuleState.ACTIVE]
+    active = [
+        (i, c, b) for i, (c, b) in enumerate(zip(candidates, baselines, strict=True))
+        if b is not None and b.state is RuleState.ACTIVE
+    ]  # fmt: skip
+    # A version in force that decides as the candidate does (the same rule but for its
+    # version and state) fires the same alerts: decided once.
+    deciding = [b for _, c, b in active if not same_decisions(c, b)]
     fired = decide_span(events, [*candidates, *deciding], span, width_ms)
     by_baseline = {id(b): f for b, f in zip(deciding, fired[len(candidates) :], strict=True)}
+    for i, _, b in active:
+        if id(b) not in by_baseline:
+            by_baseline[id(b)] = Fired(b, fired[i].keyed, fired[i].decisions)
     out = []
     for candidate, mine, base in zip(candidates, fired[: len(candidates)], baselines, strict=True):
         theirs = by_baseline.get(id(base))

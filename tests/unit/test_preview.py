@@ -256,3 +256,18 @@ def test_rule_previews_compare_with_the_version_in_force(lines: list[str]) -> No
             assert sample.alert["ruleVersion"] == 0
     json_form = one.to_json()
     assert json_form["inForce"]["version"] == 4 and json_form["rule"]["version"] == 0
+
+
+def test_a_version_in_force_like_the_candidate_is_decided_once_and_differs_in_nothing(
+    lines: list[str],
+) -> None:
+    rules = _rules()
+    table = _events_table(lines)
+    span = span_of(pa.compute.max(table.column("eventTime")).as_py(), 0.2)
+    in_force = [r.with_version(2) for r in rules]
+    previews = rule_previews(
+        table.select(event_fields(rules)), rules, in_force, span, 60_000, decision_time=7
+    )
+    for preview in previews:
+        assert preview.in_force_alerts == preview.alerts == preview.diff.unchanged > 0
+        assert preview.in_force_per_hour == preview.per_hour

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -133,11 +134,17 @@ def _velocity(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def timed_preview(home: Path, rules: Path, hours: float) -> tuple[float, dict]:
-    """One `velocity rules preview` process: (wall seconds, its JSON)."""
+def timed_preview(home: Path, rules: Path, hours: float) -> tuple[float, float, dict]:
+    """One `velocity rules preview` process: (wall seconds, its CPU seconds, its JSON).
+    The CPU time (user + system, all its threads) tells what the machine's other load
+    does to the wall time: on an idle machine the wall is at most the CPU time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = _velocity(home, "rules", "preview", str(rules), "--hours", str(hours), "--json")
-    return time.monotonic() - started, json.loads(done.stdout)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, json.loads(done.stdout)
 
 
 def _rules_table(home: Path, rules: Path | None) -> None:
@@ -152,13 +159,14 @@ def _rules_table(home: Path, rules: Path | None) -> None:
         _velocity(home, "rules", "apply", str(lowered))
 
 
-def _report(label: str, wall: float, result: dict) -> None:
+def _report(label: str, wall: float, cpu: float, result: dict) -> None:
     alerts = sum(r["alerts"] for r in result["rules"])
     base = sum(r["inForceAlerts"] for r in result["rules"])
     diff = {k: sum(r["diff"][k] for r in result["rules"]) for k in ("added", "removed", "changed")}
     steps = ", ".join(f"{k} {v:.1f}" for k, v in result["stepSeconds"].items())
     print(
-        f"{label:<44} {wall:6.1f} s wall  ({result['seconds']:.1f} s in the function: {steps}); "
+        f"{label:<36} {wall:6.1f} s wall, {cpu:5.1f} s CPU, load {os.getloadavg()[0]:.1f} "
+        f"({result['seconds']:.1f} s in the function: {steps}); "
         f"{result['eventsInSpan']:,} events in span, {result['eventsRead']:,} read; "
         f"{alerts:,} alerts, {base:,} by the versions in force; {diff['added']:,} added, "
         f"{diff['removed']:,} removed, {diff['changed']:,} changed"

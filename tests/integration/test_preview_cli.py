@@ -13,6 +13,7 @@ from benchmarks.preview import write_live_events
 from tests.integration.test_cli import run
 from velocity.cli import sample_rules_path
 from velocity.delta.preview_reader import preview
+from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
 from velocity.rules import parse_rules
 from velocity.settings import load_settings
@@ -101,3 +102,12 @@ def test_hours_must_be_positive(data_dir: Path) -> None:
     done = run("rules", "preview", str(sample_rules_path()), "--hours", "0", data_dir=data_dir)
     assert done.returncode == 2
     assert "hours must be a positive number" in done.stderr
+
+
+def test_a_preview_that_would_read_too_many_events_refuses_before_reading(
+    data_dir: Path,
+) -> None:
+    entries = parse_rules(sample_rules_path().read_text())
+    with pytest.raises(UsageError, match="would read up to 3000 events") as refused:
+        preview(load_settings(data_dir=data_dir), entries, hours=0.5, max_events=2999)
+    assert "preview fewer hours, or a rule with a shorter window" in str(refused.value)

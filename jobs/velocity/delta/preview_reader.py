@@ -37,10 +37,14 @@ from velocity.rules import Rule, RuleEntry
 from velocity.settings import Settings
 from velocity.timing import StepTimer
 
+# The most events a preview reads into memory (about 100 bytes each with the columns a
+# rule uses, several times that while deciding): beyond it, it refuses before reading.
+MAX_EVENTS = 20_000_000
+
 
 def _files(table: DeltaTable) -> pa.Table:
-    """The table's data files: ``uri``, and each one's eventTime ``low`` and ``high``
-    (null where the file has no statistics)."""
+    """The table's data files: ``uri``, ``rows``, and each one's eventTime ``low`` and
+    ``high`` (null where the file has no statistics)."""
     actions = pa.table(table.get_add_actions(flatten=True))
     n = actions.num_rows
     root = table.table_uri.rstrip("/")
@@ -54,6 +58,7 @@ def _files(table: DeltaTable) -> pa.Table:
     return pa.table(
         {
             "uri": pa.array(uris, pa.string()),
+            "rows": stat("num_records"),
             "low": stat("min.eventTime"),
             "high": stat("max.eventTime"),
         }
@@ -85,19 +90,30 @@ def newest_event_time(table: DeltaTable) -> int | None:
     return max(highs) if highs else None
 
 
-def read_events(table: DeltaTable, columns: Sequence[str], low: int, high: int) -> pa.Table:
+def read_events(
+    table: DeltaTable, columns: Sequence[str], low: int, high: int, max_events: int = MAX_EVENTS
+) -> pa.Table:
     """``columns`` of the events with eventTime in ``[low, high]``: files outside by their
-    statistics are not opened; Arrow skips row groups and filters rows in the rest."""
+    statistics are not opened; Arrow skips row groups and filters rows in the rest.
+    ``UsageError`` before reading when the files in range hold more than ``max_events``."""
     where = (pc.field("eventTime") >= low) & (pc.field("eventTime") <= high)
-    if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
-        # Deletion vectors, column mapping, partitions: delta-rs reads such a table.
-        return table.to_pyarrow_dataset().to_table(filter=where, columns=list(columns))
     files = _files(table)
     reach = pc.and_kleene(
         pc.fill_null(pc.greater_equal(files.column("high"), low), True),
         pc.fill_null(pc.less_equal(files.column("low"), high), True),
     )
-    uris = files.filter(reach).column("uri").to_pylist()
+    kept = files.filter(reach)
+    rows = int(pc.sum(pc.fill_null(kept.column("rows"), 0)).as_py() or 0)
+    if rows > max_events:
+        raise UsageError(
+            f"the preview would read up to {rows} events (eventTime {low}..{high}: the span "
+            f"and the history its widest window needs), more than {max_events}: preview "
+            "fewer hours, or a rule with a shorter window"
+        )
+    if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
+        # Deletion vectors, column mapping, partitions: delta-rs reads such a table.
+        return table.to_pyarrow_dataset().to_table(filter=where, columns=list(columns))
+    uris = kept.column("uri").to_pylist()
     if not uris:
         return pa.table({name: pa.array([]) for name in columns})
     return _dataset(uris).to_table(filter=where, columns=list(columns))
@@ -124,6 +140,7 @@ def preview(
     sample_size: int = SAMPLE_SIZE,
     diff_shown: int = DIFF_SHOWN,
     now_ms: int | None = None,
+    max_events: int = MAX_EVENTS,
 ) -> Preview:
     """What the rules among ``entries`` (``velocity.rules.parse_rules``' output) would have
     fired over the last ``hours`` of the live events table, anchored on its newest
@@ -131,7 +148,8 @@ def preview(
 
     Reads the events table and the rules table of ``settings.data_dir`` (delta-rs, no
     Spark); writes nothing. ``now_ms``: the alerts' decisionTime (default: the clock).
-    ``UsageError`` when there is no events table or it holds no event."""
+    ``UsageError`` when there is no events table, it holds no event, or the span and its
+    history hold more than ``max_events`` (nothing read then)."""
     timer = StepTimer()
     candidates, skipped = candidate_rules(entries)
     path = settings.table_path(EVENTS)
@@ -147,7 +165,7 @@ def preview(
     width_ms = settings.bucket_width_ms
     deciding = [*candidates, *(r for r in in_force if r.rule_id in {c.rule_id for c in candidates})]
     low = read_from(span, deciding, width_ms)
-    events = read_events(table, event_fields(deciding), low, span.end)
+    events = read_events(table, event_fields(deciding), low, span.end, max_events)
     timer.mark("read")
     decision_time = now_ms if now_ms is not None else int(time.time() * 1000)
     previews = rule_previews(

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -155,10 +156,14 @@ class Fired:
             }
         )
 
-    def event_times(self) -> np.ndarray:
-        """The eventTime of each alert."""
+    @cached_property
+    def _times(self) -> np.ndarray:
         times = self.keyed.column("eventTime").combine_chunks().to_numpy()
         return np.asarray(times[self.decisions.rows], dtype=np.int64)
+
+    def event_times(self) -> np.ndarray:
+        """The eventTime of each alert (made once: millions of alerts are no rarity)."""
+        return self._times
 
     def alerts(self, decision_time: int, positions: np.ndarray | None = None) -> pa.Table:
         """The SPEC §4 rows (ALERT_ARROW) of the alerts at ``positions`` (all when None),
@@ -471,8 +476,9 @@ def window_rows(events: pa.Table, alert: Mapping[str, Any], rule: Rule) -> pa.Ta
             pc.is_in(rows.column(name), value_set=_field_values(rows, name, [alert]))
         )
     for name, allowed in rule.signature.filter:
-        inside = pc.is_in(canonical_texts(rows, name), value_set=pa.array(allowed, pa.string()))
-        rows = rows.filter(inside)
+        # A text column is canonical text already; only the amount is made so.
+        texts = canonical_texts(rows, name) if FIELDS_BY_NAME[name].numeric else rows.column(name)
+        rows = rows.filter(pc.is_in(texts, value_set=pa.array(allowed, pa.string())))
     return rows
 
 

@@ -172,7 +172,7 @@ def cmd_rules_preview(args: argparse.Namespace) -> int:
             for entry in shown:
                 print(
                     f"    {kind} {entry.transaction_id} at {entry.event_time}: "
-                    f"{entry.in_force} -> {entry.candidate}"
+                    f"in force {entry.in_force or '-'}, candidate {entry.candidate or '-'}"
                 )
         for sample in rule.sample:
             alert = sample.alert

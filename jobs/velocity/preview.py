@@ -606,8 +606,13 @@ class Preview:
 
 
 def baseline(in_force: Sequence[Rule], rule_id: int) -> Rule | None:
-    """The version in force of ``rule_id`` (ACTIVE or PAUSE), or None."""
-    found = [r for r in in_force if r.rule_id == rule_id]
+    """The version in force of ``rule_id``: its ACTIVE or PAUSE version, or None. The
+    rule store's ``in_force`` also lists standing SHADOW candidates (issue 24, part 1):
+    a candidate is not the version in force, so any state but those two is passed over."""
+    found = [
+        r for r in in_force
+        if r.rule_id == rule_id and r.state in (RuleState.ACTIVE, RuleState.PAUSE)
+    ]  # fmt: skip
     return max(found, key=lambda r: r.version) if found else None
 
 

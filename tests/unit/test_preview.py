@@ -125,6 +125,12 @@ def test_baseline_is_the_version_in_force_of_the_rule_id() -> None:
     two = make_rule(ruleId=2).with_version(1)
     assert baseline([one, two], 2) == two
     assert baseline([one, two], 9) is None
+    # A later version in another state (a standing shadow candidate, in the rule store's
+    # in_force beside the rule in force) is not the version in force.
+    other = make_rule(ruleId=1, limit=5).with_version(4).with_state(RuleState.DELETE)
+    assert baseline([one, other, two], 1) == one
+    paused = one.with_state(RuleState.PAUSE)
+    assert baseline([paused, other], 1) == paused
 
 
 def test_event_fields_are_those_the_signatures_read() -> None:

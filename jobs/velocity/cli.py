@@ -134,6 +134,69 @@ def cmd_rules_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_preview(args: argparse.Namespace) -> int:
+    from velocity.delta.preview_reader import preview
+    from velocity.rules import rule_summary
+
+    entries = _read_rules_file(args.file)
+    result = preview(_settings(args), entries, hours=args.hours, sample_size=args.sample)
+    if args.json:
+        print(result.to_json_text())
+        return EXIT_OK
+    span = result.span
+    print(
+        f"last {args.hours:g} h of accepted events: eventTime in ({span.start}, {span.end}], "
+        f"anchored on the newest eventTime in the events table; {result.events_in_span} events "
+        f"decided, {result.events_read} read (history from {result.read_from} for the widest "
+        f"window), {result.seconds:.1f} s"
+    )
+    for note in result.skipped:
+        print(f"skipped: {note}")
+    for rule in result.rules:
+        base = rule.in_force
+        against = (
+            "no version in force: every alert is added"
+            if base is None
+            else f"against v{base.version} in force ({base.state.value}, "
+            f"{rule.in_force_alerts} alerts)"
+        )
+        print(
+            f"\nruleId {rule.rule.rule_id} v{rule.rule.version} (unsaved) {rule_summary(rule.rule)}"
+        )
+        print(f"  {rule.alerts} alerts; {against}")
+        print("  per hour: " + ", ".join(f"{h.alerts}" for h in rule.per_hour) + " (oldest first)")
+        diff = rule.diff
+        print(
+            f"  difference: {diff.added} added, {diff.removed} removed, "
+            f"{diff.changed} changed value, {diff.unchanged} the same"
+        )
+        shown_kinds = (
+            ("added", diff.added_shown),
+            ("removed", diff.removed_shown),
+            ("changed", diff.changed_shown),
+        )
+        # Without a version in force every alert is added: the sample below shows them.
+        for kind, shown in shown_kinds if base is not None else ():
+            for entry in shown:
+                print(
+                    f"    {kind} {entry.transaction_id} at {entry.event_time}: "
+                    f"in force {entry.in_force or '-'}, candidate {entry.candidate or '-'}"
+                )
+        for sample in rule.sample:
+            alert = sample.alert
+            print(
+                f"  alert {alert['alertId']} transaction {alert['transactionId']} key "
+                f"{json.dumps(alert['key'])} at {alert['eventTime']}: "
+                f"{alert['aggregatorFunctionType']} {alert['aggregateValue']} "
+                f"{alert['limitOperatorType']} {alert['limit']}"
+            )
+            if sample.explanation is None:
+                print(f"    {sample.window_events} events in the window (too many to list)")
+            else:
+                print(f"    {sample.explanation.arithmetic}")
+    return EXIT_OK
+
+
 def _print_rules(rules: Sequence[Rule]) -> None:
     if not rules:
         print("no rules in force")
@@ -737,6 +800,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate = rules_sub.add_parser("validate", help="exit 0 when every rule in FILE is valid")
     validate.add_argument("file")
     validate.set_defaults(run=cmd_rules_validate)
+    preview = rules_sub.add_parser(
+        "preview", help="the alerts FILE's rules would have fired over the last hours of events"
+    )
+    preview.add_argument("file")
+    preview.add_argument("--hours", type=float, default=1.0, help="hours before the newest event")
+    preview.add_argument("--sample", type=int, default=5, help="alerts shown with explanations")
+    preview.add_argument("--json", action="store_true", help="one JSON object")
+    preview.set_defaults(run=cmd_rules_preview)
     apply = rules_sub.add_parser("apply", help="apply FILE as new rule versions, all or nothing")
     apply.add_argument("file")
     apply.set_defaults(run=cmd_rules_apply)

@@ -10,6 +10,7 @@ value that JSON must escape (rare) is the only thing written one at a time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -61,10 +62,19 @@ def keyed_rows(
     ``schema`` (KEYED_COLUMNS' types), signature after signature."""
     texts: dict[str, pa.ChunkedArray] = {}
 
+    escapes: dict[str, np.ndarray] = {}
+
     def text(field: str) -> pa.ChunkedArray:
         if field not in texts:
             texts[field] = canonical_texts(events, field)
         return texts[field]
+
+    def escaped(field: str) -> np.ndarray:
+        """Whether each event's text of ``field`` holds what JSON escapes (made once)."""
+        if field not in escapes:
+            found = pc.fill_null(pc.match_substring_regex(text(field), _NEEDS_ESCAPE), False)
+            escapes[field] = found.to_numpy(zero_copy_only=False).astype(bool)
+        return escapes[field]
 
     parts = []
     for signature in signatures:
@@ -75,17 +85,26 @@ def keyed_rows(
         for name, allowed in signature.filter:
             inside = pc.is_in(text(name), value_set=pa.array(allowed, pa.string()))
             keep &= inside.to_numpy(zero_copy_only=False).astype(bool)
-        rows = pa.array(np.flatnonzero(keep))
+        every = bool(keep.all())
+        chosen = np.flatnonzero(keep)
+        rows = pa.array(chosen)
         n = len(rows)
+
+        # Most signatures keep every event (no filter, keys always there): no copy then.
+        taken = partial(_taken, rows=None if every else rows)
+        key_escaped = np.zeros(n, dtype=bool)
+        for name in signature.grouping_keys:
+            key_escaped |= escaped(name) if every else escaped(name)[chosen]
         number_type = schema.field("number").type
         columns = {
-            "signature_id": pa.array(np.full(n, signature.signature_id), pa.string()),
-            "key": _key_texts([text(f).take(rows) for f in signature.grouping_keys], n),
-            "eventTime": events.column("eventTime").take(rows),
-            "transactionId": events.column("transactionId").take(rows),
-            "value": text(field).take(rows) if field else pa.nulls(n, pa.string()),
+            # pa.repeat: np.full of a string costs ~0.6 µs a row (2 s for 3.6M), this nothing.
+            "signature_id": pa.repeat(pa.scalar(signature.signature_id, pa.string()), n),
+            "key": _key_texts([taken(text(f)) for f in signature.grouping_keys], n, key_escaped),
+            "eventTime": taken(events.column("eventTime")),
+            "transactionId": taken(events.column("transactionId")),
+            "value": taken(text(field)) if field else pa.nulls(n, pa.string()),
             "number": (
-                pc.cast(events.column(field).take(rows), number_type)
+                pc.cast(taken(events.column(field)), number_type)
                 if field and FIELDS_BY_NAME[field].numeric
                 else pa.nulls(n, number_type)
             ),
@@ -96,10 +115,15 @@ def keyed_rows(
     return pa.concat_tables(parts)
 
 
-def _key_texts(values: list[pa.ChunkedArray], n: int) -> pa.ChunkedArray:
-    """``key_text`` of each row's key values (a compact JSON array of strings)."""
+def _taken(column: pa.ChunkedArray, rows: pa.Array | None) -> pa.ChunkedArray:
+    return column if rows is None else column.take(rows)
+
+
+def _key_texts(values: list[pa.ChunkedArray], n: int, escaped: np.ndarray) -> pa.ChunkedArray:
+    """``key_text`` of each row's key values (a compact JSON array of strings);
+    ``escaped`` marks the rows with a value that JSON escapes."""
     if not values:
-        return pa.chunked_array([pa.array(np.full(n, "[]"), pa.string())])
+        return pa.chunked_array([pa.repeat(pa.scalar("[]", pa.string()), n)])
     pieces: list[pa.ChunkedArray | str] = ['["']
     for index, column in enumerate(values):
         if index:
@@ -107,9 +131,6 @@ def _key_texts(values: list[pa.ChunkedArray], n: int) -> pa.ChunkedArray:
         pieces.append(column)
     pieces.append('"]')
     keys = pc.binary_join_element_wise(*pieces, "")
-    escaped = np.zeros(n, dtype=bool)
-    for column in values:
-        escaped |= pc.match_substring_regex(column, _NEEDS_ESCAPE).to_numpy(zero_copy_only=False)
     if not escaped.any():
         return keys
     rows = np.flatnonzero(escaped)

@@ -59,7 +59,7 @@ def main() -> int:
     from velocity.redis import connection
     from velocity.redis.lock import state_lock
     from velocity.redis.server import redis_down, redis_up
-    from velocity.rules import Rule, active_rules, parse_rules, rules_by_signature
+    from velocity.rules import Rule, deciding_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
     from velocity.spark import maintenance
     from velocity.spark.backfill import Backfill
@@ -108,7 +108,7 @@ def main() -> int:
             ).mode("append").save(str(live.buckets))
 
     write_buckets_as_the_stream_does()
-    in_force = active_rules(job.rule_store.in_force())
+    in_force = deciding_rules(job.rule_store.in_force())
     widest = max(r.window_ms for r in in_force)
     spark.createDataFrame(
         [

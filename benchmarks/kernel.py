@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from velocity.engine.kernel import decide_history
-from velocity.rules import RuleSignature, active_rules, key_text, parse_rules, rules_by_signature
+from velocity.rules import RuleSignature, deciding_rules, key_text, parse_rules, rules_by_signature
 from velocity.windows import KeyedEvent, evaluate_key_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--reference", type=int, default=0, help="events for the reference")
     args = parser.parse_args()
 
-    rules = active_rules(parse_rules(args.rules.read_text()))  # type: ignore[arg-type]
+    rules = deciding_rules(parse_rules(args.rules.read_text()))  # type: ignore[arg-type]
     events = synthetic_events(args.events, args.payers, seed=1)
     table = keyed(events, list(rules_by_signature(rules)))
     best = float("inf")

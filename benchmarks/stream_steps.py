@@ -41,7 +41,7 @@ def run(events_dir: Path) -> dict[str, float]:
     from velocity.redis import connection, mirror
     from velocity.redis.commit_args import BucketChanges
     from velocity.redis.lock import state_lock
-    from velocity.rules import active_rules, parse_rules, rules_by_signature
+    from velocity.rules import deciding_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
     from velocity.spark.ingest import VERDICT_ARROW
     from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
@@ -51,7 +51,7 @@ def run(events_dir: Path) -> dict[str, float]:
     client = connection.connect(settings)
     client.flushall()
     connection.load_functions(client)
-    rules = active_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
+    rules = deciding_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
     signatures = list(rules_by_signature(rules))
     spool = Spool(settings)
     gc.set_threshold(1_000_000, 1000, 1000)  # as the stream (StreamJob.start)

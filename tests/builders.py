@@ -513,16 +513,22 @@ def generated_in_arrival_order(folder: Path, options: GenerateOptions) -> Path:
 
 
 def alert_row(
-    alert_id: str, rule: tuple[int, int], decision_time: int, kind: str = "ALERT"
+    alert_id: str,
+    rule: tuple[int, int],
+    decision_time: int,
+    kind: str = "ALERT",
+    transaction_id: str | None = None,
+    shadow: bool | None = None,
 ) -> dict[str, Any]:
     """A row of the alerts table (``velocity.delta.tables.ALERT_SCHEMA``) of ruleId and
-    version ``rule``, decided at ``decision_time``."""
-    return {
+    version ``rule``, decided at ``decision_time``; ``shadow`` given: with the column of
+    that name (a table of an older Velocity has none)."""
+    row = {
         "alertId": alert_id,
         "kind": kind,
         "ruleId": rule[0],
         "ruleVersion": rule[1],
-        "transactionId": f"tx-{alert_id}",
+        "transactionId": transaction_id or f"tx-{alert_id}",
         "key": [("payerId", "p-1")],
         "eventTime": decision_time - 5,
         "aggregatorFunctionType": "COUNT",
@@ -534,6 +540,9 @@ def alert_row(
         "decisionTime": decision_time,
         "signature_id": "s",
     }
+    if shadow is not None:
+        row["shadow"] = shadow
+    return row
 
 
 def append_alerts(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -561,7 +570,35 @@ def append_alerts(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             pa.field("signature_id", pa.string()),
         ]
     )
-    write_deltalake(str(path), pa.Table.from_pylist(list(rows), schema), mode="append")
+    if any("shadow" in row for row in rows):
+        schema = schema.append(pa.field("shadow", pa.bool_()))
+    write_deltalake(
+        str(path), pa.Table.from_pylist(list(rows), schema), mode="append", schema_mode="merge"
+    )
+
+
+@st.composite
+def decision_histories(
+    draw: st.DrawFn, transaction_id: str, version: int, base: int = BASE_TIME
+) -> list[dict[str, Any]]:
+    """The rows one decision of (ruleId 4, ``version``, ``transaction_id``) may leave in
+    the alerts table (SPEC §3): an ALERT or a backfill's CORRECTION, then RETRACTIONs and
+    CORRECTIONs in turn, so its net count stays 0 or 1; a RETRACTION and the CORRECTION
+    after it may share a decisionTime (a backfill amends a value that way), a raising row
+    and the RETRACTION after it never do."""
+    steps = draw(st.integers(1, 5))
+    at = base + draw(st.integers(0, 5_000))
+    rows = []
+    for step in range(steps):
+        retracts = step % 2 == 1
+        if step == 0:
+            kind = draw(st.sampled_from(["ALERT", "CORRECTION"]))
+        else:
+            kind = "RETRACTION" if retracts else "CORRECTION"
+            at += draw(st.integers(1 if retracts else 0, 3_000))
+        alert_id = f"{transaction_id}-v{version}-{step}"
+        rows.append(alert_row(alert_id, (4, version), at, kind, transaction_id))
+    return rows
 
 
 def asked_keys(slots: Sequence[tuple[str, str]]) -> pa.Table:

@@ -8,7 +8,7 @@ from enum import StrEnum
 from hashlib import sha1
 from typing import Any
 
-from velocity.rules import Rule
+from velocity.rules import Rule, RuleState
 from velocity.schema import format_decimal
 from velocity.windows import Decision, format_aggregate
 
@@ -67,9 +67,9 @@ def alert_record(
     decision_time: int,
     kind: AlertKind = AlertKind.ALERT,
 ) -> dict[str, Any]:
-    """The SPEC §4 record of one decision."""
+    """The SPEC §4 record of one decision (``"shadow": true`` for a SHADOW rule's)."""
     rule = decision.rule
-    return {
+    record = {
         "alertId": alert_id(rule.rule_id, rule.version, decision.event.transaction_id, kind),
         "kind": kind.value,
         "ruleId": rule.rule_id,
@@ -85,6 +85,9 @@ def alert_record(
         "windowEnd": decision.event.event_time,
         "decisionTime": decision_time,
     }
+    if rule.state is RuleState.SHADOW:
+        record["shadow"] = True
+    return record
 
 
 ALERT_FIELDS: tuple[str, ...] = (
@@ -95,10 +98,19 @@ ALERT_FIELDS: tuple[str, ...] = (
 
 
 def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The SPEC §4 record of a stored alert row (its key may be a map or key/value pairs)."""
+    """The SPEC §4 record of a stored alert row (its key may be a map or key/value pairs);
+    a shadow rule's says so (``"shadow": true``), a rule in force's has no such field."""
     record = {name: row[name] for name in ALERT_FIELDS}
     record["key"] = dict(row["key"])
+    if row.get("shadow"):
+        record["shadow"] = True
     return record
+
+
+def is_shadow(record: Mapping[str, Any]) -> bool:
+    """A shadow rule's alert: for the alerts table and the shadow stream only, never for
+    the alert stream or topic downstream services consume."""
+    return bool(record.get("shadow"))
 
 
 def amended(
@@ -114,6 +126,8 @@ def amended(
         raise ValueError("a backfill amends with CORRECTION or RETRACTION, not ALERT")
     out = {name: record[name] for name in ALERT_FIELDS}
     out["key"] = dict(record["key"])
+    if is_shadow(record):
+        out["shadow"] = True
     out["kind"] = kind.value
     out["alertId"] = alert_id(
         record["ruleId"], record["ruleVersion"], record["transactionId"], kind, run_id

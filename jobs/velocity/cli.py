@@ -21,7 +21,14 @@ from typing import Any
 
 from velocity.decimals import dumps_json
 from velocity.errors import InvalidRuleError, UsageError, VelocityError
-from velocity.rule_changes import outcome_lines, rules_file_text
+from velocity.rule_changes import (
+    Change,
+    Promotion,
+    RuleBook,
+    outcome_lines,
+    plan_changes,
+    rules_file_text,
+)
 from velocity.rules import Rule, RuleEntry, RuleState, StateChange, parse_rules
 from velocity.schema import parse_key_values
 from velocity.settings import Settings, load_settings
@@ -207,6 +214,21 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_shadow(args: argparse.Namespace) -> int:
+    """Every rule of FILE as a SHADOW candidate, whatever its ruleState says."""
+    entries = _read_rules_file(args.file)
+    others = [e for e in entries if not isinstance(e, Rule)]
+    if others:
+        raise UsageError(
+            f"{args.file}: `rules shadow` takes whole rules only, not {others[0]!r}; "
+            "apply state changes and controls with `velocity rules apply`"
+        )
+    candidates = [e.with_state(RuleState.SHADOW) for e in entries if isinstance(e, Rule)]
+    for line in outcome_lines(_rule_store(_settings(args)).apply(candidates), candidates):
+        print(line)
+    return EXIT_OK
+
+
 def _clear_state(settings: Settings) -> None:
     """CLEAR_STATE_ALL: forget every bucket of the live system (rules stay)."""
     from velocity.delta.tables import BUCKETS, table_exists
@@ -239,9 +261,11 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
     return _export(rules_file_text([r.to_json() for r in rules]), args.out, f"{len(rules)} rules")
 
 
-def _change_state(state: RuleState) -> Callable[[argparse.Namespace], int]:
+def _change(entry_of: Callable[[int], Change]) -> Callable[[argparse.Namespace], int]:
+    """`velocity rules pause|activate|delete|promote|discard ID`."""
+
     def run(args: argparse.Namespace) -> int:
-        entries = [StateChange(args.rule_id, state)]
+        entries = [entry_of(args.rule_id)]
         for line in outcome_lines(_rule_store(_settings(args)).apply(entries), entries):
             print(line)
         return EXIT_OK
@@ -341,8 +365,9 @@ def _generate_to_kafka(settings: Settings, options: Any, args: argparse.Namespac
 def cmd_backtest(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.rules:
-        # Rules from a file have no stored history: each counts as its first version.
-        rules = [e.with_version(1) for e in _read_rules_file(args.rules) if isinstance(e, Rule)]
+        # Versioned as if applied to an empty rules table: a rule and its SHADOW candidate
+        # in one file get versions 1 and 2, as the store would give them.
+        rules = RuleBook.of(plan_changes(RuleBook(), _read_rules_file(args.rules))[0]).in_force()
     else:
         rules = _rule_store(settings).in_force()
     if not Path(args.events).exists():
@@ -556,7 +581,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     client = connection.connect(settings)
-    stream = settings.alert_stream
+    stream = settings.shadow_alert_stream if args.shadow else settings.alert_stream
     last = "0-0" if args.from_start else "$"
     deadline = time.monotonic() + args.duration if args.duration else None
     seen = 0
@@ -570,7 +595,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
                     published_ms = int(entry_id.split("-")[0])
                     seen += 1
                     print(
-                        f"rule {alert['ruleId']:>3} {alert['aggregatorFunctionType']:<12} "
+                        f"rule {alert['ruleId']:>3} v{alert['ruleVersion']:<3} "
+                        f"{alert['aggregatorFunctionType']:<12} "
                         f"{json.dumps(alert['key'], separators=(',', ':')):<40} "
                         f"{alert['aggregateValue']:>14} {alert['limitOperatorType']} "
                         f"{alert['limit']:<10} tx {alert['transactionId']:<12} "
@@ -797,14 +823,22 @@ def build_parser() -> argparse.ArgumentParser:
     export = rules_sub.add_parser("export", help="the rules in force as a re-appliable file")
     export.add_argument("--out", help="write to this file instead of standard output")
     export.set_defaults(run=cmd_rules_export)
-    for name, state in (
-        ("pause", RuleState.PAUSE),
-        ("activate", RuleState.ACTIVE),
-        ("delete", RuleState.DELETE),
-    ):
-        change = rules_sub.add_parser(name, help=f"set a rule in force to {state.value}")
+    shadow = rules_sub.add_parser(
+        "shadow", help="add FILE's rules as SHADOW candidates (decided, kept from downstream)"
+    )
+    shadow.add_argument("file")
+    shadow.set_defaults(run=cmd_rules_shadow)
+    changes: list[tuple[str, str, Callable[[int], Change]]] = [
+        ("pause", "set a rule in force to PAUSE", lambda i: StateChange(i, RuleState.PAUSE)),
+        ("activate", "set a rule in force to ACTIVE", lambda i: StateChange(i, RuleState.ACTIVE)),
+        ("delete", "set a rule in force to DELETE", lambda i: StateChange(i, RuleState.DELETE)),
+        ("promote", "make ID's SHADOW candidate its ACTIVE version", Promotion),
+        ("discard", "withdraw ID's SHADOW candidate", lambda i: StateChange(i, RuleState.DISCARD)),
+    ]
+    for name, text, entry_of in changes:
+        change = rules_sub.add_parser(name, help=text)
         change.add_argument("rule_id", type=int, metavar="ID")
-        change.set_defaults(run=_change_state(state))
+        change.set_defaults(run=_change(entry_of))
 
     reviews = sub.add_parser("reviews", help="analysts' reviews of alerts")
     reviews_sub = reviews.add_subparsers(
@@ -915,6 +949,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", help="print alerts live from the Redis alert stream")
     watch.add_argument("--duration", type=float, help="stop after this many seconds")
     watch.add_argument("--from-start", action="store_true", help="replay the whole stream first")
+    watch.add_argument(
+        "--shadow", action="store_true", help="the SHADOW rules' alerts (<alert stream>:shadow)"
+    )
     watch.set_defaults(run=cmd_watch)
 
     alerts = sub.add_parser("alerts", help="export the alerts table as JSON lines")

@@ -186,6 +186,12 @@ def _order(review: Review) -> tuple[int, str, str, str]:
     return (review.when, review.verdict.value, review.who, review.note)
 
 
+def precision_of(confirmed: int, false_positives: int) -> float | None:
+    """confirmed / (confirmed + false positives); None while there is neither."""
+    decided = confirmed + false_positives
+    return None if decided == 0 else confirmed / decided
+
+
 @dataclass(frozen=True)
 class VersionPrecision:
     """The figures of one rule version, as the page shows them."""
@@ -201,8 +207,7 @@ class VersionPrecision:
 
     @property
     def precision(self) -> float | None:
-        decided = self.confirmed + self.false_positives
-        return None if decided == 0 else self.confirmed / decided
+        return precision_of(self.confirmed, self.false_positives)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,9 +1,10 @@
 """How applying rule entries changes the versioned rules (pure; the Delta store writes the result).
 
-Invariants: versions of one ruleId count up from 1 without gaps, across deletes
-and re-creations; an entry equal to the latest version writes nothing; an entry
-that cannot apply (a PAUSE or DELETE of a rule not in force) raises before anything
-is planned, so a file applies whole or not at all.
+Invariants: versions of one ruleId count up from 1 without gaps, across deletes,
+re-creations and shadow candidates; an entry equal to the latest version of its track
+writes nothing; an entry that cannot apply (a PAUSE or DELETE of a rule not in force, a
+promote or discard without a candidate) raises before anything is planned, so a file
+applies whole or not at all.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ class ApplyResult:
 
 def stored_rule(row: Mapping[str, Any]) -> Rule:
     """One row of the rules table (ruleId, version, ruleState, rule_json) as its Rule."""
-    entry, problems = parse_rule(json.loads(row["rule_json"], parse_float=Decimal))
+    body = json.loads(row["rule_json"], parse_float=Decimal)
+    # The state is the row's (a DISCARD is no state a rules file may carry).
+    entry, problems = parse_rule({**body, "ruleState": RuleState.ACTIVE.value})
     if not isinstance(entry, Rule):
         # Only validated rules are ever written, so this means the table was edited by hand.
         raise VelocityError(
@@ -45,55 +48,122 @@ def stored_rule(row: Mapping[str, Any]) -> Rule:
     return entry.with_version(row["version"]).with_state(RuleState(row["ruleState"]))
 
 
+@dataclass(frozen=True)
+class Promotion:
+    """`velocity rules promote ID`: the candidate of ``rule_id`` becomes its ACTIVE version."""
+
+    rule_id: int
+
+
+Change = RuleEntry | Promotion
+
+
+@dataclass
+class RuleBook:
+    """The rules table read as two tracks per ruleId (SPEC §2): the rule in force (its
+    latest ACTIVE, PAUSE or DELETE version) and the candidate beside it (its latest SHADOW
+    version, unless discarded or promoted since). Versions count up across both tracks,
+    so a (ruleId, version) names one rule and one alert-id scheme, shadow or not."""
+
+    latest_version: dict[int, int] = field(default_factory=dict)
+    live: dict[int, Rule] = field(default_factory=dict)  # deleted ones included
+    candidates: dict[int, Rule] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, history: Iterable[Rule]) -> RuleBook:
+        book = cls()
+        for rule in sorted(history, key=lambda r: (r.rule_id, r.version)):
+            book.record(rule)
+        return book
+
+    def record(self, rule: Rule) -> None:
+        """``rule``, the next version of its ruleId, as the table's next row."""
+        self.latest_version[rule.rule_id] = rule.version
+        if rule.state is RuleState.SHADOW:
+            self.candidates[rule.rule_id] = rule
+        elif rule.state is RuleState.DISCARD:
+            self.candidates.pop(rule.rule_id, None)
+        else:
+            self.live[rule.rule_id] = rule
+            candidate = self.candidates.get(rule.rule_id)
+            if candidate is not None and _promotes(rule, candidate):
+                del self.candidates[rule.rule_id]
+
+    def standing(self) -> dict[int, Rule]:
+        """The ACTIVE and PAUSE rules in force, by ruleId."""
+        return {i: r for i, r in self.live.items() if r.state is not RuleState.DELETE}
+
+    def in_force(self) -> list[Rule]:
+        """ACTIVE and PAUSE rules and the standing candidates, by (ruleId, version)."""
+        rules = [*self.standing().values(), *self.candidates.values()]
+        return sorted(rules, key=lambda r: (r.rule_id, r.version))
+
+
+def _promotes(live: Rule, candidate: Rule) -> bool:
+    """An ACTIVE version equal to the candidate is its promotion: shadowing the rule in
+    force with itself would fire exactly its alerts, so the candidate ends there."""
+    return live.state is RuleState.ACTIVE and _body(live) == _body(candidate)
+
+
+def _body(rule: Rule) -> Rule:
+    return rule.with_version(0).with_state(RuleState.ACTIVE)
+
+
 def latest_versions(history: Iterable[Rule]) -> dict[int, Rule]:
-    """The latest version of each ruleId, deleted ones included."""
-    latest: dict[int, Rule] = {}
-    for rule in sorted(history, key=lambda r: (r.rule_id, r.version)):
-        latest[rule.rule_id] = rule
-    return latest
+    """The latest version of each ruleId's rule in force, deleted ones included."""
+    return dict(RuleBook.of(history).live)
 
 
 def in_force(history: Iterable[Rule]) -> list[Rule]:
-    """ACTIVE and PAUSE rules at their latest version, by ruleId."""
-    return sorted(
-        (r for r in latest_versions(history).values() if r.state is not RuleState.DELETE),
-        key=lambda r: r.rule_id,
-    )
+    """ACTIVE and PAUSE rules at their latest version, and the standing SHADOW candidates,
+    by (ruleId, version)."""
+    return RuleBook.of(history).in_force()
 
 
-def plan_changes(
-    current: dict[int, Rule], entries: Sequence[RuleEntry]
-) -> tuple[list[Rule], ApplyResult]:
-    """The new rule versions ``entries`` make from ``current`` (pure; nothing written).
-
-    ``current`` maps ruleId to its latest version (deleted ones included, so a
-    re-created rule continues its version numbers).
-    """
-    latest = dict(current)
-    in_force = {i: r for i, r in latest.items() if r.state is not RuleState.DELETE}
+def plan_changes(book: RuleBook, entries: Sequence[Change]) -> tuple[list[Rule], ApplyResult]:
+    """The new rule versions ``entries`` make from ``book`` (pure; nothing written)."""
+    book = RuleBook(dict(book.latest_version), dict(book.live), dict(book.candidates))
     written: list[Rule] = []
     result = ApplyResult()
 
-    def put(rule: Rule) -> None:
-        current = latest.get(rule.rule_id)
-        if current is not None and current.with_version(0) == rule.with_version(0):
-            # Applying what is already in force changes nothing (a rerun of the same file
-            # keeps versions, and with them alert ids, stable).
-            return
-        version = current.version + 1 if current is not None else 1
-        new = rule.with_version(version)
-        latest[rule.rule_id] = new
-        if new.state is RuleState.DELETE:
-            in_force.pop(rule.rule_id, None)
-        else:
-            in_force[rule.rule_id] = new
+    def write(rule: Rule) -> None:
+        new = rule.with_version(book.latest_version.get(rule.rule_id, 0) + 1)
+        book.record(new)
         written.append(new)
         result.changes.append(RuleChange(new.rule_id, new.version, new.state))
 
+    def put(rule: Rule) -> None:
+        current = book.live.get(rule.rule_id)
+        # Applying what is already in force changes nothing (a rerun of the same file
+        # keeps versions, and with them alert ids, stable).
+        if current is None or not _same(current, rule):
+            write(rule)
+
+    def shadow(rule: Rule) -> None:
+        current = book.candidates.get(rule.rule_id)
+        if current is not None and _same(current, rule):
+            return
+        standing = book.standing().get(rule.rule_id)
+        if standing is None or not _promotes(standing, rule):
+            write(rule)  # else the rule in force already: its candidate would end at once
+
+    def candidate_of(rule_id: int, doing: str) -> Rule:
+        if rule_id not in book.candidates:
+            raise UnknownRuleError(
+                f"ruleId {rule_id} has no shadow candidate to {doing}; "
+                "`velocity rules list` shows the SHADOW rules"
+            )
+        return book.candidates[rule_id]
+
     for entry in entries:
         if isinstance(entry, Rule):
-            put(entry)
+            (shadow if entry.state is RuleState.SHADOW else put)(entry)
+        elif isinstance(entry, Promotion):
+            put(candidate_of(entry.rule_id, "promote").with_state(RuleState.ACTIVE))
+        elif isinstance(entry, StateChange) and entry.state is RuleState.DISCARD:
+            write(candidate_of(entry.rule_id, "discard").with_state(RuleState.DISCARD))
         elif isinstance(entry, StateChange):
+            in_force = book.standing()
             if entry.rule_id not in in_force:
                 raise UnknownRuleError(
                     f"ruleId {entry.rule_id} is not in force, so it cannot be set to "
@@ -102,13 +172,19 @@ def plan_changes(
             put(in_force[entry.rule_id].with_state(entry.state))
         elif isinstance(entry, Control):
             if entry.control_type is ControlType.DELETE_RULES_ALL:
-                for rule in sorted(in_force.values(), key=lambda r: r.rule_id):
+                for rule in sorted(book.standing().values(), key=lambda r: r.rule_id):
                     put(rule.with_state(RuleState.DELETE))
+                for rule_id in sorted(book.candidates):
+                    write(book.candidates[rule_id].with_state(RuleState.DISCARD))
             elif entry.control_type is ControlType.EXPORT_RULES_CURRENT:
-                result.exports.append([in_force[i].to_json() for i in sorted(in_force)])
+                result.exports.append([r.to_json() for r in book.in_force()])
             else:
                 result.clear_state = True
     return written, result
+
+
+def _same(current: Rule, rule: Rule) -> bool:
+    return current.with_version(0) == rule.with_version(0)
 
 
 def rules_file_text(rules: Sequence[Mapping[str, Any]]) -> str:
@@ -118,7 +194,7 @@ def rules_file_text(rules: Sequence[Mapping[str, Any]]) -> str:
     return "[\n" + ",\n".join(f"  {dumps_json(r)}" for r in rules) + "\n]\n"
 
 
-def outcome_lines(result: ApplyResult, entries: Sequence[RuleEntry]) -> list[str]:
+def outcome_lines(result: ApplyResult, entries: Sequence[Change]) -> list[str]:
     """What `velocity rules apply|pause|activate|delete` prints of an applied change, and
     what the Airflow page shows of it: a line per new version, each export as a rules
     file, or why nothing changed (clearing the state says so itself)."""

@@ -40,6 +40,16 @@ class RuleState(StrEnum):
     PAUSE = "PAUSE"
     DELETE = "DELETE"
     CONTROL = "CONTROL"
+    # A candidate: decided like ACTIVE, its alerts marked shadow and kept from downstream.
+    SHADOW = "SHADOW"
+    # Written by `velocity rules discard` (never read from a rules file): the candidate
+    # of its ruleId is withdrawn.
+    DISCARD = "DISCARD"
+
+    @property
+    def is_shadow_track(self) -> bool:
+        """SHADOW and DISCARD versions stand beside the rule in force, not in its place."""
+        return self in (RuleState.SHADOW, RuleState.DISCARD)
 
 
 class Aggregator(StrEnum):
@@ -362,6 +372,12 @@ def parse_rule(
     for unknown in sorted(set(obj) - _ALL_RULE_FIELDS):
         checker.bad(unknown, f"is not a rule field; the fields are {sorted(_ALL_RULE_FIELDS)}")
     state = _enum(checker, obj, "ruleState", RuleState)
+    if state is RuleState.DISCARD:
+        checker.bad(
+            "ruleState",
+            "DISCARD is written by `velocity rules discard ID` (or the page), not by a rules file",
+        )
+        return None, checker.problems
     if state is RuleState.CONTROL:
         control = _enum(checker, obj, "controlType", ControlType)
         if "ruleId" in obj:
@@ -481,25 +497,29 @@ def parse_rules(text: str) -> list[RuleEntry]:
     return entries
 
 
-def active_rules(rules: Iterable[Rule]) -> list[Rule]:
-    """The rules that raise alerts, in ruleId order."""
-    return sorted((r for r in rules if r.state is RuleState.ACTIVE), key=lambda r: r.rule_id)
+def deciding_rules(rules: Iterable[Rule]) -> list[Rule]:
+    """The rules that raise alerts, ACTIVE and SHADOW (a candidate decides exactly as it
+    would in force, only its alerts go elsewhere), by (ruleId, version)."""
+    return sorted(
+        (r for r in rules if r.state in (RuleState.ACTIVE, RuleState.SHADOW)),
+        key=lambda r: (r.rule_id, r.version),
+    )
 
 
 def rules_by_signature(rules: Iterable[Rule]) -> dict[RuleSignature, list[Rule]]:
-    """Active rules grouped by the buckets they share, signatures in a stable order."""
+    """Deciding rules grouped by the buckets they share, signatures in a stable order."""
     grouped: dict[RuleSignature, list[Rule]] = {}
-    for rule in active_rules(rules):
+    for rule in deciding_rules(rules):
         grouped.setdefault(rule.signature, []).append(rule)
     return dict(sorted(grouped.items(), key=lambda item: item[0].signature_id))
 
 
 def distinct_counted(rules: Iterable[Rule]) -> frozenset[str]:
     """The signatures whose buckets keep their distinct values: those an active
-    UNIQUE_COUNT rule counts. Only they need them, and a bucket keyed by a busy field
-    would otherwise carry every amount it ever saw."""
+    UNIQUE_COUNT rule (or candidate) counts. Only they need them, and a bucket keyed by
+    a busy field would otherwise carry every amount it ever saw."""
     return frozenset(
         r.signature.signature_id
-        for r in active_rules(rules)
+        for r in deciding_rules(rules)
         if r.aggregator is Aggregator.UNIQUE_COUNT
     )

@@ -78,7 +78,8 @@ class Settings(BaseSettings):
     )
     redis_alert_stream: str = Field(
         default="",
-        description="Redis stream that receives every alert (empty: <key prefix>:alerts).",
+        description="Redis stream that receives every alert of the rules in force (empty: "
+        "<key prefix>:alerts); SHADOW rules' alerts go to the same name plus ':shadow'.",
     )
     bucket_seconds: int = Field(
         default=60, description=f"Bucket width g in seconds; one of {list(ALLOWED_BUCKET_SECONDS)}."
@@ -241,6 +242,12 @@ class Settings(BaseSettings):
     def alert_stream(self) -> str:
         """The Redis stream of alerts: ``redis_alert_stream``, or ``<prefix>:alerts``."""
         return self.redis_alert_stream or self.redis_keys.alert_stream
+
+    @property
+    def shadow_alert_stream(self) -> str:
+        """The Redis stream of SHADOW rules' alerts (SPEC §2): ``<alert stream>:shadow``,
+        so ``<prefix>:alerts:shadow`` by default. Nothing downstream reads it."""
+        return f"{self.alert_stream}:shadow"
 
     @property
     def allowed_lateness_ms(self) -> int:

@@ -36,6 +36,8 @@ form.filter input { font-size: .85rem; } form.filter label { margin-right: .5rem
 tr.fresh { animation: fresh 3s ease-out; }
 @keyframes fresh { from { background: #fefcbf; } to { background: transparent; } }
 .paging a { margin-right: 1rem; }
+.badge { font-size: .7rem; padding: 0 .3rem; border-radius: 3px; margin-left: .25rem; }
+.badge.shadow { background: #e9d8fd; color: #553c9a; }
 """
 
 # Rows sent by the server while the page is open go on top of the table; the health
@@ -128,11 +130,21 @@ def _rule_cell(alert: Mapping[str, Any], view: AlertsView) -> str:
     )
 
 
+def _shadow_badge(alert: Mapping[str, Any]) -> str:
+    """The mark of a SHADOW candidate's alert; nothing for a rule in force's."""
+    if not alert.get("shadow"):
+        return ""
+    return (
+        ' <span class="badge shadow" data-testid="shadow-badge" title="a SHADOW candidate&#39;s '
+        'alert: in the alerts table, not on the alert stream or topic">shadow</span>'
+    )
+
+
 def alert_row(
     alert: Mapping[str, Any], view: AlertsView, review: Review | None, fresh: bool = False
 ) -> str:
-    """One alert's row: decided, kind, rule version and what it checks, key, aggregate,
-    transaction, event time, explain link, review cell."""
+    """One alert's row: decided, kind (a SHADOW candidate's marked ``shadow``), rule version
+    and what it checks, key, aggregate, transaction, event time, explain link, review cell."""
     alert_id = str(alert["alertId"])
     rule = view.rule_versions.get((alert.get("ruleId"), alert.get("ruleVersion")))  # type: ignore[arg-type]
     order = rule.grouping_keys if rule is not None else ()
@@ -150,9 +162,10 @@ def alert_row(
         f'data-alert-id="{escape(alert_id)}" data-cursor="{escape(cursor)}" '
         f'data-rule="{escape(str(alert["ruleId"]))}" '
         f'data-kind="{escape(str(alert.get("kind")))}" '
-        f'data-tx="{escape(str(alert["transactionId"]))}">'
+        f'data-tx="{escape(str(alert["transactionId"]))}"'
+        f"{' data-shadow=1' if alert.get('shadow') else ''}>"
         f"<td>{time_text(alert.get('decisionTime'))}</td>"
-        f"<td>{escape(str(alert.get('kind')))}</td>{_rule_cell(alert, view)}"
+        f"<td>{escape(str(alert.get('kind')))}{_shadow_badge(alert)}</td>{_rule_cell(alert, view)}"
         f'<td data-testid="alert-key">{escape(shown_key)}</td>'
         f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
         f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"

@@ -9,7 +9,9 @@ its next micro-batch. Only a file that clears the state (CLEAR_STATE_ALL) runs
 `velocity rules apply`, since deleting every bucket takes Spark.
 
 An analyst's review of an alert goes to the append-only reviews table (delta-rs, in this
-process too); the page shows each rule version's alerts, reviews and precision.
+process too); the page shows each rule version's alerts, reviews and precision, and each
+SHADOW candidate beside its rule in force (``velocity.shadow_compare``), to promote or
+discard.
 
 Airflow's authentication guards every route: the page needs a signed-in user; a change
 (a rule change or a review) needs permission to edit the ``run_stream`` DAG
@@ -67,7 +69,8 @@ URL_PREFIX = "/velocity"
 RULES_DAG_ID = "run_stream"
 # The DAG whose runs the page lists as backfill runs.
 BACKFILL_DAG_ID = "backfill_alerts"
-_ACTIONS = {"pause": "PAUSE", "activate": "ACTIVE", "delete": "DELETE"}
+# A rule action of the page: the rule in force's state, or its SHADOW candidate's fate.
+_ACTIONS = ("pause", "activate", "delete", "promote", "discard")
 # One state clearing at a time: each starts a Spark session in the api-server's process
 # tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
 _CLEAR_STATE = threading.Lock()
@@ -348,25 +351,36 @@ def _precision(settings: Any, reviews: list[Any] | None = None) -> list[Any]:
     return precision_by_version(settings, int(time.time() * 1000), reviews)
 
 
+def _shadow(settings: Any, history: Any, reviews: list[Any] | None) -> list[Any]:
+    """Each SHADOW candidate beside its rule in force, as of now (``history``: every rule
+    version, read already; ``reviews``: every review, when read already)."""
+    from velocity.delta.reader import shadow_comparisons
+
+    return shadow_comparisons(settings, int(time.time() * 1000), history, reviews)
+
+
 def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     from velocity import stream_control
     from velocity.delta.reader import rule_history
     from velocity.reviews import latest_reviews
-    from velocity.rule_changes import in_force
+    from velocity.rule_changes import RuleBook
+    from velocity.rules import RuleState
 
     query = request.query_params
     settings, settings_error = _read("Velocity settings", _settings)
     data = PageData(user=user.get_name(), can_edit=_can_edit(user), base=URL_PREFIX, **extra)
     if settings is None:
         data.health_error = data.rules_error = data.alerts_error = settings_error
-        data.precision_error = settings_error
+        data.precision_error = data.shadow_error = settings_error
         return data
     health, data.health_error = _read(
         "stream status", lambda: stream_control.check_health(settings).to_json()
     )
     data.health = health
     history, data.rules_error = _read("rules", lambda: rule_history(settings))
-    data.rules = in_force(history or [])
+    # The rules in force, one per ruleId: a SHADOW candidate is listed beside its rule.
+    live = RuleBook.of(history or []).live
+    data.rules = [r for _, r in sorted(live.items()) if r.state is not RuleState.DELETE]
     data.rule_versions = {(r.rule_id, r.version): r for r in history or []}
     _alert_page(data, settings, query, history)
     reviews, data.reviews_error = _read("reviews", lambda: _reviews(settings))
@@ -374,6 +388,12 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     data.precision, data.precision_error = _read(
         "alerts and reviews per rule version", lambda: _precision(settings, reviews)
     )
+    if history is None:
+        data.shadow_error = data.rules_error
+    else:
+        data.shadow, data.shadow_error = _read(
+            "shadow rules", lambda: _shadow(settings, history, reviews)
+        )
     data.backfills, data.backfills_error = _read(
         "backfill runs", lambda: _backfill_runs(settings, user)
     )
@@ -542,11 +562,17 @@ def _command_outcome(result: Any) -> tuple[bool, str]:
 
 @app.post("/rules/{rule_id}/{action}")
 def change_rule_state(rule_id: int, action: str, user: Editor) -> RedirectResponse:
+    """Pause, activate or delete the rule in force; promote the SHADOW candidate of
+    ``rule_id`` to its ACTIVE version, or discard it (`velocity rules ACTION ID`)."""
+    from velocity.rule_changes import Promotion
     from velocity.rules import RuleState, StateChange
 
     if action not in _ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
-    return _back(*_apply_rules([StateChange(rule_id, RuleState(_ACTIONS[action]))]))
+    states = {"pause": RuleState.PAUSE, "activate": RuleState.ACTIVE}
+    states.update(delete=RuleState.DELETE, discard=RuleState.DISCARD)
+    entry = Promotion(rule_id) if action == "promote" else StateChange(rule_id, states[action])
+    return _back(*_apply_rules([entry]))
 
 
 @app.post("/rules", response_model=None)
@@ -567,6 +593,8 @@ def add_rules(
         return _page_again(request, user, rules_json, Flash(False, text))
     except UsageError as exc:
         return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"))
+    if intent == "shadow":
+        return _shadow_rules(request, user, rules_json, entries)
     if intent != "apply":
         text = f"{len(entries)} valid rule entries"
         return _page_again(request, user, rules_json, Flash(True, text))
@@ -578,6 +606,23 @@ def add_rules(
         path.write_text(rules_json, encoding="utf-8")
         ok, text = _run_rules_command(["rules", "apply", str(path)])
     return _back(ok, text)
+
+
+def _shadow_rules(
+    request: Request, user: Any, rules_json: str, entries: Any
+) -> RedirectResponse | HTMLResponse:
+    """Every rule of ``entries`` as a SHADOW candidate, whatever its ruleState says, as
+    `velocity rules shadow` adds them."""
+    from velocity.rules import Rule, RuleState
+
+    others = [e for e in entries if not isinstance(e, Rule)]
+    if others:
+        text = (
+            f"error: Shadow takes whole rules only, not {others[0]!r}; apply state changes "
+            "and controls with Apply"
+        )
+        return _page_again(request, user, rules_json, Flash(False, text))
+    return _back(*_apply_rules([e.with_state(RuleState.SHADOW) for e in entries]))
 
 
 @app.post("/alerts/{alert_id}/review")
@@ -615,12 +660,27 @@ def _page_again(request: Request, user: Any, rule_text: str, flash: Flash) -> HT
 
 @app.get("/api/rules")
 def rules_json(user: User) -> Response:
+    """The rules in force and the SHADOW candidates beside them (a candidate shares its
+    ruleId with the rule it would replace: ``ruleState`` tells them apart), by (ruleId,
+    version), each with its version."""
     from velocity.decimals import dumps_json
     from velocity.delta.reader import rules_in_force
 
     # dumps_json keeps a decimal limit exact (a float would round it).
     rules = [{"version": r.version, **r.to_json()} for r in rules_in_force(_settings())]
     return Response(dumps_json(rules), media_type="application/json")
+
+
+@app.get("/api/shadow")
+def shadow_json(user: User) -> list[dict[str, Any]]:
+    """Each SHADOW candidate beside its rule in force over the last 24 h (from when the
+    candidate was applied, if later): per side its alerts (transactions fired on), reviews
+    and precision, and the transactions both fired on, only the candidate, only the rule in
+    force. Promote or discard one with `POST /velocity/rules/ID/promote|discard`."""
+    from velocity.delta.reader import rule_history
+
+    settings = _settings()
+    return [c.to_json() for c in _shadow(settings, rule_history(settings), None)]
 
 
 def _search_or_400(params: Mapping[str, str], settings: Any) -> tuple[AlertSearch, Any]:

@@ -23,7 +23,8 @@ from velocity.alert_search import PAGE_SIZE, AlertFilter, Cursor, duration_text,
 from velocity.backfill_runs import BackfillRunView
 from velocity.reviews import Review, VersionPrecision
 from velocity.rules import Rule, RuleState, rule_summary
-from velocity_airflow import alerts_html, backfill_html, review_html
+from velocity.shadow_compare import ShadowComparison
+from velocity_airflow import alerts_html, backfill_html, review_html, shadow_html
 
 # How many alerts a page lists, newest first.
 ALERTS_SHOWN = PAGE_SIZE
@@ -114,8 +115,11 @@ class PageData:
     base: str  # the app's URL prefix, e.g. /velocity
     health: Mapping[str, Any] | None = None
     health_error: str | None = None
-    rules: Sequence[Rule] = ()
+    rules: Sequence[Rule] = ()  # the rules in force (ACTIVE, PAUSE), one per ruleId
     rules_error: str | None = None
+    # Each SHADOW candidate beside its rule in force, by ruleId.
+    shadow: Sequence[ShadowComparison] | None = None
+    shadow_error: str | None = None
     alerts: Sequence[Mapping[str, Any]] = ()
     alerts_error: str | None = None
     alert_filter: AlertFilter = field(default_factory=AlertFilter)
@@ -200,12 +204,20 @@ def _rules(data: PageData) -> str:
     head = "<tr><th>ruleId</th><th>version</th><th>state</th><th>rule</th>"
     head += "<th>actions</th></tr>" if data.can_edit else "</tr>"
     rows = []
+    candidates = {c.candidate.rule_id: c.candidate for c in data.shadow or ()}
     for rule in data.rules:
         actions = f"<td>{_rule_actions(rule, data.base)}</td>" if data.can_edit else ""
+        candidate = candidates.get(rule.rule_id)
+        beside = (
+            f' <a href="#shadow" class="muted" data-testid="candidate-of-{rule.rule_id}">'
+            f"candidate v{candidate.version} in shadow</a>"
+            if candidate is not None
+            else ""
+        )
         rows.append(
             f'<tr data-testid="rule-{rule.rule_id}"><td>{rule.rule_id}</td><td>{rule.version}</td>'
             f'<td class="state-{rule.state.value}">{rule.state.value}</td>'
-            f"<td>{escape(rule_summary(rule))}</td>{actions}</tr>"
+            f"<td>{escape(rule_summary(rule))}{beside}</td>{actions}</tr>"
         )
     return f'<table data-testid="rules">{head}{"".join(rows)}</table>'
 
@@ -216,13 +228,17 @@ def _add_rule(data: PageData) -> str:
     return (
         f'<form method="post" action="{data.base}/rules" data-progress="Applying the rules…">'
         "<p>A rule or an array of rules as JSON (SPEC §2), applied all or nothing as new "
-        "versions, exactly as <code>velocity rules apply</code>.</p>"
+        "versions, exactly as <code>velocity rules apply</code>; or added as SHADOW "
+        "candidates beside the rules in force (decided like ACTIVE rules, their alerts kept "
+        "from the alert stream and topic), as <code>velocity rules shadow</code>.</p>"
         f'<textarea name="rules_json" rows="6" data-testid="rule-json">{escape(data.rule_text)}'
         "</textarea><br>"
         '<button type="submit" name="intent" value="validate" data-testid="validate-rule" '
         'data-progress="Validating the rules…">'
         "Validate</button>"
         '<button type="submit" name="intent" value="apply" data-testid="apply-rule">Apply</button>'
+        '<button type="submit" name="intent" value="shadow" data-testid="shadow-rule" '
+        'data-progress="Adding the shadow candidates…">Shadow</button>'
         "</form>"
     )
 
@@ -289,6 +305,11 @@ def _lookup(data: PageData) -> str:
     )
 
 
+def _shadow(data: PageData) -> set[tuple[int, int]]:
+    """The (ruleId, version)s of SHADOW candidates, standing or not."""
+    return {key for key, rule in data.rule_versions.items() if rule.state is RuleState.SHADOW}
+
+
 def render_page(data: PageData) -> str:
     flash = ""
     if data.flash is not None:
@@ -303,7 +324,7 @@ def render_page(data: PageData) -> str:
     )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
-        f"<style>{_STYLE}{review_html.STYLE}{alerts_html.STYLE}</style>"
+        f"<style>{_STYLE}{review_html.STYLE}{alerts_html.STYLE}{shadow_html.STYLE}</style>"
         f"<script>{_PROGRESS_SCRIPT}</script></head><body>"
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
         f"{progress}{flash}"
@@ -311,8 +332,10 @@ def render_page(data: PageData) -> str:
         f"{_explanation(data)}"
         f'<h2>Stream</h2><div id="health">{health_html(data.health, data.health_error)}</div>'
         f"<h2>Rules in force</h2>{_rules(data)}"
+        '<h2 id="shadow">Shadow rules</h2>'
+        f"{shadow_html.shadow_section(data.shadow, data.shadow_error, data.can_edit, data.base)}"
         "<h2>Alerts and precision by rule version</h2>"
-        f"{review_html.precision_table(data.precision, data.precision_error)}"
+        f"{review_html.precision_table(data.precision, data.precision_error, _shadow(data))}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
         f'<h2 id="backfills">Backfill runs</h2>'
         f"{backfill_html.backfill_table(data.backfills, data.backfills_error)}"

@@ -210,10 +210,16 @@ def backfill_form_args(params: Mapping[str, object], run_id: str | None = None) 
 
 
 def rule_choices(rules: Sequence[Rule]) -> tuple[list[str], dict[str, str]]:
-    """The backfill form's rule multi-select: ids (as the form sends them) and their labels."""
-    ids = [str(r.rule_id) for r in rules]
-    labels = {str(r.rule_id): f"{r.rule_id} · {r.state.value} · {rule_summary(r)}" for r in rules}
-    return ids, labels
+    """The backfill form's rule multi-select: ids (as the form sends them) and their labels.
+    A ruleId with a SHADOW candidate is one choice (a backfill of it replays both)."""
+    labels: dict[str, str] = {}
+    for rule in rules:
+        rule_id = str(rule.rule_id)
+        if rule_id in labels:
+            labels[rule_id] += f" | {rule.state.value} v{rule.version} · {rule_summary(rule)}"
+        else:
+            labels[rule_id] = f"{rule_id} · {rule.state.value} · {rule_summary(rule)}"
+    return list(labels), labels
 
 
 class StreamAction(StrEnum):

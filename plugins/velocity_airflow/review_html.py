@@ -8,7 +8,7 @@ server refuses a viewer's post whatever the page shows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -59,16 +59,32 @@ def review_cell(
     )
 
 
-def _percent(figures: VersionPrecision) -> str:
-    if figures.precision is None:
+def percent_text(precision: float | None, confirmed: int, false_positives: int) -> str:
+    """A precision as shown: ``67% (2/3)``, or a dash while there is none."""
+    if precision is None:
         return '<span class="muted">—</span>'
-    decided = figures.confirmed + figures.false_positives
-    return f'{figures.precision:.0%} <span class="muted">({figures.confirmed}/{decided})</span>'
+    decided = confirmed + false_positives
+    return f'{precision:.0%} <span class="muted">({confirmed}/{decided})</span>'
 
 
-def precision_table(figures: Sequence[VersionPrecision] | None, error: str | None) -> str:
+def _candidate(figures: VersionPrecision, shadow: Collection[tuple[int, int]]) -> str:
+    if (figures.rule_id, figures.rule_version) not in shadow:
+        return ""
+    return ' <span class="badge shadow" data-testid="shadow-version-badge">shadow</span>'
+
+
+def _percent(figures: VersionPrecision) -> str:
+    return percent_text(figures.precision, figures.confirmed, figures.false_positives)
+
+
+def precision_table(
+    figures: Sequence[VersionPrecision] | None,
+    error: str | None,
+    shadow: Collection[tuple[int, int]] = (),
+) -> str:
     """One row per rule version: alerts in the last 24 h and 7 days (ALERT and CORRECTION,
-    by decision time), and the latest reviews of its alerts, whenever raised."""
+    by decision time), and the latest reviews of its alerts, whenever raised; a version in
+    ``shadow`` (ruleId, version) is marked as a SHADOW candidate's."""
     if error:
         return f'<p class="bad">{escape(error)}</p>'
     if not figures:
@@ -89,7 +105,7 @@ def precision_table(figures: Sequence[VersionPrecision] | None, error: str | Non
             f'<tr data-testid="precision-{f.rule_id}-{f.rule_version}" '
             f'data-reviewed="{f.reviewed}" data-confirmed="{f.confirmed}" '
             f'data-false-positives="{f.false_positives}">'
-            f"<td>{f.rule_id}</td><td>{f.rule_version}</td>{numbers}"
+            f"<td>{f.rule_id}</td><td>{f.rule_version}{_candidate(f, shadow)}</td>{numbers}"
             f'<td class="figure" data-testid="precision-value">{_percent(f)}</td></tr>'
         )
     return (

@@ -683,3 +683,200 @@ def deployment_rules() -> str:
     from tests.browser.conftest import SAMPLE_RULES
 
     return SAMPLE_RULES.read_text()
+
+
+def _shadow_alerts(deployment: Deployment) -> list[dict[str, Any]]:
+    import redis
+
+    client = redis.Redis.from_url(deployment.settings.redis_url, decode_responses=True)
+    stream = client.xrange(deployment.settings.shadow_alert_stream)
+    return [json.loads(fields["alert"]) for _, fields in stream]
+
+
+def _land_payments(deployment: Deployment, payer: str, count: int, name: str) -> set[str]:
+    """``count`` payments of ``payer``, a second apart after the newest generated event,
+    landed in the stream's folder; their transactionIds."""
+    from tests.builders import event_lines, event_obj
+
+    newest = max(e.event_time for wave in _wave_events(deployment) for e in wave)
+    payments = [
+        event_obj(
+            transactionId=f"{name}-{n}", eventTime=newest + 2000 + n * 1000, payerId=payer,
+            beneficiaryId="2034", paymentAmount=10, paymentType="CSH",
+        )
+        for n in range(count)
+    ]  # fmt: skip
+    source = deployment.events.parent / f"{name}.jsonl"
+    source.write_text(event_lines(payments))
+    deployment.land_path(source)
+    return {p["transactionId"] for p in payments}
+
+
+def _change_from_the_page(browser: Any, button: str) -> str:
+    """Click the change button ``button`` (a data-testid) and the outcome it shows."""
+    previous = _testid(browser, "flash")
+    _testid(browser, button)[0].click()
+    if previous:
+        from selenium.webdriver.support import expected_conditions
+
+        _wait(browser, 30).until(expected_conditions.staleness_of(previous[0]))
+    return str(_wait(browser, 60).until(lambda d: _testid(d, "flash"))[0].text)
+
+
+def _cells(browser: Any, rule_id: int) -> list[str]:
+    """The cells of a rule in force's row: ruleId, version, state, rule, actions."""
+    row = _testid(browser, f"rule-{rule_id}")[0]
+    return [str(cell.text) for cell in row.find_elements(_by("TAG_NAME"), "td")]
+
+
+def _add_candidate(browser: Any, limit: int) -> str:
+    """Rule 4 (COUNT > 5 in 10 min by payerId) with ``limit``, added from the add-rules
+    form as a SHADOW candidate; the outcome shown."""
+    rule = {
+        "ruleId": PAUSED_RULE, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT", "limitOperatorType": ">", "limit": limit,
+        "windowMinutes": 10,
+    }  # fmt: skip
+    box = _testid(browser, "rule-json")[0]
+    box.clear()
+    box.send_keys(json.dumps(rule))
+    return _change_from_the_page(browser, "shadow-rule")
+
+
+@pytest.mark.timeout(600)
+def test_a_shadow_candidate_beside_its_rule_then_discarded_or_promoted(
+    deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A candidate of rule 4 with limit 3 (the rule in force: 5), added from the page's
+    form, watches six payments of a new payer a second apart: the rule in force fires on
+    the sixth, the candidate on the fourth to sixth, on the shadow stream only. The page
+    shows them beside each other (both 1, only the candidate 2, only the rule in force 0)
+    and, after an analyst's two verdicts, the precision of each; a viewer sees no buttons
+    and is refused. Discard withdraws the candidate; a second one, promoted, is the rule
+    in force at its new version, and the stream's next alerts of rule 4 are its own."""
+    from velocity.delta.names import RULES
+    from velocity.delta.rule_store import RuleStore
+
+    started = time.monotonic()
+    store = RuleStore(deployment.settings.table_path(RULES))
+    in_force = store.book().live[PAUSED_RULE]
+    candidate = store.book().latest_version[PAUSED_RULE] + 1
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    assert _testid(browser, "no-shadow-rules")
+    said = _add_candidate(browser, 3)
+    assert f"ruleId {PAUSED_RULE}: version {candidate} SHADOW" in said, said
+    shown = _testid(browser, f"shadow-{PAUSED_RULE}")[0]
+    assert shown.get_attribute("data-candidate-version") == str(candidate)
+    assert shown.get_attribute("data-in-force-version") == str(in_force.version)
+    assert _testid(browser, f"candidate-of-{PAUSED_RULE}"), "marked in the rules in force"
+
+    ours = _land_payments(deployment, "p-shadow", 6, "shadow")
+    admin = {"Authorization": f"Bearer {_token(deployment, 'admin')}"}
+
+    def figures() -> dict[str, Any] | None:
+        """The page's figures of the candidate once the alerts table holds both sides' alerts
+        (the stream writes Delta behind Redis)."""
+        found = httpx.get(f"{deployment.base}/velocity/api/shadow", headers=admin, timeout=30)
+        assert found.status_code == 200, found.text
+        mine = [c for c in found.json() if c["ruleId"] == PAUSED_RULE]
+        done = mine and mine[0]["candidate"]["alerts"] == 3 and mine[0]["inForce"]["alerts"] >= 1
+        return mine[0] if done else None
+
+    compared = poll_until(
+        "both sides' alerts in the alerts table", figures, 180, deployment.stream_log
+    )
+    assert (compared["both"], compared["onlyCandidate"], compared["onlyInForce"]) == (1, 2, 0)
+    shadow = [a for a in _shadow_alerts(deployment) if a["transactionId"] in ours]
+    assert sorted(a["transactionId"] for a in shadow) == ["shadow-3", "shadow-4", "shadow-5"]
+    assert all(a["ruleVersion"] == candidate and a["shadow"] is True for a in shadow)
+    live = [
+        a for a in _alerts(deployment) if a["transactionId"] in ours and a["ruleId"] == PAUSED_RULE
+    ]
+    assert [a["transactionId"] for a in live] == ["shadow-5"]
+    assert not any(a.get("shadow") for a in _alerts(deployment)), "none on the alert stream"
+
+    # An analyst's verdicts: the rule in force's alert confirmed (the payment counts for
+    # both sides), a payment only the candidate flagged a false positive.
+    for alert_id, verdict in [
+        (live[0]["alertId"], "CONFIRMED_FRAUD"),
+        (next(a["alertId"] for a in shadow if a["transactionId"] == "shadow-3"), "FALSE_POSITIVE"),
+    ]:
+        reviewed = httpx.post(
+            f"{deployment.base}/velocity/api/alerts/{alert_id}/reviews",
+            json={"verdict": verdict}, headers=admin, timeout=30,
+        )  # fmt: skip
+        assert reviewed.status_code == 201, reviewed.text
+    browser.get(f"{deployment.base}/plugin/velocity")
+    open_page(browser)
+    rows = {
+        side: _testid(browser, f"shadow-{PAUSED_RULE}-{side}")[0]
+        for side in ("in-force", "candidate")
+    }
+    assert rows["in-force"].get_attribute("data-alerts") == "1"
+    assert rows["candidate"].get_attribute("data-alerts") == "3"
+    precision = {
+        side: row.find_element(_by("CSS_SELECTOR"), '[data-testid="shadow-precision"]').text
+        for side, row in rows.items()
+    }
+    assert precision == {"in-force": "100% (1/1)", "candidate": "50% (1/2)"}, precision
+    body = _testid(browser, f"shadow-{PAUSED_RULE}")[0]
+    assert (body.get_attribute("data-both"), body.get_attribute("data-only-candidate")) == (
+        "1",
+        "2",
+    )
+    assert "COUNT() > 3 over 10 min by payerId" in rows["candidate"].text
+    marked = [r for r in _rows(browser) if r.get_attribute("data-shadow")]
+    assert {r.get_attribute("data-tx") for r in marked} >= {"shadow-3", "shadow-4", "shadow-5"}
+    assert all(
+        "shadow" in r.find_element(_by("CSS_SELECTOR"), '[data-testid="shadow-badge"]').text
+        for r in marked
+    )
+    browser.execute_script("document.getElementById('shadow').scrollIntoView()")
+    _shot(deployment, browser, "12-shadow-candidate")
+    open_page(browser)
+
+    # A viewer sees the candidate but no button, and the server refuses the change.
+    viewer = _token(deployment, "viewer")
+    page = httpx.get(f"{deployment.base}/velocity/", cookies={"_token": viewer}, timeout=30)
+    assert f'data-testid="shadow-{PAUSED_RULE}"' in page.text
+    assert f"promote-{PAUSED_RULE}" not in page.text and f"discard-{PAUSED_RULE}" not in page.text
+    for action in ("promote", "discard"):
+        refused = httpx.post(
+            f"{deployment.base}/velocity/rules/{PAUSED_RULE}/{action}",
+            cookies={"_token": viewer}, headers={"origin": deployment.base}, timeout=30,
+        )  # fmt: skip
+        assert refused.status_code == 403 and "may not change rules" in refused.text, refused.text
+    assert store.book().candidates[PAUSED_RULE].version == candidate, "nothing changed"
+
+    said = _change_from_the_page(browser, f"discard-{PAUSED_RULE}")
+    assert f"ruleId {PAUSED_RULE}: version {candidate + 1} DISCARD" in said, said
+    assert _testid(browser, "no-shadow-rules") and not _testid(browser, f"shadow-{PAUSED_RULE}")
+    assert _cells(browser, PAUSED_RULE)[1:3] == [str(in_force.version), "ACTIVE"]
+
+    said = _add_candidate(browser, 2)
+    assert f"ruleId {PAUSED_RULE}: version {candidate + 2} SHADOW" in said, said
+    said = _change_from_the_page(browser, f"promote-{PAUSED_RULE}")
+    promoted = candidate + 3
+    assert f"ruleId {PAUSED_RULE}: version {promoted} ACTIVE" in said, said
+    cells = _cells(browser, PAUSED_RULE)
+    assert cells[1:4] == [str(promoted), "ACTIVE", "COUNT() > 2 over 10 min by payerId"], cells
+    assert _testid(browser, "no-shadow-rules")
+    browser.execute_script("window.scrollTo(0, 0)")  # the outcome and the rules in force
+    _shot(deployment, browser, "13-candidate-promoted")
+
+    # The stream's next micro-batch decides with the promoted version, on the alert stream.
+    after = _land_payments(deployment, "p-promoted", 3, "promoted")
+
+    def promoted_alert() -> list[dict[str, Any]]:
+        return [
+            a
+            for a in _alerts(deployment)
+            if a["transactionId"] in after and a["ruleId"] == PAUSED_RULE
+        ]
+
+    fired = poll_until("the promoted rule's alert", promoted_alert, 120, deployment.stream_log)
+    assert [(a["ruleVersion"], a["transactionId"]) for a in fired] == [(promoted, "promoted-2")]
+    assert not [a for a in _shadow_alerts(deployment) if a["transactionId"] in after]
+    with capsys.disabled():
+        print(f"\nthe whole shadow candidate step: {time.monotonic() - started:.1f} s")

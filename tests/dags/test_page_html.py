@@ -14,6 +14,7 @@ from tests.builders import alert_row, append_alerts, make_rule
 
 from velocity.alert_search import Cursor, parse_filter
 from velocity.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
+from velocity.rules import RuleState
 from velocity.settings import Settings
 from velocity_airflow.page_html import Flash, PageData, render_page
 
@@ -233,6 +234,11 @@ def test_precision_per_rule_version_and_a_version_without_verdicts() -> None:
     assert '<td class="figure">5</td><td class="figure">9</td>' in newer
     assert 'data-testid="precision-value"><span class="muted">—</span>' in newer
     assert 'data-testid="no-precision"' in _page(precision=[])
+    candidate = replace(RULES[0], version=2, state=RuleState.SHADOW)
+    versions = {(1, 1): replace(RULES[0], version=1), (1, 2): candidate}
+    marked = _page(precision=figures, rule_versions=versions)
+    assert "shadow-version-badge" not in marked.split('data-testid="precision-1-2"')[0]
+    assert 'shadow-version-badge">shadow</span>' in marked.split('data-testid="precision-1-2"')[1]
     broken = _page(precision_error="cannot read the reviews: <boom>")
     assert "cannot read the reviews: &lt;boom&gt;" in broken
 
@@ -246,6 +252,9 @@ def test_without_a_login_nobody_reviews() -> None:
     assert client.post("/alerts/a-1/review", data={"verdict": "FALSE_POSITIVE"}).status_code == 401
     assert client.post("/api/alerts/a-1/reviews", json={"verdict": "x"}).status_code == 401
     assert client.get("/api/precision").status_code == 401
+    assert client.get("/api/shadow").status_code == 401
+    for action in ("promote", "discard"):
+        assert client.post(f"/rules/1/{action}").status_code == 401
 
 
 def test_the_page_records_a_review_from_the_alerts_table_and_refuses_a_bad_one(
@@ -529,3 +538,128 @@ def test_the_backfills_table_reads_with_and_without_the_later_columns(tmp_path: 
     runs = {r.run_id: r for r in recorded_backfills(settings)}
     assert (runs["r2"].lock_seconds, runs["r2"].airflow_run_id) == (1.5, "manual__1")
     assert runs["r1"].lock_seconds is None
+
+
+def _comparison(**figures: Any) -> Any:
+    from velocity.rules import RuleState
+    from velocity.shadow_compare import ShadowComparison, SideFigures
+
+    candidate = make_rule(ruleId=1, limit=150000).with_version(2).with_state(RuleState.SHADOW)
+    return ShadowComparison(
+        candidate=candidate,
+        in_force=replace(RULES[0], version=1),
+        since=1767225600000,
+        candidate_figures=SideFigures(5, 2, 1, 1, 0),
+        in_force_figures=SideFigures(3, 1, 1, 0, 0),
+        both=2,
+        only_candidate=3,
+        only_in_force=1,
+    )
+
+
+def test_a_candidate_is_shown_beside_its_rule_in_force_with_its_figures() -> None:
+    html = _page(shadow=[_comparison()])
+    body = html.split('data-testid="shadow-1"')[1].split("</tbody>")[0]
+    assert 'data-candidate-version="2" data-in-force-version="1"' in body
+    assert 'data-both="2" data-only-candidate="3" data-only-in-force="1"' in body
+    in_force, candidate = body.split('data-testid="shadow-1-candidate"')
+    assert 'data-alerts="3" data-reviewed="1" data-confirmed="1"' in in_force
+    assert "SUM(paymentAmount) &gt; 200000 over 1440 min" in in_force
+    assert 'data-alerts="5" data-reviewed="2" data-confirmed="1"' in candidate
+    assert 'v2 <span class="state-SHADOW">SHADOW</span>' in candidate
+    assert "SUM(paymentAmount) &gt; 150000 over 1440 min" in candidate
+    assert '"shadow-precision">50% <span class="muted">(1/2)</span>' in candidate
+    assert "2026-01-01 00:00:00.000Z" in body, "since when"
+    assert 'action="/velocity/rules/1/promote"' in body and ">Promote v2</button>" in body
+    assert 'action="/velocity/rules/1/discard"' in body
+    assert 'data-progress="Promoting the candidate of ruleId 1…"' in body
+    assert 'data-testid="candidate-of-1"' in html, "the rule in force points to its candidate"
+    assert 'data-testid="shadow-rule"' in html and 'value="shadow"' in html
+    viewer = _page(shadow=[_comparison()], can_edit=False, user="vic")
+    assert 'data-testid="shadow-1"' in viewer
+    assert "/promote" not in viewer and "/discard" not in viewer
+    assert 'data-testid="shadow-rule"' not in viewer
+    assert 'data-testid="no-shadow-rules"' in _page(shadow=[])
+    assert "cannot read the shadow rules: &lt;x&gt;" in _page(
+        shadow_error="cannot read the shadow rules: <x>"
+    )
+
+
+def test_a_shadow_alert_is_marked_in_the_list_of_alerts() -> None:
+    shadow = {**ALERT, "alertId": "s-1", "shadow": True, "decisionTime": 2}
+    html = _page(alerts=[ALERT, shadow])
+    assert 'data-testid="shadow-badge"' in _row(html, "s-1") and "data-shadow=1" in html
+    assert "shadow-badge" not in _row(html, "a-1")
+
+
+@pytest.mark.redis
+def test_the_page_adds_compares_promotes_and_discards_a_candidate(
+    data_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the page's routes, in process: Shadow from the add-rules form, the figures
+    from the tables, Promote, Shadow again and Discard; each outcome in the CLI's words."""
+    from fastapi.testclient import TestClient
+
+    from velocity.delta.names import ALERTS
+    from velocity.rule_changes import rules_file_text
+    from velocity_airflow import flash, page
+
+    settings = _alerts_settings(data_settings, monkeypatch)
+    monkeypatch.setattr(page, "_can_edit", lambda user: True)
+    changer = page.Editor.__metadata__[0].dependency  # the editor's check: passed here
+    page.app.dependency_overrides.update({page._user: Analyst, changer: Analyst})
+
+    def said(reply: Any) -> str:
+        assert reply.status_code == 303, reply.text
+        # Starlette quotes a value with "=" in it, as cookies may be.
+        sealed = reply.cookies[flash.COOKIE].strip('"')
+        shown = flash.unseal(sealed, page._flash_key())
+        assert shown is not None
+        return shown.text
+
+    try:
+        client = TestClient(page.app, follow_redirects=False)
+        candidate = rules_file_text([make_rule(ruleId=1, limit=150000).to_json()])
+        added = client.post("/rules", data={"rules_json": candidate, "intent": "shadow"})
+        assert said(added) == "ruleId 1: version 2 SHADOW"
+        now = int(time.time() * 1000)  # after the candidate was applied
+        append_alerts(
+            settings.table_path(ALERTS),
+            [
+                alert_row("a-1", (1, 1), now + 1, transaction_id="tx-1", shadow=False),
+                alert_row("a-2", (1, 1), now + 2, transaction_id="tx-2", shadow=False),
+                alert_row("s-1", (1, 2), now + 1, transaction_id="tx-1", shadow=True),
+                alert_row("s-3", (1, 2), now + 3, transaction_id="tx-3", shadow=True),
+            ],
+        )
+        [shown] = client.get("/api/shadow").json()
+        assert (shown["candidateVersion"], shown["inForceVersion"]) == (2, 1)
+        assert (shown["both"], shown["onlyCandidate"], shown["onlyInForce"]) == (1, 1, 1)
+        assert shown["candidate"]["alerts"] == shown["inForce"]["alerts"] == 2
+        rules = client.get("/api/rules").json()
+        assert [(r["ruleId"], r["version"], r["ruleState"]) for r in rules] == [
+            (1, 1, "ACTIVE"), (1, 2, "SHADOW"), (2, 1, "ACTIVE"),
+        ]  # fmt: skip
+        html = client.get("/").text
+        assert html.count('<tr data-testid="rule-1"') == 1, "one row per rule in force"
+        assert 'data-testid="shadow-1" data-candidate-version="2"' in html
+        assert 'data-testid="shadow-badge"' in _row(html, "s-3")
+
+        assert said(client.post("/rules/1/promote")) == "ruleId 1: version 3 ACTIVE"
+        assert client.get("/api/shadow").json() == []
+        rules = client.get("/api/rules").json()
+        assert (rules[0]["ruleId"], rules[0]["version"], rules[0]["limit"]) == (1, 3, 150000)
+        another = {"rules_json": candidate.replace("150000", "9"), "intent": "shadow"}
+        assert said(client.post("/rules", data=another)) == "ruleId 1: version 4 SHADOW"
+        assert said(client.post("/rules/1/discard")) == "ruleId 1: version 5 DISCARD"
+        assert client.get("/api/shadow").json() == []
+        assert said(client.post("/rules/1/discard")).startswith(
+            "error: ruleId 1 has no shadow candidate to discard"
+        )
+        assert client.post("/rules/1/forget").status_code == 404
+        control = client.post(
+            "/rules", data={"rules_json": '{"ruleId": 1, "ruleState": "PAUSE"}', "intent": "shadow"}
+        )
+        assert control.status_code == 422 and "Shadow takes whole rules only" in control.text
+    finally:
+        page.app.dependency_overrides.clear()

@@ -129,6 +129,12 @@ def test_the_rule_choices_are_the_ids_the_form_sends_with_their_rules() -> None:
     assert labels["7"] == (
         "7 · PAUSE · SUM(paymentAmount) > 200000 over 10 min by payerId, beneficiaryId"
     )
+    candidate = make_rule(ruleId=7, ruleState="SHADOW", windowMinutes=5).with_version(2)
+    ids, labels = rule_choices([*rules, candidate])
+    assert ids == ["2", "7"], "a rule and its candidate are one choice"
+    assert labels["7"].endswith(
+        " | SHADOW v2 · SUM(paymentAmount) > 200000 over 5 min by payerId, beneficiaryId"
+    )
 
 
 def test_stream_args() -> None:

@@ -79,12 +79,16 @@ def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Set
             [json.dumps(a) for a in alerts],
             60,
             lease,
+            ['{"alertId":"s-0","shadow":true}'],
         )
         published = mirror.send_stream_commit(client, settings, commit, lease)
         again = mirror.send_stream_commit(client, settings, commit, lease)
     assert (published, again) == (5, -1)
     entries = client.xrange(settings.alert_stream)
     assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(5))
+    # The shadow stream is in a slot of its own: published apart, once.
+    shadowed = client.xrange(settings.shadow_alert_stream)
+    assert [json.loads(f["alert"])["alertId"] for _, f in shadowed] == ["s-0"]
     read = mirror.read_stream_state(
         client, settings, ["tx-3", "tx-new"], asked_keys([("sig", f'["p-{i}"]') for i in range(40)])
     )

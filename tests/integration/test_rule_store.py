@@ -185,3 +185,49 @@ def test_a_rule_change_from_the_cli_starts_no_jvm(tmp_path: Path) -> None:
     assert "ruleId 4: version 2 PAUSE" in done.stdout
     assert "ruleId 4: version 3 ACTIVE" in done.stdout
     assert "codes [0, 0, 0, 0] heavy []" in done.stdout
+
+
+def test_shadow_promote_and_discard_through_the_command_line(tmp_path: Path) -> None:
+    """`velocity rules shadow|promote|discard` on a real table: a candidate stands beside
+    the rule in force with the next version, a promote makes it ACTIVE in one commit, a
+    discard withdraws it; what cannot apply says why and writes nothing."""
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(tmp_path / "data")}
+
+    def velocity(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [VELOCITY, "rules", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    rules = tmp_path / "rules.json"
+    rules.write_text(rules_text([rule_obj(ruleId=1), rule_obj(ruleId=2)]))
+    assert velocity("apply", str(rules)).returncode == 0
+    candidates = tmp_path / "candidates.json"
+    # Written ACTIVE: `rules shadow` adds whatever state a file says as a candidate.
+    candidates.write_text(rules_text([rule_obj(ruleId=1, limit=7), rule_obj(ruleId=9)]))
+    shadowed = velocity("shadow", str(candidates))
+    assert shadowed.stdout.splitlines() == [
+        "ruleId 1: version 2 SHADOW",
+        "ruleId 9: version 1 SHADOW",
+    ], shadowed.stderr
+    listed = [json.loads(line) for line in velocity("list").stdout.splitlines()]
+    assert [(r["ruleId"], r["version"], r["ruleState"]) for r in listed] == [
+        (1, 1, "ACTIVE"), (1, 2, "SHADOW"), (2, 1, "ACTIVE"), (9, 1, "SHADOW"),
+    ]  # fmt: skip
+
+    store = RuleStore(tmp_path / "data" / "tables" / "rules")
+    before = DeltaTable(str(store.path)).version()
+    promoted = velocity("promote", "1")
+    assert promoted.stdout.strip() == "ruleId 1: version 3 ACTIVE", promoted.stderr
+    assert DeltaTable(str(store.path)).version() == before + 1, "one table version"
+    book = store.book()
+    assert str(book.live[1].limit) == "7" and 1 not in book.candidates
+
+    assert velocity("discard", "9").stdout.strip() == "ruleId 9: version 2 DISCARD"
+    assert store.book().candidates == {}
+    refused = velocity("promote", "2")
+    assert refused.returncode != 0 and "ruleId 2 has no shadow candidate" in refused.stderr
+    assert DeltaTable(str(store.path)).version() == before + 2, "a refusal writes nothing"
+    discard_in_a_file = tmp_path / "discard.json"
+    discard_in_a_file.write_text('{"ruleId": 1, "ruleState": "DISCARD"}')
+    rejected = velocity("apply", str(discard_in_a_file))
+    assert rejected.returncode != 0 and "velocity rules discard" in rejected.stderr

@@ -46,12 +46,16 @@ def test_a_batch_past_luas_argument_slices_commits_whole_and_in_order(
             [json.dumps(a) for a in alerts],
             60,
             lease,
+            [json.dumps({"alertId": f"s-{i}", "n": i, "shadow": True}) for i in range(3)],
         )
         published = mirror.send_stream_commit(client, settings, commit, lease)
         again = mirror.send_stream_commit(client, settings, commit, lease)
     assert (published, again) == (7, -1)
     entries = client.xrange(settings.alert_stream)
     assert [json.loads(f["alert"])["n"] for _, f in entries] == list(range(7))
+    shadowed = client.xrange(settings.shadow_alert_stream)
+    assert [json.loads(f["alert"])["alertId"] for _, f in shadowed] == ["s-0", "s-1", "s-2"]
+    assert {f["batch"] for _, f in shadowed} == {"0"}
     assert mirror.read_stream_state(client, settings, [*accepted, "tx-x"]).seen == set(accepted)
     bucket_hash = settings.redis_keys.bucket_hash
     assert client.hget(bucket_hash("sig", '["p-0"]'), "60000") is None

@@ -39,26 +39,6 @@ def effective_alerts(spark, settings: Settings) -> dict[tuple[int, str], int]:
     return {pair: n for pair, n in net.items() if n}
 
 
-@pytest.fixture(scope="module")
-def late_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Events with late arrivals (10–60 min behind), duplicates and malformed lines."""
-    folder = tmp_path_factory.mktemp("backfill-events")
-    return generated_in_arrival_order(
-        folder,
-        GenerateOptions(
-            events=2400,
-            rate=0.5,
-            payers=20,
-            files=6,
-            spike_fraction=0.05,
-            late_fraction=0.04,
-            duplicate_fraction=0.02,
-            malformed_fraction=0.01,
-            seed=33,
-        ),
-    )
-
-
 def test_backfill_makes_the_stream_equal_the_complete_data_result(
     spark, data_settings: Settings, late_events: Path, late_complete: Complete
 ) -> None:

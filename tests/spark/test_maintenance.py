@@ -17,7 +17,7 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import Rule, active_rules, distinct_counted, parse_rules, rules_by_signature
+from velocity.rules import Rule, deciding_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backtest import run_backtest
@@ -80,7 +80,7 @@ def bucket_rows(spark, settings: Settings) -> set[tuple]:
 
 def buckets_from_raw_events(spark, settings: Settings, since: int) -> set[tuple]:
     live = LiveTables.of(settings)
-    rules = active_rules(StreamJob(spark, settings).rule_store.in_force())
+    rules = deciding_rules(StreamJob(spark, settings).rule_store.in_force())
     events = tables.read_table(spark, live.events)
     built = bucket_aggregates(
         keyed_events(events, rules_by_signature(rules)),

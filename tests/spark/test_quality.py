@@ -19,7 +19,7 @@ from velocity.delta.rule_store import RuleStore
 from velocity.generate import GenerateOptions, generate_events
 from velocity.quality import format_summary, run_quality_checks
 from velocity.quality.checks import QUALITY_RESULTS, write_results
-from velocity.rules import active_rules, distinct_counted, parse_rules, rules_by_signature
+from velocity.rules import deciding_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     bucket_aggregates,
@@ -68,7 +68,7 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
 
     store = RuleStore(live.rules)
     store.apply(parse_rules(sample_rules_path().read_text()))
-    rules = active_rules(store.in_force())
+    rules = deciding_rules(store.in_force())
     signatures = list(rules_by_signature(rules))
     widest = max(r.window_ms for r in rules)
     counted = distinct_counted(rules)

@@ -74,26 +74,6 @@ def backtest_pairs(spark, settings: Settings, rules: list[Rule], events: Path, o
 
 
 @pytest.fixture(scope="module")
-def in_order_events(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Per-key increasing eventTimes (no late events), with duplicates and malformed lines."""
-    folder = tmp_path_factory.mktemp("stream-events")
-    return generated_in_arrival_order(
-        folder,
-        GenerateOptions(
-            events=2500,
-            rate=2.0,
-            payers=25,
-            files=5,
-            spike_fraction=0.03,
-            late_fraction=0.0,
-            duplicate_fraction=0.02,
-            malformed_fraction=0.02,
-            seed=21,
-        ),
-    )
-
-
-@pytest.fixture(scope="module")
 def sample_backtest(
     spark, spark_settings: Settings, in_order_events: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[tuple[int, str], tuple[str, int, str]]:

@@ -16,7 +16,7 @@ from tests.builders import events, rule_sets
 from tests.unit.test_kernel import _ARROW, histories_of, keyed_rows
 from velocity.buckets import BucketAggregate, bucket_from_columns, bucket_start, bucket_width_ms
 from velocity.engine.bucketing import bucket_rows
-from velocity.rules import active_rules
+from velocity.rules import deciding_rules
 
 Slot = tuple[str, str, int]
 
@@ -57,7 +57,7 @@ def test_columnar_buckets_equal_merged_events(
     events, rules, seconds, order: random.Random, data
 ) -> None:
     width = bucket_width_ms(seconds)
-    rows = keyed_rows(histories_of(events, active_rules(rules)))
+    rows = keyed_rows(histories_of(events, deciding_rules(rules)))
     order.shuffle(rows)
     assert columnar_buckets(rows, width) == expected_buckets(rows, width)
     # Distinct values kept for the counted signatures only; every other figure unchanged.

@@ -14,7 +14,7 @@ from tests.builders import events, keyed_histories, rule_sets
 from tests.unit.test_kernel import _ARROW
 from velocity.decimals import format_decimal
 from velocity.engine.fan_out import keyed_rows
-from velocity.rules import RuleSignature, active_rules, key_text, rules_by_signature
+from velocity.rules import RuleSignature, deciding_rules, key_text, rules_by_signature
 from velocity.schema import EVENT_FIELDS, Event, FieldKind
 
 _EVENTS = pa.schema(
@@ -57,7 +57,7 @@ def reference(batch: list[Event], signatures: list[RuleSignature]) -> Counter:
 @settings(max_examples=150)
 @given(batch=events(max_size=30), rules=rule_sets(max_size=5))
 def test_columnar_fan_out_equals_the_reference(batch: list[Event], rules) -> None:
-    signatures = list(rules_by_signature(active_rules(rules)))
+    signatures = list(rules_by_signature(deciding_rules(rules)))
     assert columnar(batch, signatures) == reference(batch, signatures)
 
 

@@ -31,7 +31,7 @@ from velocity.engine.kernel import (
     rounded_average,
     units_text,
 )
-from velocity.rules import Operator, Rule, active_rules, key_text, rules_by_signature
+from velocity.rules import Operator, Rule, deciding_rules, key_text, rules_by_signature
 from velocity.schema import Event
 from velocity.windows import KeyedEvent, evaluate_key_history, format_aggregate
 
@@ -120,7 +120,7 @@ def reference_outcome(
 def test_kernel_equals_the_reference_on_random_batches(
     events: list[Event], rules: list[Rule], seconds: int, order: random.Random
 ) -> None:
-    active = active_rules(rules)
+    active = deciding_rules(rules)
     width = bucket_width_ms(seconds)
     histories = histories_of(events, active)
     rows = keyed_rows(histories)
@@ -328,7 +328,7 @@ def test_kernel_over_stored_buckets_and_a_batch_equals_the_reference(
     decisions equal the complete-data decisions of the same events. A bucket that holds
     an event later than a batch event in it comes as raw events (the own-bucket
     history), as the stream supplies it."""
-    active = active_rules(rules)
+    active = deciding_rules(rules)
     width = bucket_width_ms(seconds)
     histories = histories_of(events, active)
     rows: list[dict] = []

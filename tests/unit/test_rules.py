@@ -37,7 +37,7 @@ from velocity.rules import (
     RuleSignature,
     RuleState,
     StateChange,
-    active_rules,
+    deciding_rules,
     key_text,
     parse_rule,
     parse_rules,
@@ -228,7 +228,7 @@ def test_state_change_needs_a_positive_rule_id(state: str, rule_id: object) -> N
 def test_pause_with_a_full_body_is_a_paused_rule() -> None:
     rule = one_rule(rule_obj(ruleState="pause"))
     assert rule.state is RuleState.PAUSE
-    assert active_rules([rule]) == []
+    assert deciding_rules([rule]) == []
 
 
 def test_active_with_only_rule_id_names_every_missing_field() -> None:
@@ -544,7 +544,7 @@ def test_rules_by_signature_groups_active_rules_in_rule_id_order() -> None:
     grouped = rules_by_signature([a, paused, other, b])
     assert grouped == {a.signature: [b, a], other.signature: [other]}
     assert list(grouped) == sorted(grouped, key=lambda s: s.signature_id)
-    assert active_rules([a, paused, other, b]) == [b, other, a]
+    assert deciding_rules([a, paused, other, b]) == [b, other, a]
 
 
 def test_key_text_is_compact_json() -> None:

@@ -6,7 +6,7 @@ the shapes are the live tables' schemas, so the spool appends to Delta unchanged
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -56,19 +56,6 @@ def bucket_rows(deltas: Mapping[tuple[str, str, int], BucketAggregate], width_ms
             "parts": [None] * len(slots),
         },
     )
-
-
-def alert_rows(records: Iterable[Mapping[str, Any]], signature_ids: Sequence[str]) -> pa.Table:
-    """SPEC §4 records (and the signature each was decided on) as rows of ``alerts``."""
-    records = list(records)
-    columns: dict[str, list[Any]] = {
-        name: [r[name] for r in records]
-        for name in ARROW_SCHEMAS["alerts"].names
-        if name != "key" and name != "signature_id"
-    }
-    columns["key"] = [list(r["key"].items()) for r in records]
-    columns["signature_id"] = list(signature_ids)
-    return _table("alerts", columns)
 
 
 def spooled_rows(

@@ -8,7 +8,7 @@ Spark.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -29,9 +29,16 @@ from velocity.errors import UsageError
 from velocity.explain import Explanation, explain_alert
 from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, Review, VersionPrecision
 from velocity.reviews import precision_by_version as _precision_by_version
+from velocity.rule_changes import RuleBook
 from velocity.rules import Rule
 from velocity.schema import FIELDS_BY_NAME, RULE_FIELDS, Event, FieldKind, parse_event_line
 from velocity.settings import Settings
+from velocity.shadow_compare import (
+    DecisionRow,
+    ShadowComparison,
+    compare_candidates,
+    window_start,
+)
 
 
 class NotWrittenYetError(UsageError):
@@ -55,8 +62,11 @@ def rules_in_force(settings: Settings) -> list[Rule]:
 
 
 def _alert_record(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row of the alerts table as its SPEC §4 record (the map column comes as pairs)."""
-    record = {k: v for k, v in row.items() if k != "signature_id"}
+    """A row of the alerts table as its SPEC §4 record (the map column comes as pairs;
+    ``"shadow": true`` only for a SHADOW rule's alert)."""
+    record = {k: v for k, v in row.items() if k not in ("signature_id", "shadow")}
+    if row.get("shadow"):
+        record["shadow"] = True
     key = row["key"]
     record["key"] = dict(key) if not isinstance(key, dict) else key
     return record
@@ -190,11 +200,56 @@ def precision_by_version(
     return _precision_by_version(alert_volumes(settings, now_ms), reviews)
 
 
+_DECISION_COLUMNS = [
+    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "decisionTime", "shadow",
+]  # fmt: skip
+
+
+def decision_rows(settings: Settings, rule_ids: Collection[int], since: int) -> list[DecisionRow]:
+    """The rows of the alerts table of ``rule_ids`` decided at ``since`` or later (the data
+    files of older alerts are skipped by their decisionTime statistics). A table of an older
+    Velocity, without the shadow column, reads as having no shadow alerts."""
+    table = _table(settings.table_path(ALERTS))
+    if table is None or not rule_ids:
+        return []
+    dataset = table.to_pyarrow_dataset()
+    rows = dataset.to_table(
+        filter=(pc.field("decisionTime") >= since)
+        & pc.field("ruleId").isin(pa.array(sorted(rule_ids), pa.int64())),
+        columns=[c for c in _DECISION_COLUMNS if c in dataset.schema.names],
+    )
+    return [DecisionRow.of(row) for row in rows.to_pylist()]
+
+
+def shadow_comparisons(
+    settings: Settings,
+    now_ms: int,
+    history: Sequence[Rule] | None = None,
+    reviews: Sequence[Review] | None = None,
+) -> list[ShadowComparison]:
+    """Each standing shadow candidate beside its rule in force over the last 24 h before
+    ``now_ms`` (``velocity.shadow_compare``); ``history`` (every rule version) and
+    ``reviews`` (every review): when the caller read them already."""
+    store = RuleStore(settings.table_path(RULES))
+    book = RuleBook.of(store.history() if history is None else history)
+    if not book.candidates:
+        return []
+    applied = store.applied_times()
+    since = min(
+        window_start(now_ms, applied.get((rule_id, candidate.version)))
+        for rule_id, candidate in book.candidates.items()
+    )
+    rows = decision_rows(settings, book.candidates.keys(), since)
+    if reviews is None:
+        reviews = review_store(settings).all()
+    return compare_candidates(book, rows, reviews, applied, now_ms)
+
+
 # The alerts table's columns of a SPEC §4 record (not the stream's signature_id).
 _RECORD_COLUMNS = [
     "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
     "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
-    "windowEnd", "decisionTime",
+    "windowEnd", "decisionTime", "shadow",
 ]  # fmt: skip
 # The first decisionTime span searched below a page's boundary; each next one is 8 times
 # wider, until the page is full or the span reaches the table's oldest alert.
@@ -237,7 +292,9 @@ def newest_alerts(
     while True:
         lower = None if top is None or oldest is None or top - span <= oldest else top - span
         scoped = where if lower is None else where & (pc.field("decisionTime") >= lower)
-        rows = dataset.to_table(filter=scoped, columns=_RECORD_COLUMNS)
+        # A table of an older Velocity has no shadow column until the stream adds it.
+        columns = [c for c in _RECORD_COLUMNS if c in dataset.schema.names]
+        rows = dataset.to_table(filter=scoped, columns=columns)
         if rows.num_rows > limit or lower is None:
             break
         span *= 8

@@ -32,8 +32,16 @@ from velocity.delta.small_tables import (
     read_rows,
     rows_table,
 )
-from velocity.rule_changes import ApplyResult, in_force, latest_versions, plan_changes, stored_rule
-from velocity.rules import Rule, RuleEntry
+from velocity.rule_changes import (
+    ApplyResult,
+    Change,
+    Promotion,
+    RuleBook,
+    latest_versions,
+    plan_changes,
+    stored_rule,
+)
+from velocity.rules import Rule, RuleState, StateChange
 
 # RULE_SCHEMA as Arrow. Nullable throughout, as Spark makes a table it creates from a
 # DataFrame: the table is the same whichever of the two created it.
@@ -70,20 +78,40 @@ class RuleStore:
         table = open_table(self._path)
         return [] if table is None else _history(table)
 
+    def applied_times(self) -> dict[tuple[int, int], int]:
+        """When each version was applied (epoch ms), by (ruleId, version)."""
+        table = open_table(self._path)
+        rows = [] if table is None else read_rows(table, ["ruleId", "version", "applied_at"])
+        return {(int(r["ruleId"]), int(r["version"])): int(r["applied_at"]) for r in rows}
+
     def latest(self) -> dict[int, Rule]:
-        """The latest version of each ruleId, deleted ones included."""
+        """The latest version of each ruleId's rule in force, deleted ones included."""
         return latest_versions(self.history())
 
-    def in_force(self) -> list[Rule]:
-        """ACTIVE and PAUSE rules at their latest version, by ruleId."""
-        return in_force(self.history())
+    def book(self) -> RuleBook:
+        """The rules in force and the shadow candidates beside them."""
+        return RuleBook.of(self.history())
 
-    def apply(self, entries: Sequence[RuleEntry], now_ms: int | None = None) -> ApplyResult:
+    def in_force(self) -> list[Rule]:
+        """ACTIVE and PAUSE rules at their latest version and the standing SHADOW
+        candidates, by (ruleId, version)."""
+        return self.book().in_force()
+
+    def promote(self, rule_id: int, now_ms: int | None = None) -> ApplyResult:
+        """The candidate of ``rule_id`` becomes its ACTIVE version, in one table version
+        (the stream switches over on its next micro-batch)."""
+        return self.apply([Promotion(rule_id)], now_ms)
+
+    def discard(self, rule_id: int, now_ms: int | None = None) -> ApplyResult:
+        """Withdraw the candidate of ``rule_id``; the rule in force is unchanged."""
+        return self.apply([StateChange(rule_id, RuleState.DISCARD)], now_ms)
+
+    def apply(self, entries: Sequence[Change], now_ms: int | None = None) -> ApplyResult:
         """Write the versions ``entries`` make, in one commit; nothing on any error
         (``InvalidRuleError`` / ``UnknownRuleError`` name what is wrong)."""
 
         def plan(table: DeltaTable) -> tuple[Table | None, ApplyResult]:
-            written, result = plan_changes(latest_versions(_history(table)), entries)
+            written, result = plan_changes(RuleBook.of(_history(table)), entries)
             if not written:
                 return None, result
             applied_at = now_ms if now_ms is not None else int(time.time() * 1000)

@@ -211,6 +211,8 @@ ALERT_SCHEMA = StructType(
         StructField("windowEnd", LongType(), False),
         StructField("decisionTime", LongType(), False),
         StructField("signature_id", StringType(), False),
+        # A shadow rule's alert (SPEC §2 SHADOW); null in a table of an older Velocity.
+        StructField("shadow", BooleanType(), True),
     ]
 )
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from velocity.alerts import AlertKind, alert_ids
 from velocity.engine.kernel import Decisions
-from velocity.rules import Rule
+from velocity.rules import Rule, RuleState
 from velocity.schema import format_decimal
 
 
@@ -72,6 +72,7 @@ def _rule_rows(
         "windowEnd": event_times,
         "decisionTime": constant(decision_time, "decisionTime"),
         "signature_id": taken.column("signature_id").combine_chunks(),
+        "shadow": constant(rule.state is RuleState.SHADOW, "shadow"),
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from velocity.alerts import is_shadow
 from velocity.errors import VelocityError
 from velocity.schema import canonical_value
 from velocity.settings import Settings
@@ -135,14 +136,17 @@ class AlertPublisher:
 
     def publish(self, records: Iterable[Mapping[str, Any] | str]) -> int:
         """Produce every record and wait for the broker's acknowledgements; returns how
-        many were published. A record may be a dict or its JSON text already."""
+        many were published. A record may be a dict or its JSON text already. A SHADOW
+        rule's alert is never produced: the topic is what downstream services consume."""
         sent = 0
         for record in records:
             if isinstance(record, str):
-                text, alert_id = record, json.loads(record)["alertId"]
+                text, parsed = record, json.loads(record)
             else:
-                text, alert_id = json.dumps(record, separators=(",", ":")), record["alertId"]
-            self._writer.send(text, str(alert_id))
+                text, parsed = json.dumps(record, separators=(",", ":")), record
+            if is_shadow(parsed):
+                continue
+            self._writer.send(text, str(parsed["alertId"]))
             sent += 1
         if sent:
             self._writer.flush()

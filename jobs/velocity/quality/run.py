@@ -23,7 +23,7 @@ from velocity.delta.rule_store import RuleStore
 from velocity.errors import UsageError
 from velocity.quality import checks
 from velocity.quality.report import SUITE_NAMES, QualityReport, result_rows, suite_outcome
-from velocity.rules import active_rules
+from velocity.rules import deciding_rules
 from velocity.settings import Settings
 
 # Safe in a path and in the results table's replaceWhere predicate; allows Airflow run ids
@@ -69,7 +69,7 @@ def _frames(spark: SparkSession, settings: Settings, names: list[str]) -> dict[s
             case "quarantine":
                 frames[name] = checks.quarantine_frame(snapshot)
             case "buckets":
-                rules = active_rules(store.in_force())
+                rules = deciding_rules(store.in_force())
                 frames[name] = checks.buckets_frame(snapshot, rules, settings)
             case "alerts":
                 frames[name] = checks.alerts_frame(snapshot, store.history())

@@ -138,6 +138,15 @@ def _finish(client: RedisCluster, keys: RedisKeys, batch: str, changes: Mapping[
             *changes["a"],
         )
     )
+    if changes.get("s"):  # a shadow rule's alerts, on their own stream (own slot)
+        client.fcall(
+            "velocity_cluster_publish",
+            1,
+            changes["shadow_stream"],
+            batch,
+            changes["maxlen"],
+            *changes["s"],
+        )
     for marker, count, runs in changes["m"]:
         client.fcall(
             "velocity_cluster_apply",
@@ -227,9 +236,11 @@ class ClusterCommit:
 
     def _run(self, client: RedisCluster, settings: Settings, commit: StreamCommit) -> int:
         keys = settings.redis_keys
-        progress, alert_stream, lock = commit.keys
+        progress, alert_stream, lock, shadow_stream = commit.keys
         changes = {
             "alert_stream": alert_stream,
+            "shadow_stream": shadow_stream,
+            "s": list(commit.shadow_alerts),
             "maxlen": commit.alert_maxlen,
             "ttl": commit.bucket_ttl_ms,
             "bucket_ms": commit.bucket_ms,

@@ -134,7 +134,8 @@ class BucketChanges:
 class StreamCommit:
     """One micro-batch's commit (``stream_commit``), ready to send."""
 
-    keys: tuple[str, str, str]  # the progress hash, the alert stream, the state lock
+    # the progress hash, the alert stream, the state lock, the shadow alert stream
+    keys: tuple[str, str, str, str]
     token: str  # the state lock's token the commit is fenced by
     batch: int
     newest: str  # the newest accepted eventTime ("" when none)
@@ -146,14 +147,15 @@ class StreamCommit:
     changes: BucketChanges
     accepted: Sequence[str]  # transactionIds
     alerts: Sequence[str]  # SPEC §4 JSON
+    shadow_alerts: Sequence[str] = ()  # SPEC §4 JSON of SHADOW rules
 
     def args(self) -> pa.Array:
-        """velocity_stream_commit's whole call: ``FCALL velocity_stream_commit 3 <keys>
+        """velocity_stream_commit's whole call: ``FCALL velocity_stream_commit 4 <keys>
         <token> <batch> <newest> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
         <seen prefix> <keys changed> <transactionIds> <each key's run>…
-        <transactionId>… <alert>…`` (velocity.lua)."""
+        <transactionId>… <alert>… <shadow alert>… <shadow alerts>`` (velocity.lua)."""
         head = [
-            "FCALL", "velocity_stream_commit", "3", *self.keys, self.token, str(self.batch),
+            "FCALL", "velocity_stream_commit", "4", *self.keys, self.token, str(self.batch),
             self.newest, str(self.bucket_ttl_ms), str(self.seen_ttl_ms),
             str(self.alert_maxlen), str(self.bucket_ms), self.seen_prefix,
             str(len(self.changes)), str(len(self.accepted)),
@@ -164,6 +166,8 @@ class StreamCommit:
                 self.changes.flat(),
                 pa.array(self.accepted, pa.string()),
                 pa.array(self.alerts, pa.string()),
+                pa.array(self.shadow_alerts, pa.string()),
+                pa.array([str(len(self.shadow_alerts))], pa.string()),
             ]
         )
 

@@ -16,6 +16,7 @@ dirs share one Redis without touching each other's keys:
 - ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
   bucket hash and call ``velocity_window``.
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
+- ``P:alerts:shadow`` — the SHADOW rules' alerts (the alert stream's name plus ``:shadow``).
 - ``P:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the last
   micro-batch committed to Redis), ``newest`` (the newest accepted eventTime), ``at``.
 - ``P:seen:{<data dir digest>}:<n>`` — hash of the transactionIds accepted in the n-th

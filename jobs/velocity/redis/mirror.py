@@ -40,7 +40,7 @@ from velocity.redis.keys import (
     rule_entry,
 )
 from velocity.redis.lease import Lease, StateLockLost
-from velocity.rules import Rule
+from velocity.rules import Rule, RuleState
 from velocity.settings import Settings
 from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
 
@@ -201,9 +201,14 @@ def batch_alerts(client: redis.Redis, stream: str, batch_id: int) -> list[str]:
 def publish_rules(
     client: redis.Redis, keys: RedisKeys, rules: Sequence[Rule], bucket_ms: int
 ) -> None:
-    """Make ``<prefix>:rule:<id>`` describe exactly the given rules (others are removed),
-    in one MULTI/EXEC: a lookup never sees a rule between its DEL and its HSET."""
-    wanted = {keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms) for r in rules}
+    """Make ``<prefix>:rule:<id>`` describe exactly the given ACTIVE rules (others are
+    removed), in one MULTI/EXEC: a lookup never sees a rule between its DEL and its HSET.
+    A SHADOW candidate gets no entry: its ruleId's entry is the rule in force's."""
+    wanted = {
+        keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms)
+        for r in rules
+        if r.state is RuleState.ACTIVE
+    }
     present = set(client.scan_iter(match=keys.rule_entries, count=1000))
     # A cluster has no MULTI across slots: there a lookup may see a rule in between.
     pipe = client.pipeline(transaction=not is_cluster(client))
@@ -443,16 +448,18 @@ def stream_commit(
     alerts: Sequence[str],
     bucket_ttl_seconds: int,
     lease: Lease,
+    shadow_alerts: Sequence[str] = (),
 ) -> StreamCommit:
     """One micro-batch's commit to Redis: the bucket ``changes``, the accepted
-    transactionIds, the ``alerts`` (SPEC §4 JSON) and the progress, applied atomically by
+    transactionIds, the ``alerts`` (SPEC §4 JSON; ``shadow_alerts`` to the shadow stream)
+    and the progress, applied atomically by
     ``send_stream_commit`` or ``PendingCommit`` (built apart from the call, so the stream
     sends it and goes on while Redis runs it). Redis refuses a batch committed before (-1:
     a replay writes nothing) and writes nothing unless the state lock still holds
     ``lease``'s token."""
     keys = settings.redis_keys
     return StreamCommit(
-        (keys.stream_progress, settings.alert_stream, lease.name),
+        (keys.stream_progress, settings.alert_stream, lease.name, settings.shadow_alert_stream),
         lease.token,
         batch_id,
         "" if newest_event_time is None else str(newest_event_time),
@@ -464,6 +471,7 @@ def stream_commit(
         changes,
         list(accepted),
         list(alerts),
+        list(shadow_alerts),
     )
 
 

@@ -667,13 +667,15 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
   return i
 end
 
--- FCALL velocity_stream_commit 3 <progress hash> <alert stream> <state lock> <lock token>
---   <batch> <newest eventTime> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
---   <seen prefix> <keys changed> <transactionIds accepted> <each changed key's run>...
---   <transactionId>... <alert json>...
+-- FCALL velocity_stream_commit 4 <progress hash> <alert stream> <state lock>
+--   <shadow alert stream> <lock token> <batch> <newest eventTime> <bucket ttl ms>
+--   <seen ttl ms> <alert maxlen> <bucket ms> <seen prefix> <keys changed>
+--   <transactionIds accepted> <each changed key's run>... <transactionId>...
+--   <alert json>... <shadow alert json>... <shadow alerts>
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
 -- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
--- transactionIds, the alerts on the stream, and the progress (with "at", the time of this
+-- transactionIds, the alerts on the stream (a shadow rule's on the shadow stream, never
+-- on the one downstream services read), and the progress (with "at", the time of this
 -- commit). Fenced: unless the state lock holds the caller's token (its lease ran out,
 -- someone else may be writing) nothing is written and -2 returned. A batch not newer than
 -- the progress was committed already: nothing is written and -1 returned (a replay
@@ -686,11 +688,15 @@ local function velocity_stream_commit(keys, args)
   local ids_at = apply_bucket_changes(args, 11, tonumber(args[9]), args[4], tonumber(args[7]))
   local alerts_at = ids_at + tonumber(args[10])
   remember_seen(args[8], tonumber(args[5]), args, ids_at, alerts_at - 1, args[2])
-  for i = alerts_at, #args do
+  local shadow_at = #args - tonumber(args[#args])
+  for i = alerts_at, shadow_at - 1 do
     redis.call("XADD", keys[2], "MAXLEN", "~", args[6], "*", "alert", args[i], "batch", args[2])
   end
+  for i = shadow_at, #args - 1 do
+    redis.call("XADD", keys[4], "MAXLEN", "~", args[6], "*", "alert", args[i], "batch", args[2])
+  end
   redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
-  return #args - alerts_at + 1
+  return shadow_at - alerts_at
 end
 
 -- FCALL velocity_batch_plan 2 <state lock> <plan key> <lock token> <batch> <plan json>

@@ -34,7 +34,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from velocity.alerts import AlertKind, amended, record_of_stored
+from velocity.alerts import AlertKind, amended, is_shadow, record_of_stored
 from velocity.buckets import bucket_start
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
@@ -44,7 +44,7 @@ from velocity.progress import QUIET, Progress
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rule_changes import RuleEpochs
-from velocity.rules import Rule, active_rules, distinct_counted, rules_by_signature
+from velocity.rules import Rule, deciding_rules, distinct_counted, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     BUCKET_FIGURES,
@@ -148,17 +148,18 @@ class Backfill:
         self.kafka_alerts = AlertPublisher(settings) if publishes else None
 
     def _rules(self, rule_ids: list[int] | None) -> list[Rule]:
-        rules = active_rules(self.state.rule_store.in_force())
+        rules = deciding_rules(self.state.rule_store.in_force())
         if not rule_ids:
             return rules
-        by_id = {r.rule_id: r for r in rules}
-        unknown = sorted(set(rule_ids) - set(by_id))
+        deciding = {r.rule_id for r in rules}
+        unknown = sorted(set(rule_ids) - deciding)
         if unknown:
             raise UsageError(
-                f"--rules names {unknown}, not ACTIVE rules in force; ACTIVE rules are "
-                f"{sorted(by_id)} (`velocity rules list`)"
+                f"--rules names {unknown}, not ACTIVE or SHADOW rules in force; those are "
+                f"{sorted(deciding)} (`velocity rules list`)"
             )
-        return [by_id[i] for i in sorted(set(rule_ids))]
+        # A ruleId names its rule in force and its candidate, both replayed.
+        return [r for r in rules if r.rule_id in set(rule_ids)]
 
     def pending_late_range(self) -> tuple[int, int, int] | None:
         """(from, to, through batch) covering the late events no backfill has covered yet:
@@ -173,7 +174,7 @@ class Backfill:
         row = pending.agg(F.min("eventTime"), F.max("eventTime"), F.max("stream_batch")).first()
         if row is None or row[0] is None:
             return None
-        rules = active_rules(self.state.rule_store.in_force())
+        rules = deciding_rules(self.state.rule_store.in_force())
         widest = max((r.window_ms for r in rules), default=0)
         newest = newest_event_time(self.spark, self.live)
         to_ms = int(row[1]) + widest
@@ -221,7 +222,7 @@ class Backfill:
             run_id=uuid.uuid4().hex,
             from_ms=from_ms,
             to_ms=to_ms,
-            rule_ids=[r.rule_id for r in rules],
+            rule_ids=sorted({r.rule_id for r in rules}),
             late_through_batch=late_through_batch,
             airflow_run_id=airflow_run_id,
         )
@@ -391,7 +392,7 @@ class Backfill:
         spark, width = self.spark, self.settings.bucket_width_ms
         built = {r["signature_id"] for r in self.state.read("signatures").collect()}
         signatures = [s for s in rules_by_signature(rules) if s.signature_id in built]
-        in_force = active_rules(self.state.rule_store.in_force())
+        in_force = deciding_rules(self.state.rule_store.in_force())
         horizon_from = self.state.horizon_cutoff(in_force)
         if not signatures or horizon_from is None:
             return None
@@ -446,7 +447,7 @@ class Backfill:
         if changes.rows.isEmpty():
             return 0
         spark, width = self.spark, self.settings.bucket_width_ms
-        in_force = active_rules(self.state.rule_store.in_force())
+        in_force = deciding_rules(self.state.rule_store.in_force())
         signatures = [
             s for s in rules_by_signature(in_force) if s.signature_id in changes.signature_ids
         ]
@@ -527,7 +528,7 @@ class Backfill:
             )
             .execute()
         )
-        in_force = active_rules(self.state.rule_store.in_force())
+        in_force = deciding_rules(self.state.rule_store.in_force())
         self.mirror.write_buckets(final.select(*_SLOT, g_wide, *BUCKET_FIGURES), in_force)
         removed = [
             (r["signature_id"], r["key"], r["bucket_start"])
@@ -621,7 +622,8 @@ class Backfill:
         write them)."""
         return self.state.read("alerts").where(F.col("kind") != AlertKind.ALERT.value).count()
 
-    def _append_alerts(self, rows: list[dict[str, Any]]) -> None:
+    def _append_alerts(self, records: list[dict[str, Any]]) -> None:
+        rows = [{**record, "shadow": is_shadow(record)} for record in records]
         frame = self.spark.createDataFrame(rows, tables.ALERT_SCHEMA)
         frame.write.format("delta").mode("append").save(str(self.live.alerts))
 
@@ -655,10 +657,14 @@ class Backfill:
     def _publish(self, records: list[dict[str, Any]]) -> None:
         """Amendments to the Redis alert stream and, when it is on, the alerts topic: both
         before the run records itself, so a crash between leaves them to
-        ``_publish_unrecorded`` (at least once, ids unchanged)."""
-        mirror.publish_backfill(self.redis, self.settings.alert_stream, records)
+        ``_publish_unrecorded`` (at least once, ids unchanged). A SHADOW rule's amendments
+        go to the shadow stream only, as its alerts did."""
+        live = [r for r in records if not is_shadow(r)]
+        shadow = [r for r in records if is_shadow(r)]
+        mirror.publish_backfill(self.redis, self.settings.alert_stream, live)
+        mirror.publish_backfill(self.redis, self.settings.shadow_alert_stream, shadow)
         if self.kafka_alerts is not None:
-            self.kafka_alerts.publish(records)
+            self.kafka_alerts.publish(live)
 
     def _publish_unrecorded(self, started: int) -> int:
         """Publish the amendments of a run that committed them but died before it recorded

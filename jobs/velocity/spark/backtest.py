@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from velocity.alerts import ALERT_FIELDS
 from velocity.delta import tables
 from velocity.progress import QUIET, Progress
-from velocity.rules import Rule, active_rules, distinct_counted, rules_by_signature
+from velocity.rules import Rule, RuleState, deciding_rules, distinct_counted, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     key_partitioned,
@@ -43,7 +43,8 @@ class BacktestSummary:
     bucket_bytes: int = 0
     alerts: int = 0
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
-    alerts_by_rule: dict[int, int] = field(default_factory=dict)
+    # By ruleId ("7"), a shadow candidate by ruleId and version ("7 v3 SHADOW").
+    alerts_by_rule: dict[str, int] = field(default_factory=dict)
     tables_dir: str = ""
     alerts_file: str = ""
     seconds: float = 0.0
@@ -60,6 +61,13 @@ _NEXT_STEP = {
     "evaluate+alerts": "alerts-file",
     "alerts-file": "summary",
 }
+
+
+def rule_label(rule: Rule) -> str:
+    """How a rule is named in a summary: its ruleId, and a candidate's version beside."""
+    if rule.state is RuleState.SHADOW:
+        return f"{rule.rule_id} v{rule.version} SHADOW"
+    return str(rule.rule_id)
 
 
 def backtest_root(settings: Settings) -> Path:
@@ -84,7 +92,9 @@ def write_alerts_jsonl(
     order = ["eventTime", "ruleId", "transactionId", "kind"]
     count = alerts.count()
     partitions = max(1, -(-count // alerts_per_part))
-    line = F.to_json(F.struct(*[F.col(name) for name in ALERT_FIELDS]))
+    # A shadow rule's alert says so; others have no such field (null fields are left out).
+    shadow = F.when(F.col("shadow"), F.lit(True)).alias("shadow")
+    line = F.to_json(F.struct(*[F.col(name) for name in ALERT_FIELDS], shadow))
     ordered = (
         alerts.repartitionByRange(partitions, *order)
         .sortWithinPartitions(*order)
@@ -153,7 +163,7 @@ def _run_backtest(
     root = backtest_root(settings)
     decision_time = decision_time if decision_time is not None else int(time.time() * 1000)
     width_ms = settings.bucket_width_ms
-    active = active_rules(rules)
+    active = deciding_rules(rules)
 
     # Parsed once for the three tables below. A local checkpoint keeps the rows as they are;
     # persist() would build compressed column batches, which cost more than the parse
@@ -197,10 +207,15 @@ def _run_backtest(
     summary.lines = summary.accepted + summary.quarantined + summary.duplicates
     summary.buckets = tables.read_table(spark, root / tables.BUCKETS).count()
     summary.bucket_bytes, _ = tables.table_size(spark, root / tables.BUCKETS)
-    by_rule: Counter[int] = Counter(
-        {r["ruleId"]: r["count"] for r in stored_alerts.groupBy("ruleId").count().collect()}
+    by_rule: Counter[tuple[int, int]] = Counter(
+        {
+            (r["ruleId"], r["ruleVersion"]): r["count"]
+            for r in stored_alerts.groupBy("ruleId", "ruleVersion").count().collect()
+        }
     )
-    summary.alerts_by_rule = {rule.rule_id: by_rule.get(rule.rule_id, 0) for rule in active}
+    summary.alerts_by_rule = {
+        rule_label(rule): by_rule.get((rule.rule_id, rule.version), 0) for rule in active
+    }
     step("summary")
     summary.step_seconds = timer.steps
     summary.seconds = timer.total

@@ -21,7 +21,7 @@ from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.errors import UsageError
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import active_rules
+from velocity.rules import deciding_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, hour_buckets, minute_buckets
 from velocity.spark.redis_state import RedisState
@@ -208,7 +208,7 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
     # of the lock: a rule widened (and its signature rebuilt) in between must not lose
     # the buckets its build just wrote.
     with state_lock(client, settings, "eviction") as lease:
-        rules = active_rules(state.rule_store.in_force())
+        rules = deciding_rules(state.rule_store.in_force())
         newest = newest_event_time(spark, live)
         if newest is None or not rules:
             return summary

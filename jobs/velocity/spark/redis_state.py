@@ -20,7 +20,7 @@ from redis.cluster import RedisCluster
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, active_rules
+from velocity.rules import Rule, deciding_rules
 
 
 class RedisState:
@@ -64,7 +64,7 @@ class RedisState:
         if through is None:
             through = last_committed_batch(self.settings)
         self.state.flush_spool(through)
-        rules = active_rules(self.state.rule_store.in_force())
+        rules = deciding_rules(self.state.rule_store.in_force())
         keys = self.settings.redis_keys
         if connection.is_cluster(self.redis):
             cluster.forget_staging(cast(RedisCluster, self.redis), keys)
@@ -140,7 +140,7 @@ class RedisState:
         """Redis against Delta, after the spooled batches are flushed so that Delta holds
         what Redis holds; hashes only Redis has (of the active signatures) count too."""
         self.flush_spooled()
-        rules = active_rules(self.state.rule_store.in_force())
+        rules = deciding_rules(self.state.rule_store.in_force())
         rows = self.state.buckets_in_horizon(rules).orderBy("signature_id", "key")
         return mirror.compare_buckets(
             self.redis,

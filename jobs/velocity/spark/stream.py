@@ -66,7 +66,7 @@ from velocity.redis.lock import state_lock
 from velocity.rules import (
     Rule,
     RuleSignature,
-    active_rules,
+    deciding_rules,
     distinct_counted,
     rules_by_signature,
 )
@@ -286,6 +286,7 @@ class StreamJob:
             alerts,
             mirror.horizon_seconds(rules, settings),
             lease,
+            decided.shadow_published,
         )
         timer.mark("commit-args")
         return PreparedBatch(
@@ -406,7 +407,7 @@ class StreamJob:
         change publishes them to Redis and builds the signatures that need it."""
         version = tables.table_version(self.spark, self.live.rules)
         if version != self._rules_version:
-            rules = active_rules(self.rule_store.in_force())
+            rules = deciding_rules(self.rule_store.in_force())
             mirror.publish_rules(
                 self.redis, self.settings.redis_keys, rules, self.settings.bucket_width_ms
             )

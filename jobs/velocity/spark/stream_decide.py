@@ -123,6 +123,7 @@ class BatchDecided:
     alerts: pa.Table  # rows of the alerts table
     deltas: pa.Table  # rows of the buckets table: the batch's events alone per bucket
     published: list[str] = field(default_factory=list)  # SPEC §4 JSON, in publishing order
+    shadow_published: list[str] = field(default_factory=list)  # SHADOW rules' alerts, alike
     missing: list[BucketSlot] = field(default_factory=list)  # own buckets to read from Delta
     partitions: list[dict[str, object]] = field(default_factory=list)  # per-partition log
 
@@ -176,7 +177,10 @@ def decide_batch(
         deltas.append(_from_ipc(deltas_ipc))
     out.alerts, out.deltas = pa.concat_tables(alerts), pa.concat_tables(deltas)
     order = pc.sort_indices(out.alerts, sort_keys=[(n, "ascending") for n in _PUBLISHING_ORDER])
-    out.published = pa.concat_arrays(texts).take(order).to_pylist()
+    ordered = pa.concat_arrays(texts).take(order)
+    shadow = pc.fill_null(out.alerts.column("shadow").take(order), False).combine_chunks()
+    out.published = ordered.filter(pc.invert(shadow)).to_pylist()
+    out.shadow_published = ordered.filter(shadow).to_pylist()
     return out
 
 

@@ -52,9 +52,10 @@ HOUR_MS = 3_600_000
 SAMPLE_SIZE = 5
 DIFF_SHOWN = 10
 
-# The keyed rows and the alerts as Arrow, as ``velocity.spark.evaluate`` has them from
-# Spark's schemas (KEYED_SCHEMA, ALERT_SCHEMA; a unit test holds them equal), written
-# out so that the preview imports no Spark.
+# The keyed rows as Arrow, as ``velocity.spark.evaluate`` has them from Spark's
+# KEYED_SCHEMA (a unit test holds them equal), written out so that the preview imports no
+# Spark. The alerts' columns come from the caller (``alert_schema``: the alerts table's,
+# which the engine's alert rows fill).
 AMOUNT_ARROW = pa.decimal128(26, 8)
 KEYED_ARROW = pa.schema(
     [
@@ -64,29 +65,6 @@ KEYED_ARROW = pa.schema(
         pa.field("transactionId", pa.string(), False),
         pa.field("value", pa.string()),
         pa.field("number", AMOUNT_ARROW),
-    ]
-)
-ALERT_ARROW = pa.schema(
-    [
-        pa.field("alertId", pa.string(), False),
-        pa.field("kind", pa.string(), False),
-        pa.field("ruleId", pa.int64(), False),
-        pa.field("ruleVersion", pa.int32(), False),
-        pa.field("transactionId", pa.string(), False),
-        pa.field(
-            "key",
-            pa.map_(pa.string(), pa.field("value", pa.string(), False)),
-            False,
-        ),
-        pa.field("eventTime", pa.int64(), False),
-        pa.field("aggregatorFunctionType", pa.string(), False),
-        pa.field("aggregateValue", pa.string(), False),
-        pa.field("limitOperatorType", pa.string(), False),
-        pa.field("limit", pa.string(), False),
-        pa.field("windowStart", pa.int64(), False),
-        pa.field("windowEnd", pa.int64(), False),
-        pa.field("decisionTime", pa.int64(), False),
-        pa.field("signature_id", pa.string(), False),
     ]
 )
 
@@ -165,18 +143,24 @@ class Fired:
         """The eventTime of each alert (made once: millions of alerts are no rarity)."""
         return self._times
 
-    def alerts(self, decision_time: int, positions: np.ndarray | None = None) -> pa.Table:
-        """The SPEC §4 rows (ALERT_ARROW) of the alerts at ``positions`` (all when None),
-        with the backtest's alert ids."""
+    def alerts(
+        self, decision_time: int, alert_schema: pa.Schema, positions: np.ndarray | None = None
+    ) -> pa.Table:
+        """The alerts table's rows (``alert_schema``) of the alerts at ``positions`` (all
+        when None), with the backtest's alert ids."""
         d = self.decisions
         chosen = np.arange(len(d)) if positions is None else np.asarray(positions, dtype=np.int64)
         picked = Decisions(
             d.rows[chosen], d.rules[chosen], d.values[chosen], d.window_starts[chosen]
         )
-        return alert_rows(picked, self.keyed, [self.rule], decision_time, ALERT_ARROW)
+        return alert_rows(picked, self.keyed, [self.rule], decision_time, alert_schema)
 
-    def records(self, decision_time: int, positions: np.ndarray) -> list[dict[str, Any]]:
-        return [record_of_stored(r) for r in self.alerts(decision_time, positions).to_pylist()]
+    def records(
+        self, decision_time: int, alert_schema: pa.Schema, positions: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """SPEC §4 records of the alerts at ``positions``."""
+        rows = self.alerts(decision_time, alert_schema, positions).to_pylist()
+        return [record_of_stored(r) for r in rows]
 
 
 def decide_span(
@@ -630,6 +614,7 @@ def rule_previews(
     span: Span,
     width_ms: int,
     decision_time: int,
+    alert_schema: pa.Schema,
     sample_size: int = SAMPLE_SIZE,
     diff_shown: int = DIFF_SHOWN,
 ) -> list[RulePreview]:
@@ -663,7 +648,9 @@ def rule_previews(
                 per_hour=tuple(hourly_counts(times, span)),
                 in_force_alerts=len(their_times),
                 in_force_per_hour=tuple(hourly_counts(their_times, span)),
-                sample=samples(events, mine.records(decision_time, positions), candidate),
+                sample=samples(
+                    events, mine.records(decision_time, alert_schema, positions), candidate
+                ),
                 diff=diff_fired(mine, theirs, diff_shown),
             )
         )

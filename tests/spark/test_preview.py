@@ -14,7 +14,7 @@ from benchmarks.preview import write_live_events
 from tests.spark.test_backtest import EXTRA_RULES
 from velocity.cli import sample_rules_path
 from velocity.delta.names import EVENTS, RULES
-from velocity.delta.preview_reader import newest_event_time, preview, read_events
+from velocity.delta.preview_reader import alert_schema, newest_event_time, preview, read_events
 from velocity.delta.rule_store import RuleStore
 from velocity.delta.small_tables import open_table
 from velocity.generate import GenerateOptions, generate_events
@@ -96,7 +96,7 @@ def test_preview_equals_the_backtest_within_the_span(
     events = read_events(table, event_fields(rules), low, span.end)
     assert pc.min(events.column("eventTime")).as_py() >= low
     fired = decide_span(events, rules, span, settings.bucket_width_ms)
-    got = [row for f in fired for row in f.alerts(decision_time=7).to_pylist()]
+    got = [row for f in fired for row in f.alerts(7, alert_schema()).to_pylist()]
     assert len(got) == len({a["alertId"] for a in got}), "one alert per (rule, event)"
     assert {(a["alertId"], a["aggregateValue"], a["windowStart"], a["windowEnd"]) for a in got} == (
         expected

@@ -11,11 +11,11 @@ import pytest
 
 from tests.builders import make_rule
 from tests.reference import reference_alerts
+from velocity.delta.preview_reader import alert_schema
 from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
 from velocity.preview import (
-    ALERT_ARROW,
     HOUR_MS,
     KEYED_ARROW,
     Span,
@@ -141,11 +141,10 @@ def test_event_fields_are_those_the_signatures_read() -> None:
     assert event_fields([rule]) == ["eventTime", "transactionId", "ip", "payerId", "paymentType"]
 
 
-def test_arrow_schemas_equal_the_backtests() -> None:
+def test_keyed_rows_schema_equals_the_backtests() -> None:
     from velocity.spark import evaluate
 
     assert KEYED_ARROW.equals(evaluate._KEYED_ARROW)
-    assert ALERT_ARROW.equals(evaluate._ALERT_ARROW)
 
 
 # --- decide_span against the reference -----------------------------------------------------
@@ -214,7 +213,7 @@ def test_decide_span_equals_the_reference_over_all_events_within_the_span(
     }
     got = {}
     for rule, one in zip(rules, fired, strict=True):
-        alerts = one.alerts(decision_time=7)
+        alerts = one.alerts(7, alert_schema())
         for row in alerts.to_pylist():
             got[(rule.rule_id, row["transactionId"])] = row
     assert set(got) == in_span
@@ -242,7 +241,7 @@ def test_rule_previews_compare_with_the_version_in_force(lines: list[str]) -> No
     in_force[3] = in_force[3].with_state(RuleState.PAUSE)
     previews = rule_previews(
         table.select(event_fields([*candidates, *in_force])),
-        candidates, in_force, span, 60_000, decision_time=7, sample_size=3,
+        candidates, in_force, span, 60_000, 7, alert_schema(), sample_size=3,
     )  # fmt: skip
     one, two, three, four = previews
     assert one.in_force == in_force[0] and one.in_force_alerts > one.alerts > 0
@@ -272,7 +271,7 @@ def test_a_version_in_force_like_the_candidate_is_decided_once_and_differs_in_no
     span = span_of(pa.compute.max(table.column("eventTime")).as_py(), 0.2)
     in_force = [r.with_version(2) for r in rules]
     previews = rule_previews(
-        table.select(event_fields(rules)), rules, in_force, span, 60_000, decision_time=7
+        table.select(event_fields(rules)), rules, in_force, span, 60_000, 7, alert_schema()
     )
     for preview in previews:
         assert preview.in_force_alerts == preview.alerts == preview.diff.unchanged > 0

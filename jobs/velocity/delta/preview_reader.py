@@ -119,6 +119,16 @@ def read_events(
     return _dataset(uris).to_table(filter=where, columns=list(columns))
 
 
+def alert_schema() -> pa.Schema:
+    """The alerts table's columns as Arrow, the shape the engine's alert rows take
+    (pyspark's type conversion only: no JVM)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from velocity.delta.tables import ALERT_SCHEMA
+
+    return to_arrow_schema(ALERT_SCHEMA)
+
+
 def candidate_rules(entries: Sequence[RuleEntry]) -> tuple[list[Rule], list[str]]:
     """The rules of a rules file to preview, and a note for each entry that is not one
     (a state change or a control names no rule to decide)."""
@@ -169,7 +179,15 @@ def preview(
     timer.mark("read")
     decision_time = now_ms if now_ms is not None else int(time.time() * 1000)
     previews = rule_previews(
-        events, candidates, in_force, span, width_ms, decision_time, sample_size, diff_shown
+        events,
+        candidates,
+        in_force,
+        span,
+        width_ms,
+        decision_time,
+        alert_schema(),
+        sample_size,
+        diff_shown,
     )
     timer.mark("decide")
     in_span = int(pc.sum(pc.greater(events.column("eventTime"), span.start)).as_py() or 0)

@@ -24,7 +24,7 @@ from velocity.backfill_runs import BackfillRunView
 from velocity.reviews import Review, VersionPrecision
 from velocity.rules import Rule, RuleState, rule_summary
 from velocity.shadow_compare import ShadowComparison
-from velocity_airflow import alerts_html, backfill_html, review_html, shadow_html
+from velocity_airflow import alerts_html, backfill_html, preview_html, review_html, shadow_html
 
 # How many alerts a page lists, newest first.
 ALERTS_SHOWN = PAGE_SIZE
@@ -65,6 +65,9 @@ document.addEventListener("submit", function (event) {
   if (!words || form.dataset.plain) { return; }
   event.preventDefault();
   var body = new FormData(form, submitter);
+  // A button may post the form elsewhere (Preview: a read, not a change).
+  var action = submitter && submitter.hasAttribute("formaction") ? submitter.formAction
+    : form.action;
   if (window.velocityLive) { window.velocityLive.close(); }
   var shown = document.querySelector('[data-testid="flash"]');
   if (shown) { shown.hidden = true; }
@@ -74,7 +77,7 @@ document.addEventListener("submit", function (event) {
   document.querySelectorAll("form[data-progress] button").forEach(function (button) {
     button.disabled = true;
   });
-  fetch(form.action, {method: "POST", body: body, credentials: "same-origin"})
+  fetch(action, {method: "POST", body: body, credentials: "same-origin"})
     .then(function (reply) {
       return reply.text().then(function (html) {
         document.open();
@@ -85,6 +88,7 @@ document.addEventListener("submit", function (event) {
     })
     .catch(function () {
       form.dataset.plain = "1";
+      form.action = action;
       if (submitter && submitter.name) {
         var kept = document.createElement("input");
         kept.type = "hidden"; kept.name = submitter.name; kept.value = submitter.value;
@@ -143,6 +147,10 @@ class PageData:
     precision_error: str | None = None
     backfills: Sequence[BackfillRunView] | None = None  # newest first
     backfills_error: str | None = None
+    # What the rules of the add-rules form would have fired (``Preview.to_json()``).
+    preview: Mapping[str, Any] | None = None
+    preview_error: str | None = None
+    preview_hours: str = "1"
 
 
 _time = alerts_html.time_text
@@ -222,9 +230,35 @@ def _rules(data: PageData) -> str:
     return f'<table data-testid="rules">{head}{"".join(rows)}</table>'
 
 
+def _preview_controls(data: PageData) -> str:
+    """The hours field and the Preview button: the form posted to the preview (a read)."""
+    return (
+        f'<label>last <input name="hours" size="4" value="{escape(data.preview_hours)}" '
+        'data-testid="preview-hours"> hours</label> '
+        f'<button type="submit" name="intent" value="preview" formaction="{data.base}/preview" '
+        'data-testid="preview-rule" data-progress="Previewing the rules over the events…">'
+        "Preview</button>"
+    )
+
+
+_PREVIEW_WORDS = (
+    "<b>Preview</b> shows, saving nothing, what the rules would have fired over the last "
+    "hours of the live events (the backtest's engine), beside the versions in force, as "
+    "<code>velocity rules preview</code>."
+)
+
+
 def _add_rule(data: PageData) -> str:
     if not data.can_edit:
-        return '<p class="muted">Your role may read the rules but not change them.</p>'
+        # A preview writes nothing: a viewer may try a rule, not apply it.
+        return (
+            '<p class="muted">Your role may read the rules but not change them.</p>'
+            f'<form method="post" action="{data.base}/preview" '
+            'data-progress="Previewing the rules over the events…">'
+            f"<p>{_PREVIEW_WORDS}</p>"
+            f'<textarea name="rules_json" rows="6" data-testid="rule-json">'
+            f"{escape(data.rule_text)}</textarea><br>{_preview_controls(data)}</form>"
+        )
     return (
         f'<form method="post" action="{data.base}/rules" data-progress="Applying the rules…">'
         "<p>A rule or an array of rules as JSON (SPEC §2), applied all or nothing as new "
@@ -239,6 +273,7 @@ def _add_rule(data: PageData) -> str:
         '<button type="submit" name="intent" value="apply" data-testid="apply-rule">Apply</button>'
         '<button type="submit" name="intent" value="shadow" data-testid="shadow-rule" '
         'data-progress="Adding the shadow candidates…">Shadow</button>'
+        f' {_preview_controls(data)}<p class="muted">{_PREVIEW_WORDS}</p>'
         "</form>"
     )
 
@@ -259,13 +294,9 @@ def _alerts(data: PageData) -> str:
     return alerts_html.alerts_section(data.alerts, view, data.reviews or {}, error)
 
 
-def _explanation(data: PageData) -> str:
-    if data.explanation_error:
-        return f'<h2 id="explanation">Explanation</h2>{_error(data.explanation_error)}'
-    if data.explanation is None:
-        return ""
-    e = data.explanation
-    alert = e["alert"]
+def explanation_body(e: Mapping[str, Any]) -> str:
+    """Why an alert fired (an explanation's JSON): the verdict, the arithmetic and the
+    events of its window."""
     rows = "".join(
         f"<tr><td>{_time(ev['eventTime'])}</td><td>{escape(ev['transactionId'])}</td>"
         f"<td>{escape(ev['value'] or '')}</td></tr>"
@@ -275,15 +306,25 @@ def _explanation(data: PageData) -> str:
     more_text = f'<p class="muted">… and {more} more events</p>' if more > 0 else ""
     verdict_class = "ok" if e["agrees"] else "bad"
     return (
-        f'<h2 id="explanation">Explanation of {escape(alert["kind"])} '
-        f"<code>{escape(alert['alertId'])}</code></h2>"
-        f"<p>ruleId {escape(str(alert['ruleId']))} v{escape(str(alert['ruleVersion']))}, key "
-        f"<code>{escape(key_text(alert['key']))}</code>, window {_time(alert['windowStart'])} "
-        f"… {_time(alert['windowEnd'])}</p>"
         f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'
         f'<p data-testid="explanation-arithmetic"><code>{escape(e["arithmetic"])}</code></p>'
         f'<table data-testid="explanation-events"><tr><th>event time</th><th>transaction</th>'
         f"<th>value</th></tr>{rows}</table>{more_text}"
+    )
+
+
+def _explanation(data: PageData) -> str:
+    if data.explanation_error:
+        return f'<h2 id="explanation">Explanation</h2>{_error(data.explanation_error)}'
+    if data.explanation is None:
+        return ""
+    alert = data.explanation["alert"]
+    return (
+        f'<h2 id="explanation">Explanation of {escape(alert["kind"])} '
+        f"<code>{escape(alert['alertId'])}</code></h2>"
+        f"<p>ruleId {escape(str(alert['ruleId']))} v{escape(str(alert['ruleVersion']))}, key "
+        f"<code>{escape(key_text(alert['key']))}</code>, window {_time(alert['windowStart'])} "
+        f"… {_time(alert['windowEnd'])}</p>{explanation_body(data.explanation)}"
     )
 
 
@@ -316,20 +357,21 @@ def render_page(data: PageData) -> str:
         kind = "ok" if data.flash.ok else "bad"
         flash = f'<div class="flash {kind}" data-testid="flash">{escape(data.flash.text)}</div>'
     role = "may change rules" if data.can_edit else "read-only"
+    # Every role may preview: the words of a preview in flight show here too.
     progress = (
         '<div class="flash busy" id="change-progress" data-testid="change-progress" '
         'role="status" aria-live="polite" hidden></div>'
-        if data.can_edit
-        else ""
     )
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
-        f"<style>{_STYLE}{review_html.STYLE}{alerts_html.STYLE}{shadow_html.STYLE}</style>"
+        f"<style>{_STYLE}{review_html.STYLE}{alerts_html.STYLE}{shadow_html.STYLE}{preview_html.STYLE}</style>"
         f"<script>{_PROGRESS_SCRIPT}</script></head><body>"
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
         f"{progress}{flash}"
         # An explanation is what the analyst just asked for: first.
         f"{_explanation(data)}"
+        # So is a preview.
+        f"{preview_html.preview_section(data.preview, data.preview_error, explanation_body)}"
         f'<h2>Stream</h2><div id="health">{health_html(data.health, data.health_error)}</div>'
         f"<h2>Rules in force</h2>{_rules(data)}"
         '<h2 id="shadow">Shadow rules</h2>'

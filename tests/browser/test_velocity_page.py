@@ -1,8 +1,8 @@
 """What an analyst sees, in a real browser: sign in, the Velocity page with the rules in
 force, pausing a rule (applied in about a second; the stream's next micro-batch stops
 firing it), a change shown in flight and then its outcome, an alert's explanation, a
-viewer who may not change anything, and a backfill triggered from its form whose
-corrections the page lists.
+viewer who may not change anything, a backfill triggered from its form whose
+corrections the page lists, shadow candidates, and a rule previewed before it is saved.
 
 The tests run in file order against one deployment (``conftest.deployment``); the
 second wave of events lands after the pause. Each step leaves a screenshot.
@@ -880,3 +880,66 @@ def test_a_shadow_candidate_beside_its_rule_then_discarded_or_promoted(
     assert not [a for a in _shadow_alerts(deployment) if a["transactionId"] in after]
     with capsys.disabled():
         print(f"\nthe whole shadow candidate step: {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.timeout(300)
+def test_a_rule_previewed_from_the_form_shows_what_it_would_fire_and_saves_nothing(
+    deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rule 4 with a limit one below its version in force's, previewed from the add-rules
+    form over the last hour of the stream's events: its alerts per hour and the alerts
+    added are those `velocity.delta.preview_reader.preview` finds in the same table, a
+    sampled alert is explained by the events of its window, the time it took is shown, and
+    nothing is saved: the rules table and the rules in force are as they were."""
+    from velocity.delta.names import RULES
+    from velocity.delta.preview_reader import preview
+    from velocity.delta.rule_store import RuleStore
+
+    started = time.monotonic()
+    store = RuleStore(deployment.settings.table_path(RULES))
+    before = store.history()
+    in_force = store.book().live[PAUSED_RULE]
+    rule = {
+        "ruleId": PAUSED_RULE, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
+        "aggregatorFunctionType": "COUNT", "limitOperatorType": ">",
+        "limit": int(in_force.limit) - 1, "windowMinutes": 10,
+    }  # fmt: skip
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    cells = _cells(browser, PAUSED_RULE)
+    box = _testid(browser, "rule-json")[0]
+    box.clear()
+    box.send_keys(json.dumps(rule))
+    assert _testid(browser, "preview-hours")[0].get_attribute("value") == "1"
+    _testid(browser, "preview-rule")[0].click()
+    shown = _wait(browser, 120).until(lambda d: _testid(d, f"preview-rule-{PAUSED_RULE}"))[0]
+    expected = preview(deployment.settings, parse_rules(json.dumps(rule)), hours=1).to_json()
+    [figures] = expected["rules"]
+    assert figures["inForce"]["version"] == in_force.version
+    assert figures["diff"]["added"] > 0, "a lower limit fires more"
+
+    assert shown.get_attribute("data-alerts") == str(figures["alerts"])
+    assert shown.get_attribute("data-in-force-alerts") == str(figures["inForceAlerts"])
+    hours = [h.get_attribute("data-alerts") for h in _testid(browser, "preview-hour")]
+    assert hours == [str(h["alerts"]) for h in figures["perHour"]]
+    added = _testid(browser, "preview-added")[0].text
+    assert added == str(figures["diff"]["added"])
+    first = figures["diff"]["addedShown"][0]["transactionId"]
+    assert _testid(browser, "preview-added-entry")[0].get_attribute("data-tx") == first
+    sample = _testid(browser, "preview-sample")[0]
+    verdict = sample.find_element(_by("CSS_SELECTOR"), '[data-testid="explanation-verdict"]')
+    assert verdict.get_attribute("class") == "ok" and "the alert's value" in verdict.text
+    assert sample.get_attribute("data-tx") == figures["sample"][0]["alert"]["transactionId"]
+    assert re.fullmatch(r"[0-9.]+ s \(.*\)", _testid(browser, "preview-seconds")[0].text)
+    browser.execute_script("document.getElementById('preview').scrollIntoView()")
+    _shot(deployment, browser, "14-preview")
+    open_page(browser)
+
+    assert not _testid(browser, "flash"), "a preview announces no change"
+    assert _cells(browser, PAUSED_RULE) == cells
+    assert store.history() == before, "nothing saved"
+    with capsys.disabled():
+        print(
+            f"\nthe preview step: {time.monotonic() - started:.1f} s; the preview itself "
+            f"{_testid(browser, 'preview-seconds')[0].text}"
+        )

@@ -81,10 +81,14 @@ class Decisions:
     def concat(cls, parts: Sequence[Decisions]) -> Decisions:
         if not parts:
             return cls(_ints(), _ints(), np.array([], dtype=str), _ints())
+        if len(parts) == 1:
+            # A copy of millions of fixed-width texts costs seconds (a rule that fires
+            # on most events); one part is already the whole.
+            return parts[0]
         return cls(
             np.concatenate([p.rows for p in parts]),
             np.concatenate([p.rules for p in parts]),
-            np.concatenate([p.values.astype(str) for p in parts]),
+            np.concatenate([p.values for p in parts]),  # texts of any widths: the widest
             np.concatenate([p.window_starts for p in parts]),
         )
 

@@ -22,15 +22,15 @@ from typing import Any
 from velocity.decimals import dumps_json
 from velocity.errors import InvalidRuleError, UsageError, VelocityError
 from velocity.rule_changes import (
-    Change,
-    Promotion,
+    RULE_ACTIONS,
     RuleBook,
     as_candidates,
     outcome_lines,
     plan_changes,
+    rule_action,
     rules_file_text,
 )
-from velocity.rules import Rule, RuleEntry, RuleState, StateChange, parse_rules
+from velocity.rules import Rule, RuleEntry, parse_rules
 from velocity.schema import parse_key_values
 from velocity.settings import Settings, load_settings
 
@@ -255,11 +255,11 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
     return _export(rules_file_text([r.to_json() for r in rules]), args.out, f"{len(rules)} rules")
 
 
-def _change(entry_of: Callable[[int], Change]) -> Callable[[argparse.Namespace], int]:
+def _change(action: str) -> Callable[[argparse.Namespace], int]:
     """`velocity rules pause|activate|delete|promote|discard ID`."""
 
     def run(args: argparse.Namespace) -> int:
-        entries = [entry_of(args.rule_id)]
+        entries = [rule_action(action, args.rule_id)]
         for line in outcome_lines(_rule_store(_settings(args)).apply(entries), entries):
             print(line)
         return EXIT_OK
@@ -822,17 +822,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shadow.add_argument("file")
     shadow.set_defaults(run=cmd_rules_shadow)
-    changes: list[tuple[str, str, Callable[[int], Change]]] = [
-        ("pause", "set a rule in force to PAUSE", lambda i: StateChange(i, RuleState.PAUSE)),
-        ("activate", "set a rule in force to ACTIVE", lambda i: StateChange(i, RuleState.ACTIVE)),
-        ("delete", "set a rule in force to DELETE", lambda i: StateChange(i, RuleState.DELETE)),
-        ("promote", "make ID's SHADOW candidate its ACTIVE version", Promotion),
-        ("discard", "withdraw ID's SHADOW candidate", lambda i: StateChange(i, RuleState.DISCARD)),
-    ]
-    for name, text, entry_of in changes:
+    for name, text in RULE_ACTIONS.items():
         change = rules_sub.add_parser(name, help=text)
         change.add_argument("rule_id", type=int, metavar="ID")
-        change.set_defaults(run=_change(entry_of))
+        change.set_defaults(run=_change(name))
 
     reviews = sub.add_parser("reviews", help="analysts' reviews of alerts")
     reviews_sub = reviews.add_subparsers(

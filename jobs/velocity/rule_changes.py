@@ -109,6 +109,30 @@ def _body(rule: Rule) -> Rule:
     return rule.with_version(0).with_state(RuleState.ACTIVE)
 
 
+# What `velocity rules ACTION ID` and the page's rule buttons do: a new version of the
+# rule in force with that state, or the fate of its SHADOW candidate.
+RULE_ACTIONS: Mapping[str, str] = {
+    "pause": "set a rule in force to PAUSE",
+    "activate": "set a rule in force to ACTIVE",
+    "delete": "set a rule in force to DELETE",
+    "promote": "make ID's SHADOW candidate its ACTIVE version",
+    "discard": "withdraw ID's SHADOW candidate",
+}
+
+
+def rule_action(action: str, rule_id: int) -> Change:
+    """The change one of ``RULE_ACTIONS`` makes to ``rule_id``."""
+    if action == "promote":
+        return Promotion(rule_id)
+    states = {
+        "pause": RuleState.PAUSE,
+        "activate": RuleState.ACTIVE,
+        "delete": RuleState.DELETE,
+        "discard": RuleState.DISCARD,
+    }
+    return StateChange(rule_id, states[action])
+
+
 def as_candidates(entries: Sequence[RuleEntry]) -> list[Rule]:
     """Every rule of ``entries`` as a SHADOW candidate, whatever ruleState it says
     (`velocity rules shadow FILE`, the page's Shadow); ``UsageError`` for a state change
@@ -120,17 +144,6 @@ def as_candidates(entries: Sequence[RuleEntry]) -> list[Rule]:
                 "and controls as rule changes"
             )
     return [e.with_state(RuleState.SHADOW) for e in entries if isinstance(e, Rule)]
-
-
-def latest_versions(history: Iterable[Rule]) -> dict[int, Rule]:
-    """The latest version of each ruleId's rule in force, deleted ones included."""
-    return dict(RuleBook.of(history).live)
-
-
-def in_force(history: Iterable[Rule]) -> list[Rule]:
-    """ACTIVE and PAUSE rules at their latest version, and the standing SHADOW candidates,
-    by (ruleId, version)."""
-    return RuleBook.of(history).in_force()
 
 
 def plan_changes(book: RuleBook, entries: Sequence[Change]) -> tuple[list[Rule], ApplyResult]:

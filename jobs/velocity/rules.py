@@ -46,11 +46,6 @@ class RuleState(StrEnum):
     # of its ruleId is withdrawn.
     DISCARD = "DISCARD"
 
-    @property
-    def is_shadow_track(self) -> bool:
-        """SHADOW and DISCARD versions stand beside the rule in force, not in its place."""
-        return self in (RuleState.SHADOW, RuleState.DISCARD)
-
 
 class Aggregator(StrEnum):
     SUM = "SUM"

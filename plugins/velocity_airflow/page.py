@@ -74,8 +74,6 @@ URL_PREFIX = "/velocity"
 RULES_DAG_ID = "run_stream"
 # The DAG whose runs the page lists as backfill runs.
 BACKFILL_DAG_ID = "backfill_alerts"
-# A rule action of the page: the rule in force's state, or its SHADOW candidate's fate.
-_ACTIONS = ("pause", "activate", "delete", "promote", "discard")
 # One state clearing at a time: each starts a Spark session in the api-server's process
 # tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
 _CLEAR_STATE = threading.Lock()
@@ -373,7 +371,6 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     from velocity.delta.reader import rule_history
     from velocity.reviews import latest_reviews
     from velocity.rule_changes import RuleBook
-    from velocity.rules import RuleState
 
     query = request.query_params
     settings, settings_error = _read("Velocity settings", _settings)
@@ -388,8 +385,7 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     data.health = health
     history, data.rules_error = _read("rules", lambda: rule_history(settings))
     # The rules in force, one per ruleId: a SHADOW candidate is listed beside its rule.
-    live = RuleBook.of(history or []).live
-    data.rules = [r for _, r in sorted(live.items()) if r.state is not RuleState.DELETE]
+    data.rules = [r for _, r in sorted(RuleBook.of(history or []).standing().items())]
     data.rule_versions = {(r.rule_id, r.version): r for r in history or []}
     _alert_page(data, settings, query, history)
     reviews, data.reviews_error = _read("reviews", lambda: _reviews(settings))
@@ -573,15 +569,11 @@ def _command_outcome(result: Any) -> tuple[bool, str]:
 def change_rule_state(rule_id: int, action: str, user: Editor) -> RedirectResponse:
     """Pause, activate or delete the rule in force; promote the SHADOW candidate of
     ``rule_id`` to its ACTIVE version, or discard it (`velocity rules ACTION ID`)."""
-    from velocity.rule_changes import Promotion
-    from velocity.rules import RuleState, StateChange
+    from velocity.rule_changes import RULE_ACTIONS, rule_action
 
-    if action not in _ACTIONS:
+    if action not in RULE_ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
-    states = {"pause": RuleState.PAUSE, "activate": RuleState.ACTIVE}
-    states.update(delete=RuleState.DELETE, discard=RuleState.DISCARD)
-    entry = Promotion(rule_id) if action == "promote" else StateChange(rule_id, states[action])
-    return _back(*_apply_rules([entry]))
+    return _back(*_apply_rules([rule_action(action, rule_id)]))
 
 
 @app.post("/rules", response_model=None)

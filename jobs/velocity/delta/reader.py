@@ -289,11 +289,11 @@ def newest_alerts(
     where = _alert_predicate(query, before)
     top = before.decision_time if before is not None else newest
     span = _FIRST_SPAN_MS
+    # A table of an older Velocity has no shadow column until the stream adds it.
+    columns = [c for c in _RECORD_COLUMNS if c in dataset.schema.names]
     while True:
         lower = None if top is None or oldest is None or top - span <= oldest else top - span
         scoped = where if lower is None else where & (pc.field("decisionTime") >= lower)
-        # A table of an older Velocity has no shadow column until the stream adds it.
-        columns = [c for c in _RECORD_COLUMNS if c in dataset.schema.names]
         rows = dataset.to_table(filter=scoped, columns=columns)
         if rows.num_rows > limit or lower is None:
             break

@@ -37,7 +37,6 @@ from velocity.rule_changes import (
     Change,
     Promotion,
     RuleBook,
-    latest_versions,
     plan_changes,
     stored_rule,
 )
@@ -86,7 +85,7 @@ class RuleStore:
 
     def latest(self) -> dict[int, Rule]:
         """The latest version of each ruleId's rule in force, deleted ones included."""
-        return latest_versions(self.history())
+        return dict(self.book().live)
 
     def book(self) -> RuleBook:
         """The rules in force and the shadow candidates beside them."""

@@ -105,8 +105,9 @@ def run(events_dir: Path) -> dict[str, float]:
             alerts = decided.published
             rejected = lines.filter(pc.invert(lines.column("accepted")))
             rows = batch_rows.spooled_rows(
-                accepted, rejected, admitted, decided.deltas, decided.alerts, 0, batch_id
-            )
+                accepted, rejected, admitted, decided.deltas, decided.alerts,
+                decided.out_of_order, 0, batch_id,
+            )  # fmt: skip
             spool.write(batch_id, rows, {})
             t = mark("spool", t)
             commit = mirror.stream_commit(

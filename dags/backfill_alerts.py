@@ -1,14 +1,16 @@
-"""Backfill alerts for an event-time range, or for the late events not yet backfilled.
+"""Backfill alerts for an event-time range, or for the late and out-of-order events not yet
+backfilled.
 
 What: replays the payments of a range through the rules and emits the difference from
 what was already emitted: CORRECTION alerts for decisions that should have fired,
 RETRACTION alerts for those that should not have (SPEC §3). Buckets are rebuilt from the
 raw events and Redis is refreshed; the stream keeps running and waits only for the
 backfill's final commit (about a second).
-Why: late events and new rules change past windows; this is how an analyst replays them
-without stopping the stream.
-When: after late events (leave From and To empty: the windows the recorded late events
-touched, `velocity backfill --late`); after adding or changing a rule, to see what it would
+Why: late events, events that arrive after a later event of their key (a lagging Kafka
+partition, a slow producer) and new rules change past windows; this is how an analyst
+replays them without stopping the stream.
+When: after late or out-of-order events (leave From and To empty: the windows the recorded
+ones touched, `velocity backfill --late`); after adding or changing a rule, to see what it would
 have raised over a past range (pick it under Rules); after fixing quarantined events.
 The form: From and To are event times in the UI's timezone, both inclusive; give both or
 neither. Rules: only these (the rules in force when the DAG was last parsed); none means
@@ -16,7 +18,8 @@ every rule in force. A wrong form fails the first task, plan_backfill, naming th
 before any Spark starts. Airflow's own fields of the trigger form (Logical Date, Run ID,
 the backfill option) are not needed: leave them as they are; Velocity ignores the logical
 date (the range is From and To). Each run's outcome (range, rules, events evaluated,
-corrections, retractions, lock time) shows on the Velocity page (Backfill runs), with the
+corrections, retractions, lock time, and for the late events how many of them were late
+and how many out of order) shows on the Velocity page (Backfill runs), with the
 corrections among its alerts and on the alert stream.
 Needs: the ``velocity_spark`` and ``velocity_default`` connections, the ``velocity_spark``
 pool (one Spark batch job at a time), and Redis.
@@ -47,9 +50,9 @@ RULE_IDS, RULE_LABELS = rule_choices(rules_in_force_for_forms())
             format="date-time",
             title="From",
             description="First event time of the range, inclusive. Empty with To empty: "
-            "the recorded late events not yet backfilled. Airflow's own fields of this form "
-            "(Logical Date, Run ID, Unpause, Single Run or Backfill) are ignored: the range "
-            "is From and To.",
+            "the recorded late and out-of-order events not yet backfilled. Airflow's own "
+            "fields of this form (Logical Date, Run ID, Unpause, Single Run or Backfill) are "
+            "ignored: the range is From and To.",
         ),
         "to_time": Param(
             None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
@@ -621,3 +622,59 @@ EDGE_FIELD_VALUES = st.sampled_from(
         "999999999999999999.99999999", "CRD", "crd", "CSH", [], {}, "NaN",
     ]
 )  # fmt: skip
+
+
+def payer_partitions(lines: Sequence[str], partitions: int) -> list[list[str]]:
+    """Event ``lines`` (arrival order) cut as a topic keyed by payerId would hold them:
+    each payer in one partition (by a stable hash), each partition in arrival order."""
+    parts: list[list[str]] = [[] for _ in range(partitions)]
+    for line in lines:
+        payer = str(json.loads(line)["payerId"])
+        parts[zlib.crc32(payer.encode()) % partitions].append(line)
+    return parts
+
+
+def lagging_reads(
+    parts: Sequence[Sequence[str]], paces: Sequence[int], delays: Sequence[int]
+) -> list[list[str]]:
+    """The micro-batches a consumer makes of ``parts`` read at different paces: partition
+    ``i`` gives ``paces[i]`` lines a batch from batch ``delays[i]`` on (paused before),
+    until every partition is read; each batch holds its partitions' lines in turn."""
+    taken = [0] * len(parts)
+    batches: list[list[str]] = []
+    while any(t < len(p) for t, p in zip(taken, parts, strict=True)):
+        batch: list[str] = []
+        for i, part in enumerate(parts):
+            if len(batches) >= delays[i]:
+                batch.extend(part[taken[i] : taken[i] + paces[i]])
+                taken[i] = min(len(part), taken[i] + paces[i])
+        batches.append(batch)
+    return [b for b in batches if b]
+
+
+def two_groups_one_chunk_apart(lines: Sequence[str], chunk: int) -> list[list[str]]:
+    """A lagging source: payers in two groups (by a stable hash), the events cut into
+    ``chunk``-event chunks in arrival order, and batch ``i`` holding the first group's
+    events of chunk ``i`` and the second group's of chunk ``i − 1``: every payer stays in
+    order, the second group is read one chunk late."""
+    chunks = [lines[i : i + chunk] for i in range(0, len(lines), chunk)]
+    first, second = [], []
+    for part in chunks:
+        groups = payer_partitions(part, 2)
+        first.append(groups[0])
+        second.append(groups[1])
+    return [
+        (first[i] if i < len(first) else []) + (second[i - 1] if i > 0 else [])
+        for i in range(len(chunks) + 1)
+    ]
+
+
+def landed_in_order(folder: Path, batches: Sequence[Sequence[str]]) -> Path:
+    """One file per batch in ``folder``, modification times in batch order (the file
+    source then reads one a micro-batch, in that order)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, batch in enumerate(batches):
+        path = folder / f"batch-{index:05d}.jsonl"
+        path.write_text("".join(f"{line}\n" for line in batch))
+        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    return folder

@@ -41,6 +41,10 @@ class RecordedRun:
     late_through_batch: int | None = None
     lock_seconds: float | None = None  # None: recorded by a Velocity that did not say
     airflow_run_id: str | None = None
+    # A ``--late`` run's late and out-of-order events; None for a range, or a run
+    # recorded by a Velocity that did not count them.
+    late_events: int | None = None
+    out_of_order_events: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RecordedRun:
@@ -58,7 +62,23 @@ class RecordedRun:
             late_through_batch=row.get("late_through_batch"),
             lock_seconds=None if lock is None else float(lock),
             airflow_run_id=row.get("airflow_run_id") or None,
+            late_events=_count(row.get("late_events")),
+            out_of_order_events=_count(row.get("out_of_order_events")),
         )
+
+    @property
+    def covered_text(self) -> str:
+        """What a ``--late`` run covered: ``late events: 3 late, 120 out of order``;
+        empty for a range."""
+        if self.late_through_batch is None:
+            return ""
+        if self.late_events is None or self.out_of_order_events is None:
+            return "late events"
+        return f"late events: {self.late_events} late, {self.out_of_order_events} out of order"
+
+
+def _count(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,11 @@ def asked_text(conf: Mapping[str, Any]) -> str:
     """A run's form as people read it: ``2026-01-01T00:00:00Z … 2026-01-01T01:00:00Z, rules
     5, 7``; the late events when no range was given."""
     start, end, rules = conf.get("from_time"), conf.get("to_time"), conf.get("rule_ids")
-    span = f"{start} … {end}" if start or end else "the late events not yet backfilled"
+    span = (
+        f"{start} … {end}"
+        if start or end
+        else "the late and out-of-order events not yet backfilled"
+    )
     chosen = f"rules {', '.join(str(r) for r in rules)}" if rules else "every rule in force"
     return f"{span}, {chosen}"
 

@@ -737,24 +737,18 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     if not args.late and (args.from_ms is None or args.to_ms is None):
         raise UsageError("--from and --to go together: give both (epoch ms)")
     backfill = Backfill(_spark(settings, "velocity-backfill"), settings)
-    through = None
-    if args.late:
-        pending = backfill.pending_late_range()
-        if pending is None:
-            print(json.dumps({"late_events": 0, "message": "no late events to backfill"}))
-            return EXIT_OK
-        args.from_ms, args.to_ms, through = pending
     from velocity.progress import Progress
 
     with Progress() as progress:
-        summary = backfill.run(
-            args.from_ms,
-            args.to_ms,
-            _rule_ids(args.rules),
-            through,
-            progress=progress,
-            airflow_run_id=args.airflow_run,
-        )
+        options: dict[str, Any] = {"progress": progress, "airflow_run_id": args.airflow_run}
+        if args.late:
+            summary = backfill.run_late(_rule_ids(args.rules), **options)
+        else:
+            summary = backfill.run(args.from_ms, args.to_ms, _rule_ids(args.rules), **options)
+    if summary is None:
+        message = "no late or out-of-order events to backfill"
+        print(json.dumps({"late_events": 0, "out_of_order_events": 0, "message": message}))
+        return EXIT_OK
     print(json.dumps(summary.to_json()))
     return EXIT_OK
 

@@ -57,6 +57,8 @@ class Health:
     queryId: str | None = None
     runId: str | None = None
     error: str | None = None
+    # The last batches' accepted events, and how many were late or out of order.
+    recentArrivals: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +141,7 @@ def stream_health(
         "queryId": status.get("queryId") if isinstance(status.get("queryId"), str) else None,
         "runId": status.get("runId") if isinstance(status.get("runId"), str) else None,
         "error": error,
+        "recentArrivals": _arrivals(status),
     }
 
     def verdict(healthy: bool, name: str, reason: str) -> Health:
@@ -206,5 +209,32 @@ def stream_health(
         True,
         "running",
         f"running: {batches} batches with data this run, {last}, "
-        f"{backlog if backlog is not None else '?'} files waiting",
+        f"{backlog if backlog is not None else '?'} files waiting"
+        f"{_arrivals_text(figures['recentArrivals'])}",
+    )
+
+
+def _arrivals(status: Mapping[str, Any]) -> dict[str, int] | None:
+    """The status file's ``recentArrivals`` (the last batches' events, late and out of
+    order), None when absent or odd."""
+    value = status.get("recentArrivals")
+    names = ("batches", "accepted", "late", "outOfOrder")
+    if not isinstance(value, Mapping) or not all(isinstance(value.get(n), int) for n in names):
+        return None
+    return {n: int(value[n]) for n in names}
+
+
+def _arrivals_text(arrivals: Mapping[str, int] | None) -> str:
+    """``; of the last 20 batches' 12000 events 1.2% out of order, 0.1% late``."""
+    if not arrivals or not arrivals["accepted"]:
+        return ""
+    accepted = arrivals["accepted"]
+
+    def share(n: int) -> str:
+        return f"{100 * n / accepted:.1f}%"
+
+    return (
+        f"; of the last {arrivals['batches']} batches' {accepted} events "
+        f"{share(arrivals['outOfOrder'])} out of order, {share(arrivals['late'])} late "
+        "(`velocity backfill --late` covers both)"
     )

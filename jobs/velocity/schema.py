@@ -90,6 +90,13 @@ class RejectReason(StrEnum):
     FUTURE_EVENT_TIME = "future_event_time"  # set in arrival order (velocity.arrival)
 
 
+class LateReason(StrEnum):
+    """Why an accepted event is recorded for the backfill of late events (SPEC §3)."""
+
+    LATE = "late"  # older than the watermark: counted, not decided
+    OUT_OF_ORDER = "out_of_order"  # decided after a later event of one of its rule keys
+
+
 @dataclass(frozen=True)
 class Rejection:
     """Why one line was quarantined: a stable code for metrics and a message for people."""

@@ -41,6 +41,7 @@ from velocity.errors import VelocityError
 from velocity.health import FAILED, RUNNING, STARTING, STOPPED, Health, stream_health
 from velocity.local_process import process_alive
 from velocity.settings import Settings
+from velocity.stream_metrics import RecentArrivals
 
 log = logging.getLogger("velocity.lifecycle")
 
@@ -316,6 +317,7 @@ class StreamStatus:
             "lastBatchDurationMs": None,
             "backlogFiles": None,
             "oldestBacklogAt": None,
+            "recentArrivals": None,
             "error": None,
             "stopReason": None,
             "stopRequest": None,
@@ -347,6 +349,10 @@ class StreamStatus:
         files, oldest = backlog(self._events_dir, self._newest_processed)
         return {"backlogFiles": files, "oldestBacklogAt": oldest}
 
+    @staticmethod
+    def _arrivals(arrivals: RecentArrivals | None) -> dict[str, Any]:
+        return {} if arrivals is None else {"recentArrivals": arrivals.to_json()}
+
     def starting(self) -> None:
         self._update()
 
@@ -357,8 +363,9 @@ class StreamStatus:
         """An idle trigger: the process and its query are alive, nothing new to read."""
         self._update(**self._backlog(False))
 
-    def progress(self, progress: Mapping[str, Any]) -> None:
-        """A micro-batch ended (``progress`` as StreamingQueryProgress.json)."""
+    def progress(self, progress: Mapping[str, Any], arrivals: RecentArrivals | None = None) -> None:
+        """A micro-batch ended (``progress`` as StreamingQueryProgress.json); ``arrivals``:
+        the last batches' events, late and out of order (the stream's metrics')."""
         rows = int(progress.get("numInputRows") or 0)
         if rows == 0:
             self.heartbeat()
@@ -375,6 +382,7 @@ class StreamStatus:
             inputRowsPerSecond=progress.get("inputRowsPerSecond"),
             processedRowsPerSecond=progress.get("processedRowsPerSecond"),
             lastBatchDurationMs=duration,
+            **self._arrivals(arrivals),
             **self._backlog(True),
         )
 

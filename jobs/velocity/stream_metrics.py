@@ -13,7 +13,7 @@ Counters count this process's batches and start at 0 with each run (Prometheus's
 ``rate`` and ``increase`` take the reset in their stride). A batch replayed after a crash
 that Redis had committed already counts in the batch duration only: the process that
 committed it counted its events. So over the batches a run decided,
-read = accepted + duplicate + quarantined, and late <= accepted.
+read = accepted + duplicate + quarantined, and late (both reasons) <= accepted.
 
 No Spark, Redis or Airflow here; serving the registry over HTTP is the stream's
 (``velocity.spark.stream``).
@@ -22,11 +22,13 @@ No Spark, Redis or Airflow here; serving the registry over HTTP is the stream's
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -37,12 +39,15 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from velocity.schema import RejectReason
+from velocity.schema import LateReason, RejectReason
 
 # From a tiny batch's 50 ms to the minute a backlog's bounded batch may take.
 BATCH_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # A commit's wait is milliseconds when Redis is well; seconds mean it is not.
 REDIS_COMMIT_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+# The stream's status shows the share of late and out-of-order events over this many.
+RECENT_BATCHES = 20
 
 PartitionLag = dict[tuple[str, str], int]  # (topic, partition) -> messages behind
 
@@ -57,6 +62,7 @@ class BatchCounts:
     late: int  # accepted, older than the watermark
     quarantined: Mapping[str, int]  # by reason code
     alerts: Mapping[tuple[int, str], int]  # by (ruleId, kind)
+    out_of_order: int = 0  # decided after a later event of one of their rule keys
 
 
 def _group_counts(table: pa.Table, keys: list[str]) -> dict[tuple[Any, ...], int]:
@@ -70,17 +76,43 @@ def batch_counts(lines: int, rows: Mapping[str, pa.Table]) -> BatchCounts:
     """A batch's counts from the rows it spools (keyed by live table, in the live tables'
     shapes: ``velocity.delta.write_behind.SPOOLED_TABLES``)."""
     reasons = _group_counts(rows["quarantine"], ["reason_code"])
+    recorded = rows["late_events"]
+    out_of_order = 0
+    if "reason" in recorded.column_names:
+        out_of_order = (
+            pc.sum(pc.equal(recorded.column("reason"), LateReason.OUT_OF_ORDER.value)).as_py() or 0
+        )
     return BatchCounts(
         lines=lines,
         accepted=rows["events"].num_rows,
         duplicates=rows["duplicates"].num_rows,
-        late=rows["late_events"].num_rows,
+        late=recorded.num_rows - out_of_order,
         quarantined={str(reason): n for (reason,), n in reasons.items()},
         alerts={
             (int(rule), str(kind)): n
             for (rule, kind), n in _group_counts(rows["alerts"], ["ruleId", "kind"]).items()
         },
+        out_of_order=out_of_order,
     )
+
+
+@dataclass(frozen=True)
+class RecentArrivals:
+    """The events of the last few batches, and how many of them were recorded for the
+    backfill of late events, by reason: the share a lagging source makes."""
+
+    batches: int
+    accepted: int
+    late: int
+    out_of_order: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "batches": self.batches,
+            "accepted": self.accepted,
+            "late": self.late,
+            "outOfOrder": self.out_of_order,
+        }
 
 
 def kafka_lag(progress: Mapping[str, Any]) -> PartitionLag | None:
@@ -136,8 +168,10 @@ class StreamMetrics:
         )
         self._late = Counter(
             "velocity_events_late",
-            "Accepted events older than the watermark: counted, not decided, left for the "
-            "backfill.",
+            "Accepted events recorded for the backfill of late events, by reason: late "
+            "(older than the watermark: counted, not decided) or out_of_order (decided at "
+            "once, after a later event of one of its rule keys was decided).",
+            ["reason"],
             registry=r,
         )
         self._alerts = Counter(
@@ -163,6 +197,9 @@ class StreamMetrics:
         # Every reason from the start at 0, so a rate over a first quarantined line works.
         for reason in RejectReason:
             self._quarantined.labels(reason=reason.value)
+        for why in LateReason:
+            self._late.labels(reason=why.value)
+        self._recent: deque[BatchCounts] = deque(maxlen=RECENT_BATCHES)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, memory, open files
         # What is read at scrape time (``collect``): gauges only once their value is known.
         self._backlog_files: int | None = None
@@ -201,7 +238,9 @@ class StreamMetrics:
         self._read.inc(counts.lines)
         self._accepted.inc(counts.accepted)
         self._duplicates.inc(counts.duplicates)
-        self._late.inc(counts.late)
+        self._late.labels(reason=LateReason.LATE.value).inc(counts.late)
+        self._late.labels(reason=LateReason.OUT_OF_ORDER.value).inc(counts.out_of_order)
+        self._recent.append(counts)
         for reason, n in counts.quarantined.items():
             self._quarantined.labels(reason=reason).inc(n)
         for (rule_id, kind), n in counts.alerts.items():
@@ -220,6 +259,16 @@ class StreamMetrics:
             self._lag = lag
         elif progress is None:
             self._lag = dict.fromkeys(self._lag, 0)
+
+    def recent_arrivals(self) -> RecentArrivals:
+        """The last ``RECENT_BATCHES`` decided batches' events, late and out of order."""
+        recent = list(self._recent)
+        return RecentArrivals(
+            batches=len(recent),
+            accepted=sum(c.accepted for c in recent),
+            late=sum(c.late for c in recent),
+            out_of_order=sum(c.out_of_order for c in recent),
+        )
 
     # --- read at scrape time --------------------------------------------------------
 

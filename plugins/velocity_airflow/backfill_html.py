@@ -17,7 +17,8 @@ def _range(view: BackfillRunView) -> str:
         return escape(view.asked) or '<span class="muted">—</span>'
     if recorded.from_ms == recorded.to_ms == 0:
         return '<span class="muted">none (a recovery)</span>'
-    late = " (late events)" if recorded.late_through_batch is not None else ""
+    covered = recorded.covered_text
+    late = f' <span data-testid="late-covered">({escape(covered)})</span>' if covered else ""
     return f"{time_text(recorded.from_ms)} … {time_text(recorded.to_ms)}{late}"
 
 

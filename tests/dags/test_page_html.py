@@ -488,7 +488,7 @@ def test_backfill_runs_show_their_figures_state_and_airflow_link() -> None:
     html = _page(backfills=runs)
     running, done = html.split('data-testid="backfill-run" ')[1:]
     assert running.startswith('data-state="running"') and "every rule" not in running
-    assert "the late events not yet backfilled, rules 4" in running
+    assert "the late and out-of-order events not yet backfilled, rules 4" in running
     assert 'data-state="success"' in done
     assert "2026-01-01 00:00:00.000Z … 2026-01-01 01:00:00.000Z" in done
     assert '<td>5, 7</td><td class="figure">8904</td><td class="figure">20</td>' in done

@@ -243,7 +243,8 @@ def test_status_stop_kill_and_resume_through_the_cli(
         assert metric("velocity_events_read_total") == EVENTS_PER_FILE + 5
         assert metric("velocity_events_accepted_total") == EVENTS_PER_FILE + 1
         assert metric("velocity_events_duplicate_total") == 2
-        assert metric("velocity_events_late_total") == 1
+        assert metric("velocity_events_late_total", reason="late") == 1
+        assert metric("velocity_events_late_total", reason="out_of_order") == 0
         quarantined = {
             labels: n
             for (name, labels), n in metrics.items()

@@ -51,8 +51,17 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
     backfill = Backfill(spark, data_settings)
     pending = backfill.pending_late_range()
     assert pending is not None
-    from_ms, to_ms, through = pending
-    summary = backfill.run(from_ms, to_ms, late_through_batch=through)
+    recorded = tables.read_table(spark, live.late_events).groupBy("reason").count().collect()
+    assert {r["reason"]: r["count"] for r in recorded} == {
+        "late": pending.late,
+        **({"out_of_order": pending.out_of_order} if pending.out_of_order else {}),
+    }
+    from_ms, to_ms = pending.from_ms, pending.to_ms
+    summary = backfill.run(from_ms, to_ms, late=pending)
+    assert (summary.late_events, summary.out_of_order_events) == (
+        pending.late,
+        pending.out_of_order,
+    )
     assert summary.corrections + summary.retractions > 0
     # The stream counted its late events into the buckets: the recount finds nothing to
     # repair, and the lock is held for the commit only.

@@ -165,9 +165,8 @@ def test_a_backfill_amends_a_shadow_rule_on_the_shadow_stream_only(
     job.rule_store.apply([rule_5, candidate_5])
     run_available_now(job, late_events)
     backfill = Backfill(spark, data_settings)
-    pending = backfill.pending_late_range()
-    assert pending is not None
-    summary = backfill.run(*pending[:2], late_through_batch=pending[2])
+    summary = backfill.run_late()
+    assert summary is not None
     assert summary.corrections + summary.retractions > 0
 
     # After it, each version's decisions in effect are its complete-data result.

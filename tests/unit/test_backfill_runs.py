@@ -84,4 +84,6 @@ def test_a_run_recorded_before_lock_time_and_airflow_ids_reads_without_them() ->
     assert old.lock_seconds is None and old.airflow_run_id is None
     [view] = backfill_runs([old], [])
     assert view.state == "done" and view.rules_text == "none ACTIVE"
-    assert asked_text({}) == "the late events not yet backfilled, every rule in force"
+    assert asked_text({}) == (
+        "the late and out-of-order events not yet backfilled, every rule in force"
+    )

@@ -14,6 +14,7 @@ from velocity.schema import RejectReason
 from velocity.stream_metrics import (
     BATCH_SECONDS_BUCKETS,
     BatchCounts,
+    RecentArrivals,
     StreamMetrics,
     batch_counts,
     kafka_lag,
@@ -41,12 +42,18 @@ def spooled(
     late: int = 0,
     reasons: tuple[str, ...] = (),
     alerts: tuple[tuple[int, str], ...] = (),
+    out_of_order: int = 0,
 ) -> dict[str, pa.Table]:
     """A batch's spooled rows, reduced to the columns the counts read."""
     return {
         "events": pa.table({"transactionId": [f"tx-{i}" for i in range(accepted)]}),
         "duplicates": pa.table({"transactionId": [f"dup-{i}" for i in range(duplicates)]}),
-        "late_events": pa.table({"transactionId": [f"late-{i}" for i in range(late)]}),
+        "late_events": pa.table(
+            {
+                "transactionId": [f"late-{i}" for i in range(late + out_of_order)],
+                "reason": ["late"] * late + ["out_of_order"] * out_of_order,
+            }
+        ),
         "quarantine": pa.table({"reason_code": pa.array(reasons, pa.string())}),
         "alerts": pa.table(
             {
@@ -113,7 +120,9 @@ def test_batch_counts_are_the_spooled_tables_lengths_and_groups() -> None:
 def test_a_scrape_adds_up_the_batches() -> None:
     metrics = StreamMetrics(clock=lambda: 1_800_000_000.0)
     first = batch_counts(6, spooled(3, 1, 0, ("not_json", "not_json"), ((1, "ALERT"),)))
-    second = batch_counts(4, spooled(3, 0, 2, ("unknown_enum",), ((1, "ALERT"), (2, "ALERT"))))
+    second = batch_counts(
+        4, spooled(3, 0, 2, ("unknown_enum",), ((1, "ALERT"), (2, "ALERT")), out_of_order=1)
+    )
     metrics.batch_done(0, 0.3, first, redis_commit_seconds=0.002)
     metrics.batch_done(1, 12.0, second, redis_commit_seconds=0.2)
     samples = scrape(metrics)
@@ -121,7 +130,11 @@ def test_a_scrape_adds_up_the_batches() -> None:
     assert value(samples, "velocity_events_read_total") == 10
     assert value(samples, "velocity_events_accepted_total") == 6
     assert value(samples, "velocity_events_duplicate_total") == 1
-    assert value(samples, "velocity_events_late_total") == 2
+    assert value(samples, "velocity_events_late_total", reason="late") == 2
+    assert value(samples, "velocity_events_late_total", reason="out_of_order") == 1
+    assert metrics.recent_arrivals() == RecentArrivals(
+        batches=2, accepted=6, late=2, out_of_order=1
+    )
     quarantined = {
         reason.value: value(samples, "velocity_events_quarantined_total", reason=reason.value)
         for reason in RejectReason

@@ -14,6 +14,7 @@ import pyarrow as pa
 from velocity.buckets import BucketAggregate
 from velocity.delta.write_behind import ARROW_SCHEMAS
 from velocity.engine.admission import AdmittedBatch
+from velocity.schema import LateReason
 
 
 def _table(name: str, columns: Mapping[str, Sequence[Any]]) -> pa.Table:
@@ -21,7 +22,7 @@ def _table(name: str, columns: Mapping[str, Sequence[Any]]) -> pa.Table:
     return pa.table([pa.array(columns[f.name], type=f.type) for f in schema], schema=schema)
 
 
-def live_rows(name: str, rows: pa.Table, **constants: int | None) -> pa.Table:
+def live_rows(name: str, rows: pa.Table, **constants: int | str | None) -> pa.Table:
     """``rows`` as rows of the live table ``name``: its columns taken from ``rows`` by
     name, but for the ``constants`` (``ingest_time``, ``stream_batch``, ...), the same
     in every row."""
@@ -58,18 +59,43 @@ def bucket_rows(deltas: Mapping[tuple[str, str, int], BucketAggregate], width_ms
     )
 
 
+def late_event_rows(admitted: AdmittedBatch, out_of_order: pa.Table, batch_id: int) -> pa.Table:
+    """The batch's events for the backfill of late events, each once with its reason
+    (``LateReason``): those older than the watermark, and the ``out_of_order`` ones
+    (transactionId, eventTime; decided, so never late too). An out-of-order event of a
+    stream without a watermark yet (none before a first batch) carries its own eventTime."""
+    late = live_rows(
+        "late_events",
+        admitted.accepted.filter(pa.array(admitted.late)),
+        watermark=admitted.watermark,
+        stream_batch=batch_id,
+        reason=LateReason.LATE.value,
+    )
+    times = out_of_order.column("eventTime")
+    watermark = times if admitted.watermark is None else pa.repeat(admitted.watermark, len(times))
+    arrivals = live_rows(
+        "late_events",
+        out_of_order.append_column("watermark", pa.array(watermark, pa.int64())),
+        stream_batch=batch_id,
+        reason=LateReason.OUT_OF_ORDER.value,
+    )
+    return pa.concat_tables([late, arrivals])
+
+
 def spooled_rows(
     accepted: pa.Table,
     rejected: pa.Table,
     admitted: AdmittedBatch,
     deltas: pa.Table,
     alerts: pa.Table,
+    out_of_order: pa.Table,
     ingest_time: int,
     batch_id: int,
 ) -> dict[str, pa.Table]:
     """A stream micro-batch's rows for each live table: ``accepted`` (already events-table
     rows), the ``rejected`` lines and the far-future events for quarantine, the
-    duplicates, the late events, the bucket ``deltas`` and the ``alerts``."""
+    duplicates, the late and ``out_of_order`` events, the bucket ``deltas`` and the
+    ``alerts``."""
     return {
         "events": accepted,
         "duplicates": live_rows("duplicates", admitted.duplicates, ingest_time=ingest_time),
@@ -77,12 +103,7 @@ def spooled_rows(
             live_rows("quarantine", part, ingest_time=ingest_time)
             for part in (rejected, admitted.future)
         ),
-        "late_events": live_rows(
-            "late_events",
-            admitted.accepted.filter(pa.array(admitted.late)),
-            watermark=admitted.watermark,
-            stream_batch=batch_id,
-        ),
+        "late_events": late_event_rows(admitted, out_of_order, batch_id),
         "buckets": deltas,
         "alerts": alerts,
     }

@@ -90,6 +90,8 @@ LATE_EVENT_SCHEMA = StructType(
         StructField("eventTime", LongType(), False),
         StructField("watermark", LongType(), False),
         StructField("stream_batch", LongType(), False),
+        # ``velocity.schema.LateReason``; null in a table of an older Velocity: late.
+        StructField("reason", StringType(), True),
     ]
 )
 
@@ -131,6 +133,9 @@ BACKFILL_SCHEMA = StructType(
         # them to an older table). The Velocity page shows them.
         StructField("lock_seconds", DoubleType(), True),
         StructField("airflow_run_id", StringType(), True),
+        # What a ``--late`` run covered, by reason (``LateReason``); null for a range.
+        StructField("late_events", LongType(), True),
+        StructField("out_of_order_events", LongType(), True),
     ]
 )
 

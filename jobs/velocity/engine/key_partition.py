@@ -14,6 +14,13 @@ A key's raw events of a bucket are read only for an own bucket that needs them, 
 used only when trusted (``HotState.recent_events``: as many as the bucket counts):
 appending to a bucket whose raw events were incomplete keeps them incomplete, so the
 count tells.
+
+An event to decide is **out of order** (SPEC §3) when an earlier batch counted an event
+of its (signature, key) with a later or equal eventTime: that event's decision did not
+see this one (equal times share a window). The key's newest counted eventTime comes from
+the state the partition reads anyway: each stored bucket's ``last_time`` (its start when
+unknown, a lower bound), and the raw earlier events of the own buckets it was given,
+which are exactly the buckets where that bound would be too low to tell. No extra read.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from velocity.rules import Rule
 from velocity.stream_batch import RECENT_BUCKETS, BucketSlot, KeyState, SignatureKey
 from velocity.windows import KeyedEvent
 
+_KEY = ("signature_id", "key")
+
 STORED_SCHEMA = pa.schema(
     [
         *(BUCKET_ROWS.field(name) for name in SLOT),
@@ -58,6 +67,13 @@ class KeyPartitionDecided:
     raw_appended: pa.Table  # batch rows (KEYED_COLUMNS, ``bucket_start``, ``starts``) kept raw
     raw_removed: pa.Table  # raw events no longer kept (left the newest buckets)
     bucket_counts: pa.Table  # signature_id, key, bucket_count: each changed key's, after
+    out_of_order: pa.Table  # OUT_OF_ORDER rows: the batch events decided out of order
+
+
+# The events a key-partition found out of order (a row per event and signature key).
+OUT_OF_ORDER = pa.schema(
+    [pa.field("transactionId", pa.string()), pa.field("eventTime", pa.int64())]
+)
 
 
 def stored_buckets(states: Mapping[SignatureKey, KeyState]) -> pa.Table:
@@ -120,9 +136,58 @@ def decide_key_partition(
     earlier = [_recent_rows(needed, recent, events.schema)]
     if history is not None and history.num_rows:
         earlier.append(history.select(list(KEYED_COLUMNS)).cast(earlier[0].schema))
-    decided = decide_micro_batch(events, stored, pa.concat_tables(earlier), rules, width_ms, needed)
+    earlier_rows = pa.concat_tables(earlier)
+    decided = decide_micro_batch(events, stored, earlier_rows, rules, width_ms, needed)
     raw = _raw_changes(events, stored, width_ms, cutoff)
-    return KeyPartitionDecided(decided.decisions, decided.deltas, decided.buckets, *raw)
+    late_arrivals = events.filter(pa.array(out_of_order(events, stored, earlier_rows)))
+    return KeyPartitionDecided(
+        decided.decisions,
+        decided.deltas,
+        decided.buckets,
+        *raw,
+        late_arrivals.select(OUT_OF_ORDER.names).cast(OUT_OF_ORDER),
+    )
+
+
+def out_of_order(events: pa.Table, stored: pa.Table, earlier: pa.Table) -> np.ndarray:
+    """Which batch ``events`` (KEYED_COLUMNS and ``decide``) are decided out of order:
+    an event to decide whose (signature, key) has a counted event at its eventTime or
+    later in ``stored`` (STORED_SCHEMA: ``last_time``, else ``bucket_start``) or in
+    ``earlier`` (KEYED_COLUMNS: the raw earlier events of the own buckets that needed
+    them). Events of the batch itself never count: they are in each other's windows."""
+    key_types = [events.schema.field(n).type for n in _KEY]
+    newest_of = [
+        pa.table(
+            {
+                "signature_id": stored.column("signature_id").cast(key_types[0]),
+                "key": stored.column("key").cast(key_types[1]),
+                "time": pc.coalesce(stored.column("last_time"), stored.column("bucket_start")),
+            }
+        ),
+        pa.table(
+            {
+                "signature_id": earlier.column("signature_id").cast(key_types[0]),
+                "key": earlier.column("key").cast(key_types[1]),
+                "time": earlier.column("eventTime").cast(pa.int64()),
+            }
+        ),
+    ]
+    newest = (
+        pa.concat_tables(newest_of)
+        .group_by(list(_KEY), use_threads=False)
+        .aggregate([("time", "max")])
+    )
+    rows = events.select(list(_KEY)).append_column(
+        "_row", pa.array(np.arange(events.num_rows, dtype=np.int64))
+    )
+    joined = rows.join(newest, keys=list(_KEY), join_type="inner", use_threads=False)
+    at = joined.column("_row").to_numpy()
+    times = events.column("eventTime").to_numpy()
+    marked = np.zeros(events.num_rows, dtype=bool)
+    marked[at] = times[at] <= joined.column("time_max").to_numpy()
+    if "decide" in events.column_names:
+        marked &= pc.fill_null(events.column("decide"), True).to_numpy(zero_copy_only=False)
+    return marked
 
 
 def _recent_rows(

@@ -45,6 +45,7 @@ from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.rule_changes import RuleEpochs
 from velocity.rules import Rule, deciding_rules, distinct_counted, rules_by_signature
+from velocity.schema import LateReason
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     BUCKET_FIGURES,
@@ -70,6 +71,9 @@ class BackfillSummary:
     to_ms: int | None = None
     rule_ids: list[int] = field(default_factory=list)
     late_through_batch: int | None = None
+    # What a ``--late`` run covered, by reason (``LateReason``); None for a range.
+    late_events: int | None = None
+    out_of_order_events: int | None = None
     events_evaluated: int = 0
     history_events: int = 0
     decisions_fired: int = 0
@@ -103,6 +107,19 @@ class BucketChanges:
     lower: int
     upper: int
     pinned_batch: int
+
+
+@dataclass(frozen=True)
+class PendingLate:
+    """The events recorded for the backfill of late events that no backfill has covered
+    yet (SPEC §3): the range their windows reach, the stream batch they are recorded
+    through, and how many there are of each reason."""
+
+    from_ms: int
+    to_ms: int
+    through_batch: int
+    late: int
+    out_of_order: int
 
 
 @dataclass(frozen=True)
@@ -161,17 +178,25 @@ class Backfill:
         # A ruleId names its rule in force and its candidate, both replayed.
         return [r for r in rules if r.rule_id in set(rule_ids)]
 
-    def pending_late_range(self) -> tuple[int, int, int] | None:
-        """(from, to, through batch) covering the late events no backfill has covered yet:
-        from the oldest of them to the newest plus the widest active window (every window
-        they touched), capped at the newest eventTime. None when there are none."""
+    def pending_late_range(self) -> PendingLate | None:
+        """The late and out-of-order events no backfill has covered yet, and the range
+        that covers them: from the oldest to the newest plus the widest active window
+        (every window they touched, every decision that did not see them), capped at the
+        newest eventTime. None when there are none."""
         with state_lock(self.redis, self.settings, "backfill (late events written behind)"):
             self.mirror.flush_spooled()
         read = self.state.read
         covered = read("backfills").agg(F.max("late_through_batch")).first()
         through = -1 if covered is None or covered[0] is None else int(covered[0])
         pending = read("late_events").where(F.col("stream_batch") > through)
-        row = pending.agg(F.min("eventTime"), F.max("eventTime"), F.max("stream_batch")).first()
+        out_of_order = F.col("reason") == LateReason.OUT_OF_ORDER.value
+        row = pending.agg(
+            F.min("eventTime"),
+            F.max("eventTime"),
+            F.max("stream_batch"),
+            F.count(F.lit(1)),
+            F.count(F.when(out_of_order, 1)),
+        ).first()
         if row is None or row[0] is None:
             return None
         rules = deciding_rules(self.state.rule_store.in_force())
@@ -180,30 +205,39 @@ class Backfill:
         to_ms = int(row[1]) + widest
         if newest is not None:
             to_ms = min(to_ms, newest)
-        return int(row[0]), to_ms, int(row[2])
+        return PendingLate(int(row[0]), to_ms, int(row[2]), int(row[3] - row[4]), int(row[4]))
 
     def run(
         self,
         from_ms: int,
         to_ms: int,
         rule_ids: list[int] | None = None,
-        late_through_batch: int | None = None,
+        late: PendingLate | None = None,
         decision_time: int | None = None,
         progress: Progress = QUIET,
         airflow_run_id: str | None = None,
     ) -> BackfillSummary:
+        """Backfill ``[from_ms, to_ms]``; with ``late`` (``pending_late_range``), the run
+        also records that it covered those late and out-of-order events."""
         with SparkProgress(self.spark, progress):
             return self._run(
-                from_ms, to_ms, rule_ids, late_through_batch, decision_time, progress,
-                airflow_run_id,
+                from_ms, to_ms, rule_ids, late, decision_time, progress, airflow_run_id
             )  # fmt: skip
+
+    def run_late(self, rule_ids: list[int] | None = None, **options: Any) -> BackfillSummary | None:
+        """`backfill --late`: the range of the late and out-of-order events no backfill
+        covered yet (``pending_late_range``); None when there are none."""
+        pending = self.pending_late_range()
+        if pending is None:
+            return None
+        return self.run(pending.from_ms, pending.to_ms, rule_ids, pending, **options)
 
     def _run(
         self,
         from_ms: int,
         to_ms: int,
         rule_ids: list[int] | None,
-        late_through_batch: int | None,
+        late: PendingLate | None,
         decision_time: int | None,
         progress: Progress,
         airflow_run_id: str | None = None,
@@ -223,7 +257,9 @@ class Backfill:
             from_ms=from_ms,
             to_ms=to_ms,
             rule_ids=sorted({r.rule_id for r in rules}),
-            late_through_batch=late_through_batch,
+            late_through_batch=None if late is None else late.through_batch,
+            late_events=None if late is None else late.late,
+            out_of_order_events=None if late is None else late.out_of_order,
             airflow_run_id=airflow_run_id,
         )
         with state_lock(self.redis, settings, f"backfill {summary.run_id} (recover)"):
@@ -648,9 +684,11 @@ class Backfill:
             "finished_at": int(time.time() * 1000),
             "lock_seconds": summary.lock_seconds if lock_seconds is None else lock_seconds,
             "airflow_run_id": summary.airflow_run_id,
+            "late_events": summary.late_events,
+            "out_of_order_events": summary.out_of_order_events,
         }
-        # A table made before lock_seconds and airflow_run_id got them when LiveState
-        # opened it (tables.create_if_missing adds missing nullable columns).
+        # A table made before lock_seconds, airflow_run_id or the late counts got them
+        # when LiveState opened it (tables.create_if_missing adds missing nullable columns).
         frame = self.spark.createDataFrame([row], tables.BACKFILL_SCHEMA)
         frame.write.format("delta").mode("append").save(str(self.live.backfills))
 

@@ -70,7 +70,9 @@ class StatusListener(StreamingQueryListener):
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         if str(event.progress.id) in self._ids:
             progress = json.loads(event.progress.json)
-            self._guard(lambda: self._status.progress(progress))
+            # The batch counted its arrivals before Spark reported its progress.
+            arrivals = None if self._metrics is None else self._metrics.recent_arrivals()
+            self._guard(lambda: self._status.progress(progress, arrivals))
             self._guard(lambda: self._observe(progress))
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:

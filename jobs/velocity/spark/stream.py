@@ -268,6 +268,7 @@ class StreamJob:
             admitted,
             decided.deltas,
             decided.alerts,
+            decided.out_of_order,
             ingest_time,
             batch_id,
         )

@@ -38,6 +38,7 @@ from velocity.decimals import dumps_json
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
+    OUT_OF_ORDER,
     KeyPartitionDecided,
     decide_key_partition,
     run_starts,
@@ -125,6 +126,8 @@ class BatchDecided:
     published: list[str] = field(default_factory=list)  # SPEC §4 JSON, in publishing order
     shadow_published: list[str] = field(default_factory=list)  # SHADOW rules' alerts, alike
     missing: list[BucketSlot] = field(default_factory=list)  # own buckets to read from Delta
+    # The batch's events decided out of order (SPEC §3), once each (OUT_OF_ORDER).
+    out_of_order: pa.Table = field(default_factory=OUT_OF_ORDER.empty_table)
     partitions: list[dict[str, object]] = field(default_factory=list)  # per-partition log
 
 
@@ -162,6 +165,7 @@ def decide_batch(
             results = list(pool.map(lambda part: _run_partition(plan, *part), parts))
     out = BatchDecided(_ALERT_ARROW.empty_table(), _empty_deltas(plan))
     alerts, deltas, texts = [out.alerts], [out.deltas], [pa.array([], pa.string())]
+    arrivals = [out.out_of_order]
     returned = time.time()
     for blob in results:
         done = pickle.loads(blob)
@@ -171,11 +175,21 @@ def decide_batch(
         out.partitions.append(done["log"])
         if done["missing"]:
             continue
-        alerts_ipc, texts_ipc, deltas_ipc = unpacked(done["outcome"])
+        alerts_ipc, texts_ipc, deltas_ipc, *rest = unpacked(done["outcome"])
         alerts.append(_from_ipc(alerts_ipc))
         texts.append(_from_ipc(texts_ipc).column(0).combine_chunks())
         deltas.append(_from_ipc(deltas_ipc))
+        # An outcome recorded by a Velocity before out-of-order marking has three parts.
+        arrivals.extend(_from_ipc(blob) for blob in rest)
     out.alerts, out.deltas = pa.concat_tables(alerts), pa.concat_tables(deltas)
+    # An event is out of order once, whichever of its signature keys found it so.
+    out.out_of_order = (
+        pa.concat_tables(arrivals)
+        .group_by("transactionId", use_threads=False)
+        .aggregate([("eventTime", "min")])
+        .rename_columns({"eventTime_min": "eventTime"})
+        .select(OUT_OF_ORDER.names)
+    )
     order = pc.sort_indices(out.alerts, sort_keys=[(n, "ascending") for n in _PUBLISHING_ORDER])
     ordered = pa.concat_arrays(texts).take(order)
     shadow = pc.fill_null(out.alerts.column("shadow").take(order), False).combine_chunks()
@@ -277,6 +291,7 @@ def _run_partition(
                 _to_ipc(alerts),
                 _to_ipc(pa.table({"json": pa.array(published, pa.string())})),
                 _to_ipc(bucket_table(decided.deltas, width)),
+                _to_ipc(decided.out_of_order),
             ]
         )
         decided_at = time.perf_counter()

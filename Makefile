@@ -51,14 +51,17 @@ cluster: setup ## start a Spark standalone cluster on 127.0.0.1:7077 (master + 2
 cluster-down: ## stop the Spark standalone cluster
 	@bash infra/cluster.sh down
 
-bench-stream: setup ## stream latency (alert in Redis - landed/produced), throughput; SOURCE=folder|kafka|both, REDIS=single|cluster|both, RULES=file
+bench-stream: setup ## stream latency (alert in Redis - landed/produced), throughput; SOURCE=folder|kafka|both, REDIS=single|cluster|both, RULES=file, LAG_SECONDS=s (SOURCE=kafka: partition 0 s late; late/out-of-order events, velocity backfill --late)
 	@if [ -n "$(RATE)" ]; then \
 		$(VENV)/python -m benchmarks.stream --rate $(RATE) --seconds $(or $(SECONDS),300) \
 			--keys $(or $(KEYS),100000) --design $(or $(DESIGN),new) --source $(or $(SOURCE),folder) \
-			--redis $(or $(REDIS),single) $(if $(RULES),--rules $(RULES)); \
+			--redis $(or $(REDIS),single) $(if $(RULES),--rules $(RULES)) \
+			$(if $(LAG_SECONDS),--lag-partition-seconds $(LAG_SECONDS)); \
 	elif [ -n "$(SOURCE)" ]; then \
-		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --source $(SOURCE) && \
-		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 100000 --source $(SOURCE); \
+		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --source $(SOURCE) \
+			$(if $(LAG_SECONDS),--lag-partition-seconds $(LAG_SECONDS)) && \
+		$(VENV)/python -m benchmarks.stream --rate 20000 --seconds 60 --keys 100000 --source $(SOURCE) \
+			$(if $(LAG_SECONDS),--lag-partition-seconds $(LAG_SECONDS)); \
 	else \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --design both && \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 300 --keys 100000 && \

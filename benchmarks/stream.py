@@ -24,6 +24,19 @@ with the same packages, JARs and data. ``--design both`` runs both on the same f
 ``--redis cluster`` runs it against a Redis Cluster of three masters on this machine
 (``infra/redis-cluster.sh``: the staged commit of ``velocity.redis.cluster``) instead of one
 Redis; ``--redis both`` runs one Redis, then the cluster, same events.
+
+``--lag-partition-seconds S`` (``--source kafka`` only) measures what a lagging partition
+costs (SPEC §3, out-of-order events): every line goes to the partition librdkafka's
+default partitioner gives its key (CRC-32 of the payerId modulo the events topic's
+partitions, so a payer stays on one partition), and the lines of partition 0 are produced
+S seconds after the others of their file, by a second producer in a thread of its own (the
+others keep their one file a second). A lagged line's latency counts from when the broker
+acknowledged IT. Once the stream is stopped the run reports the late_events table's rows
+by reason (``late``, ``out_of_order``) and their share of the accepted events, times a
+``velocity backfill --late`` from outside (its corrections, retractions, events
+evaluated), and counts the expected alerts missing from ``velocity:alerts`` before the
+backfill and after it (a CORRECTION for the (ruleId, transactionId) counts as arriving),
+and the alerts in effect that are not expected, before and after.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import argparse
 import json
 import math
 import os
+import queue
 import random
 import shutil
 import statistics
@@ -39,6 +53,9 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +95,7 @@ class Dataset:
     events: int
     keys: dict[str, list[str]]  # file name -> its lines' payerIds (the message keys)
     rules: Path  # the rule file the backtest and the stream apply
+    payers: dict[str, str] = field(default_factory=dict)  # transactionId -> payerId
 
 
 def make_dataset(
@@ -95,20 +113,21 @@ def make_dataset(
         env=env, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     files = sorted(staging.glob("*.jsonl"))
-    tx_file, keys = {}, {}
+    tx_file, keys, payers = {}, {}, {}
     for path in files:
         keys[path.name] = []
         for line in path.read_text().splitlines():
             event = json.loads(line)
             tx_file[str(event["transactionId"])] = path.name
             keys[path.name].append(str(event["payerId"]))
+            payers[str(event["transactionId"])] = str(event["payerId"])
     reference = work / "expected.jsonl"
     velocity(
         "backtest", "--rules", str(rules), "--events", str(staging), "--out", str(reference),
         env={**env, "VELOCITY_DATA_DIR": str(work / "backtest")}, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     expected = {(a["ruleId"], a["transactionId"]) for a in map(json.loads, reference.open())}
-    return Dataset(staging, files, tx_file, expected, len(tx_file), keys, rules)
+    return Dataset(staging, files, tx_file, expected, len(tx_file), keys, rules, payers)
 
 
 def process_tree(root_pid: int) -> list[int]:
@@ -184,6 +203,18 @@ class Run:
     lookups: str = ""
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per process kind, landing on
     decided_lines: int = 0
+    # --lag-partition-seconds: the lagging partition and what it cost.
+    lag_seconds: float = 0.0
+    lagged_events: int = 0
+    lagged_latencies: list[float] = field(default_factory=list)
+    accepted_events: int = 0
+    late_reasons: dict[str, int] = field(default_factory=dict)
+    backfill_seconds: float = 0.0
+    backfill: dict[str, Any] = field(default_factory=dict)  # its JSON line
+    backfill_exit: int = 0
+    extra_before: int = 0  # alerts in effect that are not expected, before the backfill
+    missing_after: int = 0
+    extra_after: int = 0
 
     def summary(self) -> dict[str, object]:
         def s(ms: float) -> float | str:
@@ -217,7 +248,51 @@ class Run:
                 for k, v in sorted(self.cpu_seconds.items())
                 if self.decided_lines
             },
+            **(self.lag_summary() if self.lag_seconds else {}),
         }
+
+    def lag_summary(self) -> dict[str, object]:
+        def s(ms: float) -> float | str:
+            return "inf" if math.isinf(ms) else round(ms / 1000, 2)
+
+        def share(count: int) -> float:
+            return round(100 * count / self.accepted_events, 3) if self.accepted_events else 0.0
+
+        late = self.late_reasons.get("late", 0)
+        out_of_order = self.late_reasons.get("out_of_order", 0)
+        others = {k: v for k, v in self.late_reasons.items() if k not in ("late", "out_of_order")}
+        figures: dict[str, object] = {
+            "lag_partition_seconds": self.lag_seconds,
+            "lagged_events": self.lagged_events,
+            "lagged_expected_alerts": len(self.lagged_latencies),
+            "lagged_p50_s": s(percentile(self.lagged_latencies, 0.5)),
+            "lagged_p99_s": s(percentile(self.lagged_latencies, 0.99)),
+            "accepted_events": self.accepted_events,
+            "late_events": late,
+            "late_pct": share(late),
+            "out_of_order_events": out_of_order,
+            "out_of_order_pct": share(out_of_order),
+            **({"late_events_other_reasons": others} if others else {}),
+            "backfill_s": round(self.backfill_seconds, 1),
+        }
+        if self.backfill_exit:
+            figures["backfill_exit"] = self.backfill_exit
+        for name in (
+            "corrections",
+            "retractions",
+            "events_evaluated",
+            "late_events",
+            "out_of_order_events",
+        ):
+            if self.backfill.get(name) is not None:
+                figures[f"backfill_{name}"] = self.backfill[name]
+        figures.update(
+            missing_before_backfill=self.missing,
+            missing_after_backfill=self.missing_after,
+            unexpected_in_effect_before=self.extra_before,
+            unexpected_in_effect_after=self.extra_after,
+        )
+        return figures
 
 
 def run_design(
@@ -230,8 +305,9 @@ def run_design(
     keys: int,
     work: Path,
     port: int,
+    lag_seconds: float = 0.0,
 ) -> Run:
-    run = Run(design, source, redis_kind, rate, seconds, keys)
+    run = Run(design, source, redis_kind, rate, seconds, keys, lag_seconds=lag_seconds)
     home = work / f"{design}-{source}-{redis_kind}"
     shutil.rmtree(home, ignore_errors=True)
     events = home / "events"
@@ -284,6 +360,8 @@ def run_design(
         start_new_session=True,
     )
     landed: dict[str, float] = {}
+    lagged_landed: dict[str, float] = {}  # --lag-partition-seconds: file -> its lagged lines'
+    lagging: LaggingProducer | None = None
     peak = [0.0, 0.0]  # the stream's process tree (Python + the JVM), Python alone
     sampling = threading.Event()
     # CPU per process of the stream's tree: at the first landing, and the latest seen.
@@ -313,7 +391,11 @@ def run_design(
         while not (checkpoint / "metadata").exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)
-        land = kafka_producer(env, data) if source == "kafka" else folder_lander(events)
+        land: Callable[[Path], None]
+        if source == "kafka" and lag_seconds:
+            land = lagging = LaggingProducer(env, data, lag_seconds)
+        else:
+            land = kafka_producer(env, data) if source == "kafka" else folder_lander(events)
         time.sleep(1.5)  # a sample of every process's CPU before the first landing
         landing.set()
         redis_cpu_at_landing = redis_cpu(client, on_cluster)
@@ -324,16 +406,23 @@ def run_design(
                 time.sleep(pause)
             land(path)
             landed[path.name] = time.time() * 1000
+        if lagging is not None:  # the lagged lines of the last files are still to go
+            lagged_landed = lagging.finish()
         # Wait for the expected alerts; anything later than this counts as never.
         wait_until = time.monotonic() + max(60.0, seconds * 0.5)
         while time.monotonic() < wait_until:
-            if client.xlen("velocity:alerts") >= len(data.expected):
+            if lagging is not None:  # alerts may be missing or extra: every line decided
+                if logged_lines(log) >= data.events:
+                    break
+            elif client.xlen("velocity:alerts") >= len(data.expected):
                 break
             time.sleep(1)
         time.sleep(2)
         run.cpu_seconds["redis"] = redis_cpu(client, on_cluster) - redis_cpu_at_landing
     finally:
         sampling.set()
+        if lagging is not None:
+            lagging.close()
         os.killpg(stream.pid, 15)
         try:
             stream.wait(timeout=120)
@@ -350,11 +439,15 @@ def run_design(
         first_seen.setdefault(pair, float(entry_id.split("-")[0]))
     run.published = len(first_seen)
     for pair in data.expected:
+        lagged = lagging is not None and lagging.lagged(data.payers[pair[1]])
         if pair in first_seen:
-            run.latencies.append(first_seen[pair] - landed[data.tx_file[pair[1]]])
+            produced = (lagged_landed if lagged else landed)[data.tx_file[pair[1]]]
+            run.latencies.append(first_seen[pair] - produced)
         else:
             run.latencies.append(math.inf)
             run.missing += 1
+        if lagged:
+            run.lagged_latencies.append(run.latencies[-1])
     if on_cluster:  # every master's memory, summed
         per_node = client.info("memory", target_nodes=client.PRIMARIES).values()
     else:
@@ -383,8 +476,101 @@ def run_design(
         run.processed_per_s = decided / ((finished - first_landing) / 1000)
     # The cluster's lookups take velocity.redis.cluster's path: `make bench-lookup` is one Redis.
     run.lookups = "" if on_cluster else lookup_latency(client, 2000)
+    if lagging is not None:
+        run.lagged_events = lagging.lagged_lines
+        lagged_partition_costs(run, data, client, env, home)
     redis_service(on_cluster, "down", env)
     return run
+
+
+def logged_lines(log: Path) -> int:
+    """The lines the stream's logged batches decided so far (a batch logs once committed:
+    its alerts are published)."""
+    lines = 0
+    for text in log.read_text().splitlines():
+        if "velocity.stream" in text and '"batch"' in text:
+            lines += json.loads(text[text.index("{") :]).get("lines", 0)
+    return lines
+
+
+def lagged_partition_costs(
+    run: Run, data: Dataset, client: Any, env: dict[str, str], home: Path
+) -> None:
+    """What the lagging partition left to the backfill of late events, the stream stopped:
+    the late_events table's rows by reason, a timed `velocity backfill --late`, and the
+    expected alerts still missing from the alert stream after it."""
+    run.late_reasons, run.accepted_events = late_events_by_reason(Path(env["VELOCITY_DATA_DIR"]))
+    if not run.accepted_events:
+        run.accepted_events = data.events
+    run.extra_before = len(in_effect(client) - data.expected)
+    run.backfill_exit, run.backfill_seconds, run.backfill = backfill_late(env, home)
+    arrived: set[tuple[int, str]] = set()
+    for _, fields in client.xrange("velocity:alerts"):
+        alert = json.loads(fields["alert"])
+        if alert.get("kind", "ALERT") in ("ALERT", "CORRECTION"):
+            arrived.add((alert["ruleId"], alert["transactionId"]))
+    run.missing_after = len(data.expected - arrived)
+    run.extra_after = len(in_effect(client) - data.expected)
+
+
+def in_effect(client: Any) -> set[tuple[int, str]]:
+    """The (ruleId, transactionId) of the alerts in effect in ``velocity:alerts``: per
+    decision, ALERT + CORRECTION - RETRACTION above 0 (SPEC §3)."""
+    count: Counter[tuple[int, str, object]] = Counter()
+    for _, fields in client.xrange("velocity:alerts"):
+        alert = json.loads(fields["alert"])
+        decision = (alert["ruleId"], alert["transactionId"], alert.get("ruleVersion"))
+        count[decision] += -1 if alert.get("kind") == "RETRACTION" else 1
+    return {(rule, tx) for (rule, tx, _), n in count.items() if n > 0}
+
+
+def late_events_by_reason(data_dir: Path) -> tuple[dict[str, int], int]:
+    """The late_events table's rows by reason (null, or a table without the column: late)
+    and the events table's rows (the accepted events; 0 when unreadable)."""
+    from deltalake import DeltaTable
+
+    tables = data_dir / "tables"
+    reasons: Counter[str] = Counter({"late": 0, "out_of_order": 0})
+    late = tables / "late_events"
+    if DeltaTable.is_deltatable(str(late)):
+        table = DeltaTable(str(late))
+        if "reason" in {f.name for f in table.schema().fields}:
+            column = table.to_pyarrow_table(columns=["reason"]).column("reason")
+            reasons.update("late" if r is None else str(r) for r in column.to_pylist())
+        else:
+            reasons["late"] += table.count()
+    events = tables / "events"
+    accepted = DeltaTable(str(events)).count() if DeltaTable.is_deltatable(str(events)) else 0
+    return dict(reasons), accepted
+
+
+def backfill_late(env: dict[str, str], home: Path) -> tuple[int, float, dict[str, Any]]:
+    """`velocity backfill --late` (the venv's console script) timed from outside, with the
+    stream's environment: its exit status, wall seconds and the JSON line it printed last."""
+    script = Path(PYTHON).with_name("velocity")
+    command = [str(script)] if script.exists() else [PYTHON, "-m", "velocity.cli"]
+    log = home / "backfill.log"
+    began = time.monotonic()
+    with log.open("w") as stderr:
+        result = subprocess.run(
+            [*command, "backfill", "--late"],
+            env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, check=False,
+        )  # fmt: skip
+    seconds = time.monotonic() - began
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    try:
+        summary = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        summary = {}
+    if result.returncode or not isinstance(summary, dict):
+        tail = log.read_text().strip().splitlines()[-5:]
+        print(
+            f"velocity backfill --late exited {result.returncode} ({log}):",
+            *tail,
+            sep="\n  ",
+            file=sys.stderr,
+        )
+    return result.returncode, seconds, summary if isinstance(summary, dict) else {}
 
 
 def redis_cpu(client: Any, on_cluster: bool) -> float:
@@ -447,6 +633,125 @@ def kafka_producer(env: dict[str, str], data: Dataset) -> Any:
     return land
 
 
+class LaggingProducer:
+    """Produces a file's lines to the events topic keyed by payerId like `kafka_producer`,
+    each to the partition librdkafka's default partitioner gives its key (consistent:
+    CRC-32 of the key modulo the partitions; one payer, one partition), but the lines of
+    partition 0 ``lag_seconds`` after the others of their file were acknowledged, by a
+    second producer in a thread of its own. ``finish`` waits for the last of them and
+    returns when each file's lagged lines were acknowledged (epoch ms)."""
+
+    def __init__(self, env: dict[str, str], data: Dataset, lag_seconds: float) -> None:
+        from velocity.settings import load_settings
+
+        settings = load_settings(kafka_bootstrap=env["VELOCITY_KAFKA_BOOTSTRAP"])
+        self._data = data
+        self._lag = lag_seconds
+        self._on_time = PartitionWriter(settings, settings.kafka_events_topic)
+        self._late = PartitionWriter(settings, settings.kafka_events_topic)
+        self.partitions = self._on_time.partitions()
+        if self.partitions < 2:
+            print(f"the events topic has {self.partitions} partition: every line lags")
+        self.lagged_lines = 0
+        self._due: queue.Queue[tuple[float, str, list[tuple[str, str]]] | None] = queue.Queue()
+        self._acknowledged: dict[str, float] = {}
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._send_late, daemon=True)
+        self._thread.start()
+
+    def partition(self, payer: str) -> int:
+        return zlib.crc32(payer.encode()) % self.partitions
+
+    def lagged(self, payer: str) -> bool:
+        return self.partition(payer) == 0
+
+    def __call__(self, path: Path) -> None:
+        late = []
+        for line, key in zip(
+            path.read_text().splitlines(), self._data.keys[path.name], strict=True
+        ):
+            partition = self.partition(key)
+            if partition:
+                self._on_time.send(line, key, partition)
+            else:
+                late.append((line, key))
+        self._on_time.flush()
+        if self._errors:
+            raise RuntimeError("producing the lagged partition failed") from self._errors[0]
+        if late:
+            self.lagged_lines += len(late)
+            self._due.put((time.monotonic() + self._lag, path.name, late))
+
+    def _send_late(self) -> None:
+        while (item := self._due.get()) is not None:
+            due, name, lines = item
+            if self._errors:
+                continue
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                for line, key in lines:
+                    self._late.send(line, key, 0)
+                self._late.flush()
+            except Exception as exc:  # raised again in the landing thread
+                self._errors.append(exc)
+                continue
+            self._acknowledged[name] = time.time() * 1000
+
+    def finish(self) -> dict[str, float]:
+        self.close()
+        if self._errors:
+            raise RuntimeError("producing the lagged partition failed") from self._errors[0]
+        return dict(self._acknowledged)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._due.put(None)
+            self._thread.join()
+
+
+class PartitionWriter:
+    """``TopicWriter`` with the partition named per message (TopicWriter lets librdkafka
+    choose): the same idempotent producer and settings as `kafka_producer`'s."""
+
+    def __init__(self, settings: Any, topic: str) -> None:
+        from velocity.kafka.topics import producer
+
+        self._settings = settings
+        self.topic = topic
+        self._producer = producer(settings, **{"batch.num.messages": 10000})
+        self._failures: list[str] = []
+
+    def partitions(self) -> int:
+        metadata = self._producer.list_topics(self.topic, timeout=30).topics[self.topic]
+        if metadata.error is not None:
+            raise RuntimeError(f"Kafka topic {self.topic}: {metadata.error}")
+        return len(metadata.partitions)
+
+    def send(self, value: str, key: str, partition: int) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, value=value, key=key, partition=partition,
+                    on_delivery=self._delivered,
+                )  # fmt: skip
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.1)
+
+    def flush(self) -> None:
+        waited = self._settings.kafka_delivery_timeout_seconds + 5
+        left = self._producer.flush(waited)
+        if left:
+            self._failures.append(f"{left} messages still unacknowledged after {waited:g}s")
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise RuntimeError(f"producing to {self.topic} failed: {'; '.join(failures[:3])}")
+
+    def _delivered(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self._failures.append(f"{message.key()!r}: {error}")
+
+
 def lookup_latency(client: Any, lookups: int) -> str:
     """Redis window lookups (the lowest-numbered SUM rule's keys, a SUM over its window),
     one round trip each, from this machine."""
@@ -490,6 +795,15 @@ def main() -> int:
     parser.add_argument(
         "--rules", default=str(RULES), help="rule file (benchmarks/rules/fire_often.json fires)"
     )
+    parser.add_argument(
+        "--lag-partition-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="--source kafka: produce the lines of the events topic's partition 0 S seconds "
+        "after the others of their file (a lagging partition), then report the late and "
+        "out-of-order events and time `velocity backfill --late`",
+    )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-stream"))
     parser.add_argument(
         "--port",
@@ -501,6 +815,13 @@ def main() -> int:
     args = parser.parse_args()
     if args.redis != "single" and (args.source != "folder" or args.design != "new"):
         parser.error("--redis cluster|both runs this checkout's stream on a folder only")
+    if args.lag_partition_seconds < 0:
+        parser.error("--lag-partition-seconds: give seconds >= 0")
+    if args.lag_partition_seconds and args.source != "kafka":
+        parser.error(
+            "--lag-partition-seconds lags a partition of the Kafka events topic: give it with "
+            "--source kafka (a folder has no partitions)"
+        )
 
     rules = Path(args.rules).resolve()
     named = "" if rules == RULES else f"-{rules.stem}"
@@ -521,19 +842,23 @@ def main() -> int:
     if args.design != "old":
         runs += [("new", source, kind) for source in sources for kind in kinds]
     results, latencies = [], []
+    lag = args.lag_partition_seconds
     for design, source, kind in runs:
         run = run_design(
-            design, source, kind, data, args.rate, args.seconds, args.keys, work, args.port
-        )
+            design, source, kind, data, args.rate, args.seconds, args.keys, work, args.port,
+            lag if source == "kafka" else 0.0,
+        )  # fmt: skip
         results.append(run.summary())
         label = f"{design}/{source}" + ("/cluster" if kind == "cluster" else "")
+        label += f" (partition 0 {lag:g} s late)" if lag and source == "kafka" else ""
         latencies.append((label, run.latencies))
         print(json.dumps(results[-1]), flush=True)
-    figures = work / "figures.jsonl"
+    lagged = f"-lag{lag:g}" if lag else ""  # beside, not over, the figures without a lag
+    figures = work / f"figures{lagged}.jsonl"
     figures.write_text("".join(json.dumps(r) + "\n" for r in results))
     chart = latency_histogram(
         latencies,
-        work / "latency.png",
+        work / f"latency{lagged}.png",
         f"Velocity stream: {args.rate} events/s for {args.seconds} s, {args.keys} payers, "
         "8 rules (2 cores)",
     )

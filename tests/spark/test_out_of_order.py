@@ -175,3 +175,48 @@ def test_any_interleaving_of_payer_ordered_partitions_is_made_whole_by_backfill_
         assert in_effect(spark, settings_) == complete, "nothing out of order: already equal"
         return
     backfilled_late_equals_complete(spark, settings_, complete)
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
+def test_a_kafka_partition_paused_for_a_few_batches_is_made_whole_by_backfill_late(
+    spark, data_settings: Settings, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Four partitions keyed by payer; one is produced only after the stream has read the
+    others for a few micro-batches (a paused partition, then its catch-up): end to end on
+    a real broker, `backfill --late` leaves the alerts in effect equal to the backtest."""
+    from tests.spark.test_kafka import on_topics, run_kafka_available_now
+    from velocity.kafka.topics import payer_key, producer
+
+    settings_ = on_topics(
+        data_settings.model_copy(update={"allowed_lateness_seconds": DAY_S}),
+        kafka_bootstrap,
+        partitions=4,
+        kafka_max_offsets_per_trigger=250,
+    )
+    lines = in_order_lines(tmp_path / "generated", 1500, 25, seed=4)
+    parts = payer_partitions(lines, 4)
+    sink = producer(settings_)
+
+    def produce(partition: int, part: list[str]) -> None:
+        for line in part:
+            sink.produce(settings_.kafka_events_topic, line, payer_key(line), partition)
+        assert sink.flush(30) == 0
+
+    job = StreamJob(spark, settings_)
+    job.rule_store.apply(parse_rules(json.dumps(RULES)))
+    cut = [len(part) * 2 // 3 for part in parts]
+    for partition in (0, 1, 2):
+        produce(partition, parts[partition][: cut[partition]])
+    assert len(run_kafka_available_now(job, settings_)) >= 3, "partition 3 paused a while"
+    produce(3, parts[3])
+    for partition in (0, 1, 2):
+        produce(partition, parts[partition][cut[partition] :])
+    run_kafka_available_now(job, settings_)
+
+    everything = landed_in_order(tmp_path / "all", [lines])
+    complete = complete_data(spark, settings_, everything, tmp_path)
+    assert in_effect(spark, settings_) != complete, "the paused partition's payers lagged"
+    reasons = recorded_reasons(spark, settings_)
+    assert set(reasons) == {"out_of_order"}
+    assert backfilled_late_equals_complete(spark, settings_, complete) == reasons["out_of_order"]

@@ -437,25 +437,33 @@ class StreamJob:
         kept = {r["signature_id"]: r["kept_window_ms"] for r in recorded}
         without_distinct = {r["signature_id"] for r in recorded if r["kept_distinct"] is False}
         wanted = {s.signature_id: s for s in signatures}
-        for gone in sorted(set(kept) - set(wanted)):
-            spark.sql(f"DELETE FROM delta.`{self.live.buckets}` WHERE signature_id = '{gone}'")
-            spark.sql(f"DELETE FROM delta.`{self.live.signatures}` WHERE signature_id = '{gone}'")
+        gone = sorted(set(kept) - set(wanted))
+        if gone:
+            self._forget_buckets(gone)
         short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
         # A UNIQUE_COUNT rule now counts buckets built without their distinct values.
         short |= set(wanted) & without_distinct & counted
         build = sorted((set(wanted) - set(kept)) | short)
+        built = set(build)  # recorded with this widest window and distinct counting
         if build:
             # The build reads every earlier batch from Delta: flush what is spooled first.
             self.state.flush_spool(batch_id - 1)
+            if self.state.read("events").where(F.col("stream_batch") < batch_id).isEmpty():
+                # No history (a new data dir): nothing to count, so record them all at
+                # once (a build is five Spark jobs a signature, 2-3 s each on 2 cores).
+                self._forget_buckets(build)
+                self._record_signatures([wanted[s] for s in build], rules, widest, batch_id)
+                build = []
         for signature_id in build:
             self._build_signature(wanted[signature_id], rules, widest, batch_id)
         # Eviction will keep only the narrower history from now on: remember it.
-        spark.sql(
-            f"UPDATE delta.`{self.live.signatures}` SET kept_window_ms = {widest} "
-            f"WHERE kept_window_ms > {widest}"
-        )
+        if any((kept[s] or 0) > widest for s in set(kept) - built):
+            spark.sql(
+                f"UPDATE delta.`{self.live.signatures}` SET kept_window_ms = {widest} "
+                f"WHERE kept_window_ms > {widest}"
+            )
         # Buckets stop gathering distinct values once no rule counts them.
-        uncounted = sorted(set(wanted) - counted - without_distinct)
+        uncounted = sorted(set(wanted) - counted - without_distinct - built)
         if uncounted:
             ids = ", ".join(f"'{s}'" for s in uncounted)
             spark.sql(
@@ -469,14 +477,13 @@ class StreamJob:
         """(Re)build one signature's buckets from the raw events of the earlier batches
         inside the horizon, refill its Redis hashes, then record it. Idempotent: a
         half-done build (a crash between its steps) is started again from nothing."""
-        spark, signature_id = self.spark, signature.signature_id
+        signature_id = signature.signature_id
         history = self.state.read("events").where(F.col("stream_batch") < batch_id)
         newest = history.agg(F.max("eventTime")).first()
         if newest is not None and newest[0] is not None:
             horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
             history = history.where(F.col("eventTime") >= int(newest[0]) - horizon_ms)
-        for table in (self.live.signatures, self.live.buckets):
-            spark.sql(f"DELETE FROM delta.`{table}` WHERE signature_id = '{signature_id}'")
+        self._forget_buckets([signature_id])
         counted = distinct_counted(rules)
         deltas = bucket_aggregates(
             keyed_events(history, [signature]), self.settings.bucket_width_ms, counted
@@ -486,19 +493,31 @@ class StreamJob:
             F.col("signature_id") == signature_id
         )
         self.mirror.write_buckets(built_now, rules)
-        record = spark.createDataFrame(
-            [
-                (
-                    signature_id,
-                    json.dumps(signature.to_json(), sort_keys=True),
-                    batch_id,
-                    widest,
-                    signature_id in counted,
-                )
-            ],
-            tables.SIGNATURE_SCHEMA,
-        )
-        record.write.format("delta").mode("append").save(str(self.live.signatures))
+        self._record_signatures([signature], rules, widest, batch_id)
+
+    def _forget_buckets(self, signature_ids: list[str]) -> None:
+        """Delete the signatures' records and buckets (a build starts from nothing)."""
+        ids = ", ".join(f"'{s}'" for s in signature_ids)
+        for table in (self.live.signatures, self.live.buckets):
+            self.spark.sql(f"DELETE FROM delta.`{table}` WHERE signature_id IN ({ids})")
+
+    def _record_signatures(
+        self, signatures: list[RuleSignature], rules: list[Rule], widest: int, batch_id: int
+    ) -> None:
+        """Record the signatures as built through ``batch_id`` (one append)."""
+        counted = distinct_counted(rules)
+        records = [
+            (
+                s.signature_id,
+                json.dumps(s.to_json(), sort_keys=True),
+                batch_id,
+                widest,
+                s.signature_id in counted,
+            )
+            for s in signatures
+        ]
+        frame = self.spark.createDataFrame(records, tables.SIGNATURE_SCHEMA)
+        frame.write.format("delta").mode("append").save(str(self.live.signatures))
 
     # --- write-behind ------------------------------------------------------------------
 

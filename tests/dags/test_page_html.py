@@ -494,6 +494,11 @@ def test_backfill_runs_show_their_figures_state_and_airflow_link() -> None:
     assert '<td>5, 7</td><td class="figure">8904</td><td class="figure">20</td>' in done
     assert '<td class="figure">12.46 s</td>' in done
     assert 'href="/dags/b/runs/manual__%3C1%3E" target="_top"' in done
+    late = replace(recorded, late_through_batch=41, late_events=3, out_of_order_events=1598)
+    assert (
+        '<span data-testid="late-covered">(late events: 3 late, 1598 out of order)</span>'
+        in _page(backfills=backfill_runs([late], []))
+    )
     assert 'data-testid="no-backfills"' in _page(backfills=[])
     assert "cannot read the backfill runs: &lt;x&gt;" in _page(
         backfills_error="cannot read the backfill runs: <x>"
@@ -540,6 +545,16 @@ def test_the_backfills_table_reads_with_and_without_the_later_columns(tmp_path: 
     runs = {r.run_id: r for r in recorded_backfills(settings)}
     assert (runs["r2"].lock_seconds, runs["r2"].airflow_run_id) == (1.5, "manual__1")
     assert runs["r1"].lock_seconds is None
+    counted = newer.append(pa.field("late_events", pa.int64())).append(
+        pa.field("out_of_order_events", pa.int64())
+    )
+    covered = {**later, "run_id": "r3", "late_through_batch": 9, "late_events": 0,
+               "out_of_order_events": 12}  # fmt: skip
+    write_deltalake(path, pa.Table.from_pylist([covered], counted), mode="append",
+                    schema_mode="merge")  # fmt: skip
+    runs = {r.run_id: r for r in recorded_backfills(settings)}
+    assert runs["r3"].covered_text == "late events: 0 late, 12 out of order"
+    assert runs["r2"].out_of_order_events is None
 
 
 def _comparison(**figures: Any) -> Any:

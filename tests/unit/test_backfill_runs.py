@@ -87,3 +87,15 @@ def test_a_run_recorded_before_lock_time_and_airflow_ids_reads_without_them() ->
     assert asked_text({}) == (
         "the late and out-of-order events not yet backfilled, every rule in force"
     )
+
+
+def test_a_late_run_says_how_many_late_and_out_of_order_events_it_covered() -> None:
+    base = {
+        "run_id": "r", "from_ms": T, "to_ms": T + 1, "rule_ids": [], "events_evaluated": 1,
+        "corrections": 0, "retractions": 0, "started_at": T, "finished_at": T,
+    }  # fmt: skip
+    late = {**base, "late_through_batch": 9, "late_events": 3, "out_of_order_events": 1598}
+    assert RecordedRun.from_row(late).covered_text == "late events: 3 late, 1598 out of order"
+    # Recorded before the counts (a null or no column): only that it covered late events.
+    assert RecordedRun.from_row({**base, "late_through_batch": 9}).covered_text == "late events"
+    assert RecordedRun.from_row({**base, "late_through_batch": None}).covered_text == ""

@@ -200,3 +200,17 @@ def test_stream_status_and_stop_import_no_spark() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def test_a_running_stream_states_the_last_batches_share_of_late_and_out_of_order() -> None:
+    arrivals = {"batches": 20, "accepted": 12_000, "late": 12, "outOfOrder": 150}
+    health = stream_health(status_obj(recentArrivals=arrivals), NOW, STALE)
+    assert health.recentArrivals == arrivals
+    assert health.reason.endswith(
+        "; of the last 20 batches' 12000 events 1.2% out of order, 0.1% late "
+        "(`velocity backfill --late` covers both)"
+    )
+    # An older status file, an odd value or no events yet: no figures, no words.
+    for odd in (None, {"batches": 1}, {**arrivals, "late": "12"}, {**arrivals, "accepted": 0}):
+        quiet = stream_health(status_obj(recentArrivals=odd), NOW, STALE)
+        assert "out of order" not in quiet.reason and quiet.healthy

@@ -173,6 +173,21 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
             for d, _, _ in expected.decisions
         }
 
+        # Out of order (SPEC §3): an event to decide whose signature key had an event of
+        # an earlier batch at its eventTime or later, whatever the hot state remembers.
+        newest_before: dict = {}
+        for (signature_id, key, _), earlier in raw.items():
+            top = max(e.event_time for e in earlier)
+            newest_before[(signature_id, key)] = max(
+                newest_before.get((signature_id, key), top), top
+            )
+        assert set(got.out_of_order.column("transactionId").to_pylist()) == {
+            e.transaction_id
+            for slot, group in groups.items()
+            for e in group
+            if e.transaction_id not in admitted.late and newest_before.get(slot, -1) >= e.event_time
+        }
+
         reference.update(expected.buckets)
         changes = bucket_changes(KEYS, got)
         assert_bucket_entries(changes, carried(hot, stored_raw, got, False)[0])

@@ -347,7 +347,7 @@ def _alert_predicate(query: AlertFilter, before: Cursor | None) -> pc.Expression
 def recorded_backfills(settings: Settings) -> list[RecordedRun]:
     """Every run the ``backfills`` table records (written by each run when it finishes),
     without the ids of its alerts; empty before the first run. A table recorded before
-    lock_seconds and airflow_run_id existed reads them as None."""
+    lock_seconds, airflow_run_id or the late counts existed reads them as None."""
     table = _table(settings.table_path(BACKFILLS))
     if table is None:
         return []
@@ -360,5 +360,5 @@ def recorded_backfills(settings: Settings) -> list[RecordedRun]:
 _BACKFILL_COLUMNS = [
     "run_id", "from_ms", "to_ms", "rule_ids", "late_through_batch", "events_evaluated",
     "corrections", "retractions", "started_at", "finished_at", "lock_seconds",
-    "airflow_run_id",
+    "airflow_run_id", "late_events", "out_of_order_events",
 ]  # fmt: skip

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.charts import latency_histogram
+from velocity.kafka.topics import TopicWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_CLUSTER_SH = ROOT / "infra" / "redis-cluster.sh"
@@ -619,7 +620,6 @@ def folder_lander(events: Path) -> Any:
 def kafka_producer(env: dict[str, str], data: Dataset) -> Any:
     """Produces a file's lines to the events topic, keyed by payerId, and waits until the
     broker acknowledged them all (the messages are there from then on)."""
-    from velocity.kafka.topics import TopicWriter
     from velocity.settings import load_settings
 
     settings = load_settings(kafka_bootstrap=env["VELOCITY_KAFKA_BOOTSTRAP"])
@@ -709,47 +709,18 @@ class LaggingProducer:
             self._thread.join()
 
 
-class PartitionWriter:
-    """``TopicWriter`` with the partition named per message (TopicWriter lets librdkafka
-    choose): the same idempotent producer and settings as `kafka_producer`'s."""
+class PartitionWriter(TopicWriter):
+    """``TopicWriter`` with the partition named per message: the same idempotent producer
+    and settings as `kafka_producer`'s."""
 
     def __init__(self, settings: Any, topic: str) -> None:
-        from velocity.kafka.topics import producer
-
-        self._settings = settings
-        self.topic = topic
-        self._producer = producer(settings, **{"batch.num.messages": 10000})
-        self._failures: list[str] = []
+        super().__init__(settings, topic, **{"batch.num.messages": 10000})
 
     def partitions(self) -> int:
         metadata = self._producer.list_topics(self.topic, timeout=30).topics[self.topic]
         if metadata.error is not None:
             raise RuntimeError(f"Kafka topic {self.topic}: {metadata.error}")
         return len(metadata.partitions)
-
-    def send(self, value: str, key: str, partition: int) -> None:
-        while True:
-            try:
-                self._producer.produce(
-                    self.topic, value=value, key=key, partition=partition,
-                    on_delivery=self._delivered,
-                )  # fmt: skip
-                return
-            except BufferError:  # the local queue is full: let deliveries drain it
-                self._producer.poll(0.1)
-
-    def flush(self) -> None:
-        waited = self._settings.kafka_delivery_timeout_seconds + 5
-        left = self._producer.flush(waited)
-        if left:
-            self._failures.append(f"{left} messages still unacknowledged after {waited:g}s")
-        if self._failures:
-            failures, self._failures = self._failures, []
-            raise RuntimeError(f"producing to {self.topic} failed: {'; '.join(failures[:3])}")
-
-    def _delivered(self, error: Any, message: Any) -> None:
-        if error is not None:
-            self._failures.append(f"{message.key()!r}: {error}")
 
 
 def lookup_latency(client: Any, lookups: int) -> str:

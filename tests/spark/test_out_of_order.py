@@ -21,6 +21,7 @@ from tests.builders import (
     two_groups_one_chunk_apart,
 )
 from tests.spark.streaming import run_available_now
+from tests.spark.test_backfill import in_effect as records_in_effect
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
@@ -73,19 +74,11 @@ def complete_data(spark, settings: Settings, events: Path, work: Path) -> Decisi
 
 
 def in_effect(spark, settings: Settings) -> Decisions:
-    """Per decision whose ALERT + CORRECTION − RETRACTION is 1, the (value, windowStart) of
-    its latest record by decisionTime; asserts every net count is 0 or 1."""
-    records: dict[tuple[int, str], list[dict]] = {}
-    for row in tables.read_table(spark, LiveTables.of(settings).alerts).collect():
-        records.setdefault((row["ruleId"], row["transactionId"]), []).append(row.asDict())
-    out = {}
-    for decision, rows in records.items():
-        net = sum(-1 if r["kind"] == "RETRACTION" else 1 for r in rows)
-        assert net in (0, 1), (decision, rows)
-        if net:
-            latest = max(rows, key=lambda r: r["decisionTime"])
-            out[decision] = (latest["aggregateValue"], latest["windowStart"])
-    return out
+    """(value, windowStart) of each decision in effect (``test_backfill.in_effect``)."""
+    return {
+        decision: (record["aggregateValue"], record["windowStart"])
+        for decision, record in records_in_effect(spark, settings).items()
+    }
 
 
 def recorded_reasons(spark, settings: Settings) -> dict[str, int]:
@@ -187,7 +180,7 @@ def test_a_kafka_partition_paused_for_a_few_batches_is_made_whole_by_backfill_la
     others for a few micro-batches (a paused partition, then its catch-up): end to end on
     a real broker, `backfill --late` leaves the alerts in effect equal to the backtest."""
     from tests.spark.test_kafka import on_topics, run_kafka_available_now
-    from velocity.kafka.topics import payer_key, producer
+    from velocity.kafka.topics import TopicWriter, payer_key
 
     settings_ = on_topics(
         data_settings.model_copy(update={"allowed_lateness_seconds": DAY_S}),
@@ -197,12 +190,12 @@ def test_a_kafka_partition_paused_for_a_few_batches_is_made_whole_by_backfill_la
     )
     lines = in_order_lines(tmp_path / "generated", 1000, 25, seed=4)
     parts = payer_partitions(lines, 4)
-    sink = producer(settings_)
+    sink = TopicWriter(settings_, settings_.kafka_events_topic)
 
     def produce(partition: int, part: list[str]) -> None:
         for line in part:
-            sink.produce(settings_.kafka_events_topic, line, payer_key(line), partition)
-        assert sink.flush(30) == 0
+            sink.send(line, payer_key(line), partition)
+        sink.flush()
 
     job = StreamJob(spark, settings_)
     job.rule_store.apply(parse_rules(json.dumps(RULES)))

@@ -98,12 +98,14 @@ class TopicWriter:
         self._failures: list[str] = []
         self.sent = 0
 
-    def send(self, value: str, key: str | None) -> None:
-        """Queue one message (waiting only while the local queue is full)."""
+    def send(self, value: str, key: str | None, partition: int | None = None) -> None:
+        """Queue one message (waiting only while the local queue is full); into
+        ``partition`` when given, else where librdkafka's partitioner puts its key."""
+        where = {} if partition is None else {"partition": partition}
         while True:
             try:
                 self._producer.produce(
-                    self.topic, value=value, key=key, on_delivery=self._delivered
+                    self.topic, value=value, key=key, on_delivery=self._delivered, **where
                 )
                 break
             except BufferError:  # the local queue is full: let deliveries drain it

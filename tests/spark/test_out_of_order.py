@@ -131,7 +131,7 @@ def test_a_source_one_chunk_behind_for_half_the_payers_is_made_whole_by_backfill
 
 @pytest.mark.timeout(900)
 @settings(
-    max_examples=3,
+    max_examples=2,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -174,11 +174,13 @@ def stream_sample_rules(spark, settings: Settings, events: Path) -> StreamJob:
 Complete = dict[tuple[int, str], tuple[str, int]]
 
 
-def complete_data(spark, settings: Settings, events: Path, tmp_path: Path) -> Complete:
-    """The backtest of the sample rules over ``events``: the complete-data (value,
-    windowStart) per (rule, transaction)."""
-    sample = parse_rules(sample_rules_path().read_text())
-    rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
+def complete_data(
+    spark, settings: Settings, events: Path, tmp_path: Path, rules_text: str | None = None
+) -> Complete:
+    """The backtest of the sample rules (or the rules of ``rules_text``) over ``events``:
+    the complete-data (value, windowStart) per (rule, transaction)."""
+    entries = parse_rules(rules_text or sample_rules_path().read_text())
+    rules = [r.with_version(1) for r in entries if isinstance(r, Rule)]
     out = tmp_path / "bt.jsonl"
     run_backtest(spark, settings.model_copy(update={"data_dir": tmp_path / "bt"}), rules,
                  str(events), out)  # fmt: skip

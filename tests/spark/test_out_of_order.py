@@ -21,14 +21,14 @@ from tests.builders import (
     two_groups_one_chunk_apart,
 )
 from tests.spark.streaming import run_available_now
+from tests.spark.test_backfill import complete_data as backtest_of
 from tests.spark.test_backfill import in_effect as records_in_effect
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import Rule, parse_rules
+from velocity.rules import parse_rules
 from velocity.settings import Settings
 from velocity.spark.backfill import Backfill
-from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
 
 pytestmark = pytest.mark.spark
@@ -57,20 +57,9 @@ def in_order_lines(folder: Path, events: int, payers: int, seed: int) -> list[st
     return [line for p in sorted(folder.glob("*.jsonl")) for line in p.read_text().splitlines()]
 
 
-def deciding_rules() -> list[Rule]:
-    return [r for r in parse_rules(json.dumps(RULES)) if isinstance(r, Rule)]
-
-
 def complete_data(spark, settings: Settings, events: Path, work: Path) -> Decisions:
-    """The backtest of ``RULES`` over ``events``: (value, windowStart) per decision."""
-    out = work / "bt.jsonl"
-    rules = [r.with_version(1) for r in deciding_rules()]
-    bt_settings = settings.model_copy(update={"data_dir": work / "bt"})
-    run_backtest(spark, bt_settings, rules, str(events), out)
-    return {
-        (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"])
-        for a in map(json.loads, out.read_text().splitlines())
-    }
+    """The backtest of ``RULES`` over ``events`` (``test_backfill.complete_data``)."""
+    return backtest_of(spark, settings, events, work, json.dumps(RULES))
 
 
 def in_effect(spark, settings: Settings) -> Decisions:

@@ -99,12 +99,22 @@ ALERT_FIELDS: tuple[str, ...] = (
 
 def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
     """The SPEC §4 record of a stored alert row (its key may be a map or key/value pairs);
-    a shadow rule's says so (``"shadow": true``), a rule in force's has no such field."""
+    a shadow rule's says so (``"shadow": true``), a rule in force's has no such field; a
+    suppressed one says so and names its suppressor (``"suppressedBy"``: the notified
+    alert's transactionId)."""
     record = {name: row[name] for name in ALERT_FIELDS}
     record["key"] = dict(row["key"])
     if row.get("shadow"):
         record["shadow"] = True
+    if row.get("suppressed"):
+        record["suppressed"] = True
+        record["suppressedBy"] = row.get("suppressedBy")
     return record
+
+
+def is_suppressed(record: Mapping[str, Any]) -> bool:
+    """An alert its rule's cooldown suppressed: recorded, never published (SPEC §3)."""
+    return bool(record.get("suppressed"))
 
 
 def is_shadow(record: Mapping[str, Any]) -> bool:

@@ -164,10 +164,15 @@ class Rule:
     window_minutes: int
     filter: Filter = ()
     version: int = 0
+    cooldown_minutes: int = 0  # SPEC §3 cooldown: 0 notifies every alert
 
     @property
     def window_ms(self) -> int:
         return self.window_minutes * 60_000
+
+    @property
+    def cooldown_ms(self) -> int:
+        return self.cooldown_minutes * 60_000
 
     @property
     def signature(self) -> RuleSignature:
@@ -202,6 +207,8 @@ class Rule:
                 name: values[0] if len(values) == 1 else list(values)
                 for name, values in self.filter
             }
+        if self.cooldown_minutes:
+            out["cooldownMinutes"] = self.cooldown_minutes
         return out
 
 
@@ -216,6 +223,8 @@ def rule_summary(rule: Rule) -> str:
     if rule.filter:
         kept = "; ".join(f"{name} in {', '.join(values)}" for name, values in rule.filter)
         text += f" where {kept}"
+    if rule.cooldown_minutes:
+        text += f", cooldown {rule.cooldown_minutes} min"
     return text
 
 
@@ -252,6 +261,7 @@ _ALL_RULE_FIELDS = frozenset(
         "limit",
         "windowMinutes",
         "filter",
+        "cooldownMinutes",
         "controlType",
     }
 )
@@ -355,6 +365,18 @@ def _window_minutes(checker: _Checker, raw: object) -> int | None:
     return raw
 
 
+def _cooldown_minutes(checker: _Checker, raw: object) -> int:
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        checker.bad("cooldownMinutes", f"must be an integer number of minutes, got {raw!r}")
+        return 0
+    if not 0 <= raw <= MAX_WINDOW_MINUTES:
+        checker.bad("cooldownMinutes", f"{raw} is outside 0 .. {MAX_WINDOW_MINUTES} (366 days)")
+        return 0
+    return raw
+
+
 def parse_rule(
     obj: object, index: int | None = None
 ) -> tuple[RuleEntry | None, list[FieldProblem]]:
@@ -432,6 +454,7 @@ def parse_rule(
     limit = _limit(checker, obj.get("limit"))
     window = _window_minutes(checker, obj.get("windowMinutes"))
     rule_filter = _filter(checker, obj.get("filter"))
+    cooldown = _cooldown_minutes(checker, obj.get("cooldownMinutes"))
     if checker.problems:
         return None, checker.problems
     # Every None above added a problem, so none is left here.
@@ -446,6 +469,7 @@ def parse_rule(
             limit=limit,  # type: ignore[arg-type]
             window_minutes=window,  # type: ignore[arg-type]
             filter=rule_filter,
+            cooldown_minutes=cooldown,
         ),
         [],
     )

@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import redis
 from pyspark.sql import functions as F
 
 from tests.builders import generated_in_arrival_order
@@ -56,7 +57,12 @@ def first_arrivals(files: list[Path]) -> list[Event]:
 def alert_pairs(spark, path: Path) -> dict[tuple[int, str], tuple[str, int, str]]:
     rows = tables.read_table(spark, path).collect()
     pairs = {
-        (r["ruleId"], r["transactionId"]): (r["aggregateValue"], r["windowStart"], r["alertId"])
+        (r["ruleId"], r["transactionId"]): (
+            r["aggregateValue"],
+            r["windowStart"],
+            r["alertId"],
+            r["suppressedBy"],
+        )
         for r in rows
     }
     assert len(pairs) == len(rows), "one alert per (rule, event)"
@@ -68,7 +74,12 @@ def backtest_pairs(spark, settings: Settings, rules: list[Rule], events: Path, o
     run_backtest(spark, backtest_settings, rules, str(events), out)
     alerts = [json.loads(line) for line in out.read_text().splitlines()]
     return {
-        (a["ruleId"], a["transactionId"]): (a["aggregateValue"], a["windowStart"], a["alertId"])
+        (a["ruleId"], a["transactionId"]): (
+            a["aggregateValue"],
+            a["windowStart"],
+            a["alertId"],
+            a.get("suppressedBy"),
+        )
         for a in alerts
     }
 
@@ -102,6 +113,17 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
     live = LiveTables.of(data_settings)
     streamed = alert_pairs(spark, live.alerts)
     assert streamed and streamed == sample_backtest
+    # The sample rules' cooldowns (rules 4, 5 and 7) suppressed some alerts, the same in
+    # both; only the notified ones were published.
+    suppressed = {pair for pair, (*_, by) in streamed.items() if by is not None}
+    assert suppressed and {rule for rule, _ in suppressed} <= {4, 5, 7}
+    client = redis.Redis.from_url(data_settings.redis_url, decode_responses=True)
+    published = {
+        (record["ruleId"], record["transactionId"])
+        for _, fields in client.xrange(data_settings.alert_stream)
+        for record in [json.loads(fields["alert"])]
+    }
+    assert published == set(streamed) - suppressed
 
     counts = {
         name: tables.read_table(spark, getattr(live, name)).count()

@@ -16,7 +16,12 @@ pytestmark = pytest.mark.timeout(120)
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 pairs = st.lists(st.tuples(st.integers(0, 10**13), texts), max_size=4)
 starts = st.lists(st.integers(0, 10**13), max_size=4)
-changes = st.builds(KeyChange, texts, st.booleans(), pairs, pairs, starts, starts, pairs)
+notified = st.lists(
+    st.tuples(st.integers(1, 99).map(lambda r: f"n:{r}:1"), texts), max_size=3
+)
+changes = st.builds(
+    KeyChange, texts, st.booleans(), pairs, pairs, starts, starts, pairs, notified
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -30,6 +35,7 @@ def test_a_keys_run_parses_back_to_its_change(change: KeyChange) -> None:
         list(change.drops),
         list(change.removed),
         list(change.appended),
+        list(change.notified),
     )
 
 

@@ -218,6 +218,10 @@ ALERT_SCHEMA = StructType(
         StructField("signature_id", StringType(), False),
         # A shadow rule's alert (SPEC §2 SHADOW); null in a table of an older Velocity.
         StructField("shadow", BooleanType(), True),
+        # SPEC §3 cooldown: true for an alert recorded but not published, with the
+        # transactionId of the notified alert that suppressed it; null in older tables.
+        StructField("suppressed", BooleanType(), True),
+        StructField("suppressedBy", StringType(), True),
     ]
 )
 

@@ -25,13 +25,19 @@ def alert_rows(
     rules: Sequence[Rule],
     decision_time: int,
     schema: pa.Schema,
+    suppressed_by: pa.Array | None = None,
 ) -> pa.Table:
     """ALERT rows (``schema``: the alerts table's columns) of ``decisions`` over
-    ``events`` (the kernel's input, ``velocity.engine.kernel.KEYED_COLUMNS``)."""
+    ``events`` (the kernel's input, ``velocity.engine.kernel.KEYED_COLUMNS``);
+    ``suppressed_by``: per decision, the notified alert's transactionId that suppressed
+    it, null when notified (``velocity.engine.cooldown.notify``; None: all notified)."""
+    if suppressed_by is None:
+        suppressed_by = pa.nulls(len(decisions), pa.string())
     parts = []
     for index in np.unique(decisions.rules).tolist():
         chosen = np.flatnonzero(decisions.rules == index)
-        parts.append(_rule_rows(decisions, chosen, events, rules[index], decision_time, schema))
+        by = suppressed_by.take(pa.array(chosen))
+        parts.append(_rule_rows(decisions, chosen, events, rules[index], decision_time, schema, by))
     if not parts:
         return schema.empty_table()
     return pa.concat_tables(parts)
@@ -44,6 +50,7 @@ def _rule_rows(
     rule: Rule,
     decision_time: int,
     schema: pa.Schema,
+    suppressed_by: pa.Array,
 ) -> pa.Table:
     n = len(chosen)
     rows = pa.array(decisions.rows[chosen])
@@ -73,6 +80,8 @@ def _rule_rows(
         "decisionTime": constant(decision_time, "decisionTime"),
         "signature_id": taken.column("signature_id").combine_chunks(),
         "shadow": constant(rule.state is RuleState.SHADOW, "shadow"),
+        "suppressed": suppressed_by.is_valid(),
+        "suppressedBy": suppressed_by,
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 

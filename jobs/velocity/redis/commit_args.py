@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.redis.keys import RAW_FIELD, one_chunk
+from velocity.redis.keys import NOTIFIED_FIELD, RAW_FIELD, one_chunk
 
 # One row per changed (signature, key): its hash's name without ``:buckets`` and its run.
 KEY_RUNS = pa.schema([pa.field("base", pa.string()), pa.field("args", pa.list_(pa.string()))])
@@ -30,7 +30,9 @@ class KeyChange:
     whether the hash is quiet (at most ``mirror.QUIET_MAX_BUCKETS`` buckets, so no
     roll-ups), the buckets set (start, value), the raw events of buckets new to the key
     (start, fragment: fields ``~<start>`` beside them), the buckets dropped, the raw
-    events no longer kept (starts), and the raw events appended to (start, fragment)."""
+    events no longer kept (starts), the raw events appended to (start, fragment), and
+    its rules' last notified alerts (field ``n:<rule>:<version>``, value: SPEC §3
+    cooldown state, written beside the raw events of new buckets)."""
 
     base: str
     quiet: bool
@@ -39,13 +41,17 @@ class KeyChange:
     drops: Sequence[int] = ()
     removed: Sequence[int] = ()
     appended: Sequence[tuple[int, str]] = ()
+    notified: Sequence[tuple[str, str]] = ()
 
     def args(self) -> list[str]:
-        """The run: ``base quiet n_sets n_started (start value)… (~start fragment)…
-        n_drops start… n_removed start… n_appended (start fragment)…``."""
-        out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(len(self.started))]
+        """The run: ``base quiet n_sets n_fields (start value)… (~start fragment)…
+        (n:rule:version last)… n_drops start… n_removed start… n_appended (start
+        fragment)…``."""
+        fields = len(self.started) + len(self.notified)
+        out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(fields)]
         out.extend(text for start, value in self.sets for text in (str(start), value))
         out.extend(t for start, frag in self.started for t in (f"{RAW_FIELD}{start}", frag))
+        out.extend(t for pair in self.notified for t in pair)
         for starts in (self.drops, self.removed):
             out.append(str(len(starts)))
             out.extend(map(str, starts))
@@ -75,14 +81,16 @@ class KeyChange:
         if at != len(args):
             raise ValueError(f"a key's run has {len(args) - at} arguments too many")
         drops, removed, appended = lists
+        beside = _text_pairs(started)
         return cls(
             base,
             quiet == "1",
             _pairs(sets),
-            [(int(s.removeprefix(RAW_FIELD)), f) for s, f in _text_pairs(started)],
+            [(int(s.removeprefix(RAW_FIELD)), f) for s, f in beside if s.startswith(RAW_FIELD)],
             [int(s) for s in drops],
             [int(s) for s in removed],
             _pairs(appended),
+            [(s, f) for s, f in beside if s.startswith(NOTIFIED_FIELD)],
         )
 
 

@@ -10,16 +10,24 @@ buckets that need them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from velocity.buckets import bucket_from_columns
 from velocity.engine.bucketing import BUCKET_ROWS
+from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.engine.key_partition import STORED_SCHEMA
 from velocity.engine.micro_batch import SLOT
-from velocity.redis.keys import RAW_FIELD, bucket_value_columns, one_chunk, parse_recent
+from velocity.redis.keys import (
+    NOTIFIED_FIELD,
+    RAW_FIELD,
+    bucket_value_columns,
+    one_chunk,
+    parse_notified_fields,
+    parse_recent,
+)
 from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
 from velocity.windows import KeyedEvent
 
@@ -30,11 +38,13 @@ RAW_TEXTS = pa.schema([*(BUCKET_ROWS.field(name) for name in SLOT), pa.field("te
 @dataclass(frozen=True)
 class HotState:
     """A key-partition's keys' hot state as Redis holds it, as columns: every stored
-    bucket (``STORED_SCHEMA``) and the raw-events texts kept beside them (``RAW_TEXTS``,
-    not yet trusted: parsed only for the own buckets that need them)."""
+    bucket (``STORED_SCHEMA``), the raw-events texts kept beside them (``RAW_TEXTS``,
+    not yet trusted: parsed only for the own buckets that need them), and each rule
+    version's last notified alert of the key (``LAST_NOTIFIED``: the cooldown's state)."""
 
     buckets: pa.Table
     raw: pa.Table
+    notified: pa.Table = field(default_factory=LAST_NOTIFIED.empty_table)
 
     def recent_events(
         self, slots: Sequence[BucketSlot], texts: Mapping[BucketSlot, str] | None = None
@@ -82,6 +92,7 @@ def hot_state(fields: pa.Table, hashes: pa.Table) -> HotState:
     owner = pc.index_in(fields.column("hash"), value_set=one_chunk(hashes.column("hash")))
     field = fields.column("field")
     is_raw = pc.starts_with(field, RAW_FIELD)
+    is_notified = pc.starts_with(field, NOTIFIED_FIELD)
 
     def slots(rows: pa.Array, starts: pa.Array | pa.ChunkedArray) -> dict[str, pa.Array]:
         which = owner.filter(rows)
@@ -91,7 +102,7 @@ def hot_state(fields: pa.Table, hashes: pa.Table) -> HotState:
             "bucket_start": pc.cast(starts, pa.int64()),
         }
 
-    is_bucket = pc.invert(is_raw)
+    is_bucket = pc.invert(pc.or_(is_raw, is_notified))
     values = bucket_value_columns(fields.column("value").filter(is_bucket), STORED_SCHEMA)
     buckets = pa.table(
         {
@@ -105,4 +116,15 @@ def hot_state(fields: pa.Table, hashes: pa.Table) -> HotState:
             "text": fields.column("value").filter(is_raw),
         }
     )
-    return HotState(buckets.cast(STORED_SCHEMA), raw.cast(RAW_TEXTS))
+    last = parse_notified_fields(
+        field.filter(is_notified), fields.column("value").filter(is_notified)
+    )
+    owners = slots(is_notified, pa.nulls(last.num_rows, pa.int64()))
+    notified = pa.table(
+        {
+            "signature_id": owners["signature_id"],
+            "key": owners["key"],
+            **{n: last.column(n) for n in last.column_names},
+        }
+    )
+    return HotState(buckets.cast(STORED_SCHEMA), raw.cast(RAW_TEXTS), notified.cast(LAST_NOTIFIED))

@@ -51,6 +51,9 @@ from velocity.windows import KeyedEvent
 
 # A field of a bucket hash holding a bucket's raw events while one batch has added to them.
 RAW_FIELD = "~"
+# A field of a bucket hash holding a rule version's last notified alert of the key (SPEC §3
+# cooldown): ``n:<ruleId>:<version>`` = ``[<eventTime>,<transactionId as JSON>]``.
+NOTIFIED_FIELD = "n:"
 
 
 def data_dir_tag(data_dir: str) -> str:
@@ -267,6 +270,46 @@ def recent_fragment_texts(rows: pa.Table) -> pa.Array:
         event = KeyedEvent(one["eventTime"], one["transactionId"], one["value"], one["number"])
         out[row] = recent_fragment([event])
     return pa.array(out, pa.string())
+
+
+def notified_field_texts(last: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """The hash fields (names, values) of last notified alerts (``ruleId``,
+    ``ruleVersion``, ``eventTime``, ``transactionId`` columns)."""
+    if last.num_rows == 0:
+        return pa.array([], pa.string()), pa.array([], pa.string())
+    names = pc.binary_join_element_wise(
+        NOTIFIED_FIELD,
+        pc.cast(last.column("ruleId"), pa.string()),
+        ":",
+        pc.cast(last.column("ruleVersion"), pa.string()),
+        "",
+    )
+    values = pc.binary_join_element_wise(
+        "[",
+        pc.cast(last.column("eventTime"), pa.string()),
+        ",",
+        json_string_texts(last.column("transactionId")),
+        "]",
+        "",
+    )
+    return one_chunk(names), one_chunk(values)
+
+
+def parse_notified_fields(
+    names: pa.Array | pa.ChunkedArray, values: pa.Array | pa.ChunkedArray
+) -> pa.Table:
+    """``notified_field_texts``' fields back as columns ``ruleId``, ``ruleVersion``,
+    ``eventTime``, ``transactionId``."""
+    parts = [name[len(NOTIFIED_FIELD) :].split(":") for name in names.to_pylist()]
+    decoded = [json.loads(value) for value in values.to_pylist()]
+    return pa.table(
+        {
+            "ruleId": pa.array([int(rule) for rule, _ in parts], pa.int64()),
+            "ruleVersion": pa.array([int(version) for _, version in parts], pa.int64()),
+            "eventTime": pa.array([int(t) for t, _ in decoded], pa.int64()),
+            "transactionId": pa.array([tx for _, tx in decoded], pa.string()),
+        }
+    )
 
 
 def one_chunk(texts: pa.Array | pa.ChunkedArray) -> pa.Array:

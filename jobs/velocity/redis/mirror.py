@@ -18,6 +18,7 @@ from redis.cluster import RedisCluster
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import json_string
+from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.errors import UnknownRuleError
 from velocity.redis import cluster
 from velocity.redis.commit_args import (
@@ -34,6 +35,7 @@ from velocity.redis.keys import (
     bucket_value,
     hash_field_rows,
     json_string_texts,
+    notified_field_texts,
     one_chunk,
     parse_bucket_value,
     recent_fragment,
@@ -60,6 +62,14 @@ def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:
     window plus the allowed lateness plus one bucket."""
     widest = max((r.window_ms for r in rules), default=0)
     return (widest + settings.allowed_lateness_ms + settings.bucket_width_ms) // 1000 + 1
+
+
+def key_ttl_seconds(rules: Sequence[Rule], settings: Settings) -> int:
+    """How long a (signature, key) hash lives after its last write: its buckets' horizon,
+    or longer when a rule's cooldown is (its last notified alert lives in the hash)."""
+    longest = max((r.cooldown_ms for r in rules), default=0)
+    cooldown = (longest + settings.allowed_lateness_ms + settings.bucket_width_ms) // 1000 + 1
+    return max(horizon_seconds(rules, settings), cooldown)
 
 
 def write_bucket_rows(
@@ -108,6 +118,36 @@ def bucket_rows_writer(
             client.close()
 
     return write
+
+
+def write_last_notified(
+    client: redis.Redis, keys: RedisKeys, rows: Iterable[Mapping[str, Any]], ttl_seconds: int
+) -> int:
+    """Each rule version's last notified alert of a key (``LAST_NOTIFIED`` rows) into
+    the key's hash, as the stream's commit writes it (the cooldown's state); returns the
+    rows written."""
+    done = 0
+    pipe = client.pipeline(transaction=False)
+    pending: list[Mapping[str, Any]] = []
+
+    def send() -> None:
+        last = pa.Table.from_pylist(pending, schema=LAST_NOTIFIED)
+        names, values = notified_field_texts(last)
+        owners = zip(*(last.column(n).to_pylist() for n in ("signature_id", "key")), strict=True)
+        hashes = [keys.bucket_hash(signature_id, key) for signature_id, key in owners]
+        for name, f, value in zip(hashes, names.to_pylist(), values.to_pylist(), strict=True):
+            pipe.hset(name, f, value)
+            pipe.pexpire(name, ttl_seconds * 1000)
+        pipe.execute()
+        pending.clear()
+
+    for row in rows:
+        pending.append(row)
+        done += 1
+        if done % _PIPELINE_CHUNK == 0:
+            send()
+    send()
+    return done
 
 
 def remove_buckets(

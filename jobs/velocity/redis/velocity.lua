@@ -205,6 +205,12 @@ local function is_raw(field)
   return string.byte(field, 1) == 126
 end
 
+-- A rule version's last notified alert of the key (field "n:<ruleId>:<version>", value
+-- [eventTime, "transactionId"]): the cooldown's state (SPEC §3), kept with the buckets.
+local function is_notified(field)
+  return string.sub(field, 1, 2) == "n:"
+end
+
 -- Roll-ups. A dense hash (ROLLUP_MIN_BUCKETS buckets or more) also holds, for each size n
 -- (in buckets) of ROLLUP_SIZES, the merge of the buckets of every aligned n·g block that
 -- has any, as field "r<n>:<block start>", and field "rollups" = "<g ms>:<n>,<n>,...". Each
@@ -278,7 +284,9 @@ local function after_bucket_writes(hash, starts, width)
     refresh_blocks(hash, layout_width, sizes, starts)
     if redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS then -- sparse again: read whole
       for _, field in ipairs(redis.call("HKEYS", hash)) do
-        if not is_bucket(field) and not is_raw(field) then redis.call("HDEL", hash, field) end
+        if not is_bucket(field) and not is_raw(field) and not is_notified(field) then
+          redis.call("HDEL", hash, field)
+        end
       end
     end
   elseif width and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
@@ -501,7 +509,8 @@ local function velocity_renew(keys, args)
   return 0
 end
 
--- Every bucket and raw-events field of the named hashes (roll-ups left out), as lines
+-- Every bucket, raw-events and last-notified field of the named hashes (roll-ups left
+-- out), as lines
 -- "<hash>\t<field>\t<value>\n", which the caller reads column by column (no value holds a
 -- tab or a newline: bucket values and raw events are JSON, control characters escaped).
 local function read_hashes(names)
@@ -509,7 +518,7 @@ local function read_hashes(names)
   for _, name in ipairs(names) do
     local fields = redis.call("HGETALL", name)
     for i = 1, #fields, 2 do
-      if is_bucket(fields[i]) or is_raw(fields[i]) then
+      if is_bucket(fields[i]) or is_raw(fields[i]) or is_notified(fields[i]) then
         local n = #parts
         parts[n + 1], parts[n + 2], parts[n + 3] = name, "\t", fields[i]
         parts[n + 4], parts[n + 5], parts[n + 6] = "\t", fields[i + 1], "\n"
@@ -601,19 +610,20 @@ end
 
 -- A micro-batch's bucket changes: `count` runs of plain arguments from args[first] on,
 -- one per changed (signature, key) (velocity/redis/commit_args.py's KeyChange):
---   base quiet n_sets n_started (start value)... (~start fragment)...
+--   base quiet n_sets n_fields (start value)... (field value)...
 --   n_drops start... n_removed start... n_appended (start fragment)...
--- its buckets' absolute values and the raw events of buckets new to it, its hash's TTL
+-- its buckets' absolute values and the fields beside them (the raw events of buckets new
+-- to it, "~<start>", and its rules' last notified alerts, "n:<rule>:<version>"), its hash's TTL
 -- and roll-ups, its dropped buckets, and the raw events of its newest buckets. Nothing
 -- to decode: the arguments are used where they lie. Returns the index after the runs.
 local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
   local i = first
   for _ = 1, count do
     local base, quiet = args[i], args[i + 1]
-    local n_sets, n_started = tonumber(args[i + 2]), tonumber(args[i + 3])
+    local n_sets, n_fields = tonumber(args[i + 2]), tonumber(args[i + 3])
     local hash, sets_at = base .. ":buckets", i + 4
-    i = sets_at + 2 * (n_sets + n_started)
-    -- The buckets, and the raw events of buckets new to the key beside them, in one HSET.
+    i = sets_at + 2 * (n_sets + n_fields)
+    -- The buckets and the fields beside them in one HSET.
     if i > sets_at then
       in_slices("HSET", hash, args, sets_at, i - 1)
       redis.call("PEXPIRE", hash, ttl_ms)

@@ -94,7 +94,12 @@ def write_alerts_jsonl(
     partitions = max(1, -(-count // alerts_per_part))
     # A shadow rule's alert says so; others have no such field (null fields are left out).
     shadow = F.when(F.col("shadow"), F.lit(True)).alias("shadow")
-    line = F.to_json(F.struct(*[F.col(name) for name in ALERT_FIELDS], shadow))
+    # So does a suppressed one (SPEC §3 cooldown), with its suppressor.
+    suppressed = F.when(F.col("suppressed"), F.lit(True)).alias("suppressed")
+    suppressed_by = F.when(F.col("suppressed"), F.col("suppressedBy")).alias("suppressedBy")
+    line = F.to_json(
+        F.struct(*[F.col(name) for name in ALERT_FIELDS], shadow, suppressed, suppressed_by)
+    )
     ordered = (
         alerts.repartitionByRange(partitions, *order)
         .sortWithinPartitions(*order)

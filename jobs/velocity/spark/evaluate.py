@@ -26,6 +26,7 @@ from velocity.delta.tables import (
     SUM_TYPE,
 )
 from velocity.engine.bucketing import bucket_rows
+from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_rows
@@ -208,10 +209,11 @@ def _alert_batches(
     chunk_rows: int = KERNEL_CHUNK_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """The alerts of one partition's keyed rows (sorted by signature, key): the columnar
-    kernel over chunks that each hold whole keys."""
+    kernel over chunks that each hold whole keys, and so each key's whole cooldown."""
     for chunk in _whole_keys(batches, chunk_rows):
         decisions = decide_history(chunk, rules, width_ms)
-        yield from alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW).to_batches()
+        by = notify(decisions, chunk, rules).suppressed_by
+        yield from alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW, by).to_batches()
 
 
 def _whole_keys(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[pa.Table]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import reduce
 from typing import Any, cast
 
 import redis
@@ -17,10 +18,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from redis.cluster import RedisCluster
 
+from velocity.alerts import AlertKind
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, deciding_rules
+from velocity.rules import Rule, deciding_rules, key_text
 
 
 class RedisState:
@@ -73,6 +75,7 @@ class RedisState:
         buckets = self.state.buckets_in_horizon(rules)
         written = buckets.count()
         self.write_buckets(buckets, rules)
+        self._write_last_notified(rules)
         self._write_accepted()
         newest = self.state.newest_event_time()
         self.redis.hset(
@@ -85,6 +88,59 @@ class RedisState:
         )
         self.redis.set(keys.mirror_marker, str(self.settings.data_dir))
         return written
+
+    def _write_last_notified(self, rules: list[Rule]) -> None:
+        """Each cooled rule version's last notified alert per key (SPEC §3 cooldown), from
+        the alerts table: the newest ALERT by (eventTime, transactionId) that was not
+        suppressed (a backfill's retraction does not take a notification back)."""
+        cooled = [r for r in rules if r.cooldown_minutes]
+        if not cooled:
+            return
+        alerts = self.state.read("alerts").where(
+            (F.col("kind") == AlertKind.ALERT.value)
+            & ~F.coalesce(F.col("suppressed"), F.lit(False))
+        )
+        parts = [
+            alerts.where(
+                (F.col("ruleId") == r.rule_id) & (F.col("ruleVersion") == r.version)
+            ).select(
+                "ruleId",
+                "ruleVersion",
+                "signature_id",
+                F.array(*[F.col("key")[name] for name in r.signature.grouping_keys]).alias(
+                    "values"
+                ),
+                F.struct("eventTime", "transactionId").alias("alert"),
+            )
+            for r in cooled
+        ]
+        newest = (
+            reduce(DataFrame.unionAll, parts)
+            .groupBy("ruleId", "ruleVersion", "signature_id", "values")
+            .agg(F.max("alert").alias("alert"))
+        )
+        settings = self.settings
+        ttl = mirror.key_ttl_seconds(rules, settings)
+
+        def write(rows: Iterator[Any]) -> None:
+            client = connection.connect(settings)
+            try:
+                last = (
+                    {
+                        "signature_id": row["signature_id"],
+                        "key": key_text(row["values"]),
+                        "ruleId": row["ruleId"],
+                        "ruleVersion": row["ruleVersion"],
+                        "eventTime": row["alert"]["eventTime"],
+                        "transactionId": row["alert"]["transactionId"],
+                    }
+                    for row in rows
+                )
+                mirror.write_last_notified(client, settings.redis_keys, last, ttl)
+            finally:
+                client.close()
+
+        newest.foreachPartition(write)
 
     def _write_accepted(self) -> None:
         """Remember the accepted transactionIds of the de-duplication horizon as the stream's
@@ -116,7 +172,7 @@ class RedisState:
         self, buckets: DataFrame, rules: list[Rule], evict_before: int | None = None
     ) -> None:
         """Write g-wide bucket rows' absolute values (each Spark task writes its own)."""
-        ttl = mirror.horizon_seconds(rules, self.settings)
+        ttl = mirror.key_ttl_seconds(rules, self.settings)
         buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl, evict_before))
 
     def reconcile(self) -> mirror.Drift:

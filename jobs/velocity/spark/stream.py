@@ -249,7 +249,7 @@ class StreamJob:
         if read.newest_event_time is not None and rules:
             horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
             cutoff = read.newest_event_time - horizon_ms
-        bucket_ttl_ms = mirror.horizon_seconds(rules, settings) * 1000
+        bucket_ttl_ms = mirror.key_ttl_seconds(rules, settings) * 1000
         decided = self._decide(
             accepted_rows,
             signatures,

@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 from velocity.alerts import record_of_stored
 from velocity.decimals import dumps_json
 from velocity.engine.bucketing import BUCKET_ROWS
+from velocity.engine.cooldown import LAST_NOTIFIED, notify
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.key_partition import (
     OUT_OF_ORDER,
@@ -52,6 +53,7 @@ from velocity.redis.keys import (
     RAW_FIELD,
     RedisKeys,
     bucket_value_texts,
+    notified_field_texts,
     one_chunk,
     recent_fragment_texts,
 )
@@ -193,8 +195,10 @@ def decide_batch(
     order = pc.sort_indices(out.alerts, sort_keys=[(n, "ascending") for n in _PUBLISHING_ORDER])
     ordered = pa.concat_arrays(texts).take(order)
     shadow = pc.fill_null(out.alerts.column("shadow").take(order), False).combine_chunks()
-    out.published = ordered.filter(pc.invert(shadow)).to_pylist()
-    out.shadow_published = ordered.filter(shadow).to_pylist()
+    # A suppressed alert (SPEC §3 cooldown) is recorded, never published.
+    notified = pc.invert(pc.fill_null(out.alerts.column("suppressed").take(order), False))
+    out.published = ordered.filter(pc.and_(notified, pc.invert(shadow))).to_pylist()
+    out.shadow_published = ordered.filter(pc.and_(notified, shadow)).to_pylist()
     return out
 
 
@@ -282,7 +286,15 @@ def _run_partition(
         decided = decide_key_partition(
             rows, hot.buckets, recent, history, plan.rules, width, plan.cutoff, needing_history
         )
-        alerts = alert_rows(decided.decisions, rows, plan.rules, plan.decision_time, _ALERT_ARROW)
+        notified = notify(decided.decisions, rows, plan.rules, hot.notified)
+        alerts = alert_rows(
+            decided.decisions,
+            rows,
+            plan.rules,
+            plan.decision_time,
+            _ALERT_ARROW,
+            notified.suppressed_by,
+        )
         published = [
             json.dumps(record_of_stored(r), separators=(",", ":")) for r in alerts.to_pylist()
         ]
@@ -303,7 +315,7 @@ def _run_partition(
             mirror.PARTITION_RECORD_TTL_MS,
             plan.bucket_ttl_ms,
             width,
-            bucket_changes(keys, decided),
+            bucket_changes(keys, decided, notified.last),
             outcome,
         )
         kept = mirror.commit_partition(client, settings, commit)
@@ -332,12 +344,17 @@ def unpacked(text: str) -> list[bytes]:
     return out
 
 
-def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChanges:
+def bucket_changes(
+    keys: RedisKeys, decided: KeyPartitionDecided, notified: pa.Table | None = None
+) -> BucketChanges:
     """A decided key-partition's Redis changes, column by column: a run of arguments per
     changed key (``commit_args.KeyChange``): every changed bucket's new value (with its
-    newest eventTime), the raw events of buckets new to the key, the dropped buckets, and
-    the raw events no longer kept or appended to (a fragment per bucket, its events in
-    arrival order)."""
+    newest eventTime), the raw events of buckets new to the key, the dropped buckets, the
+    raw events no longer kept or appended to (a fragment per bucket, its events in
+    arrival order), and the key's rules' newest ``notified`` alerts (``LAST_NOTIFIED``:
+    the cooldown's state, committed with the buckets)."""
+    if notified is None:
+        notified = LAST_NOTIFIED.empty_table()
     buckets, raw = decided.buckets, decided.raw_appended
     # One fragment per kept bucket, its events in arrival order (a stable sort keeps the
     # rows' order within each bucket).
@@ -356,16 +373,18 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChang
     started, appended = slots.filter(new), slots.filter(old)
     changed = decided.bucket_counts
     names = _key_names(changed)
-    kinds = [buckets, started, decided.dropped, decided.raw_removed, appended]
+    kinds = [buckets, started, decided.dropped, decided.raw_removed, appended, notified]
     owners = [_owners(rows, names) for rows in kinds]
     counts = [np.bincount(owner, minlength=changed.num_rows) for owner in owners]
     anything = np.sum(counts, axis=0) > 0
     renumbered = np.cumsum(anything) - 1
     owners = [renumbered[owner] for owner in owners]
+    counts[1] = counts[1] + counts.pop()  # the fields beside the buckets: raw and notified
     counts = [pc.cast(pa.array(count[anything]), pa.string()) for count in counts]
     changed = changed.filter(pa.array(anything))
-    set_of, started_of, drop_of, removed_of, appended_of = owners
-    n_sets, n_started, n_drops, n_removed, n_appended = counts
+    set_of, started_of, drop_of, removed_of, appended_of, notified_of = owners
+    n_sets, n_fields, n_drops, n_removed, n_appended = counts
+    notified_names, notified_values = notified_field_texts(notified)
     everyone = np.arange(changed.num_rows)
     quiet = pc.if_else(
         pc.less_equal(changed.column("bucket_count"), mirror.QUIET_MAX_BUCKETS), "1", "0"
@@ -377,13 +396,14 @@ def bucket_changes(keys: RedisKeys, decided: KeyPartitionDecided) -> BucketChang
             (everyone, base),
             (everyone, quiet),
             (everyone, n_sets),
-            (everyone, n_started),
+            (everyone, n_fields),
             _pairs(set_of, _starts(buckets), bucket_value_texts(buckets)),
             _pairs(
                 started_of,
                 pc.binary_join_element_wise(RAW_FIELD, _starts(started), ""),
                 fragments.filter(new),
             ),
+            _pairs(notified_of, notified_names, notified_values),
             (everyone, n_drops),
             (drop_of, _starts(decided.dropped)),
             (everyone, n_removed),

@@ -163,8 +163,12 @@ def cmd_rules_preview(args: argparse.Namespace) -> int:
         print(
             f"\nruleId {rule.rule.rule_id} v{rule.rule.version} (unsaved) {rule_summary(rule.rule)}"
         )
-        print(f"  {rule.alerts} alerts; {against}")
-        print("  per hour: " + ", ".join(f"{h.alerts}" for h in rule.per_hour) + " (oldest first)")
+        print(f"  {rule.alerts} alerts, {rule.notified} notified; {against}")
+        print(
+            "  per hour (alerts/notified): "
+            + ", ".join(f"{h.alerts}/{h.notified}" for h in rule.per_hour)
+            + " (oldest first)"
+        )
         diff = rule.diff
         print(
             f"  difference: {diff.added} added, {diff.removed} removed, "
@@ -659,6 +663,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"  {event['eventTime']}  {event['transactionId']}{value}")
     print(shown["arithmetic"])
     print(shown["verdict"])
+    if shown["notification"]:
+        print(shown["notification"])
     return EXIT_OK if explanation.agrees else EXIT_FAILURE
 
 

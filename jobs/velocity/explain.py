@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from velocity.alerts import AlertKind
+from velocity.alerts import AlertKind, alert_id
 from velocity.buckets import BucketAggregate, aggregate_of_events
 from velocity.rules import Aggregator, Rule, key_text
 from velocity.schema import Event
@@ -96,6 +96,25 @@ class Explanation:
             "(a backfill amends it), or the alert was retracted"
         )
 
+    @property
+    def notification(self) -> str | None:
+        """Whether the alert was notified or its rule's cooldown suppressed it, and by
+        which notified alert (SPEC §3); None for a rule without a cooldown."""
+        alert, rule = self.alert, self.rule
+        if alert.get("suppressed"):
+            by = alert.get("suppressedBy")
+            return (
+                f"suppressed by the rule's {rule.cooldown_minutes}-minute cooldown: the "
+                f"notified alert {suppressor_alert_id(alert)} (transaction {by}) of this "
+                "key came less than the cooldown before it; recorded, not published"
+            )
+        if rule.cooldown_minutes and alert["kind"] == AlertKind.ALERT.value:
+            return (
+                f"notified: the first of its key, or at least {rule.cooldown_minutes} "
+                "minutes after the key's last notified alert"
+            )
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "alert": dict(self.alert),
@@ -121,7 +140,17 @@ class Explanation:
             "recomputedValue": self.recomputed,
             "agrees": self.agrees,
             "verdict": self.verdict,
+            "notification": self.notification,
+            "suppressedByAlertId": suppressor_alert_id(self.alert),
         }
+
+
+def suppressor_alert_id(alert: Mapping[str, Any]) -> str | None:
+    """The alertId of the notified alert that suppressed ``alert`` (None: notified)."""
+    by = alert.get("suppressedBy")
+    if not alert.get("suppressed") or by is None:
+        return None
+    return alert_id(alert["ruleId"], alert["ruleVersion"], by, AlertKind.ALERT)
 
 
 def _text(value: Decimal | None) -> str | None:

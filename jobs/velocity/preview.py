@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from velocity.alerts import record_of_stored
 from velocity.buckets import bucket_start
 from velocity.decimals import dumps_json
+from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import canonical_texts, keyed_rows
 from velocity.engine.kernel import Decisions, decide_history
 from velocity.engine.records import alert_rows
@@ -143,6 +144,16 @@ class Fired:
         """The eventTime of each alert (made once: millions of alerts are no rarity)."""
         return self._times
 
+    @cached_property
+    def suppressed_by(self) -> pa.Array:
+        """Per alert, the notified alert that the rule's cooldown suppressed it by (null:
+        notified), counted from the span's start (no notification before it is known)."""
+        return notify(self.decisions, self.keyed, [self.rule]).suppressed_by
+
+    def notified(self) -> np.ndarray:
+        """Which alerts would be notified (published)."""
+        return self.suppressed_by.is_null().to_numpy(zero_copy_only=False)
+
     def alerts(
         self, decision_time: int, alert_schema: pa.Schema, positions: np.ndarray | None = None
     ) -> pa.Table:
@@ -153,7 +164,8 @@ class Fired:
         picked = Decisions(
             d.rows[chosen], d.rules[chosen], d.values[chosen], d.window_starts[chosen]
         )
-        return alert_rows(picked, self.keyed, [self.rule], decision_time, alert_schema)
+        by = self.suppressed_by.take(pa.array(chosen, pa.int64()))
+        return alert_rows(picked, self.keyed, [self.rule], decision_time, alert_schema, by)
 
     def records(
         self, decision_time: int, alert_schema: pa.Schema, positions: np.ndarray
@@ -228,22 +240,34 @@ def decide_span(
 
 @dataclass(frozen=True)
 class HourCount:
-    """Alerts of events with eventTime in ``(start, end]``."""
+    """Alerts of events with eventTime in ``(start, end]``, and how many of them the
+    rule's cooldown would notify (all of them without one)."""
 
     start: int
     end: int
     alerts: int
+    notified: int
 
     def to_json(self) -> dict[str, int]:
-        return {"start": self.start, "end": self.end, "alerts": self.alerts}
+        return {
+            "start": self.start,
+            "end": self.end,
+            "alerts": self.alerts,
+            "notified": self.notified,
+        }
 
 
-def hourly_counts(event_times: np.ndarray, span: Span) -> list[HourCount]:
-    """Alerts per hour of the span, oldest first: hours counted back from its end, so the
-    oldest may be part of an hour (a fractional ``hours``)."""
+def hourly_counts(
+    event_times: np.ndarray, span: Span, notified: np.ndarray | None = None
+) -> list[HourCount]:
+    """Alerts (and notified alerts: ``notified`` marks them; all when None) per hour of the
+    span, oldest first: hours counted back from its end, so the oldest may be part of an
+    hour (a fractional ``hours``)."""
     hours = max(1, math.ceil((span.end - span.start) / HOUR_MS))
     back = (span.end - np.asarray(event_times, dtype=np.int64)) // HOUR_MS
-    counts = np.bincount(back[(back >= 0) & (back < hours)], minlength=hours)
+    inside = (back >= 0) & (back < hours)
+    counts = np.bincount(back[inside], minlength=hours)
+    told = counts if notified is None else np.bincount(back[inside & notified], minlength=hours)
     out = []
     for k in reversed(range(hours)):
         out.append(
@@ -251,6 +275,7 @@ def hourly_counts(event_times: np.ndarray, span: Span) -> list[HourCount]:
                 max(span.start, span.end - (k + 1) * HOUR_MS),
                 span.end - k * HOUR_MS,
                 int(counts[k]),
+                int(told[k]),
             )
         )
     return out
@@ -539,6 +564,8 @@ class RulePreview:
     in_force_per_hour: tuple[HourCount, ...]
     sample: tuple[SampleAlert, ...]
     diff: AlertDiff
+    notified: int = 0  # of ``alerts``, those its cooldown would notify
+    in_force_notified: int = 0
 
     def to_json(self) -> dict[str, Any]:
         in_force = self.in_force
@@ -549,8 +576,10 @@ class RulePreview:
             if in_force is None
             else {"version": in_force.version, **in_force.to_json()},
             "alerts": self.alerts,
+            "notified": self.notified,
             "perHour": [h.to_json() for h in self.per_hour],
             "inForceAlerts": self.in_force_alerts,
+            "inForceNotified": self.in_force_notified,
             "inForcePerHour": [h.to_json() for h in self.in_force_per_hour],
             "sample": [e.to_json() for e in self.sample],
             "diff": self.diff.to_json(),
@@ -639,15 +668,19 @@ def rule_previews(
         theirs = by_baseline.get(id(base))
         times = mine.event_times()
         their_times = theirs.event_times() if theirs is not None else np.array([], np.int64)
+        told = mine.notified()
+        their_told = theirs.notified() if theirs is not None else np.array([], bool)
         positions = sample_positions(times, sample_size)
         out.append(
             RulePreview(
                 rule=candidate,
                 in_force=base,
                 alerts=len(mine),
-                per_hour=tuple(hourly_counts(times, span)),
+                per_hour=tuple(hourly_counts(times, span, told)),
                 in_force_alerts=len(their_times),
-                in_force_per_hour=tuple(hourly_counts(their_times, span)),
+                in_force_per_hour=tuple(hourly_counts(their_times, span, their_told)),
+                notified=int(told.sum()),
+                in_force_notified=int(their_told.sum()),
                 sample=samples(
                     events, mine.records(decision_time, alert_schema, positions), candidate
                 ),

@@ -61,7 +61,7 @@ class BatchCounts:
     duplicates: int
     late: int  # accepted, older than the watermark
     quarantined: Mapping[str, int]  # by reason code
-    alerts: Mapping[tuple[int, str], int]  # by (ruleId, kind)
+    alerts: Mapping[tuple[int, str, bool], int]  # by (ruleId, kind, suppressed)
     out_of_order: int = 0  # decided after a later event of one of their rule keys
 
 
@@ -70,6 +70,16 @@ def _group_counts(table: pa.Table, keys: list[str]) -> dict[tuple[Any, ...], int
     columns = [grouped.column(k).to_pylist() for k in keys]
     counts = grouped.column("count_all").to_pylist()
     return dict(zip(zip(*columns, strict=True), counts, strict=True))
+
+
+def _with_suppressed(alerts: pa.Table) -> pa.Table:
+    """Alert rows with ``suppressed`` false where it is null or missing (older rows)."""
+    flag = (
+        pc.fill_null(alerts.column("suppressed"), False)
+        if "suppressed" in alerts.column_names
+        else pa.array([False] * alerts.num_rows, pa.bool_())
+    )
+    return alerts.select(["ruleId", "kind"]).append_column("suppressed", flag)
 
 
 def batch_counts(lines: int, rows: Mapping[str, pa.Table]) -> BatchCounts:
@@ -89,8 +99,10 @@ def batch_counts(lines: int, rows: Mapping[str, pa.Table]) -> BatchCounts:
         late=recorded.num_rows - out_of_order,
         quarantined={str(reason): n for (reason,), n in reasons.items()},
         alerts={
-            (int(rule), str(kind)): n
-            for (rule, kind), n in _group_counts(rows["alerts"], ["ruleId", "kind"]).items()
+            (int(rule), str(kind), bool(suppressed)): n
+            for (rule, kind, suppressed), n in _group_counts(
+                _with_suppressed(rows["alerts"]), ["ruleId", "kind", "suppressed"]
+            ).items()
         },
         out_of_order=out_of_order,
     )
@@ -175,9 +187,12 @@ class StreamMetrics:
             registry=r,
         )
         self._alerts = Counter(
-            "velocity_alerts", "Alerts published, by rule and kind.", ["rule_id", "kind"],
+            "velocity_alerts",
+            "Alerts decided, by rule, kind and whether the rule's cooldown suppressed them "
+            '(suppressed="false": published; "true": recorded only).',
+            ["rule_id", "kind", "suppressed"],
             registry=r,
-        )  # fmt: skip
+        )
         self._batch_seconds = Histogram(
             "velocity_batch_duration_seconds",
             "Wall time of a micro-batch (read, decide, spool, Redis commit; the flush too "
@@ -243,8 +258,9 @@ class StreamMetrics:
         self._recent.append(counts)
         for reason, n in counts.quarantined.items():
             self._quarantined.labels(reason=reason).inc(n)
-        for (rule_id, kind), n in counts.alerts.items():
-            self._alerts.labels(rule_id=str(rule_id), kind=kind).inc(n)
+        for (rule_id, kind, suppressed), n in counts.alerts.items():
+            flag = "true" if suppressed else "false"
+            self._alerts.labels(rule_id=str(rule_id), kind=kind, suppressed=flag).inc(n)
 
     def source_progress(
         self, progress: Mapping[str, Any] | None, backlog_files: int | None

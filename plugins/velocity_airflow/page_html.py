@@ -305,8 +305,15 @@ def explanation_body(e: Mapping[str, Any]) -> str:
     more = e["eventCount"] - len(e["events"])
     more_text = f'<p class="muted">… and {more} more events</p>' if more > 0 else ""
     verdict_class = "ok" if e["agrees"] else "bad"
+    notification = e.get("notification")
+    cooldown = (
+        f'<p data-testid="explanation-notification">{escape(notification)}</p>'
+        if notification
+        else ""
+    )
     return (
         f'<p data-testid="explanation-verdict" class="{verdict_class}">{escape(e["verdict"])}</p>'
+        f"{cooldown}"
         f'<p data-testid="explanation-arithmetic"><code>{escape(e["arithmetic"])}</code></p>'
         f'<table data-testid="explanation-events"><tr><th>event time</th><th>transaction</th>'
         f"<th>value</th></tr>{rows}</table>{more_text}"

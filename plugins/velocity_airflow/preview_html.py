@@ -33,9 +33,15 @@ def _bar(count: int, widest: int, side: str) -> str:
     return f'<span class="bar {side}" style="width:{width}px"></span>'
 
 
+def _notified(hour: Mapping[str, Any]) -> int:
+    """The hour's alerts the rule's cooldown would notify (a preview of an older
+    Velocity has no such count: all of them)."""
+    return int(hour.get("notified", hour["alerts"]))
+
+
 def _per_hour(rule: Mapping[str, Any], in_force: bool) -> str:
-    """A row per hour of the span, oldest first: the candidate's alerts and, when there is a
-    version in force, its alerts, each with a bar."""
+    """A row per hour of the span, oldest first: the candidate's alerts and those its
+    cooldown would notify and, when there is a version in force, its own, each with a bar."""
     theirs = rule["inForcePerHour"] if in_force else [None] * len(rule["perHour"])
     widest = max(
         [h["alerts"] for h in rule["perHour"]] + [h["alerts"] for h in theirs if h is not None],
@@ -46,16 +52,18 @@ def _per_hour(rule: Mapping[str, Any], in_force: bool) -> str:
         cells = (
             f"<td>{time_text(mine['start'])} … {time_text(mine['end'])}</td>"
             f'<td class="figure" data-testid="preview-hour-alerts">{mine["alerts"]}</td>'
+            f'<td class="figure" data-testid="preview-hour-notified">{_notified(mine)}</td>'
             f"<td>{_bar(mine['alerts'], widest, 'candidate')}</td>"
         )
         if other is not None:
             cells += (
                 f'<td class="figure" data-testid="preview-hour-in-force">{other["alerts"]}</td>'
+                f'<td class="figure">{_notified(other)}</td>'
                 f"<td>{_bar(other['alerts'], widest, 'in-force')}</td>"
             )
         rows.append(f'<tr data-testid="preview-hour" data-alerts="{mine["alerts"]}">{cells}</tr>')
-    head = "<tr><th>hour (eventTime, UTC)</th><th>candidate</th><th></th>"
-    head += "<th>in force</th><th></th></tr>" if in_force else "</tr>"
+    head = "<tr><th>hour (eventTime, UTC)</th><th>candidate</th><th>notified</th><th></th>"
+    head += "<th>in force</th><th>notified</th><th></th></tr>" if in_force else "</tr>"
     return f'<table data-testid="preview-per-hour">{head}{"".join(rows)}</table>'
 
 

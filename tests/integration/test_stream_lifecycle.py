@@ -261,7 +261,7 @@ def test_status_stop_kill_and_resume_through_the_cli(
         scraped = {
             (dict(labels)["rule_id"], dict(labels)["kind"]): n
             for (name, labels), n in metrics.items()
-            if name == "velocity_alerts_total"
+            if name == "velocity_alerts_total" and dict(labels)["suppressed"] == "false"
         }
         assert scraped == published and set(published) == {("1", "ALERT"), ("2", "ALERT")}
         assert metric("velocity_batch_duration_seconds_count") == health["batchesThisRun"]

@@ -97,3 +97,32 @@ def test_an_alert_is_explained_only_by_its_own_rule_version() -> None:
         explain_alert({**alert, "ruleVersion": 1}, rule.with_version(3), [trigger])
     with pytest.raises(ValueError, match="RETRACTION"):
         explain_alert({**alert, "kind": "RETRACTION"}, rule, [trigger])
+
+
+def test_a_suppressed_alert_names_the_notified_alert_that_suppressed_it() -> None:
+    from velocity.alerts import AlertKind, alert_id
+
+    rule = make_rule(
+        groupingKeyNames=["payerId"],
+        aggregatorFunctionType="COUNT",
+        limit=0,
+        windowMinutes=10,
+        cooldownMinutes=30,
+    ).with_version(2)
+    first, second = event(transactionId="t-1"), event(transactionId="t-2", eventTime=BASE_TIME + 1)
+    notified = explain_alert(_alert(rule, first, "1", BASE_TIME), rule, [first])
+    assert notified.to_json()["suppressedByAlertId"] is None
+    assert "notified" in (notified.notification or "")
+    alert = {**_alert(rule, second, "2", BASE_TIME), "suppressed": True, "suppressedBy": "t-1"}
+    suppressed = explain_alert(alert, rule, [first, second]).to_json()
+    first_id = alert_id(rule.rule_id, 2, "t-1", AlertKind.ALERT)
+    assert suppressed["suppressedByAlertId"] == first_id
+    assert (
+        first_id in suppressed["notification"]
+        and "30-minute cooldown" in suppressed["notification"]
+    )
+    no_cooldown = make_rule(groupingKeyNames=["payerId"], aggregatorFunctionType="COUNT", limit=0)
+    assert (
+        explain_alert(_alert(no_cooldown, first, "1", BASE_TIME), no_cooldown, [first]).notification
+        is None
+    )

@@ -235,7 +235,7 @@ def test_rule_previews_compare_with_the_version_in_force(lines: list[str]) -> No
     candidates = [
         make_rule(**{**RULES[0], "limit": 4}),
         make_rule(**{**RULES[1], "windowMinutes": 60}),
-        make_rule(**RULES[2]),
+        make_rule(**{**RULES[2], "cooldownMinutes": 5}),
         make_rule(**RULES[3]),
     ]
     in_force[3] = in_force[3].with_state(RuleState.PAUSE)
@@ -249,6 +249,10 @@ def test_rule_previews_compare_with_the_version_in_force(lines: list[str]) -> No
     assert one.diff.removed == one.in_force_alerts - one.alerts
     assert two.diff.changed > 0 and two.diff.removed == 0
     assert three.diff.unchanged == three.alerts == three.in_force_alerts > 0
+    # Its 5-minute cooldown would notify fewer, each hour; the version in force all.
+    assert 0 < three.notified < three.alerts and three.in_force_notified == three.alerts
+    assert all(h.notified <= h.alerts for h in three.per_hour)
+    assert sum(h.notified for h in three.per_hour) == three.notified
     assert (three.diff.added, three.diff.removed, three.diff.changed) == (0, 0, 0)
     assert four.in_force_alerts == 0 and four.diff.added == four.alerts > 0
     for preview in previews:

@@ -43,6 +43,7 @@ def spooled(
     reasons: tuple[str, ...] = (),
     alerts: tuple[tuple[int, str], ...] = (),
     out_of_order: int = 0,
+    suppressed: tuple[bool, ...] = (),
 ) -> dict[str, pa.Table]:
     """A batch's spooled rows, reduced to the columns the counts read."""
     return {
@@ -59,6 +60,10 @@ def spooled(
             {
                 "ruleId": pa.array([r for r, _ in alerts], pa.int64()),
                 "kind": pa.array([k for _, k in alerts], pa.string()),
+                # None: a row of an older Velocity (counted as notified)
+                "suppressed": pa.array(
+                    list(suppressed) + [None] * (len(alerts) - len(suppressed)), pa.bool_()
+                ),
             }
         ),
         "buckets": pa.table({"key": pa.array([], pa.string())}),
@@ -112,7 +117,7 @@ def test_batch_counts_are_the_spooled_tables_lengths_and_groups() -> None:
         duplicates=2,
         late=1,
         quarantined={"not_json": 2, "wrong_type": 1},
-        alerts={(7, "ALERT"): 2, (3, "ALERT"): 1},
+        alerts={(7, "ALERT", False): 2, (3, "ALERT", False): 1},
     )
     assert batch_counts(0, spooled()) == BatchCounts(0, 0, 0, 0, {}, {})
 
@@ -121,7 +126,16 @@ def test_a_scrape_adds_up_the_batches() -> None:
     metrics = StreamMetrics(clock=lambda: 1_800_000_000.0)
     first = batch_counts(6, spooled(3, 1, 0, ("not_json", "not_json"), ((1, "ALERT"),)))
     second = batch_counts(
-        4, spooled(3, 0, 2, ("unknown_enum",), ((1, "ALERT"), (2, "ALERT")), out_of_order=1)
+        4,
+        spooled(
+            3,
+            0,
+            2,
+            ("unknown_enum",),
+            ((1, "ALERT"), (2, "ALERT"), (2, "ALERT")),
+            out_of_order=1,
+            suppressed=(False, False, True),
+        ),
     )
     metrics.batch_done(0, 0.3, first, redis_commit_seconds=0.002)
     metrics.batch_done(1, 12.0, second, redis_commit_seconds=0.2)
@@ -141,8 +155,13 @@ def test_a_scrape_adds_up_the_batches() -> None:
     }
     # Every reason is there from the start (at 0), so a first quarantined line shows as a rate.
     assert quarantined == {r.value: 0 for r in RejectReason} | {"not_json": 2, "unknown_enum": 1}
-    assert value(samples, "velocity_alerts_total", rule_id="1", kind="ALERT") == 2
-    assert value(samples, "velocity_alerts_total", rule_id="2", kind="ALERT") == 1
+    def alerts(rule_id: str, suppressed: str) -> float | None:
+        return value(
+            samples, "velocity_alerts_total", rule_id=rule_id, kind="ALERT", suppressed=suppressed
+        )
+
+    assert alerts("1", "false") == 2 and alerts("1", "true") is None
+    assert alerts("2", "false") == 1 and alerts("2", "true") == 1
 
     assert value(samples, "velocity_batch_duration_seconds_count") == 2
     assert value(samples, "velocity_batch_duration_seconds_sum") == 12.3

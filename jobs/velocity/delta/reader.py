@@ -63,10 +63,15 @@ def rules_in_force(settings: Settings) -> list[Rule]:
 
 def _alert_record(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row of the alerts table as its SPEC §4 record (the map column comes as pairs;
-    ``"shadow": true`` only for a SHADOW rule's alert)."""
-    record = {k: v for k, v in row.items() if k not in ("signature_id", "shadow")}
+    ``"shadow": true`` only for a SHADOW rule's alert, ``"suppressed": true`` only for a
+    suppressed one)."""
+    flags = ("signature_id", "shadow", "suppressed", "suppressedBy")
+    record = {k: v for k, v in row.items() if k not in flags}
     if row.get("shadow"):
         record["shadow"] = True
+    if row.get("suppressed"):  # SPEC §3 cooldown: recorded, not published
+        record["suppressed"] = True
+        record["suppressedBy"] = row.get("suppressedBy")
     key = row["key"]
     record["key"] = dict(key) if not isinstance(key, dict) else key
     return record

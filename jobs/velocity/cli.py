@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -278,6 +279,80 @@ def cmd_reviews_export(args: argparse.Namespace) -> int:
     ordered = sorted(reviews, key=lambda r: (r.when, r.alert_id))
     text = "".join(dumps_json(r.to_json()) + "\n" for r in ordered)
     return _export(text, args.out, f"{len(ordered)} reviews")
+
+
+def _case_store(settings: Settings) -> Any:
+    from velocity.delta.case_store import CaseStore
+
+    return CaseStore(settings)
+
+
+def _case_line(case: Any) -> str:
+    rules = " ".join(f"r{rule}×{n}" for rule, n in sorted(case.rule_counts.items()))
+    key = ",".join(f"{k}={v}" for k, v in case.key.items())
+    who = f" {case.assignee}" if case.assignee else ""
+    verdict = f" {case.verdict.words}" if case.verdict else ""
+    return (
+        f"{case.case_id}  {case.status.value}{who}{verdict}  {key}  {case.alerts} alerts "
+        f"({rules})  amount {case.amount}  latest alert {case.latest_alert_at}"
+    )
+
+
+def cmd_cases_list(args: argparse.Namespace) -> int:
+    from velocity.cases import CaseStatus
+
+    status = None if args.status is None else CaseStatus(args.status.lower())
+    for case in _case_store(_settings(args)).listed(status):
+        print(dumps_json(case.to_json()) if args.json else _case_line(case))
+    return EXIT_OK
+
+
+def cmd_cases_show(args: argparse.Namespace) -> int:
+    from velocity.alerts import record_of_stored
+
+    store = _case_store(_settings(args))
+    case = store.case(args.case_id)
+    alerts = [record_of_stored(r) for r in store.alerts(args.case_id).to_pylist()]
+    if args.json:
+        print(dumps_json({**case.to_json(history=True), "alertRecords": alerts}))
+        return EXIT_OK
+    print(_case_line(case))
+    for alert in alerts:
+        flag = " (suppressed)" if alert.get("suppressed") else ""
+        print(
+            f"  alert {alert['alertId']} rule {alert['ruleId']} v{alert['ruleVersion']} "
+            f"tx {alert['transactionId']} {alert['aggregatorFunctionType']} "
+            f"{alert['aggregateValue']} {alert['limitOperatorType']} {alert['limit']}{flag}"
+        )
+    for event in case.history:
+        detail = event.assignee or (event.verdict.words if event.verdict else "") or ""
+        alerts_part = f" {event.alerts} alerts" if event.alerts else ""
+        print(f"  {event.at} {event.event.value} by {event.who}{alerts_part} {detail}".rstrip())
+    return EXIT_OK
+
+
+def _who(args: argparse.Namespace) -> str:
+    return str(args.who or os.environ.get("USER") or "cli")
+
+
+def cmd_cases_assign(args: argparse.Namespace) -> int:
+    case = _case_store(_settings(args)).assign(args.case_id, args.assignee, _who(args))
+    print(_case_line(case))
+    return EXIT_OK
+
+
+def cmd_cases_close(args: argparse.Namespace) -> int:
+    store = _case_store(_settings(args))
+    case = store.close(args.case_id, args.verdict, args.note, _who(args))
+    print(_case_line(case))
+    print(f"{case.alerts} alerts reviewed as {case.verdict.words}")
+    return EXIT_OK
+
+
+def cmd_cases_reopen(args: argparse.Namespace) -> int:
+    case = _case_store(_settings(args)).reopen(args.case_id, _who(args))
+    print(_case_line(case))
+    return EXIT_OK
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -839,6 +914,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="every review ever recorded, not only the latest"
     )
     reviews_export.set_defaults(run=cmd_reviews_export)
+
+    cases = sub.add_parser("cases", help="cases: the alerts of a case key, worked as one")
+    cases_sub = cases.add_subparsers(dest="cases_command", required=True, parser_class=_Parser)
+    cases_list = cases_sub.add_parser("list", help="the cases, newest activity first")
+    cases_list.add_argument("--status", choices=["open", "assigned", "closed"], type=str.lower)
+    cases_list.add_argument("--json", action="store_true", help="one JSON object a line")
+    cases_list.set_defaults(run=cmd_cases_list)
+    cases_show = cases_sub.add_parser("show", help="a case: its alerts and its history")
+    cases_show.add_argument("case_id")
+    cases_show.add_argument("--json", action="store_true")
+    cases_show.set_defaults(run=cmd_cases_show)
+    cases_assign = cases_sub.add_parser("assign", help="assign a case to someone")
+    cases_assign.add_argument("case_id")
+    cases_assign.add_argument("assignee")
+    cases_close = cases_sub.add_parser(
+        "close", help="close a case with a verdict, which reviews each of its alerts"
+    )
+    cases_close.add_argument("case_id")
+    cases_close.add_argument(
+        "verdict", help="CONFIRMED_FRAUD, FALSE_POSITIVE or NEEDS_REVIEW (any case)"
+    )
+    cases_close.add_argument("--note", default=None)
+    cases_reopen = cases_sub.add_parser("reopen", help="reopen a closed case")
+    cases_reopen.add_argument("case_id")
+    for change_parser, run in (
+        (cases_assign, cmd_cases_assign),
+        (cases_close, cmd_cases_close),
+        (cases_reopen, cmd_cases_reopen),
+    ):
+        change_parser.add_argument("--who", help="who does it (default: $USER)")
+        change_parser.set_defaults(run=run)
 
     generate = sub.add_parser("generate", help="write synthetic events as JSON lines")
     generate.add_argument("--out", help="folder to write the event files into")

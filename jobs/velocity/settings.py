@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from velocity.buckets import ALLOWED_BUCKET_SECONDS, bucket_width_ms
 from velocity.errors import SettingsError
 from velocity.redis.keys import RedisKeys, default_prefix
+from velocity.schema import FIELDS_BY_NAME
 
 # The checkout this package runs from (jobs/velocity/settings.py -> checkout).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -200,6 +201,11 @@ class Settings(BaseSettings):
         default=PROJECT_ROOT / ".cache" / "kafka",
         description="Folder of the Kafka broker JARs fetched by infra/fetch_jars.sh.",
     )
+    case_key: str = Field(
+        default="payerId",
+        description="The event field whose value gathers alerts into cases (SPEC §4a): every "
+        "alert of a payment joins the open case of that payment's value of this field.",
+    )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_shuffle_partitions: int = Field(
         default=4, ge=1, description="spark.sql.shuffle.partitions; a few per core."
@@ -221,6 +227,13 @@ class Settings(BaseSettings):
     @classmethod
     def _bucket_seconds_allowed(cls, value: int) -> int:
         bucket_width_ms(value)
+        return value
+
+    @field_validator("case_key")
+    @classmethod
+    def _case_key_declared(cls, value: str) -> str:
+        if value not in FIELDS_BY_NAME:
+            raise ValueError(f"{value!r} is not an event field; one of {sorted(FIELDS_BY_NAME)}")
         return value
 
     @field_validator("data_dir", "jars_dir", "kafka_home")

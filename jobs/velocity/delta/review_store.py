@@ -15,6 +15,7 @@ in that version, and a commit that another review beat is planned again on top, 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,27 @@ class ReviewStore:
         # review of the same alert committed since.
         return append_planned(
             self._path, REVIEW_ARROW_SCHEMA, plan, "no review was recorded — review again"
+        )
+
+    def record_all(
+        self, alerts: Sequence[AlertRef], verdict: object, note: object, who: object
+    ) -> list[Review]:
+        """Review every alert of ``alerts`` alike (a case closed with its verdict), in one
+        commit; each review checked whole before anything is written."""
+        reviews = [make_review(a.alert_id, a, verdict, note, who, 0) for a in alerts]
+        if not reviews:
+            return []
+
+        def plan(table: DeltaTable) -> tuple[Table, list[Review]]:
+            previous = latest_reviews(_reviews(table))
+            now = int(time.time() * 1000)
+            timed = [replace(r, when=review_time(now, previous.get(r.alert_id))) for r in reviews]
+            rows = [r.to_json() for r in timed]
+            columns = {name: [row[name] for row in rows] for name in _COLUMNS}
+            return rows_table(REVIEW_ARROW_SCHEMA, columns), timed
+
+        return append_planned(
+            self._path, REVIEW_ARROW_SCHEMA, plan, "no review was recorded — close again"
         )
 
 

@@ -222,6 +222,9 @@ ALERT_SCHEMA = StructType(
         # transactionId of the notified alert that suppressed it; null in older tables.
         StructField("suppressed", BooleanType(), True),
         StructField("suppressedBy", StringType(), True),
+        # The case the stream's write-behind gathered it into (SPEC §4a); null for a
+        # backfill's amendment and in older tables.
+        StructField("caseId", StringType(), True),
     ]
 )
 

@@ -5,7 +5,8 @@ record, receives the same results a little later (setting ``write_behind_seconds
 Each batch's rows go first to a spool folder on the data dir (``<data_dir>/spool/stream/
 <batch>/<table>.parquet``, made whole by one rename), *before* the batch commits to
 Redis. A flush appends every spooled batch up to a committed one to the live tables, one
-append per table, and then removes them.
+append per table, and then removes them; before it appends the alerts, it gathers them
+into cases (``velocity.delta.case_store``), off the stream's hot path.
 
 The appends are delta-rs commits made in this process (no Spark job): Spark's writer
 spent several seconds of the JVM's CPU on each 40 000-event flush (building a DataFrame
@@ -41,6 +42,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from velocity.delta import tables
+from velocity.delta.case_store import CaseStore
 from velocity.settings import Settings
 
 APP_ID = "velocity-stream"
@@ -143,9 +145,15 @@ class Spool:
             intent.rename(self.root / _INTENT)
         present = [b for b in group if self._folder(b).is_dir()]
         rows: dict[str, int] = {}
+        grouped = {}
         for name in SPOOLED_TABLES:
             parts = [self.read(b, name) for b in present]
-            table = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
+            grouped[name] = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
+        # Alerts join cases before they are appended, so each row carries its caseId.
+        grouped[tables.ALERTS] = CaseStore(self.settings).gather_alerts(
+            grouped[tables.ALERTS], grouped[tables.EVENTS], max(group)
+        )
+        for name, table in grouped.items():
             rows[name] = table.num_rows
             if table.num_rows:
                 path = self.settings.table_path(getattr(tables, name.upper()))

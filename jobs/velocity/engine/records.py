@@ -82,6 +82,7 @@ def _rule_rows(
         "shadow": constant(rule.state is RuleState.SHADOW, "shadow"),
         "suppressed": suppressed_by.is_valid(),
         "suppressedBy": suppressed_by,
+        "caseId": pa.nulls(n, pa.string()),  # the write-behind gathers it into a case
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 

@@ -1,0 +1,302 @@
+"""Cases (SPEC §4a): the alerts of one case key gathered while the case is open (pure: no
+Spark, Delta, Redis or Airflow; ``velocity.delta.case_store`` reads and writes them).
+
+A case's whole life is its events, only ever appended (``CaseEvent``): ``opened`` and
+``joined`` by the stream's write-behind (the alerts of a micro-batch group, with their
+count per rule and their payments' amount), ``assigned``, ``closed`` (with a verdict and a
+note) and ``reopened`` by people. What a case is now is the fold of its events
+(``fold_cases``): nothing else is stored, so every change is kept (who, when, what).
+
+- The first alert of a case key with no open case opens one; later alerts join it; an
+  alert of the key after its case closed opens a new one (``stream_case_events``).
+- A case's id is deterministic in its key and its first alert, so a flush redone after a
+  crash opens the same case.
+- A payment that fired several rules counts once in the case's amount.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from velocity.decimals import format_decimal
+from velocity.errors import InvalidFieldError
+from velocity.reviews import NOTE_MAX, WHO_MAX, Verdict, parse_verdict
+
+_CASE_NAMESPACE = uuid.UUID("5f1d7c2e-9a43-4c1b-8e0f-6b2d3a9c4e71")
+STREAM_ACTOR = "velocity-stream"
+
+
+class CaseStatus(StrEnum):
+    OPEN = "open"
+    ASSIGNED = "assigned"
+    CLOSED = "closed"
+
+
+class CaseEventKind(StrEnum):
+    OPENED = "opened"
+    JOINED = "joined"
+    ASSIGNED = "assigned"
+    CLOSED = "closed"
+    REOPENED = "reopened"
+
+
+class InvalidCaseActionError(InvalidFieldError):
+    """A change of a case refused whole; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(field, reason, "; the case is unchanged")
+
+
+@dataclass(frozen=True)
+class CaseEvent:
+    """One row of the ``case_events`` table."""
+
+    case_id: str
+    case_key: str  # JSON object text, e.g. {"payerId":"p1"}
+    event: CaseEventKind
+    at: int  # epoch ms
+    who: str
+    assignee: str | None = None
+    verdict: Verdict | None = None
+    note: str | None = None
+    alerts: int = 0  # joined or opened with
+    rule_counts: Mapping[int, int] = field(default_factory=dict)
+    amount: Decimal = Decimal(0)
+    first_alert_at: int | None = None  # decisionTime of the first of these alerts
+    latest_alert_at: int | None = None
+    batch: int | None = None  # the write-behind group's last batch (None: a person's)
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "caseId": self.case_id,
+            "caseKey": self.case_key,
+            "event": self.event.value,
+            "at": self.at,
+            "who": self.who,
+            "assignee": self.assignee,
+            "verdict": None if self.verdict is None else self.verdict.value,
+            "note": self.note,
+            "alerts": self.alerts,
+            "ruleCounts": json.dumps({str(k): v for k, v in sorted(self.rule_counts.items())}),
+            "amount": format_decimal(self.amount),
+            "firstAlertAt": self.first_alert_at,
+            "latestAlertAt": self.latest_alert_at,
+            "batch": self.batch,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> CaseEvent:
+        counts = json.loads(row.get("ruleCounts") or "{}")
+        return cls(
+            case_id=str(row["caseId"]),
+            case_key=str(row["caseKey"]),
+            event=CaseEventKind(row["event"]),
+            at=int(row["at"]),
+            who=str(row["who"]),
+            assignee=row.get("assignee"),
+            verdict=None if row.get("verdict") is None else Verdict(row["verdict"]),
+            note=row.get("note"),
+            alerts=int(row.get("alerts") or 0),
+            rule_counts={int(k): int(v) for k, v in counts.items()},
+            amount=Decimal(row.get("amount") or 0),
+            first_alert_at=row.get("firstAlertAt"),
+            latest_alert_at=row.get("latestAlertAt"),
+            batch=row.get("batch"),
+        )
+
+
+@dataclass
+class Case:
+    """A case as its events left it."""
+
+    case_id: str
+    case_key: str
+    status: CaseStatus = CaseStatus.OPEN
+    assignee: str | None = None
+    opened_at: int = 0  # decisionTime of its first alert
+    latest_alert_at: int = 0
+    latest_activity_at: int = 0  # its newest event of any kind
+    alerts: int = 0
+    rule_counts: dict[int, int] = field(default_factory=dict)
+    amount: Decimal = Decimal(0)
+    verdict: Verdict | None = None
+    history: list[CaseEvent] = field(default_factory=list)
+
+    @property
+    def key(self) -> dict[str, str]:
+        return dict(json.loads(self.case_key))
+
+    def to_json(self, history: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "caseId": self.case_id,
+            "caseKey": self.key,
+            "status": self.status.value,
+            "assignee": self.assignee,
+            "alerts": self.alerts,
+            "alertsByRule": {str(k): v for k, v in sorted(self.rule_counts.items())},
+            "amount": format_decimal(self.amount),
+            "openedAt": self.opened_at,
+            "latestAlertAt": self.latest_alert_at,
+            "latestActivityAt": self.latest_activity_at,
+            "verdict": None if self.verdict is None else self.verdict.value,
+        }
+        if history:
+            out["history"] = [
+                {k: v for k, v in e.to_row().items() if k not in ("caseId", "caseKey")}
+                for e in self.history
+            ]
+        return out
+
+
+def case_key_text(field_name: str, value: str) -> str:
+    """The one text of a case key (a JSON object of its field)."""
+    return json.dumps({field_name: value}, separators=(",", ":"), ensure_ascii=False)
+
+
+def case_id(key_text: str, first_alert_id: str) -> str:
+    return str(uuid.uuid5(_CASE_NAMESPACE, f"{key_text}|{first_alert_id}"))
+
+
+def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:
+    """Every case as its events (any order) leave it; events apply by time, a case's
+    stream events before people's at the same millisecond."""
+    cases: dict[str, Case] = {}
+    ordered = sorted(events, key=lambda e: (e.at, e.batch is None, e.event.value))
+    for e in ordered:
+        case = cases.setdefault(e.case_id, Case(e.case_id, e.case_key))
+        case.history.append(e)
+        case.latest_activity_at = max(case.latest_activity_at, e.at)
+        match e.event:
+            case CaseEventKind.OPENED | CaseEventKind.JOINED:
+                if e.event is CaseEventKind.OPENED or not case.opened_at:
+                    case.opened_at = e.first_alert_at or e.at
+                case.alerts += e.alerts
+                for rule, n in e.rule_counts.items():
+                    case.rule_counts[rule] = case.rule_counts.get(rule, 0) + n
+                case.amount += e.amount
+                case.latest_alert_at = max(case.latest_alert_at, e.latest_alert_at or e.at)
+            case CaseEventKind.ASSIGNED:
+                case.assignee = e.assignee
+                if case.status is not CaseStatus.CLOSED:
+                    case.status = CaseStatus.ASSIGNED
+            case CaseEventKind.CLOSED:
+                case.status, case.verdict = CaseStatus.CLOSED, e.verdict
+            case CaseEventKind.REOPENED:
+                case.verdict = None
+                case.status = CaseStatus.ASSIGNED if case.assignee else CaseStatus.OPEN
+    return cases
+
+
+def open_case_of(cases: Iterable[Case]) -> dict[str, str]:
+    """Each case key's case that alerts join: its newest case that is not closed."""
+    newest: dict[str, Case] = {}
+    for case in cases:
+        if case.status is CaseStatus.CLOSED:
+            continue
+        known = newest.get(case.case_key)
+        if known is None or (case.opened_at, case.case_id) > (known.opened_at, known.case_id):
+            newest[case.case_key] = case
+    return {key: case.case_id for key, case in newest.items()}
+
+
+@dataclass(frozen=True)
+class CaseAlert:
+    """What a case needs of one alert: which, of which rule, when, of which payment."""
+
+    alert_id: str
+    rule_id: int
+    transaction_id: str
+    decision_time: int
+    case_key: str
+    amount: Decimal | None
+
+
+def stream_case_events(
+    alerts: Sequence[CaseAlert], open_cases: Mapping[str, str], batch: int, now_ms: int
+) -> tuple[list[CaseEvent], dict[str, str]]:
+    """The events by which a write-behind group's ``alerts`` open or join cases, given
+    each case key's open case before them; and the case of each alert (by alertId)."""
+    by_key: dict[str, list[CaseAlert]] = {}
+    for alert in sorted(alerts, key=lambda a: (a.decision_time, a.alert_id)):
+        by_key.setdefault(alert.case_key, []).append(alert)
+    events, case_of = [], {}
+    for key, mine in by_key.items():
+        existing = open_cases.get(key)
+        chosen = existing or case_id(key, mine[0].alert_id)
+        counts: dict[int, int] = {}
+        paid: dict[str, Decimal] = {}
+        for alert in mine:
+            counts[alert.rule_id] = counts.get(alert.rule_id, 0) + 1
+            paid.setdefault(alert.transaction_id, alert.amount or Decimal(0))
+            case_of[alert.alert_id] = chosen
+        events.append(
+            CaseEvent(
+                case_id=chosen,
+                case_key=key,
+                event=CaseEventKind.JOINED if existing else CaseEventKind.OPENED,
+                at=now_ms,
+                who=STREAM_ACTOR,
+                alerts=len(mine),
+                rule_counts=counts,
+                amount=sum(paid.values(), Decimal(0)),
+                first_alert_at=mine[0].decision_time,
+                latest_alert_at=mine[-1].decision_time,
+                batch=batch,
+            )
+        )
+    return events, case_of
+
+
+def person_event(
+    case: Case,
+    kind: CaseEventKind,
+    who: object,
+    now_ms: int,
+    *,
+    assignee: object = None,
+    verdict: object = None,
+    note: object = None,
+) -> CaseEvent:
+    """An analyst's change of ``case``, checked whole (``InvalidCaseActionError`` names
+    the field at fault)."""
+    if not isinstance(who, str) or not who.strip() or len(who) > WHO_MAX:
+        raise InvalidCaseActionError("who", f"a name of 1 to {WHO_MAX} characters, got {who!r}")
+    if note is not None and (not isinstance(note, str) or len(note) > NOTE_MAX):
+        raise InvalidCaseActionError("note", f"text of at most {NOTE_MAX} characters")
+    checked_verdict = None
+    checked_assignee = None
+    match kind:
+        case CaseEventKind.ASSIGNED:
+            if not isinstance(assignee, str) or not assignee.strip() or len(assignee) > WHO_MAX:
+                raise InvalidCaseActionError("assignee", f"a name, got {assignee!r}")
+            if case.status is CaseStatus.CLOSED:
+                raise InvalidCaseActionError("status", f"case {case.case_id} is closed")
+            checked_assignee = assignee.strip()
+        case CaseEventKind.CLOSED:
+            try:
+                checked_verdict = parse_verdict(verdict)
+            except InvalidFieldError as refused:
+                raise InvalidCaseActionError("verdict", refused.reason) from None
+            if case.status is CaseStatus.CLOSED:
+                raise InvalidCaseActionError("status", f"case {case.case_id} is closed already")
+        case CaseEventKind.REOPENED:
+            if case.status is not CaseStatus.CLOSED:
+                raise InvalidCaseActionError("status", f"case {case.case_id} is not closed")
+        case _:
+            raise InvalidCaseActionError("event", f"{kind.value} is the stream's, not a person's")
+    return CaseEvent(
+        case_id=case.case_id,
+        case_key=case.case_key,
+        event=kind,
+        at=max(now_ms, case.latest_activity_at + 1),
+        who=who.strip(),
+        assignee=checked_assignee,
+        verdict=checked_verdict,
+        note=None if note is None else note.strip(),
+    )

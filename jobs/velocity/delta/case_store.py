@@ -1,0 +1,255 @@
+"""Cases in Delta (SPEC §4a), through delta-rs: the ``cases`` table (one row per case, when
+it opened) and the append-only ``case_events`` table (its whole life: ``velocity.cases``).
+
+The stream's write-behind gathers each flushed group's alerts into cases
+(``gather_alerts``) before it appends them, so every alert row carries its ``caseId``;
+people assign, close and reopen (``CaseStore.assign`` …). Both append to ``case_events``
+conditionally on the version they planned from (``small_tables.append_planned``): a flush
+never joins alerts to a case that someone closed after it read the table, it reads again.
+A flush redone after a crash finds its own events (by its batch) and reuses them.
+
+Closing a case reviews each of its alerts with the case's verdict (one commit to the
+``alert_reviews`` table), so precision per rule version stays what reviews make it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from velocity.alerts import AlertKind
+from velocity.cases import (
+    Case,
+    CaseAlert,
+    CaseEvent,
+    CaseEventKind,
+    CaseStatus,
+    case_key_text,
+    fold_cases,
+    open_case_of,
+    person_event,
+    stream_case_events,
+)
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
+from velocity.delta.review_store import ReviewStore
+from velocity.delta.small_tables import (
+    append_planned,
+    create_if_missing,
+    open_table,
+    read_rows,
+    rows_table,
+)
+from velocity.errors import UsageError
+from velocity.reviews import AlertRef
+from velocity.settings import Settings
+
+CASE_EVENT_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("caseId", pa.string()),
+        pa.field("caseKey", pa.string()),
+        pa.field("event", pa.string()),
+        pa.field("at", pa.int64()),
+        pa.field("who", pa.string()),
+        pa.field("assignee", pa.string()),
+        pa.field("verdict", pa.string()),
+        pa.field("note", pa.string()),
+        pa.field("alerts", pa.int64()),
+        pa.field("ruleCounts", pa.string()),  # JSON {"ruleId": count}
+        pa.field("amount", pa.string()),  # decimal text
+        pa.field("firstAlertAt", pa.int64()),
+        pa.field("latestAlertAt", pa.int64()),
+        pa.field("batch", pa.int64()),  # the write-behind group's last batch; null: a person's
+    ]
+)
+CASE_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("caseId", pa.string()),
+        pa.field("caseKey", pa.string()),
+        pa.field("openedAt", pa.int64()),  # decisionTime of its first alert
+        pa.field("batch", pa.int64()),
+    ]
+)
+_EVENT_COLUMNS = CASE_EVENT_ARROW_SCHEMA.names
+
+
+class CaseStore:
+    """One data dir's cases."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.events_path: Path = settings.table_path(CASE_EVENTS)
+        self.cases_path: Path = settings.table_path(CASES)
+
+    def events(self) -> list[CaseEvent]:
+        table = open_table(self.events_path)
+        return [] if table is None else _events(table)
+
+    def cases(self) -> dict[str, Case]:
+        return fold_cases(self.events())
+
+    def listed(self, status: CaseStatus | None = None) -> list[Case]:
+        """The cases, newest activity first; only those of ``status`` when given."""
+        chosen = [c for c in self.cases().values() if status is None or c.status is status]
+        return sorted(chosen, key=lambda c: (c.latest_activity_at, c.case_id), reverse=True)
+
+    def case(self, case_id: str) -> Case:
+        found = self.cases().get(case_id)
+        if found is None:
+            raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
+        return found
+
+    # --- the stream's write-behind -----------------------------------------------------
+
+    def gather_alerts(self, alerts: pa.Table, events: pa.Table, batch: int) -> pa.Table:
+        """The ``alerts`` rows of a flushed group (its ALERT rows), each with the case it
+        opens or joins in ``caseId``; the group's case events and new cases committed
+        first. ``events``: the group's accepted events (the case key's field and the
+        amount of each alerting payment); ``batch``: the group's last batch."""
+        field = self.settings.case_key
+        picked = _case_alerts(alerts, events, field)
+        if not picked:
+            return alerts
+
+        def plan(table: DeltaTable) -> tuple[Any, dict[str, str]]:
+            known = _events(table)
+            mine = [e for e in known if e.batch == batch]
+            if mine:  # a redone flush: its events are in already
+                by_key = {e.case_key: e.case_id for e in mine}
+                return None, {a.alert_id: by_key[a.case_key] for a in picked}
+            open_cases = open_case_of(fold_cases(known).values())
+            now = int(time.time() * 1000)
+            rows, case_of = stream_case_events(picked, open_cases, batch, now)
+            return _event_rows(rows), case_of
+
+        case_of = append_planned(
+            self.events_path, CASE_EVENT_ARROW_SCHEMA, plan, "the group's cases were not written"
+        )
+        self._record_opened(batch)
+        ids = pa.array([case_of.get(a) for a in alerts.column("alertId").to_pylist()], pa.string())
+        return alerts.set_column(alerts.schema.get_field_index("caseId"), "caseId", ids)
+
+    def _record_opened(self, batch: int) -> None:
+        """The cases the group's events opened, in ``cases`` (once: a redo finds them)."""
+
+        def plan(table: DeltaTable) -> tuple[Any, None]:
+            done = {
+                r["caseId"] for r in read_rows(table, ["caseId", "batch"]) if r["batch"] == batch
+            }
+            opened = [
+                e
+                for e in self.events()
+                if e.batch == batch and e.event is CaseEventKind.OPENED and e.case_id not in done
+            ]
+            if not opened:
+                return None, None
+            columns: dict[str, list[Any]] = {
+                "caseId": [e.case_id for e in opened],
+                "caseKey": [e.case_key for e in opened],
+                "openedAt": [e.first_alert_at for e in opened],
+                "batch": [batch for _ in opened],
+            }
+            return rows_table(CASE_ARROW_SCHEMA, columns), None
+
+        append_planned(
+            self.cases_path, CASE_ARROW_SCHEMA, plan, "the opened cases were not written"
+        )
+
+    # --- people -------------------------------------------------------------------------
+
+    def assign(self, case_id: str, assignee: object, who: object) -> Case:
+        return self._change(case_id, CaseEventKind.ASSIGNED, who, assignee=assignee)
+
+    def reopen(self, case_id: str, who: object) -> Case:
+        return self._change(case_id, CaseEventKind.REOPENED, who)
+
+    def close(self, case_id: str, verdict: object, note: object, who: object) -> Case:
+        """Close the case with ``verdict`` and review each of its alerts so."""
+        case = self._change(case_id, CaseEventKind.CLOSED, who, verdict=verdict, note=note)
+        refs = self.alert_refs(case_id)
+        assert case.verdict is not None
+        ReviewStore(self.settings.table_path(ALERT_REVIEWS)).record_all(
+            refs, case.verdict, note or f"case {case_id} closed", str(who)
+        )
+        return case
+
+    def _change(self, case_id: str, kind: CaseEventKind, who: object, **fields: object) -> Case:
+        def plan(table: DeltaTable) -> tuple[Any, Case]:
+            cases = fold_cases(_events(table))
+            case = cases.get(case_id)
+            if case is None:
+                raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
+            event = person_event(case, kind, who, int(time.time() * 1000), **fields)
+            return _event_rows([event]), fold_cases([*case.history, event])[case_id]
+
+        return append_planned(
+            self.events_path, CASE_EVENT_ARROW_SCHEMA, plan, f"case {case_id} is unchanged"
+        )
+
+    # --- a case's alerts ----------------------------------------------------------------
+
+    def alerts(self, case_id: str) -> pa.Table:
+        """The alerts table's rows of the case, by decisionTime."""
+        table = open_table(self.settings.table_path(ALERTS))
+        if table is None:
+            return pa.table({})
+        rows = table.to_pyarrow_dataset().to_table(filter=pc.field("caseId") == case_id)
+        return rows.sort_by([("decisionTime", "ascending"), ("alertId", "ascending")])
+
+    def alert_refs(self, case_id: str) -> list[AlertRef]:
+        rows = self.alerts(case_id)
+        if rows.num_rows == 0:
+            return []
+        wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]
+        return [AlertRef.of(r) for r in rows.select(wanted).to_pylist()]
+
+
+def ensure_case_tables(settings: Settings) -> None:
+    create_if_missing(settings.table_path(CASE_EVENTS), CASE_EVENT_ARROW_SCHEMA)
+    create_if_missing(settings.table_path(CASES), CASE_ARROW_SCHEMA)
+
+
+def _events(table: DeltaTable) -> list[CaseEvent]:
+    return [CaseEvent.from_row(r) for r in read_rows(table, _EVENT_COLUMNS)]
+
+
+def _event_rows(events: Sequence[CaseEvent]) -> Any:
+    rows = [e.to_row() for e in events]
+    return rows_table(CASE_EVENT_ARROW_SCHEMA, {n: [r[n] for r in rows] for n in _EVENT_COLUMNS})
+
+
+def _case_alerts(alerts: pa.Table, events: pa.Table, field: str) -> list[CaseAlert]:
+    """The group's ALERT rows as cases see them: each with its payment's case key (an
+    alert whose payment has no value of the field joins no case) and amount."""
+    payments = {
+        tx: (value, amount)
+        for tx, value, amount in zip(
+            events.column("transactionId").to_pylist(),
+            events.column(field).to_pylist(),
+            events.column("paymentAmount").to_pylist(),
+            strict=True,
+        )
+    }
+    out = []
+    wanted = ["alertId", "kind", "ruleId", "transactionId", "decisionTime"]
+    for row in alerts.select(wanted).to_pylist():
+        value, amount = payments.get(row["transactionId"], (None, None))
+        if row["kind"] != AlertKind.ALERT.value or value is None:
+            continue
+        out.append(
+            CaseAlert(
+                alert_id=row["alertId"],
+                rule_id=int(row["ruleId"]),
+                transaction_id=row["transactionId"],
+                decision_time=int(row["decisionTime"]),
+                case_key=case_key_text(field, str(value)),
+                amount=None if amount is None else Decimal(amount),
+            )
+        )
+    return out

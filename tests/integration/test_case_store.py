@@ -1,0 +1,125 @@
+"""Cases on real Delta (delta-rs, no JVM), as the stream's write-behind gathers alerts into
+them and as people work them through `velocity cases` (SPEC §4a, §6): a case per payer
+while open, one case id per key through a redone flush, a close that reviews every alert
+of the case, a new case for the key's next alert."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from tests.builders import alert_row
+from velocity.delta import tables
+from velocity.delta.case_store import CaseStore
+from velocity.delta.names import ALERTS, CASE_EVENTS
+from velocity.settings import Settings
+
+pytestmark = pytest.mark.timeout(180)
+
+VELOCITY = str(Path(sys.executable).parent / "velocity")
+NOW = 1_767_225_600_000
+ALERT_ARROW = to_arrow_schema(tables.ALERT_SCHEMA)
+
+
+def group(alerts: list[tuple[str, int, str, str]]) -> tuple[pa.Table, pa.Table]:
+    """A flushed group: (alertId, ruleId, transactionId, payerId) alerts and their events."""
+    rows = [
+        {**alert_row(a, (rule, 1), NOW + i, transaction_id=tx), "caseId": None}
+        for i, (a, rule, tx, _) in enumerate(alerts)
+    ]
+    payers = {tx: payer for _, _, tx, payer in alerts}
+    events = pa.table(
+        {
+            "transactionId": list(payers),
+            "payerId": list(payers.values()),
+            "paymentAmount": pa.array(["100.5"] * len(payers)).cast(pa.decimal128(26, 8)),
+        }
+    )
+    return pa.Table.from_pylist(rows, ALERT_ARROW), events
+
+
+def cases(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [VELOCITY, "cases", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir)},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_alerts_gather_into_cases_that_people_assign_and_close(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    alerts, events = group(
+        [("a1", 4, "t1", "p1"), ("a2", 5, "t1", "p1"), ("a3", 4, "t2", "p1"), ("a4", 4, "t3", "p2")]
+    )
+    gathered = store.gather_alerts(alerts, events, batch=3)
+    case_ids = dict(
+        zip(gathered["alertId"].to_pylist(), gathered["caseId"].to_pylist(), strict=True)
+    )
+    assert case_ids["a1"] == case_ids["a2"] == case_ids["a3"] != case_ids["a4"]
+    # A flush redone after a crash (its case events committed, its alerts not): the same cases.
+    redone = store.gather_alerts(alerts, events, batch=3)
+    assert redone["caseId"].to_pylist() == gathered["caseId"].to_pylist()
+    assert len(store.events()) == 2
+    write_deltalake(str(settings.table_path(ALERTS)), gathered)
+
+    listed = cases(settings.data_dir, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    by_key = {json.dumps(c["caseKey"]): c for c in map(json.loads, listed.stdout.splitlines())}
+    p1 = by_key['{"payerId": "p1"}']
+    assert p1["caseId"] == case_ids["a1"] and p1["status"] == "open"
+    assert (p1["alerts"], p1["alertsByRule"], p1["amount"]) == (3, {"4": 2, "5": 1}, "201")
+    assert p1["openedAt"] == NOW and p1["latestAlertAt"] == NOW + 2
+
+    assigned = cases(settings.data_dir, "assign", p1["caseId"], "bo", "--who", "ana")
+    assert assigned.returncode == 0 and " assigned bo " in assigned.stdout
+    bad = cases(settings.data_dir, "close", p1["caseId"], "maybe")
+    assert bad.returncode == 2 and "verdict" in bad.stderr
+    closed = cases(
+        settings.data_dir, "close", p1["caseId"], "confirmed fraud", "--note", "mule", "--who", "bo"
+    )
+    assert closed.returncode == 0, closed.stderr
+    assert "3 alerts reviewed as confirmed fraud" in closed.stdout
+    exported = subprocess.run(
+        [VELOCITY, "reviews", "export"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VELOCITY_DATA_DIR": str(settings.data_dir)},
+        timeout=120,
+        check=True,
+    )
+    reviews = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert sorted(r["alertId"] for r in reviews) == ["a1", "a2", "a3"]
+    assert {(r["verdict"], r["note"], r["who"]) for r in reviews} == {
+        ("CONFIRMED_FRAUD", "mule", "bo")
+    }
+
+    shown = cases(settings.data_dir, "show", p1["caseId"], "--json")
+    case = json.loads(shown.stdout)
+    assert [h["event"] for h in case["history"]] == ["opened", "assigned", "closed"]
+    assert case["status"] == "closed" and case["verdict"] == "CONFIRMED_FRAUD"
+    assert sorted(a["alertId"] for a in case["alertRecords"]) == ["a1", "a2", "a3"]
+
+    # The key's next alert opens a new case; p2's joins its open one.
+    later, later_events = group([("a5", 7, "t5", "p1"), ("a6", 4, "t6", "p2")])
+    again = store.gather_alerts(later, later_events, batch=4)
+    new = dict(zip(again["alertId"].to_pylist(), again["caseId"].to_pylist(), strict=True))
+    assert new["a5"] not in case_ids.values() and new["a6"] == case_ids["a4"]
+    opened = cases(settings.data_dir, "list", "--status", "open", "--json")
+    assert sorted(json.loads(x)["caseId"] for x in opened.stdout.splitlines()) == sorted(
+        [new["a5"], new["a6"]]
+    )
+    assert settings.table_path(CASE_EVENTS).is_dir()
+    missing = cases(settings.data_dir, "show", "no-such-case")
+    assert missing.returncode == 2 and "no case" in missing.stderr

@@ -1,0 +1,98 @@
+"""Cases (SPEC §4a) as their events leave them (``velocity.cases``, pure)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from velocity.cases import (
+    CaseAlert,
+    CaseEventKind,
+    CaseStatus,
+    InvalidCaseActionError,
+    case_key_text,
+    fold_cases,
+    open_case_of,
+    person_event,
+    stream_case_events,
+)
+from velocity.reviews import Verdict
+
+pytestmark = pytest.mark.timeout(60)
+
+P1, P2 = case_key_text("payerId", "p1"), case_key_text("payerId", "p2")
+
+
+def alert(n: int, key: str, rule: int = 4, tx: str | None = None, amount: str = "10") -> CaseAlert:
+    return CaseAlert(f"a-{n}", rule, tx or f"tx-{n}", 1_000 + n, key, Decimal(amount))
+
+
+def test_the_first_alert_of_a_key_opens_a_case_and_later_ones_join_it() -> None:
+    first, case_of = stream_case_events(
+        [alert(1, P1), alert(2, P1, rule=5, tx="tx-1"), alert(3, P2, amount="7.5")], {}, 0, 50
+    )
+    assert [e.event for e in first] == [CaseEventKind.OPENED, CaseEventKind.OPENED]
+    cases = fold_cases(first)
+    p1 = cases[case_of["a-1"]]
+    # One payment that fired two rules counts once in the amount.
+    assert (p1.alerts, p1.rule_counts, p1.amount) == (2, {4: 1, 5: 1}, Decimal("10"))
+    assert (p1.opened_at, p1.latest_alert_at, p1.status) == (1_001, 1_002, CaseStatus.OPEN)
+    assert p1.key == {"payerId": "p1"} and case_of["a-2"] == case_of["a-1"] != case_of["a-3"]
+
+    later, later_of = stream_case_events([alert(9, P1)], open_case_of(cases.values()), 1, 60)
+    assert later[0].event is CaseEventKind.JOINED and later_of["a-9"] == case_of["a-1"]
+    again = fold_cases([*first, *later])[case_of["a-1"]]
+    assert (again.alerts, again.rule_counts, again.latest_alert_at) == (3, {4: 2, 5: 1}, 1_009)
+
+
+def test_an_alert_after_the_close_opens_a_new_case_and_a_reopened_one_is_joined_again() -> None:
+    opened, case_of = stream_case_events([alert(1, P1)], {}, 0, 50)
+    case = fold_cases(opened)[case_of["a-1"]]
+    assigned = person_event(case, CaseEventKind.ASSIGNED, "ana", 60, assignee="bo")
+    case = fold_cases([*opened, assigned])[case.case_id]
+    assert (case.status, case.assignee) == (CaseStatus.ASSIGNED, "bo")
+    closed = person_event(case, CaseEventKind.CLOSED, "bo", 70, verdict="false positive")
+    history = [*opened, assigned, closed]
+    case = fold_cases(history)[case.case_id]
+    assert (case.status, case.verdict) == (CaseStatus.CLOSED, Verdict.FALSE_POSITIVE)
+    assert open_case_of(fold_cases(history).values()) == {}
+
+    after, after_of = stream_case_events([alert(2, P1)], {}, 1, 80)
+    assert after[0].event is CaseEventKind.OPENED and after_of["a-2"] != case.case_id
+
+    reopened = person_event(case, CaseEventKind.REOPENED, "bo", 90)
+    folded = fold_cases([*history, *after, reopened])
+    assert folded[case.case_id].status is CaseStatus.ASSIGNED  # back to its assignee
+    # Two open cases of one key: alerts join the newest.
+    assert open_case_of(folded.values()) == {P1: after_of["a-2"]}
+
+
+def test_people_changes_are_checked_whole() -> None:
+    opened, case_of = stream_case_events([alert(1, P1)], {}, 0, 50)
+    case = fold_cases(opened)[case_of["a-1"]]
+    with pytest.raises(InvalidCaseActionError, match="verdict"):
+        person_event(case, CaseEventKind.CLOSED, "bo", 60, verdict="maybe")
+    with pytest.raises(InvalidCaseActionError, match="who"):
+        person_event(case, CaseEventKind.ASSIGNED, " ", 60, assignee="bo")
+    with pytest.raises(InvalidCaseActionError, match="not closed"):
+        person_event(case, CaseEventKind.REOPENED, "bo", 60)
+    with pytest.raises(InvalidCaseActionError, match="stream's"):
+        person_event(case, CaseEventKind.JOINED, "bo", 60)
+    closed = person_event(case, CaseEventKind.CLOSED, "bo", 10, verdict="CONFIRMED_FRAUD")
+    assert closed.at == 51  # after the case's latest event, whatever the caller's clock
+    case = fold_cases([*opened, closed])[case.case_id]
+    with pytest.raises(InvalidCaseActionError, match="closed already"):
+        person_event(case, CaseEventKind.CLOSED, "bo", 60, verdict="CONFIRMED_FRAUD")
+
+
+def test_a_case_event_round_trips_as_a_row_and_the_id_is_deterministic() -> None:
+    events, case_of = stream_case_events([alert(1, P1), alert(2, P1, rule=7)], {}, 3, 50)
+    again, again_of = stream_case_events([alert(2, P1, rule=7), alert(1, P1)], {}, 3, 50)
+    assert case_of == again_of and events == again
+    from velocity.cases import CaseEvent
+
+    assert [CaseEvent.from_row(e.to_row()) for e in events] == events
+    shown = fold_cases(events)[case_of["a-1"]].to_json(history=True)
+    assert shown["caseKey"] == {"payerId": "p1"} and shown["alerts"] == 2
+    assert shown["alertsByRule"] == {"4": 1, "7": 1} and shown["history"][0]["event"] == "opened"

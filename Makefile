@@ -35,6 +35,9 @@ lint: setup ## ruff and mypy
 bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket; RULES=file, BEFORE=checkout
 	@$(VENV)/python -m benchmarks.backtest $(if $(RULES),--rules $(RULES)) $(if $(BEFORE),--before $(BEFORE))
 
+bench-cooldown: setup ## alerts vs notified alerts per hour, sample and fire-often rules, 10-minute cooldown (150 events/s, 3,000 payers)
+	$(VENV)/python -m benchmarks.cooldown
+
 bench-kernel: setup ## the decision kernel alone on 1M synthetic events (sample and fire-often rules), and the reference
 	@$(VENV)/python -m benchmarks.kernel --reference 100000 && \
 		$(VENV)/python -m benchmarks.kernel --rules benchmarks/rules/fire_often.json --reference 100000
@@ -93,4 +96,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test lint bench bench-kernel bench-stream bench-window bench-backfill down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test lint bench bench-cooldown bench-kernel bench-stream bench-window bench-backfill down clean airflow airflow-down

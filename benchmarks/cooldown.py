@@ -1,0 +1,89 @@
+"""Alerts against notified alerts per hour (not a test): `make bench-cooldown`.
+
+What an analyst would be sent: the issue's new-user stream (150 events/s over 3,000
+payers, by default two hours of eventTime) backtested with a rules file as it is and
+with a cooldown on every rule (`--cooldown-minutes`, default 10), in one `velocity
+backtest` process each. A cooldown never changes which alerts exist, so one run gives
+both figures per rule: all its alerts, and those its cooldown notifies. Printed per rule
+and for the file, per hour of eventTime, plus the same with the cooldown on only the
+``--top`` rules that fire most (the sample rules ship with theirs on rules 4, 5 and 7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.backtest import SAMPLE_RULES, _events
+
+ROOT = Path(__file__).resolve().parents[1]
+HOUR_MS = 3_600_000
+
+
+def _cooled(rules: Path, minutes: int, out: Path) -> Path:
+    """The rules file with ``cooldownMinutes`` on every rule."""
+    entries = json.loads(rules.read_text())
+    out.write_text(json.dumps([{**e, "cooldownMinutes": minutes} for e in entries]))
+    return out
+
+
+def _backtest(rules: Path, events: Path, work: Path) -> list[dict]:
+    out = work / f"{rules.stem}.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "velocity.cli", "backtest", "--rules", str(rules),
+         "--events", str(events), "--out", str(out)],
+        check=True, stdout=subprocess.DEVNULL,
+        env={**os.environ, "VELOCITY_DATA_DIR": str(work / "data")},
+    )  # fmt: skip
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def report(name: str, alerts: list[dict], top: int, minutes: int) -> None:
+    times = [a["eventTime"] for a in alerts]
+    if not times:
+        print(f"{name}: no alerts")
+        return
+    hours = max(1.0, (max(times) - min(times)) / HOUR_MS)
+    fired = Counter(a["ruleId"] for a in alerts)
+    told = Counter(a["ruleId"] for a in alerts if not a.get("suppressed"))
+    loudest = {rule for rule, _ in fired.most_common(top)}
+    print(f"\n{name}: {len(alerts)} alerts over {hours:.2f} h of eventTime")
+    print(f"{'rule':>6} {'alerts/h':>10} {f'notified/h ({minutes} min)':>22}")
+    for rule in sorted(fired):
+        mark = " *" if rule in loudest else ""
+        print(f"{rule:>6} {fired[rule] / hours:>10.0f} {told[rule] / hours:>22.0f}{mark}")
+    top_only = sum(told[r] if r in loudest else fired[r] for r in fired)
+    print(
+        f"{'all':>6} {len(alerts) / hours:>10.0f} {sum(told.values()) / hours:>22.0f}"
+        f"   cooldown on the {top} loudest (*) only: {top_only / hours:.0f} notified/h"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rules", type=Path, action="append", help="rules files (repeat)")
+    parser.add_argument("--events", type=int, default=1_080_000)
+    parser.add_argument("--keys", type=int, default=3_000)
+    parser.add_argument("--rate", type=float, default=150.0)
+    parser.add_argument("--cooldown-minutes", type=int, default=10)
+    parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench-cooldown")
+    args = parser.parse_args()
+    rules_files = args.rules or [SAMPLE_RULES, ROOT / "benchmarks" / "rules" / "fire_often.json"]
+    args.work.mkdir(parents=True, exist_ok=True)
+    events = _events(args.work, args.events, args.keys, args.rate)
+    for rules in rules_files:
+        with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+            cooled = _cooled(rules, args.cooldown_minutes, Path(tmp) / rules.name)
+            alerts = _backtest(cooled, events, Path(tmp))
+            report(rules.name, alerts, args.top, args.cooldown_minutes)
+
+
+if __name__ == "__main__":
+    main()

@@ -124,6 +124,23 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
         for record in [json.loads(fields["alert"])]
     }
     assert published == set(streamed) - suppressed
+    # The write-behind gathered every alert into its payer's case (SPEC §4a): one open
+    # case per alerting payer, holding all its alerts, notified and suppressed.
+    from velocity.delta.case_store import CaseStore
+
+    alert_rows = tables.read_table(spark, live.alerts)
+    payers = (
+        alert_rows.join(tables.read_table(spark, live.events), "transactionId")
+        .select("alertId", "caseId", "payerId")
+        .collect()
+    )
+    assert all(row["caseId"] for row in payers)
+    case_of_payer = {row["payerId"]: row["caseId"] for row in payers}
+    assert all(case_of_payer[row["payerId"]] == row["caseId"] for row in payers)
+    listed = CaseStore(data_settings).listed()
+    assert {c.case_id for c in listed} == set(case_of_payer.values())
+    assert sum(c.alerts for c in listed) == len(payers) == len(streamed)
+    assert {c.status.value for c in listed} == {"open"}
 
     counts = {
         name: tables.read_table(spark, getattr(live, name)).count()

@@ -193,16 +193,50 @@ def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:
     return cases
 
 
-def open_case_of(cases: Iterable[Case]) -> dict[str, str]:
-    """Each case key's case that alerts join: its newest case that is not closed."""
-    newest: dict[str, Case] = {}
-    for case in cases:
-        if case.status is CaseStatus.CLOSED:
-            continue
-        known = newest.get(case.case_key)
-        if known is None or (case.opened_at, case.case_id) > (known.opened_at, known.case_id):
-            newest[case.case_key] = case
-    return {key: case.case_id for key, case in newest.items()}
+@dataclass
+class OpenCases:
+    """Which case each key's alerts join (its newest case that is not closed), kept up to
+    date event by event: the write-behind reads only the case events it has not seen, not the whole
+    table at every flush. Events must come in table order (a person's event is always
+    later than its case's events before it: ``person_event``)."""
+
+    opened: dict[str, tuple[str, int, int | None]] = field(default_factory=dict)
+    open_by_key: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_batch: dict[int, dict[str, str]] = field(default_factory=dict)  # recent groups' cases
+    opened_in: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
+    kept_batches: int = 256
+
+    def add(self, events: Iterable[CaseEvent]) -> None:
+        for e in sorted(events, key=lambda e: (e.at, e.batch is None, e.event.value)):
+            if e.event is CaseEventKind.OPENED:
+                self.opened[e.case_id] = (e.case_key, e.first_alert_at or e.at, e.batch)
+                self.open_by_key.setdefault(e.case_key, {})[e.case_id] = e.first_alert_at or e.at
+                if e.batch is not None:
+                    opened = (e.case_id, e.case_key, e.first_alert_at or e.at)
+                    self.opened_in.setdefault(e.batch, []).append(opened)
+            elif e.event is CaseEventKind.CLOSED:
+                self.open_by_key.get(e.case_key, {}).pop(e.case_id, None)
+            elif e.event is CaseEventKind.REOPENED and e.case_id in self.opened:
+                opened_at = self.opened[e.case_id][1]
+                self.open_by_key.setdefault(e.case_key, {})[e.case_id] = opened_at
+            if e.batch is not None:
+                self.by_batch.setdefault(e.batch, {})[e.case_key] = e.case_id
+        for recent in (self.by_batch, self.opened_in):
+            while len(recent) > self.kept_batches:
+                del recent[min(recent)]
+
+    def open_case_of(self, keys: Iterable[str]) -> dict[str, str]:
+        """Each of ``keys``' newest case that is not closed (as ``open_case_of``)."""
+        out = {}
+        for key in keys:
+            candidates = self.open_by_key.get(key)
+            if candidates:
+                out[key] = max(candidates.items(), key=lambda c: (c[1], c[0]))[0]
+        return out
+
+    def opened_by(self, batch: int) -> list[tuple[str, str, int]]:
+        """(caseId, caseKey, openedAt) of the cases a recent write-behind group opened."""
+        return list(self.opened_in.get(batch, []))
 
 
 @dataclass(frozen=True)

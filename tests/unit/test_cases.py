@@ -5,15 +5,17 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from velocity.cases import (
     CaseAlert,
     CaseEventKind,
     CaseStatus,
     InvalidCaseActionError,
+    OpenCases,
     case_key_text,
     fold_cases,
-    open_case_of,
     person_event,
     stream_case_events,
 )
@@ -28,6 +30,12 @@ def alert(n: int, key: str, rule: int = 4, tx: str | None = None, amount: str = 
     return CaseAlert(f"a-{n}", rule, tx or f"tx-{n}", 1_000 + n, key, Decimal(amount))
 
 
+def open_cases(events, keys):  # type: ignore[no-untyped-def]
+    index = OpenCases()
+    index.add(events)
+    return index.open_case_of(keys)
+
+
 def test_the_first_alert_of_a_key_opens_a_case_and_later_ones_join_it() -> None:
     first, case_of = stream_case_events(
         [alert(1, P1), alert(2, P1, rule=5, tx="tx-1"), alert(3, P2, amount="7.5")], {}, 0, 50
@@ -40,7 +48,7 @@ def test_the_first_alert_of_a_key_opens_a_case_and_later_ones_join_it() -> None:
     assert (p1.opened_at, p1.latest_alert_at, p1.status) == (1_001, 1_002, CaseStatus.OPEN)
     assert p1.key == {"payerId": "p1"} and case_of["a-2"] == case_of["a-1"] != case_of["a-3"]
 
-    later, later_of = stream_case_events([alert(9, P1)], open_case_of(cases.values()), 1, 60)
+    later, later_of = stream_case_events([alert(9, P1)], open_cases(first, [P1]), 1, 60)
     assert later[0].event is CaseEventKind.JOINED and later_of["a-9"] == case_of["a-1"]
     again = fold_cases([*first, *later])[case_of["a-1"]]
     assert (again.alerts, again.rule_counts, again.latest_alert_at) == (3, {4: 2, 5: 1}, 1_009)
@@ -56,7 +64,7 @@ def test_an_alert_after_the_close_opens_a_new_case_and_a_reopened_one_is_joined_
     history = [*opened, assigned, closed]
     case = fold_cases(history)[case.case_id]
     assert (case.status, case.verdict) == (CaseStatus.CLOSED, Verdict.FALSE_POSITIVE)
-    assert open_case_of(fold_cases(history).values()) == {}
+    assert open_cases(history, [P1]) == {}
 
     after, after_of = stream_case_events([alert(2, P1)], {}, 1, 80)
     assert after[0].event is CaseEventKind.OPENED and after_of["a-2"] != case.case_id
@@ -65,7 +73,7 @@ def test_an_alert_after_the_close_opens_a_new_case_and_a_reopened_one_is_joined_
     folded = fold_cases([*history, *after, reopened])
     assert folded[case.case_id].status is CaseStatus.ASSIGNED  # back to its assignee
     # Two open cases of one key: alerts join the newest.
-    assert open_case_of(folded.values()) == {P1: after_of["a-2"]}
+    assert open_cases([*history, *after, reopened], [P1]) == {P1: after_of["a-2"]}
 
 
 def test_people_changes_are_checked_whole() -> None:
@@ -96,3 +104,33 @@ def test_a_case_event_round_trips_as_a_row_and_the_id_is_deterministic() -> None
     shown = fold_cases(events)[case_of["a-1"]].to_json(history=True)
     assert shown["caseKey"] == {"payerId": "p1"} and shown["alerts"] == 2
     assert shown["alertsByRule"] == {"4": 1, "7": 1} and shown["history"][0]["event"] == "opened"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("gcr"), st.sampled_from([P1, P2]), st.integers(0, 3))))
+def test_open_cases_read_piece_by_piece_are_the_newest_unclosed_case_of_each_key(steps) -> None:
+    """Stream groups (g), closes (c) and reopens (r) in any order, the index fed the
+    events in pieces as the write-behind reads new files: always the fold's answer."""
+    events, index, clock = [], OpenCases(kept_batches=3), 100
+    for batch, (step, key, pick) in enumerate(steps):
+        clock += 10
+        cases = fold_cases(events)
+        mine = sorted((c for c in cases.values() if c.case_key == key), key=lambda c: c.case_id)
+        new = []
+        if step == "g":
+            known = index.open_case_of([key])
+            new, _ = stream_case_events([alert(batch, key)], known, batch, clock)
+        elif mine:
+            case = mine[pick % len(mine)]
+            kind = CaseEventKind.CLOSED if step == "c" else CaseEventKind.REOPENED
+            try:
+                new = [person_event(case, kind, "ana", clock, verdict="false positive")]
+            except InvalidCaseActionError:
+                new = []
+        events += new
+        index.add(new)
+        folded = fold_cases(events).values()
+        for k in (P1, P2):
+            unclosed = [c for c in folded if c.case_key == k and c.status is not CaseStatus.CLOSED]
+            newest = max(unclosed, key=lambda c: (c.opened_at, c.case_id), default=None)
+            assert index.open_case_of([k]) == ({} if newest is None else {k: newest.case_id})

@@ -31,9 +31,9 @@ from velocity.cases import (
     CaseEvent,
     CaseEventKind,
     CaseStatus,
+    OpenCases,
     case_key_text,
     fold_cases,
-    open_case_of,
     person_event,
     stream_case_events,
 )
@@ -43,6 +43,7 @@ from velocity.delta.small_tables import (
     append_planned,
     create_if_missing,
     open_table,
+    read_files,
     read_rows,
     rows_table,
 )
@@ -118,12 +119,11 @@ class CaseStore:
             return alerts
 
         def plan(table: DeltaTable) -> tuple[Any, dict[str, str]]:
-            known = _events(table)
-            mine = [e for e in known if e.batch == batch]
+            index = _open_cases(table)
+            mine = index.by_batch.get(batch)
             if mine:  # a redone flush: its events are in already
-                by_key = {e.case_key: e.case_id for e in mine}
-                return None, {a.alert_id: by_key[a.case_key] for a in picked}
-            open_cases = open_case_of(fold_cases(known).values())
+                return None, {a.alert_id: mine[a.case_key] for a in picked}
+            open_cases = index.open_case_of({a.case_key for a in picked})
             now = int(time.time() * 1000)
             rows, case_of = stream_case_events(picked, open_cases, batch, now)
             return _event_rows(rows), case_of
@@ -137,29 +137,25 @@ class CaseStore:
 
     def _record_opened(self, batch: int) -> None:
         """The cases the group's events opened, in ``cases`` (once: a redo finds them)."""
+        table = open_table(self.events_path)
+        opened = [] if table is None else _open_cases(table).opened_by(batch)
 
-        def plan(table: DeltaTable) -> tuple[Any, None]:
-            done = {
-                r["caseId"] for r in read_rows(table, ["caseId", "batch"]) if r["batch"] == batch
-            }
-            opened = [
-                e
-                for e in self.events()
-                if e.batch == batch and e.event is CaseEventKind.OPENED and e.case_id not in done
-            ]
-            if not opened:
+        def plan(cases: DeltaTable) -> tuple[Any, None]:
+            rows = read_rows(cases, ["caseId", "batch"]) if opened else []
+            done = {r["caseId"] for r in rows if r["batch"] == batch}
+            new = [o for o in opened if o[0] not in done]
+            if not new:
                 return None, None
             columns: dict[str, list[Any]] = {
-                "caseId": [e.case_id for e in opened],
-                "caseKey": [e.case_key for e in opened],
-                "openedAt": [e.first_alert_at for e in opened],
-                "batch": [batch for _ in opened],
+                "caseId": [case_id for case_id, _, _ in new],
+                "caseKey": [key for _, key, _ in new],
+                "openedAt": [opened_at for _, _, opened_at in new],
+                "batch": [batch for _ in new],
             }
             return rows_table(CASE_ARROW_SCHEMA, columns), None
 
-        append_planned(
-            self.cases_path, CASE_ARROW_SCHEMA, plan, "the opened cases were not written"
-        )
+        refused = "the opened cases were not written"
+        append_planned(self.cases_path, CASE_ARROW_SCHEMA, plan, refused)
 
     # --- people -------------------------------------------------------------------------
 
@@ -208,6 +204,25 @@ class CaseStore:
             return []
         wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]
         return [AlertRef.of(r) for r in rows.select(wanted).to_pylist()]
+
+
+# Per case-events table, in this process: its data files read so far and what they say
+# about open cases. A table only ever grows by appends; when a file read before is gone
+# (rewritten by hand), it is read whole again.
+_INDEXES: dict[str, tuple[set[str], OpenCases]] = {}
+
+
+def _open_cases(table: DeltaTable) -> OpenCases:
+    """The open cases as of ``table``'s version, reading only the files not read yet."""
+    files = set(table.file_uris())
+    known_files, index = _INDEXES.get(table.table_uri, (set(), OpenCases()))
+    if not known_files <= files:
+        known_files, index = set(), OpenCases()
+    new = sorted(files - known_files)
+    if new:
+        index.add(CaseEvent.from_row(r) for r in read_files(table, new, _EVENT_COLUMNS))
+    _INDEXES[table.table_uri] = (files, index)
+    return index
 
 
 def ensure_case_tables(settings: Settings) -> None:

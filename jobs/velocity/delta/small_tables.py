@@ -72,8 +72,17 @@ def read_rows(table: DeltaTable, columns: Sequence[str]) -> list[dict[str, Any]]
     if table.protocol().min_reader_version > 1:
         rows: list[dict[str, Any]] = table.to_pyarrow_table(columns=list(columns)).to_pylist()
         return rows
+    return read_files(table, table.file_uris(), columns)
+
+
+def read_files(
+    table: DeltaTable, uris: Sequence[str], columns: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The rows of some of the table's data files (``file_uris``), as ``read_rows``."""
+    if table.protocol().min_reader_version > 1:
+        raise VelocityError(f"{table.table_uri} needs a reader feature; read it whole")
     found: list[dict[str, Any]] = []
-    for uri in table.file_uris():
+    for uri in uris:
         # delta-rs gives percent-encoded URIs (a data dir with a space in its path).
         filesystem, path = pafs.FileSystem.from_uri(uri)
         with filesystem.open_input_file(unquote(path)) as source:

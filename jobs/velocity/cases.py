@@ -226,7 +226,7 @@ class OpenCases:
                 del recent[min(recent)]
 
     def open_case_of(self, keys: Iterable[str]) -> dict[str, str]:
-        """Each of ``keys``' newest case that is not closed (as ``open_case_of``)."""
+        """Each of ``keys``' newest case that is not closed."""
         out = {}
         for key in keys:
             candidates = self.open_by_key.get(key)

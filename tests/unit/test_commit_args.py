@@ -16,12 +16,8 @@ pytestmark = pytest.mark.timeout(120)
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 pairs = st.lists(st.tuples(st.integers(0, 10**13), texts), max_size=4)
 starts = st.lists(st.integers(0, 10**13), max_size=4)
-notified = st.lists(
-    st.tuples(st.integers(1, 99).map(lambda r: f"n:{r}:1"), texts), max_size=3
-)
-changes = st.builds(
-    KeyChange, texts, st.booleans(), pairs, pairs, starts, starts, pairs, notified
-)
+notified = st.lists(st.tuples(st.integers(1, 99).map(lambda r: f"n:{r}:1"), texts), max_size=3)
+changes = st.builds(KeyChange, texts, st.booleans(), pairs, pairs, starts, starts, pairs, notified)
 
 
 @settings(max_examples=200, deadline=None)

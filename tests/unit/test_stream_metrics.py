@@ -155,6 +155,7 @@ def test_a_scrape_adds_up_the_batches() -> None:
     }
     # Every reason is there from the start (at 0), so a first quarantined line shows as a rate.
     assert quarantined == {r.value: 0 for r in RejectReason} | {"not_json": 2, "unknown_enum": 1}
+
     def alerts(rule_id: str, suppressed: str) -> float | None:
         return value(
             samples, "velocity_alerts_total", rule_id=rule_id, kind="ALERT", suppressed=suppressed

@@ -1,34 +1,31 @@
 """The Velocity page's alerts: the filter form, the table (one row per alert, with its rule
-version and what the rule checks, its key as ``payerId=p-4041, beneficiaryId=2034``, UTC
-times, its explanation link and review cell), paging links, and the script that adds the
-alerts the server sends while the page is open (pure HTML from plain data; everything
-shown is escaped).
+version and what the rule checks, its key as ``payerId=p-4041, beneficiaryId=2034``, when
+it was decided ("3 min ago", the UTC time in its title) and its event time in UTC, its
+explanation link and review cell), and paging links (pure HTML from plain data;
+everything shown is escaped).
 
-Live: the newest page listens to ``/api/alerts/live`` (server-sent events, with the
-page's filter and the alert stream's position when the page was drawn); each event is a
-row drawn by ``alert_row`` on the server, put on top of the table unless an alert of its
-id is listed. The browser reconnects by itself (with the last position it had), and the
-server ends each connection after a while so that a closed tab, an expired login or an
-api-server shutdown does not keep it open.
+Live: the newest page tells the page's live feed (``/api/page/live``) the alert stream's
+position when it was drawn; the feed counts the alerts published since that pass the
+filter, and the page says so ("12 new alerts — show"). The rows are drawn again only on
+request (the newest page, its size at most): a row never moves under the analyst's hand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from velocity.alert_search import AlertFilter, Cursor, key_text
+from velocity.alert_search import FILTER_FIELDS, AlertFilter, Cursor
 from velocity.alerts import AlertKind
 from velocity.reviews import Review
 from velocity.rules import Rule, rule_summary
 from velocity_airflow import review_html
+from velocity_airflow.values_html import hidden_inputs, key_html, time_ago, time_text
 
-# Rows the live table keeps: the oldest go (and the Older link moves up) past this many.
-LIVE_ROWS_KEPT = 500
+__all__ = ["AlertsView", "alert_row", "alert_rows", "alerts_section", "time_text"]
 
 STYLE = """
 form.filter input { font-size: .85rem; } form.filter label { margin-right: .5rem; }
@@ -38,49 +35,6 @@ tr.fresh { animation: fresh 3s ease-out; }
 .paging a { margin-right: 1rem; }
 .badge { font-size: .7rem; padding: 0 .3rem; border-radius: 3px; margin-left: .25rem; }
 .badge.shadow { background: #e9d8fd; color: #553c9a; }
-"""
-
-# Rows sent by the server while the page is open go on top of the table; the health
-# section is redrawn with each health event (the heartbeat age keeps counting).
-_LIVE_SCRIPT = """
-(function () {
-  var table = document.querySelector('[data-testid="alerts"]');
-  if (!table || !table.dataset.live || !window.EventSource) { return; }
-  var rows = table.tBodies[0], status = document.querySelector('[data-testid="live-status"]');
-  var source = new EventSource(table.dataset.live, {withCredentials: true});
-  window.velocityLive = source;
-  function say(text) { if (status) { status.textContent = text; } }
-  source.onopen = function () { say("live: new alerts appear here as they are raised"); };
-  source.onerror = function () { say("live: reconnecting…"); };
-  source.addEventListener("alert", function (event) {
-    var message = JSON.parse(event.data);
-    var listed = rows.querySelectorAll("tr[data-alert-id]");
-    for (var i = 0; i < listed.length; i++) {
-      if (listed[i].dataset.alertId === message.alertId) { return; }
-    }
-    rows.insertAdjacentHTML("afterbegin", message.html);
-    var none = document.querySelector('[data-testid="no-alerts"]');
-    if (none) { none.hidden = true; }
-    var kept = rows.querySelectorAll("tr[data-alert-id]");
-    if (kept.length > table.dataset.kept) {
-      for (var j = Number(table.dataset.kept); j < kept.length; j++) { kept[j].remove(); }
-      var older = document.querySelector('[data-testid="older-alerts"]');
-      var last = kept[Number(table.dataset.kept) - 1];
-      if (older && last) {
-        var url = new URL(older.href);
-        url.searchParams.set("before", last.dataset.cursor);
-        older.href = url.toString();
-      }
-    }
-  });
-  source.addEventListener("health", function (event) {
-    var health = document.getElementById("health");
-    if (health) { health.innerHTML = JSON.parse(event.data).html; }
-  });
-  source.addEventListener("failed", function (event) {
-    say("live: " + JSON.parse(event.data).error);
-  });
-})();
 """
 
 
@@ -98,25 +52,23 @@ class AlertsView:
     older: Cursor | None = None  # the next page's boundary; None: this is the last page
     live_after: str | None = None  # the alert stream's position when drawn; None: not live
     filter_error: str | None = None
+    # The page's other URL parameters (the queue's filter, …): every link and form keeps them.
+    kept: Mapping[str, str] = field(default_factory=dict)
+    now_ms: int | None = None  # when drawn: decision times read "3 min ago" (None: as UTC)
 
     def link(self, **extra: str) -> str:
-        """The page's URL with this filter (and page size) and ``extra`` parameters."""
-        params = dict(self.query.query())
+        """The page's URL with this filter (and page size), the page's other parameters
+        and ``extra`` parameters."""
+        params = {k: v for k, v in self.kept.items() if k not in _OWN}
+        params.update(self.query.query())
         if self.limit is not None:
             params["limit"] = str(self.limit)
         params.update(extra)
         return f"{self.base}/?{urlencode(params)}" if params else f"{self.base}/"
 
 
-def time_text(ms: object) -> str:
-    """Epoch ms as UTC time (``2026-01-01 10:05:00.123Z``); anything else as escaped text."""
-    if isinstance(ms, bool) or not isinstance(ms, int):
-        return "" if ms is None else escape(str(ms))
-    try:
-        moment = datetime.fromtimestamp(ms / 1000, UTC)
-    except (OverflowError, OSError, ValueError):
-        return escape(str(ms))
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+# The parameters of the alerts section (its filter, page size and boundary, an explanation).
+_OWN = (*FILTER_FIELDS, "limit", "before", "alert")
 
 
 def _rule_cell(alert: Mapping[str, Any], view: AlertsView) -> str:
@@ -149,7 +101,12 @@ def alert_row(
     rule = view.rule_versions.get((alert.get("ruleId"), alert.get("ruleVersion")))  # type: ignore[arg-type]
     order = rule.grouping_keys if rule is not None else ()
     key = alert.get("key")
-    shown_key = key_text(key, order) if isinstance(key, Mapping) else str(key)
+    shown_key = key_html(key, order) if isinstance(key, Mapping) else escape(str(key))
+    decided = (
+        time_text(alert.get("decisionTime"))
+        if view.now_ms is None
+        else time_ago(alert.get("decisionTime"), view.now_ms)
+    )
     explain = ""
     if alert.get("kind") != AlertKind.RETRACTION:
         at = {"before": view.before.text()} if view.before is not None else {}
@@ -164,9 +121,9 @@ def alert_row(
         f'data-kind="{escape(str(alert.get("kind")))}" '
         f'data-tx="{escape(str(alert["transactionId"]))}"'
         f"{' data-shadow=1' if alert.get('shadow') else ''}>"
-        f"<td>{time_text(alert.get('decisionTime'))}</td>"
+        f"<td>{decided}</td>"
         f"<td>{escape(str(alert.get('kind')))}{_shadow_badge(alert)}</td>{_rule_cell(alert, view)}"
-        f'<td data-testid="alert-key">{escape(shown_key)}</td>'
+        f'<td data-testid="alert-key">{shown_key}</td>'
         f"<td>{escape(str(alert['aggregateValue']))} {escape(str(alert['limitOperatorType']))} "
         f"{escape(str(alert['limit']))}</td><td>{escape(str(alert['transactionId']))}</td>"
         f"<td>{time_text(alert.get('eventTime'))}</td><td>{explain}</td>"
@@ -195,6 +152,9 @@ def _filter_form(view: AlertsView) -> str:
         )
 
     kept = f'<input type="hidden" name="limit" value="{view.limit}">' if view.limit else ""
+    kept += hidden_inputs(view.kept, _OWN)
+    clear = {k: v for k, v in view.kept.items() if k not in _OWN}
+    clear_url = f"{view.base}/?{urlencode(clear)}" if clear else f"{view.base}/"
     return (
         f'<form class="filter" method="get" action="{view.base}/" data-testid="alert-filter">'
         f'<label>Rule <select name="rule" data-testid="alert-rule">{"".join(rules)}</select>'
@@ -205,7 +165,7 @@ def _filter_form(view: AlertsView) -> str:
         f"{box('from', 'Event time from', 18, '2026-01-01 10:00 (UTC)')}"
         f"{box('to', 'to', 18, '2026-01-01 11:00 (UTC)')}{kept}"
         '<button type="submit" data-testid="filter-submit">Show</button> '
-        f'<a href="{view.base}/" data-testid="filter-clear">clear</a></form>'
+        f'<a href="{escape(clear_url)}" data-testid="filter-clear">clear</a></form>'
     )
 
 
@@ -216,7 +176,9 @@ def alerts_section(
     error: str | None,
 ) -> str:
     """The filter form, then the table of ``alerts`` (newest first) with its paging links;
-    the newest page (no boundary) is live."""
+    the newest page (no boundary) is live: the page's feed says how many alerts came since
+    (``data-after``: the alert stream's position when drawn), and ``data-rows`` draws the
+    newest rows again on request."""
     form = _filter_form(view)
     if view.filter_error:
         return form + f'<p class="bad" data-testid="filter-error">{escape(view.filter_error)}</p>'
@@ -228,12 +190,17 @@ def alerts_section(
     )
     condition = " matching the filter" if not view.query.empty else ""
     caption = f'<p class="muted">Alerts{condition}, {where}, by decision time (UTC).'
-    live = ""
+    live = notice = ""
     if view.before is None and view.live_after is not None:
-        params = {**view.query.query(), "after": view.live_after}
-        live_url = f"{view.base}/api/alerts/live?{urlencode(params)}"
-        live = f' data-live="{escape(live_url)}" data-kept="{LIVE_ROWS_KEPT}"'
+        params = {**view.query.query(), **({"limit": str(view.limit)} if view.limit else {})}
+        rows_url = f"{view.base}/alerts/rows?{urlencode(params)}"
+        live = f' data-after="{escape(view.live_after)}" data-rows="{escape(rows_url)}"'
         caption += ' <span data-testid="live-status">live: connecting…</span>'
+        notice = (
+            '<p class="notice" data-testid="alerts-notice" hidden>'
+            '<span data-testid="alerts-notice-text"></span> — '
+            '<button type="button" data-testid="alerts-show">show</button></p>'
+        )
     elif view.before is not None:
         caption += " Live updates show on the newest page."
     caption += "</p>"
@@ -246,7 +213,7 @@ def alerts_section(
         "<thead><tr><th>decided</th><th>kind</th><th>rule</th><th>key</th><th>aggregate</th>"
         "<th>transaction</th><th>event time</th><th></th><th>review</th></tr></thead>"
     )
-    rows = "".join(alert_row(a, view, reviews.get(str(a["alertId"]))) for a in alerts)
+    rows = alert_rows(alerts, view, reviews)
     table = f'<table data-testid="alerts"{live}>{head}<tbody>{rows}</tbody></table>'
     links = []
     if view.before is not None:
@@ -255,4 +222,11 @@ def alerts_section(
         older = view.link(before=view.older.text())
         links.append(f'<a href="{escape(older)}" data-testid="older-alerts">older alerts →</a>')
     paging = f'<p class="paging">{"".join(links)}</p>' if links else ""
-    return f"{form}{problem}{caption}{none}{table}{paging}<script>{_LIVE_SCRIPT}</script>"
+    return f"{form}{problem}{caption}{notice}{none}{table}{paging}"
+
+
+def alert_rows(
+    alerts: Sequence[Mapping[str, Any]], view: AlertsView, reviews: Mapping[str, Review]
+) -> str:
+    """The rows of ``alerts`` alone (the live page draws them again on request)."""
+    return "".join(alert_row(a, view, reviews.get(str(a["alertId"]))) for a in alerts)

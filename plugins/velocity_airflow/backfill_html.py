@@ -4,11 +4,16 @@ table, its state and link from Airflow (``velocity.backfill_runs``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
+from typing import Any
 
 from velocity.backfill_runs import BackfillRunView
-from velocity_airflow.alerts_html import time_text
+from velocity.rules import Rule, rule_summary
+from velocity_airflow.values_html import time_ago, time_text
+
+# The DAG the form starts a run of (Airflow's own trigger form for it stays).
+BACKFILL_DAG_ID = "backfill_alerts"
 
 
 def _range(view: BackfillRunView) -> str:
@@ -22,7 +27,45 @@ def _range(view: BackfillRunView) -> str:
     return f"{time_text(recorded.from_ms)} … {time_text(recorded.to_ms)}{late}"
 
 
-def backfill_table(runs: Sequence[BackfillRunView] | None, error: str | None) -> str:
+def backfill_form(rules: Sequence[Rule], written: Mapping[str, Any], base: str, back: str) -> str:
+    """The form that starts a backfill run from the page: the rules in force to replay
+    (none chosen: every one), and the event-time range in UTC (both empty: the recorded
+    late and out-of-order events). ``written``: the fields as last written, kept when
+    the server refused them; ``back``: the hidden field that brings the page back."""
+    chosen = {str(r) for r in written.get("rule_ids") or ()}
+    boxes = "".join(
+        f'<label class="choice"><input type="checkbox" name="rule_ids" value="{r.rule_id}"'
+        f"{' checked' if str(r.rule_id) in chosen else ''} "
+        f'data-testid="backfill-rule-{r.rule_id}"> {r.rule_id} · {escape(rule_summary(r))}'
+        "</label>"
+        for r in rules
+    )
+
+    def box(name: str, label: str) -> str:
+        return (
+            f'<label>{label} <input name="{name}" size="20" '
+            f'placeholder="2026-01-01 10:00 (UTC)" value="{escape(str(written.get(name, "")))}" '
+            f'data-testid="backfill-{name}"></label> '
+        )
+
+    return (
+        f'<form method="post" action="{base}/backfills" data-testid="backfill-form" '
+        'data-progress="Starting the backfill run…">'
+        f"{back}<div>{boxes}</div>{box('from_time', 'From')}{box('to_time', 'to')}"
+        '<button type="submit" data-testid="backfill-submit">Start backfill</button>'
+        '<p class="muted">Starts a run of the <code>backfill_alerts</code> DAG through '
+        "Airflow, as its trigger form does (which stays: "
+        f'<a href="/dags/{BACKFILL_DAG_ID}" target="_top">the DAG in Airflow</a>; a paused '
+        "DAG is unpaused, as that form does by default). From and to: event times in UTC, "
+        "both inclusive (<code>2026-01-01 10:05</code>, a time copied from the page, or "
+        "epoch ms); both empty: the recorded late and out-of-order events. No rule chosen: "
+        "every rule in force.</p></form>"
+    )
+
+
+def backfill_table(
+    runs: Sequence[BackfillRunView] | None, error: str | None, now_ms: int = 0
+) -> str:
     """The runs, or why they cannot be read; a run's figures are blank until it records
     them (running, or failed before its end)."""
     if error:
@@ -55,7 +98,8 @@ def backfill_table(runs: Sequence[BackfillRunView] | None, error: str | None) ->
         )
         rows.append(
             f'<tr data-testid="backfill-run" data-state="{escape(run.state)}">'
-            f"<td>{time_text(run.started_at)}</td><td>{escape(run.state)}</td>"
+            f"<td>{time_ago(run.started_at, now_ms) if now_ms else time_text(run.started_at)}"
+            f"</td><td>{escape(run.state)}</td>"
             f"<td>{_range(run)}</td><td>{escape(run.rules_text)}</td>{cells}<td>{link}</td></tr>"
         )
     return f'<table data-testid="backfill-runs">{head}{"".join(rows)}</table>'

@@ -18,6 +18,17 @@ of the live events, ``velocity.delta.preview_reader``) is computed in this proce
 in a worker thread (the routes are plain functions, which FastAPI runs off the event
 loop); it writes nothing, so any signed-in user may ask for one.
 
+The page opens on the queue of cases (``velocity.case_queue``, the cases read through
+``velocity.delta.case_store``): a case opens to its alerts, payments and history, and is
+assigned, closed with a verdict (which reviews each of its alerts) or reopened here. A
+backfill run is started from the page as a run of the backfill DAG, through Airflow's own
+code in this process (``airflow.api.common.trigger_dag``), with the user's permissions.
+
+One live feed per open page (``/api/page/live``) counts what changed since the page was
+drawn (alerts published, cases updated) and the page says so; rows are drawn again only
+when asked. Each click's moment travels in a short-lived cookie and ``ClickTiming`` notes
+when the request reached this app (``/api/clicks``): the page's responsiveness, measured.
+
 Airflow's authentication guards every route: the page needs a signed-in user; a change
 (a rule change or a review) needs permission to edit the ``run_stream`` DAG
 (SimpleAuthManager: roles user, op and admin, not viewer), since a rule change changes
@@ -27,6 +38,7 @@ site cannot post one with the user's cookie.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -35,13 +47,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import cache
 from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -64,16 +77,23 @@ from velocity.alert_search import (
     parse_filter,
     parse_limit,
 )
-from velocity_airflow import flash
-from velocity_airflow.alerts_html import AlertsView, alert_row
-from velocity_airflow.page_html import Flash, PageData, health_html, render_page
+from velocity_airflow import backfill_html, flash, queue_html
+from velocity_airflow.alerts_html import AlertsView, alert_row, alert_rows
+from velocity_airflow.page_html import (
+    Flash,
+    PageData,
+    explanation_section,
+    health_html,
+    render_case,
+    render_page,
+)
 from velocity_airflow.plans import rule_id_text
 
 URL_PREFIX = "/velocity"
 # Who may edit this DAG may change the rules it runs with.
 RULES_DAG_ID = "run_stream"
-# The DAG whose runs the page lists as backfill runs.
-BACKFILL_DAG_ID = "backfill_alerts"
+# The DAG whose runs the page lists as backfill runs, and starts from its form.
+BACKFILL_DAG_ID = backfill_html.BACKFILL_DAG_ID
 # One state clearing at a time: each starts a Spark session in the api-server's process
 # tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
 _CLEAR_STATE = threading.Lock()
@@ -113,6 +133,67 @@ _LIVE_BLOCK_MS = 1000
 _LIVE_HEALTH_SECONDS = 5.0
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
+# The live feed counts up to this many alert stream entries a read, and says how many came
+# at most once a second (a storm of alerts is a number that grows, not a flood of rows).
+_LIVE_COUNT = 10_000
+_LIVE_SAY_SECONDS = 1.0
+_LIVE_CASES_SECONDS = 2.0
+# Timed clicks kept for /api/clicks (the newest; one api-server process holds its own).
+_CLICKS_KEPT = 2000
+_CLICK_COOKIE = re.compile(
+    r"(?:^|;\s*)velocity_click=([a-z0-9]{1,16})\.([0-9]{10,16})\.([A-Za-z0-9_-]{0,40})"
+)
+# Requests that do not answer a click (the live feed reconnecting carries the cookie too).
+_UNTIMED = ("/api/page/live", "/api/alerts/live", "/api/clicks")
+
+
+class ClickTiming:
+    """ASGI middleware: a request carrying a click's cookie (the page's script sets it on
+    each click, with the browser's clock) is noted once, with when this app received it,
+    before anything else (authentication included) runs."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope.get("type") == "http":
+            received = time.time() * 1000
+            path = str(scope.get("path", ""))
+            if not path.endswith(_UNTIMED):
+                for name, value in scope.get("headers") or ():
+                    if name == b"cookie":
+                        _note_click(value.decode("latin-1"), scope, path, received)
+        await self.app(scope, receive, send)
+
+
+_CLICKS: deque[dict[str, Any]] = deque(maxlen=_CLICKS_KEPT)
+_CLICK_IDS: deque[str] = deque(maxlen=_CLICKS_KEPT)
+
+
+def _note_click(cookie: str, scope: Mapping[str, Any], path: str, received: float) -> None:
+    found = _CLICK_COOKIE.search(cookie)
+    if found is None or found.group(1) in _CLICK_IDS:
+        return
+    click_id, clicked, what = found.group(1), int(found.group(2)), found.group(3)
+    _CLICK_IDS.append(click_id)
+    _CLICKS.append(
+        {
+            "click": click_id,
+            "what": what,
+            "method": scope.get("method"),
+            "path": path,
+            "clickedAt": clicked,
+            "receivedAt": round(received, 1),
+            "delayMs": round(received - clicked, 1),
+        }
+    )
+
+
 # No docs pages (the Swagger UI would load its scripts from a CDN, and Airflow does not
 # guard them): the schema is served at /api/openapi.json behind the login.
 app = FastAPI(
@@ -122,6 +203,7 @@ app = FastAPI(
     redoc_url=None,
     openapi_url=None,
 )
+app.add_middleware(ClickTiming)
 
 
 class _SignIn(Exception):
@@ -366,19 +448,32 @@ def _shadow(settings: Any, history: Any, reviews: list[Any] | None) -> list[Any]
     return shadow_comparisons(settings, int(time.time() * 1000), history, reviews)
 
 
-def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
+def _page_data(
+    request: Request, user: Any, params: Mapping[str, str] | None = None, **extra: Any
+) -> PageData:
+    """Everything the page shows, for the URL parameters of ``request`` (or ``params``:
+    a post's page drawn again, with those it was posted from)."""
     from velocity import stream_control
     from velocity.delta.reader import rule_history
     from velocity.reviews import latest_reviews
     from velocity.rule_changes import RuleBook
 
-    query = request.query_params
+    query = params = _params(request.query_params) if params is None else dict(params)
+    now_ms = int(time.time() * 1000)
     settings, settings_error = _read("Velocity settings", _settings)
-    data = PageData(user=user.get_name(), can_edit=_can_edit(user), base=URL_PREFIX, **extra)
+    data = PageData(
+        user=user.get_name(),
+        can_edit=_can_edit(user),
+        base=URL_PREFIX,
+        params=params,
+        now_ms=now_ms,
+        **extra,
+    )
     if settings is None:
         data.health_error = data.rules_error = data.alerts_error = settings_error
-        data.precision_error = data.shadow_error = settings_error
+        data.precision_error = data.shadow_error = data.queue_error = settings_error
         return data
+    data.write_behind_seconds = settings.write_behind_seconds
     health, data.health_error = _read(
         "stream status", lambda: stream_control.check_health(settings).to_json()
     )
@@ -387,6 +482,10 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
     # The rules in force, one per ruleId: a SHADOW candidate is listed beside its rule.
     data.rules = [r for _, r in sorted(RuleBook.of(history or []).standing().items())]
     data.rule_versions = {(r.rule_id, r.version): r for r in history or []}
+    data.queue, data.queue_page, data.queue_error = _queue(settings, data, history)
+    data.rule_rates, data.rates_error = _read(
+        "alerts a minute", lambda: _rule_rates(settings, [r.rule_id for r in data.rules], now_ms)
+    )
     _alert_page(data, settings, query, history)
     reviews, data.reviews_error = _read("reviews", lambda: _reviews(settings))
     data.reviews = None if reviews is None else latest_reviews(reviews)
@@ -413,6 +512,79 @@ def _page_data(request: Request, user: Any, **extra: Any) -> PageData:
             lambda: _lookup(settings, query.get("lookup_rule", ""), query.get("lookup_key", "")),
         )
     return data
+
+
+# A query string longer than this is not a page's: cut, never echoed back whole.
+_PARAMS_MAX = 4000
+
+
+def _params(query: Mapping[str, str]) -> dict[str, str]:
+    """The page's URL parameters (the first value of each, non-empty), to keep."""
+    params: dict[str, str] = {}
+    for name, value in query.items():
+        if value and name not in params and len(name) <= 40:
+            params[name] = value[:_PARAMS_MAX]
+    return params
+
+
+def _params_of(back: str) -> dict[str, str]:
+    """A change's ``back`` field (the page's query string when the form was posted) as
+    parameters; anything unreadable is left out."""
+    return _params(dict(parse_qsl(back[:_PARAMS_MAX], keep_blank_values=False)))
+
+
+def _rule_rates(settings: Any, rule_ids: list[int], now_ms: int) -> Any:
+    from velocity.delta.reader import rule_rates
+
+    return rule_rates(settings, rule_ids, now_ms)
+
+
+def _queue(
+    settings: Any, data: PageData, history: Any
+) -> tuple[queue_html.QueueView | None, Any, str | None]:
+    """The queue's view, the page of cases the URL asks for, and what went wrong (a
+    filter that cannot be read names its field; the form keeps what was written)."""
+    from velocity.case_queue import CaseFilter, CaseQuery, parse_case_query, queue_page
+
+    rule_ids = sorted({r.rule_id for r in history or []})
+    view = queue_html.QueueView(
+        base=URL_PREFIX,
+        can_edit=data.can_edit,
+        user=data.user,
+        now_ms=data.now_ms,
+        params=data.params,
+        rule_versions=data.rule_versions,
+        rule_ids=rule_ids,
+        write_behind_seconds=settings.write_behind_seconds,
+    )
+    try:
+        view.query = parse_case_query(data.params, None if history is None else set(rule_ids))
+    except InvalidFilterError as exc:
+        view.query = CaseQuery(CaseFilter(text=_case_text(data.params)))
+        return view, None, str(exc)
+    cases, error = _read("cases", lambda: _cases(settings))
+    if cases is None:
+        return view, None, error
+    view.as_of = _newest_activity(cases)
+    return view, queue_page(cases, view.query), None
+
+
+def _case_text(params: Mapping[str, str]) -> dict[str, str]:
+    from velocity.case_queue import CASE_FILTER_FIELDS
+
+    return {k: params[k] for k in CASE_FILTER_FIELDS if params.get(k)}
+
+
+def _cases(settings: Any) -> list[Any]:
+    from velocity.delta.case_store import CaseStore
+
+    return list(CaseStore(settings).cases().values())
+
+
+def _newest_activity(cases: list[Any]) -> int:
+    from velocity.case_queue import newest_activity
+
+    return newest_activity(cases)
 
 
 def _backfill_runs(settings: Any, user: Any) -> list[Any]:
@@ -515,9 +687,13 @@ def _flash_key() -> bytes:
     return hashlib.sha256(b"velocity-flash\0" + secret.encode()).digest()
 
 
-def _back(ok: bool, text: str) -> RedirectResponse:
-    """Back to the page, which shows ``text`` once."""
-    response = RedirectResponse(f"{URL_PREFIX}/", status.HTTP_303_SEE_OTHER)
+def _back(ok: bool, text: str, back: str = "", path: str = "/") -> RedirectResponse:
+    """Back to the page (``path`` under the app) with the URL parameters it was posted
+    from (``back``: its query string), which shows ``text`` once."""
+    query = urlencode(_params_of(back))
+    response = RedirectResponse(
+        f"{URL_PREFIX}{path}" + (f"?{query}" if query else ""), status.HTTP_303_SEE_OTHER
+    )
     response.set_cookie(
         flash.COOKIE, flash.seal(Flash(ok, text), _flash_key()),
         max_age=300, path=URL_PREFIX, httponly=True, samesite="lax",
@@ -566,14 +742,16 @@ def _command_outcome(result: Any) -> tuple[bool, str]:
 
 
 @app.post("/rules/{rule_id}/{action}")
-def change_rule_state(rule_id: int, action: str, user: Editor) -> RedirectResponse:
+def change_rule_state(
+    rule_id: int, action: str, user: Editor, back: Annotated[str, Form()] = ""
+) -> RedirectResponse:
     """Pause, activate or delete the rule in force; promote the SHADOW candidate of
     ``rule_id`` to its ACTIVE version, or discard it (`velocity rules ACTION ID`)."""
     from velocity.rule_changes import RULE_ACTIONS, rule_action
 
     if action not in RULE_ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
-    return _back(*_apply_rules([rule_action(action, rule_id)]))
+    return _back(*_apply_rules([rule_action(action, rule_id)]), back)
 
 
 @app.post("/rules", response_model=None)
@@ -582,6 +760,7 @@ def add_rules(
     user: Editor,
     rules_json: Annotated[str, Form()] = "",
     intent: Annotated[str, Form()] = "validate",
+    back: Annotated[str, Form()] = "",
 ) -> RedirectResponse | HTMLResponse:
     from velocity.errors import InvalidRuleError, UsageError
     from velocity.rules import Control, ControlType, parse_rules
@@ -591,26 +770,26 @@ def add_rules(
     except InvalidRuleError as exc:
         # The lines `velocity rules validate` prints, so the page and the CLI agree.
         text = "invalid rules, nothing applied:\n" + "\n".join(f"  {p}" for p in exc.problems)
-        return _page_again(request, user, rules_json, Flash(False, text))
+        return _page_again(request, user, rules_json, Flash(False, text), back)
     except UsageError as exc:
-        return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"))
+        return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"), back)
     if intent == "shadow":
-        return _shadow_rules(request, user, rules_json, entries)
+        return _shadow_rules(request, user, rules_json, entries, back)
     if intent != "apply":
         text = f"{len(entries)} valid rule entries"
-        return _page_again(request, user, rules_json, Flash(True, text))
+        return _page_again(request, user, rules_json, Flash(True, text), back)
     clear_state = ControlType.CLEAR_STATE_ALL
     if not any(isinstance(e, Control) and e.control_type is clear_state for e in entries):
-        return _back(*_apply_rules(entries))
+        return _back(*_apply_rules(entries), back)
     with tempfile.TemporaryDirectory(prefix="velocity-rules-") as folder:
         path = Path(folder) / "rules.json"
         path.write_text(rules_json, encoding="utf-8")
         ok, text = _run_rules_command(["rules", "apply", str(path)])
-    return _back(ok, text)
+    return _back(ok, text, back)
 
 
 def _shadow_rules(
-    request: Request, user: Any, rules_json: str, entries: Any
+    request: Request, user: Any, rules_json: str, entries: Any, back: str = ""
 ) -> RedirectResponse | HTMLResponse:
     """Every rule of ``entries`` as a SHADOW candidate, whatever its ruleState says, as
     `velocity rules shadow` adds them."""
@@ -620,8 +799,8 @@ def _shadow_rules(
     try:
         candidates = as_candidates(entries)
     except UsageError as exc:
-        return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"))
-    return _back(*_apply_rules(candidates))
+        return _page_again(request, user, rules_json, Flash(False, f"error: {exc}"), back)
+    return _back(*_apply_rules(candidates), back)
 
 
 def _hours(text: str) -> float:
@@ -659,6 +838,7 @@ def preview_rules(
     user: User,
     rules_json: Annotated[str, Form()] = "",
     hours: Annotated[str, Form()] = "1",
+    back: Annotated[str, Form()] = "",
 ) -> HTMLResponse:
     """The page with what the form's rules would have fired over the last ``hours`` of the
     live events beside the versions in force; nothing is saved. A read: any signed-in user."""
@@ -674,7 +854,9 @@ def preview_rules(
         flash_shown = Flash(False, text)
     except UsageError as exc:
         flash_shown = Flash(False, f"error: {exc}")
-    data = _page_data(request, user, rule_text=rules_json, preview=shown, preview_hours=hours)
+    data = _page_data(
+        request, user, _params_of(back), rule_text=rules_json, preview=shown, preview_hours=hours
+    )
     data.flash = flash_shown
     ok = flash_shown is None
     return HTMLResponse(render_page(data), status_code=200 if ok else 422)
@@ -686,14 +868,338 @@ def review_alert(
     user: Reviewer,
     verdict: Annotated[str, Form()] = "",
     note: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
 ) -> RedirectResponse:
     from velocity.errors import UsageError
 
     try:
         review = _record_review(_settings(), user, alert_id, verdict, note)
     except UsageError as exc:  # the page says which field is wrong; nothing was recorded
-        return _back(False, f"error: {exc}")
-    return _back(True, _reviewed(review))
+        return _back(False, f"error: {exc}", back)
+    return _back(True, _reviewed(review), back)
+
+
+# --- cases ------------------------------------------------------------------------------
+
+
+def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, Any]:
+    """What the queue and the alerts need of the page (user, URL parameters, rule
+    versions) without the rest of the page's reads; and every rule version."""
+    from velocity.delta.reader import rule_history
+
+    history = rule_history(settings)
+    data = PageData(
+        user=user.get_name(),
+        can_edit=_can_edit(user),
+        base=URL_PREFIX,
+        params=_params(request.query_params),
+        now_ms=int(time.time() * 1000),
+    )
+    data.rule_versions = {(r.rule_id, r.version): r for r in history}
+    return data, history
+
+
+@app.get("/cases/rows")
+def queue_rows_json(request: Request, user: User) -> dict[str, Any]:
+    """The queue's rows as the page draws them (its filter and page, from the URL), for the
+    open page to show on request: ``html``, ``asOf`` (the newest case activity: changes
+    after it count as updates), ``matching``. 400 names a filter field that is wrong."""
+    settings = _settings()
+    data, history = _page_view(request, user, settings)
+    view, page, error = _queue(settings, data, history)
+    if error or view is None or page is None:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, error or "no queue")
+    return {
+        "html": queue_html.queue_rows(page.cases, view),
+        "asOf": view.as_of,
+        "matching": page.matching,
+    }
+
+
+@app.get("/alerts/rows")
+def alert_rows_json(request: Request, user: User) -> dict[str, Any]:
+    """The newest page's alert rows as the page draws them (its filter, from the URL), for
+    the open page to show on request: ``html``, ``position`` (the alert stream's position
+    read before them: the alerts published after it are new), ``error``."""
+    from velocity.redis import alert_feed, mirror
+    from velocity.reviews import latest_reviews
+
+    settings = _settings()
+    search, history = _search_or_400(request.query_params, settings)
+    position, _ = _read(
+        "alert stream",
+        lambda: alert_feed.last_entry_id(mirror.connect(settings), settings.alert_stream),
+    )
+    page, error = search_alerts(settings, AlertSearch(search.query, None, search.limit))
+    reviews, _ = _read("reviews", lambda: _reviews(settings))
+    view = AlertsView(
+        base=URL_PREFIX,
+        can_edit=_can_edit(user),
+        query=search.query,
+        rule_versions={(r.rule_id, r.version): r for r in history},
+        limit=search.limit if request.query_params.get("limit") else None,
+        kept=_params(request.query_params),
+        now_ms=int(time.time() * 1000),
+    )
+    html = alert_rows(page.alerts, view, latest_reviews(reviews or []))
+    return {"html": html, "position": position, "error": error}
+
+
+def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
+    from velocity.delta.case_store import CaseStore
+    from velocity.delta.reader import case_alerts, case_payments
+    from velocity.errors import UsageError
+    from velocity.reviews import latest_reviews
+
+    settings = _settings()
+    data, history = _page_view(request, user, settings)
+    view, _, _ = _queue(settings, data, history)
+    if view is None:
+        raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, "no queue")
+    try:
+        case = CaseStore(settings).case(case_id)
+    except UsageError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    shown = queue_html.CaseView(case=case, queue=view)
+    alerts, shown.alerts_error = _read("the case's alerts", lambda: case_alerts(settings, case_id))
+    shown.alerts = alerts or []
+    paid = {str(a["transactionId"]) for a in shown.alerts}
+    payments, shown.payments_error = _read(
+        "the case's payments", lambda: case_payments(settings, case.key, paid)
+    )
+    shown.payments = payments or []
+    reviews, _ = _read("reviews", lambda: _reviews(settings))
+    shown.reviews = latest_reviews(reviews or [])
+    alert_id = data.params.get("alert")
+    if alert_id:
+        explained, error = _read("explanation", lambda: _explain(settings, alert_id))
+        shown.explanation_html = explanation_section(explained, error)
+    sealed = request.cookies.get(flash.COOKIE)
+    said = flash.unseal(sealed, _flash_key()) if sealed else None
+    response = HTMLResponse(render_case(shown, said))
+    if sealed:
+        response.delete_cookie(flash.COOKIE, path=URL_PREFIX)  # shown once
+    return response
+
+
+@app.get("/cases/{case_id}", response_class=HTMLResponse)
+def case_page(case_id: str, request: Request, user: User) -> HTMLResponse:
+    """A case: its facts, its alerts (each explained on request, ``?alert=ID``), its
+    payments and its history; for an editor, assign, close with a verdict, reopen. The
+    queue's URL parameters come along and go back with every link and form."""
+    return _case_page(request, user, case_id)
+
+
+def _case_words(case: Any) -> str:
+    from velocity.alert_search import key_text
+
+    return f"case {key_text(case.key)}"
+
+
+@app.post("/cases/close")
+def close_cases(
+    user: Reviewer,
+    case_id: Annotated[list[str] | None, Form()] = None,
+    verdict: Annotated[str, Form()] = "",
+    note: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
+) -> RedirectResponse:
+    """Close each selected case with the verdict (each reviews every alert of its case);
+    the page says how many closed and why any did not."""
+    from velocity.delta.case_store import CaseStore
+    from velocity.errors import UsageError
+    from velocity.reviews import parse_verdict
+
+    chosen = list(dict.fromkeys(c for c in case_id or [] if c))
+    if not chosen:
+        return _back(False, "error: no case selected; tick the cases to close", back)
+    try:
+        words = parse_verdict(verdict).words
+    except UsageError as exc:
+        return _back(False, f"error: {exc}; no case closed", back)
+    store = CaseStore(_settings())
+    closed, refused = [], []
+    for one in chosen:
+        try:
+            closed.append(store.close(one, verdict, note.strip() or None, user.get_name()))
+        except UsageError as exc:
+            refused.append(f"case {one}: {exc}")
+    alerts = sum(c.alerts for c in closed)
+    text = f"{len(closed)} cases closed: {words} ({alerts} alerts reviewed), by {user.get_name()}"
+    if len(closed) == 1:
+        text = f"{_case_words(closed[0])} closed: {words} ({alerts} alerts reviewed), by "
+        text += user.get_name()
+    return _back(not refused, "\n".join([text, *refused]), back)
+
+
+def _case_change(
+    case_id: str, back: str, return_to: str, change: Callable[[Any], Any], said: str
+) -> RedirectResponse:
+    from velocity.delta.case_store import CaseStore
+    from velocity.errors import UsageError
+
+    path = f"/cases/{quote(case_id, safe='')}" if return_to == "case" else "/"
+    try:
+        case = change(CaseStore(_settings()))
+    except UsageError as exc:
+        return _back(False, f"error: {exc}", back, path)
+    return _back(True, f"{_case_words(case)}: {said}", back, path)
+
+
+@app.post("/cases/{case_id}/close")
+def close_case(
+    case_id: str,
+    user: Reviewer,
+    verdict: Annotated[str, Form()] = "",
+    note: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
+) -> RedirectResponse:
+    """Close the case with the verdict and note, reviewing each of its alerts so; back to
+    the queue (with its URL parameters)."""
+    from velocity.reviews import Verdict
+
+    words = {v.value: v.words for v in Verdict}.get(verdict.strip().upper(), verdict)
+    return _case_change(
+        case_id,
+        back,
+        "queue",
+        lambda store: store.close(case_id, verdict, note.strip() or None, user.get_name()),
+        f"closed: {words}, by {user.get_name()}",
+    )
+
+
+@app.post("/cases/{case_id}/assign")
+def assign_case(
+    case_id: str,
+    user: Reviewer,
+    assignee: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
+    return_to: Annotated[str, Form()] = "",
+) -> RedirectResponse:
+    return _case_change(
+        case_id,
+        back,
+        return_to,
+        lambda store: store.assign(case_id, assignee, user.get_name()),
+        f"assigned to {assignee.strip()}",
+    )
+
+
+@app.post("/cases/{case_id}/reopen")
+def reopen_case(
+    case_id: str,
+    user: Reviewer,
+    back: Annotated[str, Form()] = "",
+    return_to: Annotated[str, Form()] = "",
+) -> RedirectResponse:
+    return _case_change(
+        case_id, back, return_to, lambda store: store.reopen(case_id, user.get_name()), "reopened"
+    )
+
+
+# --- a backfill run from the page -------------------------------------------------------
+
+
+def backfill_conf(rule_ids: list[str], from_time: str, to_time: str) -> dict[str, Any]:
+    """The backfill DAG's conf of the page's form: From and To in UTC as the page writes
+    times (or epoch ms) to ISO 8601, the rules as the DAG's form sends them; checked as the
+    DAG's first task checks it (``UsageError`` names the field)."""
+    from velocity.alert_search import parse_time
+    from velocity.errors import UsageError
+    from velocity_airflow.plans import backfill_args
+
+    def moment(text: str, name: str, upper: bool) -> str | None:
+        if not text.strip():
+            return None
+        try:
+            ms = parse_time(text, name, upper)
+        except InvalidFilterError as exc:
+            raise UsageError(str(exc)) from None
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+    conf: dict[str, Any] = {
+        "from_time": moment(from_time, "from", upper=False),
+        "to_time": moment(to_time, "to", upper=True),
+        "rule_ids": sorted({r.strip() for r in rule_ids if r.strip()}, key=_rule_order) or None,
+    }
+    backfill_args(conf["from_time"], conf["to_time"], conf["rule_ids"])  # refuses a bad form
+    return conf
+
+
+def _rule_order(text: str) -> tuple[int, str]:
+    return (int(text), text) if text.isdigit() else (0, text)
+
+
+def _trigger_backfill(user: Any, conf: Mapping[str, Any]) -> str:
+    """A run of the backfill DAG with ``conf``, as Airflow's trigger form makes one (a
+    paused DAG unpaused first, as that form does by default): its run id. The user needs
+    Airflow's permission to run the DAG (and to edit it, to unpause it)."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunTriggeredByType
+
+    from velocity.errors import UsageError
+
+    auth = get_auth_manager()
+    details = DagDetails(id=BACKFILL_DAG_ID)
+    if not auth.is_authorized_dag(
+        method="POST", user=user, access_entity=DagAccessEntity.RUN, details=details
+    ):
+        raise UsageError(f"{user.get_name()} may not run the {BACKFILL_DAG_ID} DAG")
+    with create_session() as session:
+        model = DagModel.get_current(BACKFILL_DAG_ID, session=session)
+        if model is None:
+            raise UsageError(
+                f"Airflow does not know the {BACKFILL_DAG_ID} DAG yet (the dag-processor "
+                "parses dags/ every 30 s): try again shortly"
+            )
+        if model.is_paused:
+            if not auth.is_authorized_dag(method="PUT", user=user, details=details):
+                raise UsageError(
+                    f"the {BACKFILL_DAG_ID} DAG is paused and {user.get_name()} may not unpause it"
+                )
+            model.is_paused = False
+    run = trigger_dag(
+        BACKFILL_DAG_ID,
+        triggered_by=DagRunTriggeredByType.UI,
+        triggering_user_name=user.get_name(),
+        conf=dict(conf),
+    )
+    if run is None:
+        raise UsageError(f"Airflow made no run of {BACKFILL_DAG_ID}")
+    return str(run.run_id)
+
+
+@app.post("/backfills", response_model=None)
+def start_backfill(
+    request: Request,
+    user: Editor,
+    rule_ids: Annotated[list[str] | None, Form()] = None,
+    from_time: Annotated[str, Form()] = "",
+    to_time: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
+) -> RedirectResponse | HTMLResponse:
+    """Start a run of the backfill DAG from the page's form; the page lists it with the
+    other backfill runs. A form that cannot be read comes back as written, the field
+    named, and nothing runs."""
+    from velocity.backfill_runs import asked_text
+    from velocity.errors import UsageError
+
+    written = {"rule_ids": rule_ids or [], "from_time": from_time, "to_time": to_time}
+    try:
+        conf = backfill_conf(rule_ids or [], from_time, to_time)
+        run_id = _trigger_backfill(user, conf)
+    except (UsageError, ValueError) as exc:
+        data = _page_data(request, user, _params_of(back), backfill_form=written)
+        data.flash = Flash(False, f"error: {exc}; no backfill started")
+        return HTMLResponse(render_page(data), status_code=422)
+    return _back(True, f"backfill run {run_id} queued: {asked_text(conf)}", back)
 
 
 def _reviewed(review: Any) -> str:
@@ -703,9 +1209,12 @@ def _reviewed(review: Any) -> str:
     )
 
 
-def _page_again(request: Request, user: Any, rule_text: str, flash: Flash) -> HTMLResponse:
-    """The page with the rule text kept in the form and what was wrong with it."""
-    data = _page_data(request, user, rule_text=rule_text)
+def _page_again(
+    request: Request, user: Any, rule_text: str, flash: Flash, back: str = ""
+) -> HTMLResponse:
+    """The page (with the URL parameters it was posted from) with the rule text kept in
+    the form and what was wrong with it."""
+    data = _page_data(request, user, _params_of(back), rule_text=rule_text)
     data.flash = flash
     return HTMLResponse(render_page(data), status_code=200 if flash.ok else 422)
 
@@ -853,6 +1362,159 @@ async def alerts_live(request: Request, user: User) -> StreamingResponse:
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+def _updated_cases(settings: Any, case_filter: Any, since_ms: int) -> list[str]:
+    from velocity.case_queue import updated_since
+
+    return updated_since(_cases(settings), case_filter, since_ms)
+
+
+def _matching(entries: list[tuple[str, dict[str, Any]]], query: AlertFilter) -> int:
+    """How many of the alert stream's ``entries`` are alerts that pass ``query``."""
+    if query.empty:
+        return sum(1 for _, fields in entries if "alert" in fields)
+    found = 0
+    for _, fields in entries:
+        alert = _published_alert(fields)
+        if alert is not None and query.matches(alert):
+            found += 1
+    return found
+
+
+@app.get("/api/page/live", response_model=None)
+async def page_live(request: Request, user: User) -> StreamingResponse:
+    """Server-sent events for the page open in a browser, which never moves its rows by
+    itself: ``alerts`` (``count``: alerts published after ``after`` — an alert stream id —
+    that pass the alerts' filter, said at most once a second; the event's id is the
+    stream position), ``position`` (entries passed that did not), ``cases`` (``count``,
+    ``ids``: the cases passing the queue's filter that changed after ``cases_since``, ms;
+    said when it changes, read every 2 s), ``health`` (the stream's figures, every 5 s),
+    ``failed``. Either of ``after`` and ``cases_since`` may be left out. The connection
+    ends after 30 s and the browser resumes from the last event's id (``Last-Event-ID``)."""
+    from velocity.case_queue import parse_case_filter
+    from velocity.delta.reader import rule_history
+    from velocity.redis import alert_feed
+
+    settings = await run_in_threadpool(_settings)
+    params = _params(request.query_params)
+    history = await run_in_threadpool(rule_history, settings)
+    rule_ids = {r.rule_id for r in history}
+    try:
+        alert_filter = parse_filter(params, rule_ids)
+        case_filter = parse_case_filter(params, rule_ids)
+    except InvalidFilterError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+    after = request.headers.get("last-event-id") or params.get("after")
+    if after is not None and not _STREAM_ID.fullmatch(after):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "field 'after': an alert stream id")
+    since_text = params.get("cases_since")
+    if since_text is not None and not (since_text.isascii() and since_text.isdigit()):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "field 'cases_since': epoch ms")
+    since = None if since_text is None else int(since_text)
+    if after is None and since is None:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, "give 'after' (an alert stream id), 'cases_since', or both"
+        )
+
+    async def events() -> AsyncIterator[str]:
+        position = after
+        client = alert_feed.async_connect(settings, _LIVE_BLOCK_MS) if after else None
+        ends = time.monotonic() + _LIVE_SECONDS
+        health_due = cases_due = said_at = 0.0
+        said_cases: int | None = None
+        pending = 0
+        said_position = position
+        try:
+            yield "retry: 100\n\n"  # a connection the server ended: the browser resumes at once
+            while time.monotonic() < ends:
+                now = time.monotonic()
+                if now >= health_due:
+                    health_due = now + _LIVE_HEALTH_SECONDS
+                    yield _sse("health", {"html": await run_in_threadpool(_health_html, settings)})
+                if since is not None and now >= cases_due:
+                    cases_due = now + _LIVE_CASES_SECONDS
+                    changed, _ = await run_in_threadpool(
+                        _read, "cases", lambda: _updated_cases(settings, case_filter, since)
+                    )
+                    if changed is not None and len(changed) != said_cases:
+                        said_cases = len(changed)
+                        yield _sse("cases", {"count": len(changed), "ids": changed[:20]})
+                if client is None or position is None:
+                    await asyncio.sleep(max(0.0, min(1.0, ends - time.monotonic())))
+                    continue
+                wait_ms = _LIVE_BLOCK_MS
+                if pending:  # say it when a second has passed since the last time
+                    wait_ms = max(1, int((said_at + _LIVE_SAY_SECONDS - now) * 1000))
+                try:
+                    entries = await alert_feed.entries_after(
+                        client, settings.alert_stream, position, min(wait_ms, _LIVE_BLOCK_MS),
+                        _LIVE_COUNT,
+                    )  # fmt: skip
+                except Exception as exc:  # the page says so; the browser tries again
+                    yield "retry: 5000\n\n"
+                    yield _sse("failed", {"error": f"cannot read the alert stream: {exc}"})
+                    return
+                if entries:
+                    position = entries[-1][0]
+                    if alert_filter.empty or len(entries) < 200:
+                        pending += _matching(entries, alert_filter)
+                    else:  # parsing thousands of records: off the event loop
+                        pending += await run_in_threadpool(_matching, entries, alert_filter)
+                now = time.monotonic()
+                if pending and now - said_at >= _LIVE_SAY_SECONDS:
+                    yield _sse("alerts", {"count": pending}, position)
+                    pending, said_at, said_position = 0, now, position
+                elif not pending and position != said_position and now - said_at >= 5.0:
+                    yield _sse("position", {}, position)  # resume after what did not pass
+                    said_at, said_position = now, position
+            if pending:
+                yield _sse("alerts", {"count": pending}, position)
+            elif position != said_position:
+                yield _sse("position", {}, position)
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@app.get("/api/cases")
+def cases_json(request: Request, user: User) -> dict[str, Any]:
+    """A page of the queue, newest activity first: ``case_rule``, ``case_status`` (open,
+    assigned, closed, all; empty: not closed), ``case_assignee`` (a name, or none),
+    ``case_key``, ``case_limit`` (default 50, at most 200), ``case_before`` (the ``older``
+    of the previous page). Each case as `velocity cases list --json` prints it; 400 names a
+    bad field."""
+    from velocity.case_queue import parse_case_query, queue_page
+    from velocity.delta.reader import rule_history
+
+    settings = _settings()
+    try:
+        query = parse_case_query(
+            _params(request.query_params), {r.rule_id for r in rule_history(settings)}
+        )
+    except InvalidFilterError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+    page = queue_page(_cases(settings), query)
+    return {
+        "cases": [c.to_json() for c in page.cases],
+        "older": None if page.older is None else page.older.text(),
+        "matching": page.matching,
+    }
+
+
+@app.get("/api/clicks")
+def clicks_json(user: User, what: str = "") -> list[dict[str, Any]]:
+    """The newest timed clicks this api-server process received (at most 2 000, oldest
+    first): what was clicked (its data-testid), when in the browser (``clickedAt``, epoch
+    ms), when the request reached the page's app (``receivedAt``) and the difference
+    (``delayMs``); ``what`` narrows to one kind."""
+    return [c for c in list(_CLICKS) if not what or c["what"] == what]
 
 
 def _health_html(settings: Any) -> str:

@@ -13,7 +13,6 @@ outcome, replaces this one. Without script the forms post as plain forms.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
@@ -21,10 +20,21 @@ from typing import Any
 
 from velocity.alert_search import PAGE_SIZE, AlertFilter, Cursor, duration_text, key_text
 from velocity.backfill_runs import BackfillRunView
+from velocity.case_queue import CasePage
 from velocity.reviews import Review, VersionPrecision
+from velocity.rule_rates import RATE_MINUTES, WARN_SHARE, RuleRate
 from velocity.rules import Rule, RuleState, rule_summary
 from velocity.shadow_compare import ShadowComparison
-from velocity_airflow import alerts_html, backfill_html, preview_html, review_html, shadow_html
+from velocity_airflow import (
+    alerts_html,
+    backfill_html,
+    preview_html,
+    queue_html,
+    review_html,
+    shadow_html,
+    values_html,
+)
+from velocity_airflow.values_html import key_html, number_text, time_text
 
 # How many alerts a page lists, newest first.
 ALERTS_SHOWN = PAGE_SIZE
@@ -50,6 +60,13 @@ th { background: #f7fafc; } code, pre { font-size: .85rem; }
 form.inline { display: inline; } button { cursor: pointer; margin-right: .25rem; }
 textarea { width: 100%; font-family: monospace; }
 .health { display: flex; gap: 1.5rem; flex-wrap: wrap; }
+.bars { display: inline-flex; align-items: flex-end; height: 1.4rem; gap: 2px;
+  vertical-align: middle; border-bottom: 1px solid #cbd5e0; }
+.bars .minute { display: inline-flex; align-items: flex-end; height: 100%; gap: 1px; }
+.bars i { display: inline-block; width: 3px; min-height: 1px; }
+.bars i.n { background: #3182ce; } .bars i.s { background: #d69e2e; }
+label.choice { display: inline-block; margin-right: .8rem; font-size: .85rem; }
+p.nav { margin: .2rem 0 .6rem; }
 """
 
 
@@ -65,6 +82,8 @@ document.addEventListener("submit", function (event) {
   if (!words || form.dataset.plain) { return; }
   event.preventDefault();
   var body = new FormData(form, submitter);
+  // Back to this page's URL (its filters and pages) after the change.
+  if (!body.has("back")) { body.append("back", location.search.replace(/^\\?/, "")); }
   // A button may post the form elsewhere (Preview: a read, not a change).
   var action = submitter && submitter.hasAttribute("formaction") ? submitter.formAction
     : form.action;
@@ -97,6 +116,121 @@ document.addEventListener("submit", function (event) {
       form.submit();
     });
 });
+"""
+
+# Each click on a link or button (and each keyboard move that posts) leaves its moment
+# (the browser's clock: performance.timeOrigin + the event's timeStamp) in a short-lived
+# cookie, which the next request to the page's app carries: the server notes how long
+# after the click it received the request (``velocity_airflow.page``'s ClickTiming).
+_CLICK_SCRIPT = """
+(function () {
+  function mark(what, event) {
+    var at = performance.timeOrigin + (event ? event.timeStamp : performance.now());
+    var id = Math.random().toString(36).slice(2, 10);
+    var name = String(what || "click").replace(/[^A-Za-z0-9_-]/g, "").slice(0, 40);
+    document.cookie = "velocity_click=" + id + "." + Math.round(at) + "." + name +
+      "; path=/velocity; max-age=10; samesite=lax";
+  }
+  window.velocityClicked = mark;
+  document.addEventListener("click", function (event) {
+    var target = event.target.closest ? event.target.closest("a[href], button") : null;
+    if (target) { mark(target.dataset.testid || target.tagName.toLowerCase(), event); }
+  }, true);
+})();
+"""
+
+# The page's live feed (one connection, ``/api/page/live``): how many alerts were published
+# since the alerts table was drawn and how many cases changed since the queue was, each
+# said above its table ("12 cases updated — show"); "show" draws that table's rows again
+# (the page's size at most), so nothing moves under the analyst's hand, and the page holds
+# no more rows than it was drawn with. The stream's figures are redrawn with each health
+# event. The browser reconnects by itself from the last position it had.
+_LIVE_SCRIPT = """
+(function () {
+  if (window.velocityLive) { window.velocityLive.close(); window.velocityLive = null; }
+  var feed = document.body.dataset.live;
+  if (!feed || !window.EventSource) { return; }
+  var queue = document.querySelector('[data-testid="queue"][data-as-of]');
+  var alerts = document.querySelector('[data-testid="alerts"][data-after]');
+  var status = document.querySelector('[data-testid="live-status"]');
+  var state = {
+    after: alerts ? alerts.dataset.after : "",
+    casesSince: queue ? queue.dataset.asOf : "",
+    newAlerts: 0
+  };
+  function say(text) { if (status) { status.textContent = text; } }
+  function notice(which, count, text) {
+    var box = document.querySelector('[data-testid="' + which + '-notice"]');
+    if (!box) { return; }
+    box.querySelector('[data-testid="' + which + '-notice-text"]').textContent = text;
+    box.hidden = count === 0;
+    box.dataset.count = count;
+  }
+  function connect() {
+    if (window.velocityLive) { window.velocityLive.close(); }
+    var url = new URL(feed, location.href);
+    if (state.after) { url.searchParams.set("after", state.after); }
+    if (state.casesSince) { url.searchParams.set("cases_since", state.casesSince); }
+    var source = new EventSource(url.toString(), {withCredentials: true});
+    window.velocityLive = source;
+    source.onopen = function () { say("live: new alerts are counted above the table"); };
+    source.onerror = function () { say("live: reconnecting…"); };
+    source.addEventListener("alerts", function (event) {
+      if (event.lastEventId) { state.after = event.lastEventId; }
+      state.newAlerts += JSON.parse(event.data).count;
+      var n = state.newAlerts;
+      notice("alerts", n, n === 1 ? "1 new alert" : n.toLocaleString("en") + " new alerts");
+    });
+    source.addEventListener("position", function (event) {
+      if (event.lastEventId) { state.after = event.lastEventId; }
+    });
+    source.addEventListener("cases", function (event) {
+      var n = JSON.parse(event.data).count;
+      notice("queue", n, n === 1 ? "1 case updated" : n.toLocaleString("en") + " cases updated");
+    });
+    source.addEventListener("health", function (event) {
+      var health = document.getElementById("health");
+      if (health) { health.innerHTML = JSON.parse(event.data).html; }
+    });
+    source.addEventListener("failed", function (event) {
+      say("live: " + JSON.parse(event.data).error);
+    });
+  }
+  function show(which, table) {
+    fetch(table.dataset.rows, {credentials: "same-origin"})
+      .then(function (reply) { return reply.json(); })
+      .then(function (drawn) {
+        var checked = {};
+        table.querySelectorAll('input[name="case_id"]:checked').forEach(function (box) {
+          checked[box.value] = true;
+        });
+        table.tBodies[0].innerHTML = drawn.html;
+        table.querySelectorAll('input[name="case_id"]').forEach(function (box) {
+          box.checked = !!checked[box.value];
+        });
+        if (which === "queue") {
+          state.casesSince = String(drawn.asOf);
+          table.dataset.asOf = drawn.asOf;
+        } else {
+          state.after = drawn.position;
+          state.newAlerts = 0;
+          var none = document.querySelector('[data-testid="no-alerts"]');
+          if (none) { none.hidden = table.tBodies[0].rows.length > 0; }
+        }
+        notice(which, 0, "");
+        if (window.velocityAgo) { window.velocityAgo(); }
+        if (which === "queue" && window.velocityRefocus) { window.velocityRefocus(); }
+        connect();
+      });
+  }
+  [["queue", queue], ["alerts", alerts]].forEach(function (pair) {
+    var button = document.querySelector('[data-testid="' + pair[0] + '-show"]');
+    if (button && pair[1]) {
+      button.addEventListener("click", function () { show(pair[0], pair[1]); });
+    }
+  });
+  connect();
+})();
 """
 
 _VERBS = {"pause": "Pausing", "activate": "Activating", "delete": "Deleting"}
@@ -151,6 +285,18 @@ class PageData:
     preview: Mapping[str, Any] | None = None
     preview_error: str | None = None
     preview_hours: str = "1"
+    # The page's URL parameters: every link, form and redirect keeps them.
+    params: Mapping[str, str] = field(default_factory=dict)
+    now_ms: int = 0  # when drawn (times read "3 min ago" from it); 0: shown as UTC times
+    # The queue of cases (its view carries the filter, the page and what every link keeps).
+    queue: queue_html.QueueView | None = None
+    queue_page: CasePage | None = None
+    queue_error: str | None = None
+    # Each rule's alerts a minute over the last minutes, by ruleId.
+    rule_rates: Mapping[int, RuleRate] | None = None
+    rates_error: str | None = None
+    write_behind_seconds: float = 30.0
+    backfill_form: Mapping[str, Any] = field(default_factory=dict)  # as last written
 
 
 _time = alerts_html.time_text
@@ -210,6 +356,7 @@ def _rules(data: PageData) -> str:
     if not data.rules:
         return '<p class="muted">No rules in force.</p>'
     head = "<tr><th>ruleId</th><th>version</th><th>state</th><th>rule</th>"
+    head += f"<th>alerts a minute, last {RATE_MINUTES} min</th>"
     head += "<th>actions</th></tr>" if data.can_edit else "</tr>"
     rows = []
     candidates = {c.candidate.rule_id: c.candidate for c in data.shadow or ()}
@@ -225,9 +372,60 @@ def _rules(data: PageData) -> str:
         rows.append(
             f'<tr data-testid="rule-{rule.rule_id}"><td>{rule.rule_id}</td><td>{rule.version}</td>'
             f'<td class="state-{rule.state.value}">{rule.state.value}</td>'
-            f"<td>{escape(rule_summary(rule))}{beside}</td>{actions}</tr>"
+            f"<td>{escape(rule_summary(rule))}{beside}</td>"
+            f"{rates_cell((data.rule_rates or {}).get(rule.rule_id), data)}{actions}</tr>"
         )
-    return f'<table data-testid="rules">{head}{"".join(rows)}</table>'
+    caption = (
+        f'<p class="muted" data-testid="rates-caption">Alerts a minute over the last '
+        f"{RATE_MINUTES} minutes by decision time, notified and suppressed by the rule's "
+        "cooldown, from the alerts table: the stream writes it behind Redis by up to "
+        f"{data.write_behind_seconds:g} s (write_behind_seconds), so the newest minutes fill "
+        "in late, and suppressed alerts are only there (never on the alert stream). The "
+        f"figure is the last whole minute's. ⚠ marks a rule that fires on over "
+        f"{WARN_SHARE:.0%} of the payments accepted in those minutes.</p>"
+    )
+    rates_error = _error(data.rates_error)
+    return f'{caption}{rates_error}<table data-testid="rules">{head}{"".join(rows)}</table>'
+
+
+def _minute_text(ms: int) -> str:
+    return time_text(ms)[11:16]
+
+
+def rates_cell(rate: RuleRate | None, data: PageData) -> str:
+    """A rule's alerts a minute: a bar per minute (notified, suppressed; each minute's
+    figures in its title), the last whole minute's figures, and a warning when it fires
+    on over ``WARN_SHARE`` of the payments."""
+    if rate is None:
+        return '<td class="muted">—</td>'
+    peak = max(*rate.notified, *rate.suppressed, 1)
+    bars = "".join(
+        f'<span class="minute" title="{_minute_text(start)} UTC: {notified:,} notified, '
+        f'{suppressed:,} suppressed"><i class="n" style="height:{100 * notified // peak}%">'
+        f'</i><i class="s" style="height:{100 * suppressed // peak}%"></i></span>'
+        for start, notified, suppressed in zip(
+            rate.minutes, rate.notified, rate.suppressed, strict=True
+        )
+    )
+    last = -2 if len(rate.minutes) > 1 else -1  # the current minute is still filling
+    figures = (
+        f'<span data-testid="rate-figures">{rate.notified[last]:,} notified, '
+        f"{rate.suppressed[last]:,} suppressed</span>"
+    )
+    share = rate.share
+    warning = ""
+    if share is not None and rate.fires_often:
+        warning = (
+            f'<br><span class="bad" data-testid="fires-often-{rate.rule_id}">⚠ fires on '
+            f"{share:.0%} of payments ({rate.fired_payments:,} of {rate.payments:,})</span>"
+        )
+    return (
+        f'<td data-testid="rates-{rate.rule_id}" '
+        f'data-notified="{",".join(map(str, rate.notified))}" '
+        f'data-suppressed="{",".join(map(str, rate.suppressed))}" '
+        f'data-share="{"" if share is None else f"{share:.4f}"}">'
+        f'<span class="bars">{bars}</span> {figures}{warning}</td>'
+    )
 
 
 def _preview_controls(data: PageData) -> str:
@@ -289,6 +487,8 @@ def _alerts(data: PageData) -> str:
         older=data.alerts_older,
         live_after=data.live_after,
         filter_error=data.filter_error,
+        kept=data.params,
+        now_ms=data.now_ms or None,
     )
     error = "; ".join(e for e in (data.alerts_error, data.reviews_error) if e) or None
     return alerts_html.alerts_section(data.alerts, view, data.reviews or {}, error)
@@ -320,18 +520,43 @@ def explanation_body(e: Mapping[str, Any]) -> str:
     )
 
 
-def _explanation(data: PageData) -> str:
-    if data.explanation_error:
-        return f'<h2 id="explanation">Explanation</h2>{_error(data.explanation_error)}'
-    if data.explanation is None:
+def explanation_section(explanation: Mapping[str, Any] | None, error: str | None) -> str:
+    """An alert's explanation asked for (``#explanation``), or why it cannot be given."""
+    if error:
+        return f'<h2 id="explanation">Explanation</h2>{_error(error)}'
+    if explanation is None:
         return ""
-    alert = data.explanation["alert"]
+    alert = explanation["alert"]
     return (
         f'<h2 id="explanation">Explanation of {escape(alert["kind"])} '
         f"<code>{escape(alert['alertId'])}</code></h2>"
         f"<p>ruleId {escape(str(alert['ruleId']))} v{escape(str(alert['ruleVersion']))}, key "
         f"<code>{escape(key_text(alert['key']))}</code>, window {_time(alert['windowStart'])} "
-        f"… {_time(alert['windowEnd'])}</p>{explanation_body(data.explanation)}"
+        f"… {_time(alert['windowEnd'])}</p>{explanation_body(explanation)}"
+    )
+
+
+def _explanation(data: PageData) -> str:
+    return explanation_section(data.explanation, data.explanation_error)
+
+
+def lookup_html(found: Mapping[str, Any]) -> str:
+    """A window aggregate as the page shows values: the key as keys read, the value as a
+    number (an empty window's null as such), the window's bounds as UTC times."""
+    value = found.get("aggregateValue")
+    shown = (
+        '<span class="muted">none (an empty window)</span>' if value is None else number_text(value)
+    )
+    key = found.get("key")
+    start, end = found.get("windowStart"), found.get("windowEnd")
+    return (
+        '<table class="facts" data-testid="lookup-result">'
+        f"<tr><th>rule</th><td>ruleId {escape(str(found.get('ruleId')))}</td></tr>"
+        f"<tr><th>key</th><td>{key_html(key) if isinstance(key, Mapping) else ''}</td></tr>"
+        f'<tr><th>aggregate</th><td class="figure" data-testid="lookup-value" '
+        f'data-value="{escape(str(value))}">{shown}</td></tr>'
+        f'<tr><th>window (UTC)</th><td data-testid="lookup-window">{time_text(start)} … '
+        f"{time_text(end)}</td></tr></table>"
     )
 
 
@@ -341,10 +566,10 @@ def _lookup(data: PageData) -> str:
     if data.lookup_error:
         result = _error(data.lookup_error)
     elif data.lookup is not None:
-        shown = escape(json.dumps(data.lookup, indent=1))
-        result = f'<pre data-testid="lookup-result">{shown}</pre>'
+        result = lookup_html(data.lookup)
+    kept = values_html.hidden_inputs(data.params, ("lookup_rule", "lookup_key", "alert"))
     return (
-        f'<form method="get" action="{data.base}/" data-testid="lookup">'
+        f'<form method="get" action="{data.base}/" data-testid="lookup">{kept}'
         f'ruleId <input name="lookup_rule" size="5" value="{escape(form.get("lookup_rule", ""))}"> '
         f'key <input name="lookup_key" size="40" placeholder="payerId=25,beneficiaryId=12" '
         f'value="{escape(form.get("lookup_key", ""))}"> '
@@ -358,37 +583,102 @@ def _shadow(data: PageData) -> set[tuple[int, int]]:
     return {key for key, rule in data.rule_versions.items() if rule.state is RuleState.SHADOW}
 
 
-def render_page(data: PageData) -> str:
-    flash = ""
-    if data.flash is not None:
-        kind = "ok" if data.flash.ok else "bad"
-        flash = f'<div class="flash {kind}" data-testid="flash">{escape(data.flash.text)}</div>'
-    role = "may change rules" if data.can_edit else "read-only"
-    # Every role may preview: the words of a preview in flight show here too.
-    progress = (
-        '<div class="flash busy" id="change-progress" data-testid="change-progress" '
-        'role="status" aria-live="polite" hidden></div>'
+def document(title: str, body: str, live: str = "") -> str:
+    """A whole page of the app: its styles and scripts around ``body``; ``live``: the URL
+    of the page's live feed (none: not live)."""
+    styles = (
+        _STYLE,
+        review_html.STYLE,
+        alerts_html.STYLE,
+        shadow_html.STYLE,
+        preview_html.STYLE,
+        queue_html.STYLE,
+        values_html.STYLE,
     )
+    head_scripts = f"{_PROGRESS_SCRIPT}{_CLICK_SCRIPT}{values_html.AGO_SCRIPT}"
+    live_attr = f' data-live="{escape(live)}"' if live else ""
     return (
-        '<!doctype html><html><head><meta charset="utf-8"><title>Velocity</title>'
-        f"<style>{_STYLE}{review_html.STYLE}{alerts_html.STYLE}{shadow_html.STYLE}{preview_html.STYLE}</style>"
-        f"<script>{_PROGRESS_SCRIPT}</script></head><body>"
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{''.join(styles)}</style><script>{head_scripts}</script></head>"
+        f"<body{live_attr}>{body}"
+        f"<script>{queue_html.QUEUE_SCRIPT}{_LIVE_SCRIPT}</script></body></html>"
+    )
+
+
+def _flash(data: PageData) -> str:
+    if data.flash is None:
+        return ""
+    kind = "ok" if data.flash.ok else "bad"
+    return f'<div class="flash {kind}" data-testid="flash">{escape(data.flash.text)}</div>'
+
+
+_PROGRESS = (
+    '<div class="flash busy" id="change-progress" data-testid="change-progress" '
+    'role="status" aria-live="polite" hidden></div>'
+)
+_NAV = (
+    '<p class="nav"><a href="#queue">Queue</a> · <a href="#stream">Stream</a> · '
+    '<a href="#rules">Rules</a> · <a href="#backfills">Backfills</a> · '
+    '<a href="#lookup">Window lookup</a> · <a href="#alerts">Alerts</a></p>'
+)
+
+
+def _queue(data: PageData) -> str:
+    if data.queue is None:
+        return _error(data.queue_error or "the queue was not read")
+    return queue_html.queue_section(data.queue_page, data.queue, data.queue_error)
+
+
+def _backfills(data: PageData) -> str:
+    form = ""
+    if data.can_edit:
+        back = queue_html.back_field(data.params)
+        form = backfill_html.backfill_form(data.rules, data.backfill_form, data.base, back)
+    table = backfill_html.backfill_table(data.backfills, data.backfills_error, data.now_ms)
+    return f"{form}{table}"
+
+
+def live_url(data: PageData) -> str:
+    """The page's live feed, with the filters of its queue and its alerts."""
+    query = values_html.query_string(data.params, ("alert", "lookup_rule", "lookup_key"))
+    return f"{data.base}/api/page/live" + (f"?{query}" if query else "")
+
+
+def _health(data: PageData) -> str:
+    return health_html(data.health, data.health_error)
+
+
+def render_page(data: PageData) -> str:
+    role = "may change rules" if data.can_edit else "read-only"
+    body = (
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
-        f"{progress}{flash}"
+        # Every role may preview: the words of a preview in flight show here too.
+        f"{_NAV}{_PROGRESS}{_flash(data)}"
         # An explanation is what the analyst just asked for: first.
         f"{_explanation(data)}"
         # So is a preview.
         f"{preview_html.preview_section(data.preview, data.preview_error, explanation_body)}"
-        f'<h2>Stream</h2><div id="health">{health_html(data.health, data.health_error)}</div>'
-        f"<h2>Rules in force</h2>{_rules(data)}"
+        # The page opens on the queue: what analysts work.
+        f'<h2 id="queue">Queue</h2>{_queue(data)}'
+        f'<h2 id="stream">Stream</h2><div id="health">{_health(data)}</div>'
+        f'<h2 id="rules">Rules in force</h2>{_rules(data)}'
         '<h2 id="shadow">Shadow rules</h2>'
         f"{shadow_html.shadow_section(data.shadow, data.shadow_error, data.can_edit, data.base)}"
         "<h2>Alerts and precision by rule version</h2>"
         f"{review_html.precision_table(data.precision, data.precision_error, _shadow(data))}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
-        f'<h2 id="backfills">Backfill runs</h2>'
-        f"{backfill_html.backfill_table(data.backfills, data.backfills_error)}"
-        f"<h2>Window lookup</h2>{_lookup(data)}"
+        f'<h2 id="backfills">Backfill runs</h2>{_backfills(data)}'
+        f'<h2 id="lookup">Window lookup</h2>{_lookup(data)}'
         f'<h2 id="alerts">Alerts</h2>{_alerts(data)}'
-        "</body></html>"
     )
+    return document("Velocity", body, live_url(data))
+
+
+def render_case(view: queue_html.CaseView, flash: Flash | None = None) -> str:
+    """A case's page."""
+    shown = ""
+    if flash is not None:
+        kind = "ok" if flash.ok else "bad"
+        shown = f'<div class="flash {kind}" data-testid="flash">{escape(flash.text)}</div>'
+    body = f"{_PROGRESS}{shown}{queue_html.case_section(view)}"
+    return document(f"Velocity: case {key_text(view.case.key)}", body)

@@ -297,10 +297,25 @@ def test_an_alert_row_reads_as_people_read_it_beside_its_rule_version() -> None:
     alert["decisionTime"] = 1767225600312
     row = _row(_page(alerts=[alert]), "a-1")
     # The rule's grouping order (payerId, beneficiaryId), not the record's.
-    assert '<td data-testid="alert-key">payerId=p-4041, beneficiaryId=2034</td>' in row
+    # Each field=value unbreakable: a key wraps between its fields, never inside a value.
+    assert (
+        '<td data-testid="alert-key"><span class="kv">payerId=p-4041</span>, '
+        '<span class="kv">beneficiaryId=2034</span></td>'
+    ) in row
     assert '<span data-testid="alert-version">v1</span>' in row
     assert "SUM(paymentAmount) &gt; 200000 over 1440 min by payerId, beneficiaryId" in row
     assert "<td>2026-01-01 00:00:00.312Z</td>" in row and "<td>2026-01-01 00:00:00.000Z</td>" in row
+    # Drawn at a moment: when it was decided reads relative, the UTC time in its title; its
+    # event time (data, copied into filters) stays absolute.
+    later = _row(_page(alerts=[alert], now_ms=1767225600312 + 185_000), "a-1")
+    assert (
+        '<td><time class="ago" datetime="2026-01-01T00:00:00.312Z" data-ms="1767225600312" '
+        'title="2026-01-01 00:00:00.312Z">3 min ago</time></td>'
+    ) in later
+    assert "<td>2026-01-01 00:00:00.000Z</td>" in later
+    # A rule version the page does not know: the key's fields by name, always the same.
+    unknown_rule = _row(_page(alerts=[{**alert, "ruleVersion": 9}]), "a-1")
+    assert 'beneficiaryId=2034</span>, <span class="kv">payerId=p-4041' in unknown_rule
     assert 'data-cursor="1767225600312_a-1"' in row
     assert 'data-testid="review-form"' in row, "the review column stays beside each alert"
     unknown = _row(_page(alerts=[{**alert, "ruleVersion": 7}]), "a-1")
@@ -308,13 +323,19 @@ def test_an_alert_row_reads_as_people_read_it_beside_its_rule_version() -> None:
 
 
 def test_the_newest_page_is_live_with_its_filter_and_an_older_page_is_not() -> None:
-    query = parse_filter({"rule": "1", "key": "payerId=p 1", "from": "2026-01-01"}, None)
-    newest = _page(alerts=[ALERT], alert_filter=query, live_after="1767225600312-0")
-    live = newest.split('data-live="')[1].split('"')[0]
-    assert live == (
-        "/velocity/api/alerts/live?rule=1&amp;key=payerId%3Dp+1&amp;from=2026-01-01"
-        "&amp;after=1767225600312-0"
-    )
+    params = {"rule": "1", "key": "payerId=p 1", "from": "2026-01-01"}
+    query = parse_filter(params, None)
+    newest = _page(alerts=[ALERT], alert_filter=query, live_after="1767225600312-0", params=params)
+    # One feed for the page, with its filters; it counts, the rows are drawn on request.
+    live = newest.split('<body data-live="')[1].split('"')[0]
+    assert live == "/velocity/api/page/live?rule=1&amp;key=payerId%3Dp+1&amp;from=2026-01-01"
+    table = newest.split('<table data-testid="alerts"')[1].split(">")[0]
+    assert 'data-after="1767225600312-0"' in table
+    assert (
+        'data-rows="/velocity/alerts/rows?rule=1&amp;key=payerId%3Dp+1&amp;from=2026-01-01"'
+    ) in table
+    assert 'data-testid="alerts-notice" hidden' in newest and 'data-testid="alerts-show"' in newest
+    assert "insertAdjacentHTML" not in newest, "no row is put in the table by itself"
     assert 'data-testid="live-status"' in newest and "new EventSource" in newest
     assert 'value="payerId=p 1"' in newest, "the form keeps the filter"
     assert 'data-testid="older-alerts">' not in newest, "no older page"
@@ -326,7 +347,7 @@ def test_the_newest_page_is_live_with_its_filter_and_an_older_page_is_not() -> N
         alerts_older=Cursor(1767225600312, "a-1"),
         alert_limit=10,
     )
-    assert "data-live=" not in older and "Live updates show on the newest page" in older
+    assert "data-after=" not in older and "Live updates show on the newest page" in older
     link = older.split(' data-testid="older-alerts">')[0].rsplit('href="', 1)[1].split('"')[0]
     assert link == (
         "/velocity/?rule=1&amp;key=payerId%3Dp+1&amp;from=2026-01-01&amp;limit=10"
@@ -345,7 +366,7 @@ def test_a_filter_that_cannot_be_read_names_its_field_and_keeps_what_was_written
     )
     assert 'data-testid="filter-error">field &#x27;from&#x27;: &#x27;yesterday&#x27;' in html
     assert 'value="yesterday" data-testid="filter-from"' in html
-    assert 'data-testid="alerts"' not in html
+    assert '<table data-testid="alerts"' not in html
 
 
 def test_the_heartbeat_age_reads_in_seconds_or_minutes() -> None:

@@ -22,6 +22,8 @@ from deltalake.exceptions import TableNotFoundError
 from velocity.alert_search import AlertFilter, Cursor
 from velocity.alerts import AlertKind
 from velocity.backfill_runs import RecordedRun
+from velocity.decimals import format_decimal
+from velocity.delta.case_store import CaseStore
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
@@ -30,6 +32,8 @@ from velocity.explain import Explanation, explain_alert
 from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, Review, VersionPrecision
 from velocity.reviews import precision_by_version as _precision_by_version
 from velocity.rule_changes import RuleBook
+from velocity.rule_rates import MINUTE_MS, RATE_MINUTES, RuleRate, minute_starts
+from velocity.rule_rates import rule_rates as _rule_rates
 from velocity.rules import Rule
 from velocity.schema import FIELDS_BY_NAME, RULE_FIELDS, Event, FieldKind, parse_event_line
 from velocity.settings import Settings
@@ -367,3 +371,97 @@ _BACKFILL_COLUMNS = [
     "corrections", "retractions", "started_at", "finished_at", "lock_seconds",
     "airflow_run_id", "late_events", "out_of_order_events",
 ]  # fmt: skip
+
+
+def rule_rates(
+    settings: Settings, rule_ids: Collection[int], now_ms: int, minutes: int = RATE_MINUTES
+) -> dict[int, RuleRate]:
+    """Each of ``rule_ids``' ALERT rows per minute over the last ``minutes`` (by
+    decisionTime; notified and suppressed, a SHADOW candidate's left out) and the share of
+    the payments accepted in those minutes (the events table's ingest_time) it fired on.
+    Both tables are written behind Redis (``write_behind_seconds``), so the newest minutes
+    fill in late; the data files of older rows are skipped by their statistics."""
+    since = minute_starts(now_ms, minutes)[0]
+    counts: list[tuple[int, int, bool, int]] = []
+    fired: dict[int, int] = {}
+    alerts = _table(settings.table_path(ALERTS))
+    if alerts is not None:
+        dataset = alerts.to_pyarrow_dataset()
+        present = set(dataset.schema.names)
+        columns = ["ruleId", "decisionTime", "transactionId"]
+        columns += [c for c in ("suppressed", "shadow") if c in present]
+        rows = dataset.to_table(
+            filter=(pc.field("decisionTime") >= since)
+            & (pc.field("kind") == AlertKind.ALERT.value),
+            columns=columns,
+        )
+        if "shadow" in present:
+            rows = rows.filter(pc.invert(pc.fill_null(rows.column("shadow"), False)))
+        decided = rows.column("decisionTime").to_numpy()
+        suppressed = (
+            pc.fill_null(rows.column("suppressed"), False)
+            if "suppressed" in present
+            else pa.repeat(pa.scalar(False), rows.num_rows)
+        )
+        grouped = (
+            pa.table(
+                {
+                    "ruleId": rows.column("ruleId"),
+                    "minute": pa.array(decided - decided % MINUTE_MS, pa.int64()),
+                    "suppressed": suppressed,
+                }
+            )
+            .group_by(["ruleId", "minute", "suppressed"])
+            .aggregate([([], "count_all")])
+        )
+        counts = [
+            (int(r["ruleId"]), int(r["minute"]), bool(r["suppressed"]), int(r["count_all"]))
+            for r in grouped.to_pylist()
+        ]
+        distinct = rows.group_by("ruleId").aggregate([("transactionId", "count_distinct")])
+        fired = {
+            int(r["ruleId"]): int(r["transactionId_count_distinct"]) for r in distinct.to_pylist()
+        }
+    payments = 0
+    events = _table(settings.table_path(EVENTS))
+    if events is not None:
+        payments = events.to_pyarrow_dataset().count_rows(filter=pc.field("ingest_time") >= since)
+    return _rule_rates(counts, fired, payments, rule_ids, now_ms, minutes)
+
+
+def case_alerts(settings: Settings, case_id: str) -> list[dict[str, Any]]:
+    """The case's alerts in the alerts table as SPEC §4 records (``suppressed`` when so),
+    by decisionTime; empty before the stream has written any."""
+    rows = CaseStore(settings).alerts(case_id)
+    if rows.num_rows == 0:
+        return []
+    wanted = [*_RECORD_COLUMNS, "suppressed", "suppressedBy"]
+    columns = [c for c in wanted if c in rows.schema.names]
+    return [_alert_record(r) for r in rows.select(columns).to_pylist()]
+
+
+_PAYMENT_COLUMNS = [
+    "transactionId", "eventTime", "payerId", "beneficiaryId", "paymentAmount", "paymentType",
+]  # fmt: skip
+
+
+def case_payments(
+    settings: Settings, key: Mapping[str, str], transaction_ids: Collection[str]
+) -> list[dict[str, Any]]:
+    """The accepted events of ``transaction_ids`` (a case's payments) of the case ``key``
+    (its field narrows the scan), by eventTime; amounts as decimal text. Those the stream
+    has not written to Delta yet are missing."""
+    table = _table(settings.table_path(EVENTS))
+    if table is None or not transaction_ids:
+        return []
+    where = pc.field("transactionId").isin(pa.array(sorted(transaction_ids), pa.string()))
+    for name, value in key.items():
+        if name in FIELDS_BY_NAME and FIELDS_BY_NAME[name].kind is not FieldKind.AMOUNT:
+            where = where & (pc.field(name) == str(value))
+    rows = table.to_pyarrow_dataset().to_table(filter=where, columns=_PAYMENT_COLUMNS)
+    seen: dict[str, dict[str, Any]] = {}
+    ordered = rows.sort_by([("eventTime", "ascending"), ("transactionId", "ascending")])
+    for row in ordered.to_pylist():
+        row["paymentAmount"] = format_decimal(row["paymentAmount"])
+        seen.setdefault(row["transactionId"], row)
+    return list(seen.values())

@@ -1,0 +1,190 @@
+"""The analysts' queue of cases (pure: no Spark, Delta, Redis or Airflow; the cases come
+from ``velocity.delta.case_store``).
+
+Invariants:
+
+- Order: newest activity first by (latestActivityAt, caseId), a total order, so a page
+  boundary (``CaseCursor``) is exact: the next page holds the matching cases below it.
+- A filter is refused whole (``InvalidFilterError``) naming the URL field at fault; every
+  field given must hold, an empty field does not filter, and an empty status means the
+  cases not closed (open or assigned): what the queue is for.
+- "Updated since T" is a set of cases (a case changed twice counts once): the matching
+  cases whose latest activity is after T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from velocity.alert_search import InvalidFilterError, KeyPart, parse_key_filter
+from velocity.cases import Case, CaseStatus
+
+QUEUE_PAGE_SIZE = 50  # cases a page lists unless asked otherwise
+QUEUE_PAGE_MAX = 200  # and at most: the page's rows are capped by this
+# The queue's fields in a URL (the page's other forms carry them along).
+CASE_FILTER_FIELDS = ("case_rule", "case_status", "case_assignee", "case_key")
+CASE_PAGE_FIELDS = ("case_before", "case_limit")
+# What the status field may say, and the statuses each takes.
+STATUS_CHOICES: Mapping[str, frozenset[CaseStatus]] = {
+    "": frozenset({CaseStatus.OPEN, CaseStatus.ASSIGNED}),
+    "open": frozenset({CaseStatus.OPEN}),
+    "assigned": frozenset({CaseStatus.ASSIGNED}),
+    "closed": frozenset({CaseStatus.CLOSED}),
+    "all": frozenset(CaseStatus),
+}
+# The assignee field's word for the cases nobody is assigned.
+UNASSIGNED = "none"
+
+
+@dataclass(frozen=True)
+class CaseFilter:
+    """Which cases a person asked for; the default takes every case not closed."""
+
+    rule_id: int | None = None
+    statuses: frozenset[CaseStatus] = STATUS_CHOICES[""]
+    assignee: str | None = None  # a name (any case), or UNASSIGNED
+    key: tuple[KeyPart, ...] = ()
+    # The fields as written (stripped), for the form and the links that keep the filter.
+    text: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def matches(self, case: Case) -> bool:
+        if case.status not in self.statuses:
+            return False
+        if self.rule_id is not None and not case.rule_counts.get(self.rule_id):
+            return False
+        if self.assignee is not None:
+            if self.assignee == UNASSIGNED:
+                if case.assignee:
+                    return False
+            elif (case.assignee or "").casefold() != self.assignee.casefold():
+                return False
+        key = case.key
+        return all(part.matches(key) for part in self.key)
+
+    def query(self) -> dict[str, str]:
+        """The non-empty fields as URL parameters, as written."""
+        return {name: self.text[name] for name in CASE_FILTER_FIELDS if self.text.get(name)}
+
+
+def parse_case_filter(params: Mapping[str, str], rule_ids: Collection[int] | None) -> CaseFilter:
+    """The filter of URL parameters ``case_rule``, ``case_status``, ``case_assignee``,
+    ``case_key`` (others are ignored); ``rule_ids``: the ruleIds that ever existed (None:
+    not checked)."""
+    text = {name: str(params.get(name) or "").strip() for name in CASE_FILTER_FIELDS}
+    rule_id = None
+    rule_text = text["case_rule"]
+    if rule_text:
+        if not (rule_text.isascii() and rule_text.isdigit() and len(rule_text) <= 18):
+            raise InvalidFilterError("case_rule", f"{rule_text!r} is not a ruleId (a number)")
+        rule_id = int(rule_text)
+        if rule_ids is not None and rule_id not in rule_ids:
+            known = ", ".join(str(r) for r in sorted(rule_ids)) or "none"
+            raise InvalidFilterError(
+                "case_rule", f"no ruleId {rule_id} in the rules table (ruleIds: {known})"
+            )
+    status_text = text["case_status"].lower()
+    if status_text not in STATUS_CHOICES:
+        choices = ", ".join(c for c in STATUS_CHOICES if c)
+        raise InvalidFilterError(
+            "case_status",
+            f"{text['case_status']!r} is not a status; use one of {choices}, or leave it "
+            "empty for the cases not closed",
+        )
+    try:
+        key = parse_key_filter(text["case_key"])
+    except InvalidFilterError as exc:
+        raise InvalidFilterError("case_key", exc.reason) from None
+    return CaseFilter(
+        rule_id=rule_id,
+        statuses=STATUS_CHOICES[status_text],
+        assignee=text["case_assignee"] or None,
+        key=key,
+        text={k: v for k, v in text.items() if v},
+    )
+
+
+@dataclass(frozen=True, order=True)
+class CaseCursor:
+    """A page boundary: the (latestActivityAt, caseId) of the last case listed."""
+
+    activity: int
+    case_id: str
+
+    def text(self) -> str:
+        return f"{self.activity}_{self.case_id}"
+
+    @classmethod
+    def of(cls, case: Case) -> CaseCursor:
+        return cls(case.latest_activity_at, case.case_id)
+
+
+def parse_case_cursor(text: str) -> CaseCursor:
+    """A cursor as ``CaseCursor.text`` writes it (``<latestActivityAt>_<caseId>``)."""
+    moment, sep, case_id = text.strip().partition("_")
+    if not (sep and case_id and moment.isascii() and moment.isdigit()):
+        raise InvalidFilterError(
+            "case_before", f"{text!r} is not a page boundary (<latestActivityAt>_<caseId>)"
+        )
+    return CaseCursor(int(moment), case_id)
+
+
+def parse_case_limit(text: str | None) -> int:
+    """How many cases a page lists: ``QUEUE_PAGE_SIZE`` unless 1 to ``QUEUE_PAGE_MAX``."""
+    if not text:
+        return QUEUE_PAGE_SIZE
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= QUEUE_PAGE_MAX:
+        raise InvalidFilterError(
+            "case_limit", f"{text!r} is not a number from 1 to {QUEUE_PAGE_MAX}"
+        )
+    return int(text)
+
+
+@dataclass(frozen=True)
+class CaseQuery:
+    """A page of the queue as asked for: the filter, the boundary and the page size."""
+
+    filter: CaseFilter = field(default_factory=CaseFilter)
+    before: CaseCursor | None = None
+    limit: int = QUEUE_PAGE_SIZE
+
+
+def parse_case_query(params: Mapping[str, str], rule_ids: Collection[int] | None) -> CaseQuery:
+    before = str(params.get("case_before") or "").strip()
+    return CaseQuery(
+        parse_case_filter(params, rule_ids),
+        parse_case_cursor(before) if before else None,
+        parse_case_limit(str(params.get("case_limit") or "").strip() or None),
+    )
+
+
+@dataclass(frozen=True)
+class CasePage:
+    """Cases newest activity first; ``older``: the next page's boundary, None at the last;
+    ``matching``: how many cases pass the filter in all (every page)."""
+
+    cases: Sequence[Case]
+    older: CaseCursor | None
+    matching: int
+
+
+def queue_page(cases: Iterable[Case], query: CaseQuery) -> CasePage:
+    """The ``query.limit`` cases of newest activity that pass the filter and lie below the
+    boundary."""
+    chosen = [c for c in cases if query.filter.matches(c)]
+    below = [c for c in chosen if query.before is None or CaseCursor.of(c) < query.before]
+    below.sort(key=CaseCursor.of, reverse=True)
+    shown = below[: query.limit]
+    older = CaseCursor.of(shown[-1]) if shown and len(below) > query.limit else None
+    return CasePage(shown, older, len(chosen))
+
+
+def newest_activity(cases: Iterable[Case]) -> int:
+    """The latest activity of any case (0 for none): the moment a drawn page is as of."""
+    return max((c.latest_activity_at for c in cases), default=0)
+
+
+def updated_since(cases: Iterable[Case], case_filter: CaseFilter, since_ms: int) -> list[str]:
+    """The caseIds that pass ``case_filter`` and changed after ``since_ms``, newest first."""
+    changed = [c for c in cases if c.latest_activity_at > since_ms and case_filter.matches(c)]
+    return [c.case_id for c in sorted(changed, key=CaseCursor.of, reverse=True)]

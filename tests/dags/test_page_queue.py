@@ -1,0 +1,472 @@
+"""The Velocity page's queue of cases, a case's page, the rules' alerts a minute, the window
+lookup, the backfill form and the click timing: their HTML from plain data (what each
+role sees, nothing unescaped, every link and form keeping the page's URL), and the routes
+in process over real Delta tables."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from tests.builders import alert_row, make_rule
+
+from velocity.case_queue import CaseCursor, CasePage, parse_case_query
+from velocity.cases import Case, CaseEvent, CaseEventKind, CaseStatus, case_key_text
+from velocity.reviews import Verdict
+from velocity.rule_rates import rule_rates
+from velocity.settings import Settings
+from velocity_airflow import queue_html
+from velocity_airflow.page_html import PageData, lookup_html, render_case, render_page
+
+pytestmark = pytest.mark.timeout(120)
+
+NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+RULES = [make_rule(ruleId=4), make_rule(ruleId=5, ruleState="PAUSE")]
+PARAMS = {"rule": "4", "case_status": "all", "alert": "a-9"}
+
+
+class Analyst:
+    def get_name(self) -> str:
+        return "ana"
+
+
+def _case(**fields: Any) -> Case:
+    base = Case(
+        case_id="c-1",
+        case_key=case_key_text("payerId", "p<1>"),
+        opened_at=NOW - 185_000,
+        latest_alert_at=NOW - 20_000,
+        latest_activity_at=NOW - 20_000,
+        alerts=15,
+        rule_counts={5: 3, 4: 12},
+        amount=Decimal("1234567.5"),
+    )
+    return replace(base, **fields)
+
+
+def _view(can_edit: bool = True, params: dict[str, str] | None = None) -> queue_html.QueueView:
+    params = PARAMS if params is None else params
+    return queue_html.QueueView(
+        base="/velocity",
+        can_edit=can_edit,
+        user="ana",
+        now_ms=NOW,
+        query=parse_case_query(params, None),
+        params=params,
+        rule_versions={(r.rule_id, 1): replace(r, version=1) for r in RULES},
+        rule_ids=[4, 5],
+        write_behind_seconds=30,
+        as_of=NOW - 20_000,
+    )
+
+
+def _queue(cases: list[Case], **view: Any) -> str:
+    return queue_html.queue_section(CasePage(cases, None, len(cases)), _view(**view))
+
+
+def test_a_case_row_reads_as_people_read_it() -> None:
+    row = queue_html.queue_row(_case(), _view())
+    assert 'data-testid="queue-row" data-case-id="c-1" data-status="open"' in row
+    # The key, never wrapped inside its value; escaped.
+    assert '<span class="kv">payerId=p&lt;1&gt;</span>' in row and "p<1>" not in row
+    # Its rules as badges by ruleId, each with its alert count and what the rule checks.
+    assert row.index('data-rule="4"') < row.index('data-rule="5"')
+    assert "<b>×12</b>" in row and "<b>×3</b>" in row
+    assert 'title="ruleId 4: SUM(paymentAmount) &gt; 200000 over 1440 min' in row
+    assert '<td class="figure" data-testid="case-amount">1,234,567.5</td>' in row
+    # First and latest alert relative, the UTC time in the title.
+    assert 'title="2025-12-31 23:56:55.000Z">3 min ago</time>' in row
+    assert 'title="2025-12-31 23:59:40.000Z">20 s ago</time>' in row
+    assert '<td class="status-open">open</td>' in row
+    assert 'data-testid="case-select"' in row and 'form="bulk-close"' in row
+    # Its link keeps the page's URL (filters of both tables), less an open explanation.
+    assert 'href="/velocity/cases/c-1?rule=4&amp;case_status=all"' in row
+    closed = queue_html.queue_row(
+        _case(status=CaseStatus.CLOSED, verdict=Verdict.FALSE_POSITIVE, assignee="<bo>"), _view()
+    )
+    assert '<td class="status-closed">closed (false positive)</td>' in closed
+    assert "<td>&lt;bo&gt;</td>" in closed
+
+
+def test_the_queue_keeps_the_page_s_url_in_every_form_and_link() -> None:
+    html = _queue([_case()])
+    form = html.split('data-testid="queue-filter"')[1].split("</form>")[0]
+    assert '<input type="hidden" name="rule" value="4">' in form, "the alerts' filter kept"
+    assert 'name="alert"' not in form, "an open explanation is not"
+    assert '<option value="all" selected>all</option>' in form
+    assert '<option value="" >' not in form and '<option value="">not closed</option>' in form
+    assert 'href="/velocity/?rule=4" data-testid="queue-filter-clear"' in form
+    assert 'href="/velocity/?rule=4&amp;case_assignee=ana" data-testid="queue-mine"' in form
+    bulk = html.split('data-testid="bulk-close"')[1].split("</form>")[0]
+    assert 'action="/velocity/cases/close"' in html
+    assert '<input type="hidden" name="back" value="rule=4&amp;case_status=all">' in bulk
+    assert '<option value="" disabled selected>verdict…</option>' in bulk, "none by default"
+    # Live: the page counts changes since it was drawn and draws rows only on request.
+    table = html.split('<table class="queue"')[1].split(">")[0]
+    assert f'data-as-of="{NOW - 20_000}"' in table
+    assert 'data-rows="/velocity/cases/rows?rule=4&amp;case_status=all"' in table
+    assert 'data-testid="queue-notice" hidden' in html and 'data-testid="queue-show"' in html
+    assert "up to 30 s after it is on the alert stream" in html
+    paged = queue_html.queue_section(
+        CasePage([_case()], CaseCursor(NOW - 20_000, "c-1"), 60), _view()
+    )
+    older = paged.split(' data-testid="queue-older"')[0].rsplit('href="', 1)[1]
+    assert older == f'/velocity/?rule=4&amp;case_status=all&amp;case_before={NOW - 20_000}_c-1"'
+
+
+def test_a_viewer_sees_the_queue_but_cannot_close_anything() -> None:
+    html = _queue([_case()], can_edit=False)
+    assert 'data-testid="queue-row"' in html
+    assert "bulk-close" not in html and "case-select" not in html and "/cases/close" not in html
+
+
+def test_an_empty_queue_and_a_filter_that_cannot_be_read() -> None:
+    assert 'data-testid="no-cases"' in _queue([])
+    view = _view(params={})
+    html = queue_html.queue_section(None, view, "field 'case_status': 'pending' is not a status")
+    assert 'data-testid="queue-filter-error"' in html and "&#x27;pending&#x27;" in html
+
+
+def _case_view(**fields: Any) -> queue_html.CaseView:
+    history = [
+        CaseEvent("c-1", "k", CaseEventKind.OPENED, NOW - 185_000, "velocity-stream", alerts=3),
+        CaseEvent("c-1", "k", CaseEventKind.ASSIGNED, NOW - 60_000, "ana", assignee="bo"),
+    ]
+    alerts = [
+        {**alert_row("a-1", (4, 1), NOW - 185_000), "key": {"payerId": "p<1>"}},
+        {**alert_row("a-2", (4, 1), NOW - 20_000), "key": {"payerId": "p<1>"}, "suppressed": True},
+    ]
+    payments = [
+        {"transactionId": "tx-a-1", "eventTime": NOW - 185_005, "beneficiaryId": "b<2>",
+         "paymentType": "CRD", "paymentAmount": "1234.50000000"},
+    ]  # fmt: skip
+    view = queue_html.CaseView(
+        case=_case(history=history, assignee="bo", status=CaseStatus.ASSIGNED),
+        queue=_view(),
+        alerts=alerts,
+        payments=payments,
+    )
+    for name, value in fields.items():
+        setattr(view, name, value)
+    return view
+
+
+def test_a_case_opens_to_its_alerts_payments_and_history() -> None:
+    html = render_case(_case_view())
+    assert 'data-testid="case-title" data-case-id="c-1" data-status="assigned"' in html
+    assert 'href="/velocity/?rule=4&amp;case_status=all" data-testid="back-to-queue"' in html
+    alerts = html.split('data-testid="case-alerts"')[1]
+    assert alerts.index('data-alert-id="a-2"') < alerts.index('data-alert-id="a-1"'), "newest first"
+    assert 'data-alert-id="a-2" data-rule="4" data-suppressed=1' in alerts
+    assert 'data-testid="suppressed-badge"' in alerts
+    # Each alert explained on this page, with the queue's URL kept.
+    assert 'href="/velocity/cases/c-1?rule=4&amp;case_status=all&amp;alert=a-1#explanation"' in html
+    payment = html.split('data-testid="case-payment"')[1].split("</tr>")[0]
+    assert "b&lt;2&gt;" in payment and '<td class="figure">1,234.50000000</td>' in payment
+    history = html.split('data-testid="case-history"')[1]
+    assert history.index("assigned to bo") < history.index("opened with 3 alerts"), "newest first"
+    close = html.split('data-testid="close-form"')[0].rsplit("<form", 1)[1]
+    assert 'action="/velocity/cases/c-1/close"' in close
+    assert '<input type="hidden" name="back" value="rule=4&amp;case_status=all">' in html
+    assert 'value="bo" data-testid="assignee"' in html, "the assignee to change"
+    assert "<kbd>c</kbd> close as confirmed fraud" in html
+
+
+def test_a_closed_case_offers_reopen_and_a_viewer_no_change() -> None:
+    closed = _case_view()
+    closed.case = replace(closed.case, status=CaseStatus.CLOSED, verdict=Verdict.CONFIRMED_FRAUD)
+    html = render_case(closed)
+    assert 'data-testid="reopen-submit"' in html and 'data-testid="close-form"' not in html
+    assert "<tr><th>verdict</th><td>confirmed fraud</td></tr>" in html
+    viewer = _case_view(queue=_view(can_edit=False))
+    shown = render_case(viewer)
+    assert "/assign" not in shown and "/close" not in shown and "may read cases" in shown
+
+
+def _page(**fields: Any) -> str:
+    data = PageData(user="ana", can_edit=True, base="/velocity", rules=RULES, now_ms=NOW)
+    data.rule_versions = {(r.rule_id, 1): replace(r, version=1) for r in RULES}
+    for name, value in fields.items():
+        setattr(data, name, value)
+    return render_page(data)
+
+
+def test_the_page_opens_on_the_queue() -> None:
+    html = _page(queue=_view(), queue_page=CasePage([_case()], None, 1), params=PARAMS)
+    assert html.index('<h2 id="queue">Queue</h2>') < html.index('<h2 id="rules">')
+    assert html.index('<h2 id="queue">') < html.index('<h2 id="alerts">')
+    assert html.count('<tr data-testid="queue-row"') == 1
+    # One live feed with the filters of both tables.
+    assert '<body data-live="/velocity/api/page/live?rule=4&amp;case_status=all">' in html
+    # A change posted by the page's script comes back to the page's URL.
+    assert 'body.append("back", location.search' in html
+    assert "velocity_click=" in html, "each click leaves its moment for the server to time"
+
+
+def test_each_rule_shows_its_alerts_a_minute_and_a_warning_when_it_fires_often() -> None:
+    now = NOW + 9 * 60_000 + 5_000
+    counts = [(4, NOW + 8 * 60_000, False, 1200), (4, NOW + 8 * 60_000, True, 2400)]
+    rates = rule_rates(counts, {4: 3600}, 4000, [4, 5], now)
+    html = _page(rule_rates=rates, write_behind_seconds=30)
+    cell = html.split('data-testid="rates-4"')[1].split("</td>")[0]
+    assert 'data-notified="0,0,0,0,0,0,0,0,1200,0"' in cell
+    assert 'data-suppressed="0,0,0,0,0,0,0,0,2400,0"' in cell and 'data-share="0.9000"' in cell
+    assert "1,200 notified, 2,400 suppressed" in cell, "the last whole minute's"
+    assert 'title="00:08 UTC: 1,200 notified, 2,400 suppressed"' in cell
+    assert "⚠ fires on 90% of payments (3,600 of 4,000)" in cell
+    quiet = html.split('data-testid="rates-5"')[1].split("</td>")[0]
+    assert "fires-often" not in quiet and "0 notified, 0 suppressed" in quiet
+    caption = html.split('data-testid="rates-caption">')[1].split("</p>")[0]
+    assert "behind Redis by up to 30 s (write_behind_seconds)" in caption
+    assert "suppressed alerts are only there" in caption
+    assert "cannot read" in _page(rates_error="cannot read the alerts a minute: boom")
+
+
+def test_the_window_lookup_shows_its_value_as_a_number_and_its_times_as_dates() -> None:
+    found = {
+        "ruleId": 1, "key": {"payerId": "p-1"}, "aggregateValue": "250000.5",
+        "windowStart": NOW - 86_400_000, "windowEnd": NOW,
+    }  # fmt: skip
+    html = lookup_html(found)
+    assert (
+        '<td class="figure" data-testid="lookup-value" data-value="250000.5">250,000.5</td>' in html
+    )
+    assert "2025-12-31 00:00:00.000Z … 2026-01-01 00:00:00.000Z" in html
+    assert '<span class="kv">payerId=p-1</span>' in html and "{" not in html
+    empty = lookup_html({**found, "aggregateValue": None})
+    assert "none (an empty window)" in empty
+    page = _page(lookup=found, lookup_form={"lookup_rule": "1"}, params={"case_rule": "4"})
+    form = page.split('data-testid="lookup"')[1].split("</form>")[0]
+    assert '<input type="hidden" name="case_rule" value="4">' in form
+
+
+def test_a_backfill_is_started_from_the_page_s_own_form() -> None:
+    html = _page(params={"rule": "4"}, backfill_form={"rule_ids": ["5"], "to_time": "<x>"})
+    form = html.split('data-testid="backfill-form"')[1].split("</form>")[0]
+    assert 'action="/velocity/backfills"' in html
+    assert 'value="4" data-testid="backfill-rule-4">' in form
+    assert 'value="5" checked data-testid="backfill-rule-5">' in form
+    assert 'value="&lt;x&gt;" data-testid="backfill-to_time"' in form
+    assert '<input type="hidden" name="back" value="rule=4">' in form
+    assert "backfill-form" not in _page(can_edit=False)
+
+
+def test_the_backfill_form_becomes_the_dag_s_conf_or_names_its_field() -> None:
+    from velocity.errors import UsageError
+    from velocity_airflow.page import backfill_conf
+
+    conf = backfill_conf(["7", "5", " "], "2026-01-01 10:05", "2026-01-01 11:00")
+    assert conf == {
+        "from_time": "2026-01-01T10:05:00.000Z",
+        "to_time": "2026-01-01T11:00:59.999Z",  # a minute written covers the whole minute
+        "rule_ids": ["5", "7"],
+    }
+    assert backfill_conf([], "", "") == {"from_time": None, "to_time": None, "rule_ids": None}
+    for args, words in [
+        (([], "2026-01-01", ""), "give both From and To"),
+        (([], "yesterday", "2026-01-01"), "field 'from': 'yesterday' is not a time"),
+        (([], "2026-01-02", "2026-01-01"), "is after To"),
+        ((["x"], "", ""), r"Rules\[0\] must be an integer"),
+    ]:
+        with pytest.raises(UsageError, match=words):
+            backfill_conf(*args)
+
+
+def test_a_click_is_timed_from_the_browser_to_the_server_once() -> None:
+    from fastapi.testclient import TestClient
+
+    from velocity_airflow import page
+
+    page.app.dependency_overrides[page._user] = Analyst
+    try:
+        client = TestClient(page.app, follow_redirects=False)
+        clicked = int(time.time() * 1000) - 250
+        cookie = {"cookie": f"other=1; velocity_click=k1x.{clicked}.pause-4"}
+        client.post("/rules/4/pause", headers=cookie)  # refused (no login): still timed
+        client.get("/api/page/live", headers=cookie)  # the feed is never a click's answer
+        client.get("/api/clicks", headers=cookie)  # the same click again: noted once
+        [noted] = client.get("/api/clicks", params={"what": "pause-4"}).json()
+        assert (noted["method"], noted["path"]) == ("POST", "/rules/4/pause")
+        assert noted["clickedAt"] == clicked
+        assert 250 <= noted["delayMs"] < 10_000
+        assert noted["receivedAt"] - noted["clickedAt"] == pytest.approx(noted["delayMs"], abs=1)
+    finally:
+        page.app.dependency_overrides.clear()
+
+
+# --- the routes over real Delta tables ------------------------------------------------
+
+
+def _cases_settings(data_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Rules 4 and 5 in the rules table; payers p1 (three alerts) and p2 (one) gathered
+    into their cases as the stream's write-behind does, their alerts in the alerts table
+    and their payments in the events table."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from velocity.delta.case_store import CaseStore
+    from velocity.delta.names import ALERTS, EVENTS, RULES
+    from velocity.delta.rule_store import RuleStore
+    from velocity.delta.write_behind import ARROW_SCHEMAS
+    from velocity_airflow import page
+
+    RuleStore(data_settings.table_path(RULES)).apply([make_rule(ruleId=4), make_rule(ruleId=5)])
+    alerts = [("a1", 4, "t1", "p1"), ("a2", 5, "t1", "p1"), ("a3", 4, "t2", "p1")]
+    alerts.append(("a4", 4, "t3", "p2"))
+    now = int(time.time() * 1000)
+    rows = [
+        {**alert_row(a, (rule, 1), now + i, transaction_id=tx), "key": [("payerId", payer)],
+         "shadow": False, "suppressed": a == "a3", "suppressedBy": "t1" if a == "a3" else None,
+         "caseId": None}
+        for i, (a, rule, tx, payer) in enumerate(alerts)
+    ]  # fmt: skip
+    payers = {tx: payer for _, _, tx, payer in alerts}
+    events = pa.Table.from_pylist(
+        [
+            {
+                "transactionId": tx,
+                "eventTime": now - 5,
+                "payerId": payer,
+                "beneficiaryId": "b",
+                "paymentAmount": Decimal("100.5"),
+                "paymentType": "CRD",
+                "ip": None,
+                "deviceId": None,
+                "action": None,
+                "raw": "{}",
+                "source_file": "f",
+                "source_block": 0,
+                "line_seq": i,
+                "ingest_time": now,
+                "stream_batch": 1,
+            }
+            for i, (tx, payer) in enumerate(payers.items())
+        ],
+        ARROW_SCHEMAS["events"],
+    )
+    gathered = CaseStore(data_settings).gather_alerts(
+        pa.Table.from_pylist(rows, ARROW_SCHEMAS["alerts"]), events, batch=1
+    )
+    write_deltalake(str(data_settings.table_path(ALERTS)), gathered)
+    write_deltalake(str(data_settings.table_path(EVENTS)), events)
+    monkeypatch.setattr(page, "_settings", lambda: data_settings)
+    monkeypatch.setattr(page, "_can_edit", lambda user: True)
+    return data_settings
+
+
+@pytest.mark.redis
+def test_an_analyst_works_the_queue_in_process(
+    data_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue lists both cases; p1's page shows its three alerts (one suppressed), its
+    two payments and its history; assign, close (every alert reviewed), reopen and a bulk
+    close each come back to the page's URL with what happened; a bad verdict closes
+    nothing and says so; the JSON lists the same cases; the rules' figures count the
+    alerts a minute."""
+    from fastapi.testclient import TestClient
+
+    from velocity.delta.case_store import CaseStore
+    from velocity.delta.reader import review_store
+    from velocity_airflow import flash, page
+
+    settings = _cases_settings(data_settings, monkeypatch)
+    monkeypatch.setattr(page, "_LIVE_SECONDS", 1.5)
+    reviewer = page.Reviewer.__metadata__[0].dependency
+    page.app.dependency_overrides.update({page._user: Analyst, reviewer: Analyst})
+
+    def said(reply: Any) -> tuple[str, str]:
+        assert reply.status_code == 303, reply.text
+        shown = flash.unseal(reply.cookies[flash.COOKIE].strip('"'), page._flash_key())
+        assert shown is not None
+        return reply.headers["location"], shown.text
+
+    try:
+        client = TestClient(page.app, follow_redirects=False)
+        html = client.get("/", params={"rule": "4"}).text
+        assert html.count('<tr data-testid="queue-row"') == 2
+        by_key = {c.key["payerId"]: c for c in CaseStore(settings).cases().values()}
+        p1 = by_key["p1"]
+        row = html.split(f'data-case-id="{p1.case_id}"')[1].split("</tr>")[0]
+        assert "<b>×2</b>" in row and "<b>×1</b>" in row
+        assert 'data-testid="case-amount">201' in row, "t1 once, though it fired two rules"
+        rates = html.split('data-testid="rates-4"')[1].split("</td>")[0]
+        assert "⚠ fires on 100% of payments (3 of 3)" in rates
+
+        shown = client.get(f"/cases/{p1.case_id}", params={"rule": "4"}).text
+        assert shown.count('data-testid="case-alert"') == 3
+        assert shown.count("data-suppressed=1") == 1
+        assert shown.count('data-testid="case-payment"') == 2
+        explained = client.get(f"/cases/{p1.case_id}", params={"alert": "a1"}).text
+        assert 'id="explanation"' in explained
+        assert client.get("/cases/nope").status_code == 404
+
+        where, text = said(
+            client.post(
+                f"/cases/{p1.case_id}/assign",
+                data={"assignee": "bo", "back": "rule=4", "return_to": "case"},
+            )
+        )
+        assert where == f"/velocity/cases/{p1.case_id}?rule=4"
+        assert text == "case payerId=p1: assigned to bo"
+        where, text = said(
+            client.post(f"/cases/{p1.case_id}/close", data={"verdict": "fraud", "back": "rule=4"})
+        )
+        assert where == "/velocity/?rule=4" and "field 'verdict'" in text
+        assert not review_store(settings).all(), "nothing closed, nothing reviewed"
+        where, text = said(
+            client.post(
+                f"/cases/{p1.case_id}/close",
+                data={"verdict": "CONFIRMED_FRAUD", "note": "card stolen", "back": "rule=4"},
+            )
+        )
+        assert (where, text) == (
+            "/velocity/?rule=4",
+            "case payerId=p1: closed: confirmed fraud, by ana",
+        )
+        assert {r.alert_id for r in review_store(settings).all()} == {"a1", "a2", "a3"}
+        assert [c["caseKey"] for c in client.get("/api/cases").json()["cases"]] == [
+            {"payerId": "p2"}
+        ]
+        _, text = said(client.post(f"/cases/{p1.case_id}/reopen", data={"return_to": "case"}))
+        assert text == "case payerId=p1: reopened"
+
+        _, text = said(client.post("/cases/close", data={"verdict": "FALSE_POSITIVE"}))
+        assert text == "error: no case selected; tick the cases to close"
+        where, text = said(
+            client.post(
+                "/cases/close",
+                data={
+                    "case_id": [p1.case_id, by_key["p2"].case_id],
+                    "verdict": "false positive",
+                    "back": "case_status=all&rule=4",
+                },
+            )
+        )
+        assert where == "/velocity/?case_status=all&rule=4"
+        assert text == "2 cases closed: false positive (4 alerts reviewed), by ana"
+        listed = client.get("/api/cases", params={"case_status": "closed"}).json()
+        assert {c["verdict"] for c in listed["cases"]} == {"FALSE_POSITIVE"}
+        assert client.get("/api/cases", params={"case_status": "x"}).status_code == 400
+
+        rows = client.get("/cases/rows", params={"case_status": "all"}).json()
+        assert rows["matching"] == 2 and rows["html"].count('data-testid="queue-row"') == 2
+        assert rows["asOf"] >= max(c.latest_activity_at for c in by_key.values())
+        live = client.get("/api/page/live", params={"case_status": "all", "cases_since": "0"})
+        assert "event: cases" in live.text and '"count": 2' in live.text
+    finally:
+        page.app.dependency_overrides.clear()
+
+
+def test_the_case_routes_need_a_login() -> None:
+    from fastapi.testclient import TestClient
+
+    from velocity_airflow.page import app
+
+    client = TestClient(app)
+    for path in ("/cases/c-1", "/cases/rows", "/alerts/rows", "/api/cases", "/api/clicks"):
+        assert client.get(path).status_code == 401, path
+    for path in ("/cases/close", "/cases/c-1/close", "/cases/c-1/assign", "/backfills"):
+        assert client.post(path).status_code == 401, path

@@ -4,6 +4,12 @@ What callers rely on:
 - Reproducible: the same ``GenerateOptions`` (seed included) give byte-identical files. Nothing
   reads the wall clock, the environment or Python's salted ``hash``; one seeded PRNG is consumed
   in arrival order. With ``seed=None`` a seed is drawn and reported in the summary.
+- TransactionIds are unique across runs: each holds the run's tag (``run_tag``: a digest of the
+  seed, the first eventTime and the file prefix; ``tx-<tag>-<n>``, or the digits ``<tag><n:010>``
+  as a JSON integer), so a second run into the same folder or topic (a new seed, a later start
+  or another prefix) adds payments instead of repeating the first run's ids, which a stream
+  would drop as duplicates. Only a run with the same seed, start and prefix, the same events
+  byte for byte, repeats them.
 - Arrival order is the files in lexicographic name order (``events-000000.jsonl``, ...), then
   the lines in each file. Every line ends with ``\\n``; every line but the malformed ones is one
   JSON object.
@@ -28,6 +34,7 @@ Pure Python: no Spark, Redis or Airflow.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -163,6 +170,8 @@ class GenerateSummary:
     min_event_time: int | None = None
     """Lowest eventTime of the valid events (late ones included); None when there are none."""
     max_event_time: int | None = None
+    run_tag: int = 0
+    """The run's part of every transactionId (see ``run_tag``)."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form for the CLI."""
@@ -178,6 +187,7 @@ class GenerateSummary:
             "malformedByReason": dict(sorted(self.malformed_by_reason.items())),
             "minEventTime": self.min_event_time,
             "maxEventTime": self.max_event_time,
+            "runTag": self.run_tag,
         }
 
 
@@ -362,6 +372,19 @@ _EXTRAS = (
 )
 _Fields = list[tuple[str, str]]
 
+# A run's tag has 9 digits, so an integer id (tag, then a 10-digit count) stays below 9e18,
+# inside the signed 64-bit range every JSON reader takes as an integer.
+_TAG_LOW, _TAG_SPAN = 100_000_000, 800_000_000
+_COUNT_DIGITS = 10
+
+
+def run_tag(seed: int, start_ms: int, prefix: str) -> int:
+    """The 9-digit tag of a run's transactionIds: a digest of what makes two runs differ
+    (``--seed``, drawn when not given; the first eventTime, the clock's with ``--follow`` or
+    ``--kafka``; the file prefix). The same three give the same tag, and so the same ids."""
+    digest = hashlib.blake2b(f"{seed}/{start_ms}/{prefix}".encode(), digest_size=8).digest()
+    return _TAG_LOW + int.from_bytes(digest, "big") % _TAG_SPAN
+
 
 class _LineSource:
     """Produces lines in arrival order; slot ``i`` is the i-th line, due at ``slot_time(i)``."""
@@ -371,6 +394,7 @@ class _LineSource:
         seed = options.seed
         self.seed = seed if seed is not None else random.SystemRandom().getrandbits(63)
         self.rng = random.Random(self.seed)
+        self.tag = run_tag(self.seed, options.start_ms, options.prefix)
         self.gap_ms = 1000.0 / options.rate
         self.payers = options.payers
         self.benes = options.beneficiary_count
@@ -428,6 +452,7 @@ class _LineSource:
             malformed_by_reason=dict(sorted(self.reasons.items())),
             min_event_time=self.min_seen,
             max_event_time=self.max_seen,
+            run_tag=self.tag,
         )
 
     # -- one line ---------------------------------------------------------------------------
@@ -481,7 +506,9 @@ class _LineSource:
     def _new_id(self) -> str:
         number = self.next_id
         self.next_id += 1
-        return str(number) if self.rng.random() < 0.1 else f'"tx-{number}"'
+        if self.rng.random() < 0.1:
+            return f"{self.tag}{number:0{_COUNT_DIGITS}d}"
+        return f'"tx-{self.tag}-{number}"'
 
     def _payer(self, k: int) -> str:
         # A quarter of payers have numeric ids, written as JSON integers or numeric strings:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -13,10 +14,12 @@ import pytest
 from velocity.arrival import Arrivals, Verdict
 from velocity.errors import UsageError
 from velocity.generate import (
+    DEFAULT_START_MS,
     SPIKE_MIN_AMOUNT,
     GenerateOptions,
     GenerateSummary,
     generate_events,
+    run_tag,
     stream_events,
 )
 from velocity.schema import Event, Rejection, RejectReason, parse_event_line
@@ -348,3 +351,84 @@ def test_stream_stops_when_asked(tmp_path: Path) -> None:
     )
     assert len(summary.files) == 2
     assert summary.lines == 21
+
+
+def ids_by_run(runs: list[GenerateSummary]) -> list[tuple[list[str], list[str]]]:
+    """Each run's (first occurrences, repeats) of transactionIds, its lines read in order."""
+    out = []
+    for summary in runs:
+        seen: set[str] = set()
+        first, repeats = [], []
+        for line in read_lines(summary):
+            if isinstance(line.parsed, Event):
+                tx = line.parsed.transaction_id
+                (repeats if tx in seen else first).append(tx)
+                seen.add(tx)
+        out.append((first, repeats))
+    return out
+
+
+def assert_runs_share_no_ids(runs: list[GenerateSummary]) -> None:
+    """Read together (one folder, one topic), the runs repeat no id but their own duplicates:
+    a stream drops exactly the lines each run meant as duplicates."""
+    by_run = ids_by_run(runs)
+    everything = [tx for first, _ in by_run for tx in first]
+    assert len(everything) == len(set(everything)) == sum(s.valid for s in runs)
+    for (first, repeats), summary in zip(by_run, runs, strict=True):
+        assert len(repeats) == summary.duplicates > 0
+        assert set(repeats) <= set(first)  # a duplicate repeats an id of its own run
+    assert len({s.run_tag for s in runs}) == len(runs)
+
+
+@pytest.mark.timeout(60)
+def test_two_runs_into_one_folder_share_no_transaction_ids(tmp_path: Path) -> None:
+    """The second run of `velocity generate` (or of `make demo`) once started its ids at 0
+    again, and the stream dropped its payments as duplicates of the first run's."""
+    options = GenerateOptions(events=4_000, files=2, duplicate_fraction=0.02)
+    drawn = [  # no --seed: each run draws one
+        generate_events(tmp_path / "drawn", replace(options, prefix=prefix))
+        for prefix in ("first", "second")
+    ]
+    assert_runs_share_no_ids(drawn)
+    # The same seed into one folder: another prefix (the same names are refused), so
+    # other ids, with the same events otherwise.
+    same_seed = [
+        generate_events(tmp_path / "seeded", replace(options, seed=7, prefix=prefix))
+        for prefix in ("first", "second")
+    ]
+    assert_runs_share_no_ids(same_seed)
+    # --follow (and --kafka): the seed the same, the runs started at other times.
+    followed = []
+    for start in (1_767_225_600.0, 1_767_225_700.0):
+        clock = FakeClock(start)
+        followed.append(
+            stream_events(
+                tmp_path / "live", replace(options, events=2_000, rate=500.0, seed=7),
+                clock=clock.time, sleep=clock.sleep,
+            )
+        )  # fmt: skip
+    assert_runs_share_no_ids(followed)
+
+
+@pytest.mark.timeout(60)
+def test_ids_carry_the_run_tag_and_keep_their_two_spellings(tmp_path: Path) -> None:
+    summary = generate_events(tmp_path, GenerateOptions(events=3_000, seed=3))
+    assert summary.run_tag == run_tag(3, DEFAULT_START_MS, "events")
+    assert 100_000_000 <= summary.run_tag < 900_000_000
+    tag = summary.run_tag
+    ids = [
+        json.loads(line.text)["transactionId"]
+        for line in read_lines(summary)
+        if isinstance(line.parsed, Event)
+    ]
+    as_text = [tx for tx in ids if isinstance(tx, str)]
+    as_integers = [tx for tx in ids if isinstance(tx, int)]
+    assert as_text and as_integers
+    assert all(re.fullmatch(rf"tx-{tag}-\d+", tx) or tx.startswith(str(tag)) for tx in as_text)
+    # An integer id is the tag and a 10-digit count: inside the signed 64-bit range.
+    assert all(str(tx).startswith(str(tag)) and len(str(tx)) == 19 for tx in as_integers)
+    assert max(as_integers) < 2**63
+    # The same seed, start and prefix: the same run, so the same ids.
+    assert run_tag(3, DEFAULT_START_MS, "events") == tag
+    assert run_tag(3, DEFAULT_START_MS + 1, "events") != tag
+    assert summary.to_dict()["runTag"] == tag

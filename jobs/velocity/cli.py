@@ -543,10 +543,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         )
     finally:
         job.close()  # the committed batches still spooled reach Delta
-    progress = query.recentProgress
-    rows = sum(int(p["numInputRows"]) for p in progress)
-    batches = sum(1 for p in progress if int(p["numInputRows"]) > 0)
-    print(f"stream stopped ({reason}): {batches} batches, {rows} lines read")
+    # The metrics' counts: Spark's recentProgress keeps the last 100 batches only.
+    print(f"stream stopped ({reason}): {job.metrics.run_totals().text()}")
     return EXIT_OK
 
 
@@ -605,28 +603,39 @@ def cmd_stream_stop(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     health = stream_control.check_health(settings)
-    if health.state not in LIVE_STATES or health.verdict == "dead":
+    if stream_control.stream_ended(health):
         print(f"no stream is running with data dir {settings.data_dir}: {health.reason}")
         return EXIT_OK
-    request = stream_control.request_stop(settings.data_dir, args.reason)
-    print(
-        f"stop requested ({request['requestedBy']}) for the stream, pid {health.pid} on "
-        f"{health.host}; it stops after its micro-batch in flight"
-    )
+    if health.state in LIVE_STATES and health.verdict != "dead":
+        request = stream_control.request_stop(settings.data_dir, args.reason)
+        print(
+            f"stop requested ({request['requestedBy']}) for the stream, pid {health.pid} on "
+            f"{health.host}; it stops after its micro-batch in flight"
+        )
+    else:
+        print(f"the stream's query has stopped ({health.reason}); its process, pid {health.pid}, "
+              "is still exiting")  # fmt: skip
     deadline = time.monotonic() + args.wait
     while True:
         health = stream_control.check_health(settings)
-        if health.state not in LIVE_STATES or health.verdict == "dead":
-            print(f"stream {health.verdict}: {health.reason}")
+        # Stopped means its process has exited too (this host): STOPPED is written first.
+        if stream_control.stream_ended(health):
+            exited = "; its process exited" if health.host == stream_control.local_host() else ""
+            print(f"stream {health.verdict}: {health.reason}{exited}")
             return EXIT_OK
         if time.monotonic() >= deadline:
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     if not args.force:
         if args.wait:
+            still = (
+                f"the stream is still {health.state}"
+                if health.state in LIVE_STATES
+                else f"the stream's query stopped but its process, pid {health.pid}, has not "
+                "exited (it appends its last batches to Delta first)"
+            )
             print(
-                f"error: the stream is still {health.state} after {args.wait} s: "
-                f"{health.reason}; --force kills it",
+                f"error: {still} after {args.wait} s: {health.reason}; --force kills it",
                 file=sys.stderr,
             )
             return EXIT_FAILURE

@@ -52,6 +52,11 @@ class Health:
     lastBatchDurationMs: int | None = None
     backlogFiles: int | None = None
     lagMs: int | None = None
+    # A topic's consumer lag after the last batch (or idle trigger): messages past its end
+    # offsets over all partitions, and the most in one partition. None for a folder.
+    offsetsBehindLatest: int | None = None
+    maxOffsetsBehindLatest: int | None = None
+    source: str | None = None
     pid: int | None = None
     host: str | None = None
     queryId: str | None = None
@@ -136,6 +141,9 @@ def stream_health(
         "lastBatchDurationMs": _int(status, "lastBatchDurationMs"),
         "backlogFiles": backlog,
         "lagMs": lag,
+        "offsetsBehindLatest": _int(status, "offsetsBehindLatest"),
+        "maxOffsetsBehindLatest": _int(status, "maxOffsetsBehindLatest"),
+        "source": status.get("source") if isinstance(status.get("source"), str) else None,
         "pid": pid,
         "host": host,
         "queryId": status.get("queryId") if isinstance(status.get("queryId"), str) else None,
@@ -208,10 +216,25 @@ def stream_health(
     return verdict(
         True,
         "running",
-        f"running: {batches} batches with data this run, {last}, "
-        f"{backlog if backlog is not None else '?'} files waiting"
+        f"running: {batches} batches with data this run, {last}, {_waiting_text(figures)}"
         f"{_arrivals_text(figures['recentArrivals'])}",
     )
+
+
+def _waiting_text(figures: Mapping[str, Any]) -> str:
+    """What the source holds that no batch has read: a folder's files waiting, or a
+    topic's consumer lag (``12000 messages behind the topic's latest offsets, at most 4000
+    in one partition``)."""
+    if figures["backlogFiles"] is not None:
+        return f"{figures['backlogFiles']} files waiting"
+    behind = figures["offsetsBehindLatest"]
+    if behind is not None:
+        most = figures["maxOffsetsBehindLatest"]
+        spread = f", at most {most} in one partition" if behind and most is not None else ""
+        return f"{behind} messages behind the topic's latest offsets{spread}"
+    if str(figures["source"] or "").startswith("kafka://"):
+        return "lag not known yet (no batch or idle trigger since the start)"
+    return "? files waiting"
 
 
 def _arrivals(status: Mapping[str, Any]) -> dict[str, int] | None:

@@ -11,7 +11,9 @@ controllable from outside the process (an Airflow task, an operator's shell):
   state (STARTING, RUNNING, STOPPED, FAILED), pid, host, the query and run ids, a
   heartbeat (``updatedAt``, refreshed by every progress and idle event, so at least
   every ``stream_heartbeat_seconds`` while the process is alive and between batches),
-  the last batch's figures and the backlog. ``velocity.health`` judges it.
+  the last batch's figures and the backlog: a folder's files waiting, or a topic's
+  consumer lag (``offsetsBehindLatest``: messages past the last batch's end offsets, all
+  partitions; ``maxOffsetsBehindLatest``: the most in one). ``velocity.health`` judges it.
 - ``control/stop-stream``  a stop request (who asked, when), written by
   ``velocity stream-stop``. The stream polls for it every second, lets the micro-batch
   in flight finish, stops the query, removes the request, writes STOPPED. A request
@@ -38,10 +40,18 @@ from pathlib import Path
 from typing import Any
 
 from velocity.errors import VelocityError
-from velocity.health import FAILED, RUNNING, STARTING, STOPPED, Health, stream_health
+from velocity.health import (
+    FAILED,
+    LIVE_STATES,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    Health,
+    stream_health,
+)
 from velocity.local_process import process_alive
 from velocity.settings import Settings
-from velocity.stream_metrics import RecentArrivals
+from velocity.stream_metrics import RecentArrivals, kafka_lag
 
 log = logging.getLogger("velocity.lifecycle")
 
@@ -150,6 +160,16 @@ def check_health(
         local_host=local_host(),
         pid_alive=process_alive,
     )
+
+
+def stream_ended(health: Health, pid_alive: Callable[[int | None], bool] = process_alive) -> bool:
+    """Whether the stream is over: its status no longer live (or it is dead) and, when it
+    ran on this host, its process gone too. The stream writes STOPPED once its query has
+    stopped, then appends its last batches to Delta and exits, seconds later; from
+    another host only the status can tell."""
+    if health.state in LIVE_STATES and health.verdict != "dead":
+        return False
+    return health.host != local_host() or not pid_alive(health.pid)
 
 
 # --- stop requests ------------------------------------------------------------------------
@@ -293,7 +313,7 @@ class StreamStatus:
     ) -> None:
         self._path = status_path(data_dir)
         self._checkpoint = checkpoint_dir(data_dir)
-        # The backlog is counted in files: a topic's lag is its consumers' business.
+        # A folder's backlog is counted in files, a topic's in messages (its consumer lag).
         self._events_dir = source if isinstance(source, Path) else None
         self._clock = clock
         self._lock = threading.Lock()
@@ -317,6 +337,8 @@ class StreamStatus:
             "lastBatchDurationMs": None,
             "backlogFiles": None,
             "oldestBacklogAt": None,
+            "offsetsBehindLatest": None,
+            "maxOffsetsBehindLatest": None,
             "recentArrivals": None,
             "error": None,
             "stopReason": None,
@@ -341,11 +363,22 @@ class StreamStatus:
             self._values["updatedAt"] = self._clock()
             write_json_atomically(self._path, self._values)
 
-    def _backlog(self, refresh_newest: bool) -> dict[str, Any]:
+    def _backlog(
+        self, refresh_newest: bool, progress: Mapping[str, Any] | None = None, idle: bool = False
+    ) -> dict[str, Any]:
+        """A folder's files waiting; or a topic's lag, from ``progress`` (Spark's, read by
+        ``kafka_lag``) or 0 when ``idle`` (the source had nothing new to read)."""
+        if self._events_dir is None:
+            lag = None if progress is None else kafka_lag(progress)
+            if lag is None and not idle:
+                return {}  # nothing to tell: the last figures stand
+            behind = list((lag or {}).values())
+            return {
+                "offsetsBehindLatest": sum(behind),
+                "maxOffsetsBehindLatest": max(behind, default=0),
+            }
         if refresh_newest or self._newest_processed is None:
             self._newest_processed = newest_processed_mtime(self._checkpoint)
-        if self._events_dir is None:
-            return {}
         files, oldest = backlog(self._events_dir, self._newest_processed)
         return {"backlogFiles": files, "oldestBacklogAt": oldest}
 
@@ -359,16 +392,17 @@ class StreamStatus:
     def running(self, query_id: str, run_id: str) -> None:
         self._update(state=RUNNING, queryId=query_id, runId=run_id, **self._backlog(True))
 
-    def heartbeat(self) -> None:
-        """An idle trigger: the process and its query are alive, nothing new to read."""
-        self._update(**self._backlog(False))
+    def heartbeat(self, progress: Mapping[str, Any] | None = None) -> None:
+        """An idle trigger (or a batch of no rows, ``progress``): the process and its
+        query are alive, nothing new to read."""
+        self._update(**self._backlog(False, progress, idle=True))
 
     def progress(self, progress: Mapping[str, Any], arrivals: RecentArrivals | None = None) -> None:
         """A micro-batch ended (``progress`` as StreamingQueryProgress.json); ``arrivals``:
         the last batches' events, late and out of order (the stream's metrics')."""
         rows = int(progress.get("numInputRows") or 0)
         if rows == 0:
-            self.heartbeat()
+            self.heartbeat(progress)
             return
         duration = int(progress.get("batchDuration") or 0)
         started = _iso_ms(str(progress.get("timestamp", "")))
@@ -383,7 +417,7 @@ class StreamStatus:
             processedRowsPerSecond=progress.get("processedRowsPerSecond"),
             lastBatchDurationMs=duration,
             **self._arrivals(arrivals),
-            **self._backlog(True),
+            **self._backlog(True, progress),
         )
 
     def stopped(

@@ -109,6 +109,28 @@ def batch_counts(lines: int, rows: Mapping[str, pa.Table]) -> BatchCounts:
 
 
 @dataclass(frozen=True)
+class RunTotals:
+    """What this process's stream did, counted as its metrics count it: ``batches`` is
+    ``velocity_batch_duration_seconds_count`` (every micro-batch it committed, a replay
+    included), ``lines`` is ``velocity_events_read_total``, ``last_batch`` is
+    ``velocity_committed_batch_id`` (a batch id: the checkpoint numbers batches across runs)."""
+
+    batches: int
+    lines: int
+    last_batch: int | None
+
+    def text(self) -> str:
+        """``342 micro-batches this run (the last is batch 1469), 195301 lines read``."""
+        if not self.batches:
+            return "no micro-batch this run, 0 lines read"
+        many = "micro-batch" if self.batches == 1 else "micro-batches"
+        return (
+            f"{self.batches} {many} this run (the last is batch {self.last_batch}), "
+            f"{self.lines} lines read"
+        )
+
+
+@dataclass(frozen=True)
 class RecentArrivals:
     """The events of the last few batches, and how many of them were recorded for the
     backfill of late events, by reason: the share a lagging source makes."""
@@ -215,6 +237,7 @@ class StreamMetrics:
         for why in LateReason:
             self._late.labels(reason=why.value)
         self._recent: deque[BatchCounts] = deque(maxlen=RECENT_BATCHES)
+        self._batches = self._lines = 0  # this run's, for ``run_totals``
         ProcessCollector(registry=r)  # process_cpu_seconds_total, memory, open files
         # What is read at scrape time (``collect``): gauges only once their value is known.
         self._backlog_files: int | None = None
@@ -248,8 +271,10 @@ class StreamMetrics:
             self._commit_seconds.observe(redis_commit_seconds)
         self._committed_batch = batch_id
         self._heartbeat = self._clock()
+        self._batches += 1
         if counts is None:
             return
+        self._lines += counts.lines
         self._read.inc(counts.lines)
         self._accepted.inc(counts.accepted)
         self._duplicates.inc(counts.duplicates)
@@ -275,6 +300,11 @@ class StreamMetrics:
             self._lag = lag
         elif progress is None:
             self._lag = dict.fromkeys(self._lag, 0)
+
+    def run_totals(self) -> RunTotals:
+        """This process's micro-batches and lines read, as the metrics count them (not
+        Spark's recent progress, which keeps the last 100 batches only)."""
+        return RunTotals(self._batches, self._lines, self._committed_batch)
 
     def recent_arrivals(self) -> RecentArrivals:
         """The last ``RECENT_BATCHES`` decided batches' events, late and out of order."""

@@ -28,7 +28,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import event_line, rule_obj, rules_text
-from tests.conftest import FAST_JVM, free_metrics_port
+from tests.conftest import FAST_JVM, free_metrics_port, poll_until
 from velocity import stream_control
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
@@ -277,8 +277,16 @@ def test_status_stop_kill_and_resume_through_the_cli(
         asked = time.monotonic()
         stop = cli(env, "stream-stop", "--reason", "test", "--wait", "120", timeout=150)
         assert stop.returncode == 0, stop
-        assert second.wait(timeout=30) == 0
+        # Stopped means the process has exited (its last Delta appends done), not only
+        # that its status says STOPPED.
+        assert second.poll() == 0, "stream-stop said stopped while the stream's process ran"
         assert time.monotonic() - asked < 120
+    # Its closing line counts what its metrics counted: its batches and lines this run.
+    closing = (
+        f": {health['batchesThisRun']} micro-batch{'es' if health['batchesThisRun'] > 1 else ''}"
+        f" this run (the last is batch {health['batch']}), {EVENTS_PER_FILE + 5} lines read\n"
+    )
+    assert closing in (tmp_path / "run2.log").read_text(), closing
     final = status()
     assert final["state"] == "STOPPED" and "stop requested" in final["stopReason"], final
     assert final["stopRequest"]["reason"] == "test"
@@ -397,3 +405,64 @@ def test_stream_stop_force_kills_a_stream_that_ignores_the_request(tmp_path: Pat
         assert process.wait(timeout=10) == -signal.SIGKILL
     code, health = health_of(env)
     assert (code, health["verdict"]) == (1, "dead"), health
+
+
+# A stream's last steps as `velocity stream` takes them: STOPPED once its query has stopped
+# (the request removed), then the last batches appended to Delta (here: a sleep), then exit.
+LINGERING_STREAM = """
+import sys, time
+from pathlib import Path
+from velocity import stream_control
+
+data_dir, linger = Path(sys.argv[1]), float(sys.argv[2])
+status = stream_control.StreamStatus(data_dir, data_dir / "events", stream_control.now_ms())
+status.starting()
+status.running("q-1", "r-1")
+while (request := stream_control.read_stop_request(data_dir)) is None:
+    time.sleep(0.05)
+stream_control.remove_stop_request(data_dir)
+status.stopped("stop requested", request, final=True)
+time.sleep(linger)
+"""
+
+
+@contextmanager
+def lingering_stream(data_dir: Path, linger_seconds: float) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", LINGERING_STREAM, str(data_dir), str(linger_seconds)]
+    )
+    try:
+        poll_until(
+            "the stream's RUNNING status",
+            lambda: (stream_control.read_status(data_dir) or {}).get("state") == "RUNNING",
+            30,
+        )
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_stream_stop_wait_says_stopped_only_once_the_process_has_exited(tmp_path: Path) -> None:
+    """It once printed "stopped" when the status said STOPPED, up to 5 s before the
+    stream's process (appending its last batches to Delta) exited."""
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(data_dir)}
+    with lingering_stream(data_dir, 3) as process:
+        asked = time.monotonic()
+        stop = cli(env, "stream-stop", "--wait", "60")
+        assert stop.returncode == 0, stop
+        assert process.poll() == 0, "stream-stop said stopped while the stream's process ran"
+        assert time.monotonic() - asked >= 3
+        assert "stream stopped: " in stop.stdout and "its process exited" in stop.stdout, stop
+    # A process that outlives the wait: not stopped yet, and --force ends it.
+    with lingering_stream(tmp_path / "slow", 60) as process:
+        slow = {**env, "VELOCITY_DATA_DIR": str(tmp_path / "slow")}
+        stop = cli(slow, "stream-stop", "--wait", "2")
+        assert stop.returncode == 1 and "has not exited" in stop.stderr, stop
+        assert process.poll() is None
+        forced = cli(slow, "stream-stop", "--wait", "1", "--force")
+        assert forced.returncode == 0 and "killed" in forced.stdout, forced
+        assert process.wait(timeout=10) == -signal.SIGKILL

@@ -21,19 +21,20 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import generated_in_arrival_order
-from tests.conftest import FAST_JVM, free_port_pair
+from tests.conftest import FAST_JVM, free_port_pair, poll_until
 from tests.integration.test_stream_crash import VELOCITY, kill_mid_batch
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import GenerateOptions
+from velocity.health import stream_health
 from velocity.kafka.broker import kafka_down, kafka_up
 from velocity.kafka.topics import EventProducer, ensure_topics
 from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
-from velocity.stream_control import KafkaSource
+from velocity.stream_control import KafkaSource, StreamStatus, check_health
 from velocity.stream_metrics import kafka_lag
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis, pytest.mark.kafka]
@@ -94,8 +95,8 @@ def topic_messages(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | N
 
 def run_kafka_available_now(job: StreamJob, settings: Settings) -> list[dict[str, Any]]:
     """The topic read to its end; returns each micro-batch's (start, end) offsets by
-    partition and its lag (``velocity.stream_metrics.kafka_lag`` of its progress), for the
-    batches that had messages."""
+    partition, its lag (``velocity.stream_metrics.kafka_lag`` of its progress) and its
+    progress (as JSON), for the batches that had messages."""
     source = KafkaSource(settings.kafka_bootstrap, settings.kafka_events_topic)
     query = job.start(source, available_now=True)
     try:
@@ -112,7 +113,7 @@ def run_kafka_available_now(job: StreamJob, settings: Settings) -> list[dict[str
         start = read["startOffset"] or {}  # None before the first batch
         ranges.append(
             {"start": start.get(topic, {}), "end": read["endOffset"][topic],
-             "lag": kafka_lag(figures)}
+             "lag": kafka_lag(figures), "progress": figures}
         )  # fmt: skip
     return ranges
 
@@ -200,6 +201,24 @@ def test_stream_from_kafka_equals_the_backtest_in_its_arrival_order(
             for p, end in batch["end"].items()
         }
     assert sum(ranges[0]["lag"].values()) > 0 and set(ranges[-1]["lag"].values()) == {0}
+    # The status file (`velocity stream-status`) states that lag, not "? files waiting":
+    # the messages behind over all partitions, and the most in one as Spark's Kafka source
+    # reports it in its own progress metrics.
+    status = StreamStatus(tmp_path / "status", KafkaSource(kafka_bootstrap, "t"), 1)
+    status.running("q", "r")
+    for batch in ranges:
+        status.progress(batch["progress"])
+        now = status.snapshot()
+        (source,) = batch["progress"]["sources"]
+        assert now["offsetsBehindLatest"] == sum(batch["lag"].values())
+        assert now["maxOffsetsBehindLatest"] == float(source["metrics"]["maxOffsetsBehindLatest"])
+        health = stream_health(now, now["updatedAt"], 60_000)
+        assert health.reason.endswith(
+            f", {now['offsetsBehindLatest']} messages behind the topic's latest offsets"
+            + (f", at most {now['maxOffsetsBehindLatest']} in one partition"
+               if now["offsetsBehindLatest"] else "")
+        ), health.reason  # fmt: skip
+    assert status.snapshot()["offsetsBehindLatest"] == 0
     read = [
         sample.value
         for family in text_string_to_metric_families(job.metrics.render().decode())
@@ -403,6 +422,13 @@ def test_a_broker_restart_while_the_stream_runs_loses_nothing(
         kafka_up(broker)
         produced += produce_files(settings, second)
         wait_for(produced)
+        # Caught up, `velocity stream-status` says so in messages (the listener's status).
+        level = poll_until(
+            "no messages behind",
+            lambda: (health := check_health(settings)).offsetsBehindLatest == 0 and health,
+            60,
+        )
+        assert "0 messages behind the topic's latest offsets" in level.reason, level
         stop = subprocess.run(
             [VELOCITY, "stream-stop", "--wait", "120"], env=kafka_env(settings),
             capture_output=True, text=True, timeout=180,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -214,3 +215,40 @@ def test_a_running_stream_states_the_last_batches_share_of_late_and_out_of_order
     for odd in (None, {"batches": 1}, {**arrivals, "late": "12"}, {**arrivals, "accepted": 0}):
         quiet = stream_health(status_obj(recentArrivals=odd), NOW, STALE)
         assert "out of order" not in quiet.reason and quiet.healthy
+
+
+KAFKA = "kafka://127.0.0.1:9392/velocity.events"
+
+
+def kafka_status(**changes: Any) -> dict[str, Any]:
+    """A running Kafka stream's status: no folder, so no files waiting."""
+    return status_obj(source=KAFKA, eventsDir=None, backlogFiles=None, **changes)
+
+
+@pytest.mark.timeout(30)
+def test_a_kafka_stream_states_its_consumer_lag_not_files_waiting() -> None:
+    health = stream_health(
+        kafka_status(offsetsBehindLatest=12_000, maxOffsetsBehindLatest=4_000), NOW, STALE
+    )
+    assert (health.healthy, health.verdict) == (True, "running")
+    assert (health.offsetsBehindLatest, health.maxOffsetsBehindLatest) == (12_000, 4_000)
+    assert health.source == KAFKA and health.to_json()["offsetsBehindLatest"] == 12_000
+    assert health.reason.endswith(
+        "12000 messages behind the topic's latest offsets, at most 4000 in one partition"
+    )
+    assert "files waiting" not in health.reason
+    caught_up = stream_health(
+        kafka_status(offsetsBehindLatest=0, maxOffsetsBehindLatest=0), NOW, STALE
+    )
+    assert caught_up.reason.endswith(", 0 messages behind the topic's latest offsets")
+    # Before its first batch or idle trigger the lag is not known; never "? files".
+    unknown = stream_health(kafka_status(), NOW, STALE)
+    assert unknown.offsetsBehindLatest is None
+    assert unknown.reason.endswith("lag not known yet (no batch or idle trigger since the start)")
+    # A folder's stream still counts files (and an older status file without a source).
+    assert stream_health(status_obj(backlogFiles=2), NOW, STALE).reason.endswith(
+        "2 files waiting"
+    )
+    assert stream_health(status_obj(backlogFiles=None), NOW, STALE).reason.endswith(
+        "? files waiting"
+    )

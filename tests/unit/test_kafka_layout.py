@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,36 @@ def test_the_storage_is_formatted_with_the_id_fused_to_its_option(tmp_path) -> N
     command = format_command("java", tmp_path / "libs", broker, "-dashFirst")
     assert "--cluster-id=-dashFirst" in command
     assert "-dashFirst" not in command
+
+
+def kafka_progress(rows: int, latest: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
+    """A Kafka batch's StreamingQueryProgress as JSON, reduced to what the status reads."""
+    return {
+        "batchId": 3, "numInputRows": rows, "batchDuration": 100,
+        "timestamp": "2026-11-27T10:00:00.000Z",
+        "sources": [{"latestOffset": {"t": latest}, "endOffset": {"t": end}}],
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(30)
+def test_the_status_of_a_kafka_stream_holds_its_consumer_lag(tmp_path) -> None:
+    status = StreamStatus(tmp_path, KafkaSource("127.0.0.1:9400", "t"), 1)
+    status.starting()
+    status.running("q", "r")
+
+    def lag() -> tuple[Any, Any, Any]:
+        now = read_status(tmp_path) or {}
+        return now["offsetsBehindLatest"], now["maxOffsetsBehindLatest"], now["backlogFiles"]
+
+    assert lag() == (None, None, None)  # not known before a batch or an idle trigger
+    status.progress(kafka_progress(500, {"0": 900, "1": 400}, {"0": 300, "1": 400}))
+    assert lag() == (600, 600, None)
+    status.progress(kafka_progress(600, {"0": 1000, "1": 450}, {"0": 900, "1": 420}))
+    assert lag() == (130, 100, None)
+    status.heartbeat()  # idle: the source had nothing new, so nothing is behind
+    assert lag() == (0, 0, None)
+    # A folder's stream counts files and has no consumer lag.
+    folder = tmp_path / "folder"
+    StreamStatus(folder, folder / "events", 1).running("q", "r")
+    now = read_status(folder) or {}
+    assert (now["offsetsBehindLatest"], now["backlogFiles"]) == (None, 0)

@@ -153,7 +153,7 @@ def test_promote_switches_over_on_the_next_batch_with_no_alert_lost_or_doubled(
         tmp_path / "bt.jsonl",
     )
     assert sorted(fired) == sorted(
-        (tx, value, start) for (_, tx), (value, start, _) in expected.items()
+        (tx, value, start) for (_, tx), (value, start, *_) in expected.items()
     )
 
 

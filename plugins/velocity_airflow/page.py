@@ -135,7 +135,7 @@ _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 # The live feed counts up to this many alert stream entries a read, and says how many came
 # at most once a second (a storm of alerts is a number that grows, not a flood of rows).
-_LIVE_COUNT = 10_000
+_LIVE_COUNT = 2_000
 _LIVE_SAY_SECONDS = 1.0
 _LIVE_CASES_SECONDS = 2.0
 # Timed clicks kept for /api/clicks (the newest; one api-server process holds its own).
@@ -165,9 +165,11 @@ class ClickTiming:
             received = time.time() * 1000
             path = str(scope.get("path", ""))
             if not path.endswith(_UNTIMED):
-                for name, value in scope.get("headers") or ():
-                    if name == b"cookie":
-                        _note_click(value.decode("latin-1"), scope, path, received)
+                headers = dict(scope.get("headers") or ())
+                cookie = headers.get(b"cookie")
+                if cookie:
+                    sent = headers.get(b"x-velocity-sent", b"").decode("latin-1")
+                    _note_click(cookie.decode("latin-1"), scope, path, received, sent)
         await self.app(scope, receive, send)
 
 
@@ -175,7 +177,9 @@ _CLICKS: deque[dict[str, Any]] = deque(maxlen=_CLICKS_KEPT)
 _CLICK_IDS: deque[str] = deque(maxlen=_CLICKS_KEPT)
 
 
-def _note_click(cookie: str, scope: Mapping[str, Any], path: str, received: float) -> None:
+def _note_click(
+    cookie: str, scope: Mapping[str, Any], path: str, received: float, sent: str = ""
+) -> None:
     found = _CLICK_COOKIE.search(cookie)
     if found is None or found.group(1) in _CLICK_IDS:
         return
@@ -188,6 +192,9 @@ def _note_click(cookie: str, scope: Mapping[str, Any], path: str, received: floa
             "method": scope.get("method"),
             "path": path,
             "clickedAt": clicked,
+            # When the page's script sent it (a change posted by fetch), by the same clock:
+            # what the browser took apart from what the way to the server took.
+            "sentAt": int(sent) if sent.isdigit() else None,
             "receivedAt": round(received, 1),
             "delayMs": round(received - clicked, 1),
         }
@@ -263,6 +270,8 @@ User = Annotated[Any, Depends(_user)]
 Editor = Annotated[Any, Depends(_may_change("change rules"))]
 # Reviewing an alert is an analyst's change: the same permission as a rule change.
 Reviewer = Annotated[Any, Depends(_may_change("review alerts"))]
+# So is starting a backfill from the page (Airflow then checks its own run permission).
+Backfiller = Annotated[Any, Depends(_may_change("start a backfill"))]
 
 
 @app.exception_handler(_SignIn)
@@ -1179,7 +1188,7 @@ def _trigger_backfill(user: Any, conf: Mapping[str, Any]) -> str:
 @app.post("/backfills", response_model=None)
 def start_backfill(
     request: Request,
-    user: Editor,
+    user: Backfiller,
     rule_ids: Annotated[list[str] | None, Form()] = None,
     from_time: Annotated[str, Form()] = "",
     to_time: Annotated[str, Form()] = "",
@@ -1394,7 +1403,7 @@ async def page_live(request: Request, user: User) -> StreamingResponse:
     ends after 30 s and the browser resumes from the last event's id (``Last-Event-ID``)."""
     from velocity.case_queue import parse_case_filter
     from velocity.delta.reader import rule_history
-    from velocity.redis import alert_feed
+    from velocity.redis import mirror
 
     settings = await run_in_threadpool(_settings)
     params = _params(request.query_params)
@@ -1419,7 +1428,7 @@ async def page_live(request: Request, user: User) -> StreamingResponse:
 
     async def events() -> AsyncIterator[str]:
         position = after
-        client = alert_feed.async_connect(settings, _LIVE_BLOCK_MS) if after else None
+        client = mirror.connect(settings) if after else None
         ends = time.monotonic() + _LIVE_SECONDS
         health_due = cases_due = said_at = 0.0
         said_cases: int | None = None
@@ -1447,20 +1456,18 @@ async def page_live(request: Request, user: User) -> StreamingResponse:
                 if pending:  # say it when a second has passed since the last time
                     wait_ms = max(1, int((said_at + _LIVE_SAY_SECONDS - now) * 1000))
                 try:
-                    entries = await alert_feed.entries_after(
-                        client, settings.alert_stream, position, min(wait_ms, _LIVE_BLOCK_MS),
-                        _LIVE_COUNT,
+                    # Read and counted in a worker thread: parsing thousands of entries a
+                    # second (a storm of alerts) in the event loop would hold every other
+                    # request of the api-server back meanwhile.
+                    position, counted = await run_in_threadpool(
+                        _count_after, client, settings.alert_stream, position,
+                        min(wait_ms, _LIVE_BLOCK_MS), alert_filter,
                     )  # fmt: skip
                 except Exception as exc:  # the page says so; the browser tries again
                     yield "retry: 5000\n\n"
                     yield _sse("failed", {"error": f"cannot read the alert stream: {exc}"})
                     return
-                if entries:
-                    position = entries[-1][0]
-                    if alert_filter.empty or len(entries) < 200:
-                        pending += _matching(entries, alert_filter)
-                    else:  # parsing thousands of records: off the event loop
-                        pending += await run_in_threadpool(_matching, entries, alert_filter)
+                pending += counted
                 now = time.monotonic()
                 if pending and now - said_at >= _LIVE_SAY_SECONDS:
                     yield _sse("alerts", {"count": pending}, position)
@@ -1474,13 +1481,25 @@ async def page_live(request: Request, user: User) -> StreamingResponse:
                 yield _sse("position", {}, position)
         finally:
             if client is not None:
-                await client.aclose()
+                client.close()
 
     return StreamingResponse(
         events(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+def _count_after(
+    client: Any, stream: str, position: str, block_ms: int, query: AlertFilter
+) -> tuple[str, int]:
+    """The alert stream's position after its next entries (up to ``_LIVE_COUNT``; waits up
+    to ``block_ms`` for one) and how many of them are alerts that pass ``query``."""
+    found = client.xread({stream: position}, count=_LIVE_COUNT, block=block_ms)
+    if not found:
+        return position, 0
+    entries = found[0][1]
+    return str(entries[-1][0]), _matching(entries, query)
 
 
 @app.get("/api/cases")

@@ -96,7 +96,8 @@ document.addEventListener("submit", function (event) {
   document.querySelectorAll("form[data-progress] button").forEach(function (button) {
     button.disabled = true;
   });
-  fetch(action, {method: "POST", body: body, credentials: "same-origin"})
+  var sent = {"X-Velocity-Sent": String(Math.round(performance.timeOrigin + performance.now()))};
+  fetch(action, {method: "POST", body: body, credentials: "same-origin", headers: sent})
     .then(function (reply) {
       return reply.text().then(function (html) {
         document.open();

@@ -5,6 +5,7 @@ in process over real Delta tables."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from decimal import Decimal
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.timeout(120)
 NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 RULES = [make_rule(ruleId=4), make_rule(ruleId=5, ruleState="PAUSE")]
 PARAMS = {"rule": "4", "case_status": "all", "alert": "a-9"}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class Analyst:
@@ -456,6 +461,21 @@ def test_an_analyst_works_the_queue_in_process(
         assert rows["asOf"] >= max(c.latest_activity_at for c in by_key.values())
         live = client.get("/api/page/live", params={"case_status": "all", "cases_since": "0"})
         assert "event: cases" in live.text and '"count": 2' in live.text
+        # Alerts published after the page was drawn are counted, those of its filter only.
+        from velocity.redis import alert_feed, mirror
+
+        redis_client = mirror.connect(settings)
+        after = alert_feed.last_entry_id(redis_client, settings.alert_stream)
+        for n, rule in enumerate((4, 5, 4)):
+            record = {**alert_row(f"new-{n}", (rule, 1), now_ms()), "key": {"payerId": "p1"}}
+            record.pop("signature_id")
+            redis_client.xadd(settings.alert_stream, {"alert": json.dumps(record), "batch": "9"})
+        counted = client.get("/api/page/live", params={"rule": "4", "after": after}).text
+        said = [e for e in counted.split("\n\n") if e.startswith("event: alerts")]
+        assert len(said) == 1 and '"count": 2' in said[0], counted
+        assert "id: " in said[0], "the position the browser resumes from"
+        refused = client.get("/api/page/live", params={"rule": "4"})
+        assert refused.status_code == 400 and "'after'" in refused.text
     finally:
         page.app.dependency_overrides.clear()
 

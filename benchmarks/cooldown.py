@@ -33,7 +33,7 @@ def _cooled(rules: Path, minutes: int, out: Path) -> Path:
     return out
 
 
-def _backtest(rules: Path, events: Path, work: Path) -> list[dict]:
+def _backtest(rules: Path, events: Path, work: Path) -> Path:
     out = work / f"{rules.stem}.jsonl"
     subprocess.run(
         [sys.executable, "-m", "velocity.cli", "backtest", "--rules", str(rules),
@@ -41,26 +41,37 @@ def _backtest(rules: Path, events: Path, work: Path) -> list[dict]:
         check=True, stdout=subprocess.DEVNULL,
         env={**os.environ, "VELOCITY_DATA_DIR": str(work / "data")},
     )  # fmt: skip
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    return out
 
 
-def report(name: str, alerts: list[dict], top: int, minutes: int) -> None:
-    times = [a["eventTime"] for a in alerts]
-    if not times:
+def report(name: str, alerts: Path, top: int, minutes: int) -> None:
+    """Counts read line by line (a fire-often file holds millions of alerts: as dicts they
+    took 14 GB)."""
+    fired: Counter[int] = Counter()
+    told: Counter[int] = Counter()
+    low, high = None, None
+    with alerts.open() as lines:
+        for line in lines:
+            alert = json.loads(line)
+            rule, at = alert["ruleId"], alert["eventTime"]
+            fired[rule] += 1
+            told[rule] += not alert.get("suppressed")
+            low = at if low is None else min(low, at)
+            high = at if high is None else max(high, at)
+    if low is None or high is None:
         print(f"{name}: no alerts")
         return
-    hours = max(1.0, (max(times) - min(times)) / HOUR_MS)
-    fired = Counter(a["ruleId"] for a in alerts)
-    told = Counter(a["ruleId"] for a in alerts if not a.get("suppressed"))
+    hours = max(1.0, (high - low) / HOUR_MS)
+    total = sum(fired.values())
     loudest = {rule for rule, _ in fired.most_common(top)}
-    print(f"\n{name}: {len(alerts)} alerts over {hours:.2f} h of eventTime")
+    print(f"\n{name}: {total} alerts over {hours:.2f} h of eventTime")
     print(f"{'rule':>6} {'alerts/h':>10} {f'notified/h ({minutes} min)':>22}")
     for rule in sorted(fired):
         mark = " *" if rule in loudest else ""
         print(f"{rule:>6} {fired[rule] / hours:>10.0f} {told[rule] / hours:>22.0f}{mark}")
     top_only = sum(told[r] if r in loudest else fired[r] for r in fired)
     print(
-        f"{'all':>6} {len(alerts) / hours:>10.0f} {sum(told.values()) / hours:>22.0f}"
+        f"{'all':>6} {total / hours:>10.0f} {sum(told.values()) / hours:>22.0f}"
         f"   cooldown on the {top} loudest (*) only: {top_only / hours:.0f} notified/h"
     )
 
@@ -81,8 +92,9 @@ def main() -> None:
     for rules in rules_files:
         with tempfile.TemporaryDirectory(dir=args.work) as tmp:
             cooled = _cooled(rules, args.cooldown_minutes, Path(tmp) / rules.name)
-            alerts = _backtest(cooled, events, Path(tmp))
-            report(rules.name, alerts, args.top, args.cooldown_minutes)
+            report(
+                rules.name, _backtest(cooled, events, Path(tmp)), args.top, args.cooldown_minutes
+            )
 
 
 if __name__ == "__main__":

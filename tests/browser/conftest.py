@@ -74,7 +74,9 @@ def _env(settings: Settings, home: Path, port: int) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
+# One deployment and one browser for the whole browser suite (each file's tests run in file
+# order, the files by name): starting Airflow beside a stream takes minutes.
+@pytest.fixture(scope="session")
 def deployment(
     spark_settings: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
@@ -158,7 +160,7 @@ def deployment(
         )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     """Headless chromium, 1400×1000, driven through Debian's chromedriver."""
     from selenium import webdriver

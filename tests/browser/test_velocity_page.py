@@ -165,6 +165,7 @@ def test_pausing_a_rule_stops_the_stream_firing_it(
     _testid(browser, f"pause-{PAUSED_RULE}")[0].click()
     flash = _wait(browser, 60).until(lambda d: _testid(d, "flash"))[0]
     applied = time.monotonic() - clicked
+    paused_at = time.time() * 1000
     assert f"ruleId {PAUSED_RULE}: version 2 PAUSE" in flash.text
     with capsys.disabled():  # the README's figure: printed, not asserted (a shared machine)
         print(f"\nclick-to-applied: Pause ruleId {PAUSED_RULE}, outcome shown: {applied:.2f} s")
@@ -191,8 +192,14 @@ def test_pausing_a_rule_stops_the_stream_firing_it(
     open_page(browser)
     listed = {row.get_attribute("data-rule") for row in _testid(browser, "alert-row")}
     assert listed == {str(PAUSED_RULE)}
+    # Every alert listed was decided before the pause (the suppressed ones of its cooldown
+    # too: recorded in the alerts table, never on the alert stream).
+    decided = [
+        int(r.get_attribute("data-cursor").split("_")[0]) for r in _testid(browser, "alert-row")
+    ]
+    assert decided and max(decided) < paused_at, (decided, paused_at)
     shown_tx = {row.get_attribute("data-tx") for row in _testid(browser, "alert-row")}
-    assert shown_tx <= fired_before
+    assert fired_before <= shown_tx or len(shown_tx) == 50, "the notified ones among them"
     _shot(deployment, browser, "04-paused-rule-alerts")
 
 
@@ -264,12 +271,15 @@ def test_an_analyst_reviews_an_alert_and_its_rule_versions_precision_changes(
     open_page(browser)
     form = _testid(browser, "review-form")[0]
     alert_id = form.get_attribute("data-alert")
-    version = next(a["ruleVersion"] for a in _alerts(deployment) if a["alertId"] == alert_id)
-    rule = next(
-        row.get_attribute("data-rule")
+    # The newest alert may be a suppressed one (its rule's cooldown): in the alerts table,
+    # not on the alert stream. Its rule version is the one its row shows.
+    row = next(
+        row
         for row in _testid(browser, "alert-row")
         if row.find_elements(_by("CSS_SELECTOR"), f'[data-alert="{alert_id}"]')
     )
+    rule = row.get_attribute("data-rule")
+    version = int(row.find_element(_by("CSS_SELECTOR"), '[data-testid="alert-version"]').text[1:])
 
     def figures() -> tuple[int, int, str]:
         """(reviewed, confirmed, precision shown) of the alert's rule version."""
@@ -365,7 +375,13 @@ def _pick(driver: Any, label: str, day: str, clock: str) -> None:
 
     def visible(placeholder: str) -> Any:
         found = driver.find_elements(_by("CSS_SELECTOR"), f'input[placeholder="{placeholder}"]')
-        shown = [e for e in found if e.is_displayed()]
+        shown = []
+        for element in found:
+            try:
+                if element.is_displayed():
+                    shown.append(element)
+            except StaleElementReferenceException:  # the picker drew itself again: look again
+                return False
         return shown[0] if shown else None
 
     date = _wait(driver).until(lambda d: visible("YYYY/MM/DD"))
@@ -375,7 +391,7 @@ def _pick(driver: Any, label: str, day: str, clock: str) -> None:
     hours.send_keys(Keys.CONTROL, "a")
     hours.send_keys(clock)
     hours.send_keys(Keys.ESCAPE)
-    _wait(driver).until(lambda d: visible("HH:mm") is None)
+    _wait(driver).until(lambda d: visible("HH:mm") is None)  # gone (False: look again)
 
 
 def _choose_every_rule(driver: Any, chooser: Any) -> list[str]:
@@ -534,13 +550,14 @@ def _follow(driver: Any, clicked: Any) -> None:
     _wait(driver, 30).until(lambda d: _testid(d, "alert-filter"))
 
 
-def test_a_new_alert_appears_on_the_open_page_without_a_reload(
+def test_a_new_alert_is_announced_on_the_open_page_and_shown_on_request(
     deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Six payments of a new payer land while the page is open: the stream's alert for the
-    sixth (ruleId 4, COUNT > 5 in 10 min) shows on top of the table, with its rule version,
-    its key as people read it and a review form, without a reload. The time from its
-    publication on the alert stream (the entry id's ms) to the row in the page is printed."""
+    sixth (ruleId 4, COUNT > 5 in 10 min) is announced above the table ("1 new alert —
+    show") without a reload and without a row moving; "show" puts it on top of the table,
+    with its rule version, its key as people read it and a review form. The time from its
+    publication on the alert stream (the entry id's ms) to the announcement is printed."""
     from tests.builders import event_lines, event_obj
     from velocity.delta.reader import rules_in_force
 
@@ -552,19 +569,25 @@ def test_a_new_alert_appears_on_the_open_page_without_a_reload(
     )
     figures = _testid(browser, "stream-figures")[0].text
     assert re.search(r"heartbeat age: [0-9.]+ (ms|s)\b|heartbeat age: \d+ min", figures), figures
-    # The browser notes when a row of ours is put in the table (its own clock: the
-    # machine's, as the alert stream's ids are), so polling adds nothing to the figure.
+    # The browser notes when the announcement shows (its own clock: the machine's, as the
+    # alert stream's ids are), so polling adds nothing to the figure; and any row put in
+    # the table meanwhile.
     browser.execute_script(
         """
         window.velocityNotReloaded = true;
-        var rows = document.querySelector('[data-testid="alerts"]').tBodies[0];
+        var notice = document.querySelector('[data-testid="alerts-notice"]');
         new MutationObserver(function () {
-          if (!window.velocityLiveSeenAt && rows.querySelector('tr[data-tx^="live-"]')) {
-            window.velocityLiveSeenAt = Date.now();
+          if (!window.velocityAnnouncedAt && !notice.hidden) {
+            window.velocityAnnouncedAt = Date.now();
           }
-        }).observe(rows, {childList: true});
+        }).observe(notice, {attributes: true, childList: true, subtree: true});
+        var rows = document.querySelector('[data-testid="alerts"]').tBodies[0];
+        window.velocityRowsMoved = 0;
+        new MutationObserver(function () { window.velocityRowsMoved += 1; })
+          .observe(rows, {childList: true});
         """
     )
+    before = [r.get_attribute("data-alert-id") for r in _rows(browser)]
     first, second = _wave_events(deployment)
     newest = max(e.event_time for e in first + second)
     payments = [
@@ -579,11 +602,21 @@ def test_a_new_alert_appears_on_the_open_page_without_a_reload(
     ours = {p["transactionId"] for p in payments}
     deployment.land_path(source)
 
+    notice = _wait(browser, 120).until(
+        lambda d: next((n for n in _testid(d, "alerts-notice") if n.is_displayed()), None)
+    )
+    announced_at = browser.execute_script("return window.velocityAnnouncedAt;") / 1000
+    assert re.fullmatch(r"\d+ new alerts?", _testid(browser, "alerts-notice-text")[0].text)
+    assert [r.get_attribute("data-alert-id") for r in _rows(browser)] == before
+    assert browser.execute_script("return window.velocityRowsMoved;") == 0, "no row moved"
+    _shot(deployment, browser, "09-live-alert-announced")
+    open_page(browser)
+    _testid(browser, "alerts-show")[0].click()
     ours_css = ", ".join(f'tr[data-tx="{tx}"]' for tx in sorted(ours))
-    row = _wait(browser, 120).until(
+    row = _wait(browser, 30).until(
         lambda d: next(iter(d.find_elements(_by("CSS_SELECTOR"), ours_css)), None)
     )
-    seen_at = browser.execute_script("return window.velocityLiveSeenAt;") / 1000
+    assert not notice.is_displayed(), "shown: the announcement goes"
     alert_id = row.get_attribute("data-alert-id")
     import redis
 
@@ -593,7 +626,7 @@ def test_a_new_alert_appears_on_the_open_page_without_a_reload(
         for entry_id, fields in client.xrange(deployment.settings.alert_stream)
         if json.loads(fields["alert"])["alertId"] == alert_id
     )
-    latency = seen_at - int(entry.split("-")[0]) / 1000
+    latency = announced_at - int(entry.split("-")[0]) / 1000
     assert browser.execute_script("return window.velocityNotReloaded === true;")
     assert row.get_attribute("data-rule") == "4"
     assert (
@@ -606,12 +639,14 @@ def test_a_new_alert_appears_on_the_open_page_without_a_reload(
     assert "COUNT() > 5 over 10 min by payerId" in row.text
     assert row.find_elements(_by("CSS_SELECTOR"), '[data-testid="review-form"]')
     assert _rows(browser)[0].get_attribute("data-tx") in ours, "on top of the table"
+    assert len(_rows(browser)) <= 50, "the page's size at most"
     assert latency < 10, f"{latency:.2f} s from the alert stream to the page"
     _shot(deployment, browser, "09-live-alert")
     with capsys.disabled():  # the README's figure: printed, not asserted tightly
         print(
-            f"\npublished-to-shown: alert {alert_id} on the open page {latency:.3f} s after "
-            f"its alert stream entry; the whole live step: {time.monotonic() - started:.1f} s"
+            f"\npublished-to-announced: alert {alert_id} announced on the open page "
+            f"{latency:.3f} s after its alert stream entry; the whole live step: "
+            f"{time.monotonic() - started:.1f} s"
         )
 
 
@@ -724,7 +759,8 @@ def _change_from_the_page(browser: Any, button: str) -> str:
 
 
 def _cells(browser: Any, rule_id: int) -> list[str]:
-    """The cells of a rule in force's row: ruleId, version, state, rule, actions."""
+    """The cells of a rule in force's row: ruleId, version, state, rule, alerts a minute,
+    actions."""
     row = _testid(browser, f"rule-{rule_id}")[0]
     return [str(cell.text) for cell in row.find_elements(_by("TAG_NAME"), "td")]
 
@@ -894,8 +930,13 @@ def test_a_rule_previewed_from_the_form_shows_what_it_would_fire_and_saves_nothi
     from velocity.delta.names import RULES
     from velocity.delta.preview_reader import preview
     from velocity.delta.rule_store import RuleStore
+    from velocity.delta.write_behind import Spool
 
     started = time.monotonic()
+    # The page's preview and this test's read the same events table: wait for the stream
+    # to write behind what it decided (the last step's payments), so both see one table.
+    spool = Spool(deployment.settings)
+    poll_until("the write-behind of the last payments", lambda: not spool.batches(), 120)
     store = RuleStore(deployment.settings.table_path(RULES))
     before = store.history()
     in_force = store.book().live[PAUSED_RULE]
@@ -936,7 +977,8 @@ def test_a_rule_previewed_from_the_form_shows_what_it_would_fire_and_saves_nothi
     open_page(browser)
 
     assert not _testid(browser, "flash"), "a preview announces no change"
-    assert _cells(browser, PAUSED_RULE) == cells
+    # The rule's cells as they were (its alerts a minute, a figure that moves, left out).
+    assert _cells(browser, PAUSED_RULE)[:4] == cells[:4]
     assert store.history() == before, "nothing saved"
     with capsys.disabled():
         print(

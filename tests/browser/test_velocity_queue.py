@@ -1,0 +1,475 @@
+"""The queue of cases in a real browser, after ``test_velocity_page.py`` on the same
+deployment (its cases are those the stream gathered from that file's payments): the page
+opens on the queue, a case opens to its alerts, payments and history and is assigned and
+closed, the page's URL surviving every action; the keyboard closes two cases at once; a
+backfill run starts from the page's own form; the window lookup reads as values do.
+
+Then a storm: 2 000 payments a second for 75 s, each firing two rules (one with a
+cooldown), written to the real Redis alert stream and the alerts and case tables as the
+stream would (``tests/browser/storm.py`` says why and how). During it, clicks on Pause, on a
+case and on Close each reach the server within a second of the click (the browser's
+moment of the click, carried by the page's cookie, against the server's receipt), the
+page's rows never move by themselves and stay capped, and its JS heap stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser.conftest import Deployment
+from tests.browser.test_velocity_page import (
+    _by,
+    _minute,
+    _shot,
+    _testid,
+    _token,
+    _wait,
+    _wave_events,
+    open_page,
+    sign_in,
+)
+from tests.conftest import poll_until
+from velocity.settings import PROJECT_ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.redis, pytest.mark.airflow]
+
+STORM_RULES = (31, 32)  # fire on every payment; 32 with a 10-minute cooldown
+STORM_SECONDS, STORM_RATE, STORM_PAYERS = 75, 2000, 1000
+# The README's picture of the queue: the test writes it there with VELOCITY_DOCS_SHOTS=1.
+QUEUE_SHOT = PROJECT_ROOT / "docs" / "images" / "queue.png"
+
+
+def _api(deployment: Deployment, path: str, **params: str) -> Any:
+    headers = {"Authorization": f"Bearer {_token(deployment, 'admin')}"}
+    reply = httpx.get(f"{deployment.base}{path}", params=params, headers=headers, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _frame_url(browser: Any) -> str:
+    """Where the page's frame is (its own URL, not the Airflow UI's)."""
+    return str(browser.execute_script("return location.href;"))
+
+
+def _flash(browser: Any, timeout: float = 60) -> str:
+    return str(_wait(browser, timeout).until(lambda d: _testid(d, "flash"))[0].text)
+
+
+def _into_frame(browser: Any) -> None:
+    """Into the page's frame, whatever page of the app it shows."""
+    browser.switch_to.default_content()
+    frame = _wait(browser).until(
+        lambda d: d.find_elements(_by("CSS_SELECTOR"), "iframe[title=Velocity]")
+    )[0]
+    browser.switch_to.frame(frame)
+
+
+def _act(browser: Any, element: Any, timeout: float = 60) -> str:
+    """Click ``element`` (a change's button, a link) and wait for the page it brings (every
+    change draws the page anew, with its outcome); the outcome shown, if any."""
+    from selenium.webdriver.support import expected_conditions
+
+    drawn = browser.find_element(_by("TAG_NAME"), "body")
+    element.click()
+    _wait(browser, timeout).until(expected_conditions.staleness_of(drawn))
+    _wait(browser, timeout).until(
+        lambda d: _testid(d, "queue") or _testid(d, "case-title") or _testid(d, "flash")
+    )
+    shown = _testid(browser, "flash")
+    return str(shown[0].text) if shown else ""
+
+
+def _ids(browser: Any, row: str, attribute: str) -> list[str]:
+    """The rows' ids, read at once in the page (rows drawn again meanwhile are never half
+    read)."""
+    return list(
+        browser.execute_script(
+            f"return Array.from(document.querySelectorAll('tr[data-testid=\"{row}\"]'))"
+            f".map(function (r) {{ return r.dataset.{attribute}; }});"
+        )
+    )
+
+
+def _queue_ids(browser: Any) -> list[str]:
+    return _ids(browser, "queue-row", "caseId")
+
+
+def _alert_ids(browser: Any) -> list[str]:
+    return _ids(browser, "alert-row", "alertId")
+
+
+def _keys(browser: Any, *keys: str) -> None:
+    """Type ``keys`` on the page as a person would: the page's frame focused first (a click
+    on the queue's caption, which is neither a link nor a field)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(browser).click(_testid(browser, "queue-caption")[0]).perform()
+    for key in keys:
+        ActionChains(browser).send_keys(key).perform()
+
+
+def _choose(form: Any, name: str, value: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    Select(form.find_element(_by("NAME"), name)).select_by_value(value)
+
+
+@pytest.mark.timeout(900)
+def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
+    deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from velocity.delta.case_store import CaseStore
+
+    started = time.monotonic()
+    store = CaseStore(deployment.settings)
+    # The stream gathers the earlier steps' alerts into cases as it writes them to Delta.
+    poll_until(
+        "the earlier payers' cases",
+        lambda: len(_api(deployment, "/velocity/api/cases")["cases"]) >= 5,
+        120,
+        deployment.stream_log,
+    )
+
+    # A backfill run from the page's own form (rules 5 and 7 over both waves' range).
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    first, second = _wave_events(deployment)
+    times = [e.event_time for e in first + second]
+    form = _testid(browser, "backfill-form")[0]
+    for rule_id in (5, 7):
+        form.find_element(_by("CSS_SELECTOR"), f'[data-testid="backfill-rule-{rule_id}"]').click()
+    since, until = _minute(min(times), up=False), _minute(max(times), up=True)
+    form.find_element(_by("NAME"), "from_time").send_keys(
+        f"{since[0].replace('/', '-')} {since[1]}"
+    )
+    form.find_element(_by("NAME"), "to_time").send_keys(f"{until[0].replace('/', '-')} {until[1]}")
+    said = _act(browser, _testid(browser, "backfill-submit")[0])
+    found = re.search(r"backfill run (\S+) queued: ", said)
+    assert found, said
+    run_id = found.group(1)
+    run = _api(deployment, f"/api/v2/dags/backfill_alerts/dagRuns/{run_id}")
+    assert run["conf"]["rule_ids"] == ["5", "7"], run["conf"]
+    assert run["conf"]["from_time"].endswith(":00.000Z")
+    assert run["conf"]["to_time"].endswith(":59.999Z")
+    assert run["triggered_by"] == "ui", run
+    assert _backfill_row(browser, run_id) is not None, "listed with the other runs"
+
+    # The page opens on the queue: above the rules and the alerts.
+    rows = _testid(browser, "queue-row")
+    assert rows, "open cases"
+    queue_y = _testid(browser, "queue")[0].location["y"]
+    assert queue_y < _testid(browser, "rules")[0].location["y"]
+    assert queue_y < _testid(browser, "alerts")[0].location["y"]
+    first_row = rows[0]
+    ago = first_row.find_elements(_by("CSS_SELECTOR"), "time.ago")
+    assert len(ago) == 2 and all(re.fullmatch(r"just now|\d+ (s|min|h|d) ago", t.text) for t in ago)
+    assert all(t.get_attribute("title").endswith("Z") for t in ago)
+    assert first_row.find_elements(_by("CSS_SELECTOR"), ".badge.rule")
+    key = first_row.find_element(_by("CSS_SELECTOR"), ".kv")
+    assert key.value_of_css_property("white-space") == "nowrap"
+    _shot(deployment, browser, "15-queue")
+    open_page(browser)
+
+    # With a filter in the URL: every action keeps it.
+    browser.get(f"{deployment.base}/plugin/velocity/velocity/?case_status=all&rule=4")
+    open_page(browser)
+    target = _testid(browser, "queue-row")[0]
+    case_id = target.get_attribute("data-case-id")
+    _act(browser, target.find_element(_by("CSS_SELECTOR"), '[data-testid="case-link"]'))
+    assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
+    assert _testid(browser, "case-alert"), "its alerts"
+    assert _testid(browser, "case-history-row")[-1].get_attribute("data-event") == "opened"
+
+    def payments() -> list[Any]:
+        found = _testid(browser, "case-payment")
+        if not found:  # the stream writes the events table behind Redis: again
+            browser.execute_script("location.reload()")
+            _wait(browser).until(lambda d: _testid(d, "case-title"))
+        return found
+
+    poll_until("its payments in the events table", payments, 90)
+
+    def explained() -> Any:
+        _testid(browser, "case-explain")[-1].click()
+        _wait(browser).until(lambda d: d.find_elements(_by("ID"), "explanation"))
+        verdict = _testid(browser, "explanation-verdict")
+        return verdict[0] if verdict else None  # not in Delta yet: again
+
+    verdict = poll_until("an explanation of the case's first alert", explained, 90)
+    assert "the alert's value" in verdict.text
+    assert "case_status=all" in _frame_url(browser)
+    _shot(deployment, browser, "16-case")
+    _into_frame(browser)
+
+    assert "assigned to admin" in _act(browser, _testid(browser, "assign-submit")[0])
+    assert _testid(browser, "case-title")[0].get_attribute("data-status") == "assigned"
+    assert "case_status=all" in _frame_url(browser)
+    form = _testid(browser, "close-form")[0]
+    _choose(form, "verdict", "FALSE_POSITIVE")
+    form.find_element(_by("NAME"), "note").send_keys("a regular customer")
+    assert "closed: false positive, by admin" in _act(browser, _testid(browser, "close-submit")[0])
+    assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
+    closed = store.case(case_id)
+    assert closed.status.value == "closed" and closed.verdict is not None
+    assert closed.history[-1].note == "a regular customer"
+
+    # The keyboard: j, j, x, k, x selects the first two rows; f closes both.
+    browser.get(f"{deployment.base}/plugin/velocity")
+    open_page(browser)
+    chosen = _queue_ids(browser)[:2]
+    assert len(chosen) == 2
+    _keys(browser, "j", "j", "x", "k", "x")
+    focused = browser.find_elements(_by("CSS_SELECTOR"), 'tr[data-testid="queue-row"].focused')
+    assert [f.get_attribute("data-case-id") for f in focused] == [chosen[0]]
+    ticked = browser.find_elements(_by("CSS_SELECTOR"), 'input[name="case_id"]:checked')
+    assert sorted(t.get_attribute("value") for t in ticked) == sorted(chosen)
+    drawn = browser.find_element(_by("TAG_NAME"), "body")
+    _keys(browser, "f")
+    from selenium.webdriver.support import expected_conditions
+
+    _wait(browser).until(expected_conditions.staleness_of(drawn))
+    said = _flash(browser)
+    assert said.startswith("2 cases closed: false positive (") and said.endswith("by admin"), said
+    for one in chosen:
+        assert store.case(one).status.value == "closed"
+    assert not set(chosen) & set(_queue_ids(browser)), "gone from the queue (not closed only)"
+
+    # The window lookup: the value as a number, the window's ends as UTC times.
+    box = _testid(browser, "lookup")[0]
+    box.find_element(_by("NAME"), "lookup_rule").send_keys("4")
+    box.find_element(_by("NAME"), "lookup_key").send_keys("payerId=p-live")
+    _act(browser, box.find_element(_by("CSS_SELECTOR"), "button"))
+    result = _wait(browser).until(lambda d: _testid(d, "lookup-result"))[0]
+    value = result.find_element(_by("CSS_SELECTOR"), '[data-testid="lookup-value"]').text
+    assert re.fullmatch(r"[0-9,]+(\.[0-9]+)?", value), value
+    window = result.find_element(_by("CSS_SELECTOR"), '[data-testid="lookup-window"]').text
+    stamp = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3}Z"
+    assert re.fullmatch(f"{stamp} … {stamp}", window), window
+    assert "{" not in result.text, "not JSON"
+
+    # Each rule's alerts a minute: ten minutes of figures.
+    cell = _testid(browser, "rates-4")[0]
+    assert len(cell.get_attribute("data-notified").split(",")) == 10
+
+    finished = poll_until(
+        "the page's backfill run to finish",
+        lambda: (
+            r
+            if (r := _api(deployment, f"/api/v2/dags/backfill_alerts/dagRuns/{run_id}"))["state"]
+            in ("success", "failed")
+            else None
+        ),
+        420,
+    )
+    assert finished["state"] == "success", finished
+    browser.get(f"{deployment.base}/plugin/velocity")
+    open_page(browser)
+    row = _backfill_row(browser, run_id)
+    assert row is not None and row.get_attribute("data-state") == "success"
+    assert row.find_elements(_by("TAG_NAME"), "td")[3].text == "5, 7"
+    with capsys.disabled():
+        print(f"\nthe queue step (with a backfill run): {time.monotonic() - started:.1f} s")
+
+
+def _backfill_row(browser: Any, run_id: str) -> Any:
+    from urllib.parse import quote
+
+    for row in _testid(browser, "backfill-run"):
+        links = row.find_elements(_by("CSS_SELECTOR"), '[data-testid="backfill-run-link"]')
+        if links and links[0].get_attribute("href").endswith(quote(run_id, safe="")):
+            return row
+    return None
+
+
+def _figure_sum(browser: Any, rule_id: int, kind: str) -> int:
+    """A rule's alerts of ``kind`` (notified, suppressed) over the rules table's minutes."""
+    cell = _testid(browser, f"rates-{rule_id}")[0]
+    return sum(int(n) for n in cell.get_attribute(f"data-{kind}").split(","))
+
+
+def _heap(browser: Any) -> float:
+    """The page's JS heap in use after a collection (MB), from the browser's DevTools."""
+    browser.execute_cdp_cmd("HeapProfiler.collectGarbage", {})
+    used = browser.execute_cdp_cmd("Runtime.getHeapUsage", {})["usedSize"]
+    return float(used) / 1e6
+
+
+def _apply_storm_rules(deployment: Deployment, state: str) -> None:
+    from velocity.delta.names import RULES
+    from velocity.delta.rule_store import RuleStore
+    from velocity.rules import parse_rules
+
+    rules = [
+        {"ruleId": rule_id, "ruleState": state, "groupingKeyNames": ["payerId"],
+         "aggregatorFunctionType": "COUNT", "limitOperatorType": ">=", "limit": 1,
+         "windowMinutes": 1, **({"cooldownMinutes": 10} if rule_id == 32 else {})}
+        for rule_id in STORM_RULES
+    ]  # fmt: skip
+    RuleStore(deployment.settings.table_path(RULES)).apply(parse_rules(json.dumps(rules)))
+
+
+@pytest.mark.timeout(900)
+def test_under_a_storm_of_alerts_clicks_reach_the_server_within_a_second(
+    deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _apply_storm_rules(deployment, "ACTIVE")
+    sign_in(browser, deployment, "admin", "/plugin/velocity")
+    open_page(browser)
+    heap_before = _heap(browser)
+    summary_path = deployment.shots.parent / "storm.json"
+    env = {
+        **os.environ,
+        "VELOCITY_DATA_DIR": str(deployment.settings.data_dir),
+        "VELOCITY_REDIS_URL": deployment.settings.redis_url,
+    }
+    storm = subprocess.Popen(
+        [
+            sys.executable, "-m", "tests.browser.storm", "--seconds", str(STORM_SECONDS),
+            "--rate", str(STORM_RATE), "--payers", str(STORM_PAYERS),
+            "--rules", ",".join(map(str, STORM_RULES)), "--out", str(summary_path),
+        ],
+        cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    began, storm_started = time.time() * 1000, time.monotonic()
+    heaps, rounds = [heap_before], 0
+
+    def clicks_round() -> None:
+        """Pause a rule and activate it again (ruleId 2: the storm fires 31 and 32), then
+        open the newest case and close it."""
+        nonlocal rounds
+        rounds += 1
+        said = _act(browser, _testid(browser, "pause-2")[0])
+        assert "ruleId 2: version" in said and "PAUSE" in said, said
+        said = _act(browser, _testid(browser, "activate-2")[0])
+        assert "ACTIVE" in said, said
+        links = _testid(browser, "case-link")
+        if links:
+            _act(browser, links[0])
+            form = _testid(browser, "close-form")[0]
+            _choose(form, "verdict", "NEEDS_REVIEW")
+            said = _act(browser, _testid(browser, "close-submit")[0])
+            assert "closed: needs review" in said, said
+        assert len(_testid(browser, "queue-row")) <= 50
+        assert len(_testid(browser, "alert-row")) <= 50
+        heaps.append(_heap(browser))
+
+    def notices_hold() -> bool:
+        """When the queue's notice shows (the storm's cases, gathered when it writes Delta):
+        it says how many, no row has moved, and "show" draws the rows again, the page's
+        size at most; the alerts' notice likewise. False while it has not shown."""
+        if not _testid(browser, "queue-notice")[0].is_displayed():
+            return False
+        announced = _testid(browser, "queue-notice-text")[0].text
+        assert re.fullmatch(r"[0-9,]+ cases? updated", announced), announced
+        assert re.fullmatch(r"[0-9,]+ new alerts", _testid(browser, "alerts-notice-text")[0].text)
+        assert _queue_ids(browser) == drawn, "no row moves under the analyst's hand"
+        assert _alert_ids(browser) == alerts_drawn
+        heaps.append(_heap(browser))
+        browser.execute_script("document.getElementById('queue').scrollIntoView()")
+        _shot(deployment, browser, "17-queue-during-the-storm")  # the README's picture
+        if os.environ.get("VELOCITY_DOCS_SHOTS"):
+            QUEUE_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(deployment.shots / "17-queue-during-the-storm.png", QUEUE_SHOT)
+        open_page(browser)
+        # (The alerts keep coming: their notice shows again within a second of "show".)
+        as_of = _testid(browser, "queue")[0].get_attribute("data-as-of")
+        _testid(browser, "queue-show")[0].click()
+        _wait(browser, 30).until(
+            lambda d: _testid(d, "queue")[0].get_attribute("data-as-of") != as_of
+        )
+        assert 0 < len(_queue_ids(browser)) <= 50
+        _testid(browser, "alerts-show")[0].click()
+        _wait(browser, 30).until(lambda d: _alert_ids(d) != alerts_drawn)
+        assert 0 < len(_alert_ids(browser)) <= 50
+        return True
+
+    try:
+        clicks_round()
+        # The page left open, drawn as it was: the alerts published are counted at once,
+        # the storm's cases when it writes them to Delta (every write_behind_seconds).
+        drawn, alerts_drawn = _queue_ids(browser), _alert_ids(browser)
+        _wait(browser, 30).until(lambda d: _testid(d, "alerts-notice")[0].is_displayed())
+        _wait(browser, 120).until(lambda d: notices_hold())
+        # Then rounds of clicks for as long as the storm lasts.
+        while time.monotonic() - storm_started < STORM_SECONDS - 5:
+            clicks_round()
+        output, _ = storm.communicate(timeout=STORM_SECONDS + 180)
+    finally:
+        if storm.poll() is None:
+            storm.kill()
+    assert storm.returncode == 0, output
+    summary = json.loads(summary_path.read_text())
+    assert summary["alertsPerSecond"] >= 2000, summary
+    ended = began + summary["seconds"] * 1000
+    _apply_storm_rules(deployment, "PAUSE")  # the storm is over: nothing fires them again
+
+    # Drawn anew: the storm's cases fill the queue's page; every storm payment fired both
+    # rules, and 32's cooldown suppressed all but each payer's first.
+    browser.get(f"{deployment.base}/plugin/velocity")
+    open_page(browser)
+    assert len(_testid(browser, "queue-row")) == 50, "the page's size: more cases match"
+    matching = int(_testid(browser, "queue-caption")[0].text.split()[0])
+    assert matching >= STORM_PAYERS - rounds
+    figures = {
+        (r, kind): _figure_sum(browser, r, kind)
+        for r in STORM_RULES
+        for kind in ("notified", "suppressed")
+    }
+    assert figures[(31, "notified")] == summary["payments"], (figures, summary)
+    assert figures[(31, "suppressed")] == 0
+    assert figures[(32, "suppressed")] == summary["suppressed"], (figures, summary)
+    assert figures[(32, "notified")] == summary["notified"] - summary["payments"]
+    assert all(_testid(browser, f"fires-often-{r}") for r in STORM_RULES)
+    browser.execute_script("document.getElementById('queue').scrollIntoView()")
+    _shot(deployment, browser, "18-queue-after-the-storm")
+    open_page(browser)
+    browser.execute_script("document.getElementById('rules').scrollIntoView()")
+    _shot(deployment, browser, "19-rules-after-the-storm")
+    heap_after = _heap(browser)
+
+    clicks = [
+        c for c in _api(deployment, "/velocity/api/clicks") if began <= c["clickedAt"] <= ended
+    ]
+    delays = {
+        what: [c["delayMs"] for c in clicks if c["what"] == what]
+        for what in ("pause-2", "activate-2", "case-link", "close-submit")
+    }
+    with capsys.disabled():
+        print(
+            f"\nstorm: {summary['alerts']} alerts in {summary['seconds']} s = "
+            f"{summary['alertsPerSecond']} alerts/s ({summary['notifiedPerSecond']} notified/s "
+            f"on the alert stream, {summary['suppressed']} suppressed; {summary['payments']} "
+            f"payments), {rounds} rounds of clicks"
+        )
+        for c in clicks:  # each click: when in the storm, and where its time went
+            sent = "" if c["sentAt"] is None else f", sent {c['sentAt'] - c['clickedAt']} ms"
+            print(
+                f"  {(c['clickedAt'] - began) / 1000:6.1f} s {c['what']:<13} "
+                f"{c['delayMs']:7.1f} ms{sent}"
+            )
+        for what, found in delays.items():
+            if found:
+                print(
+                    f"click-to-server during the storm, {what}: median "
+                    f"{statistics.median(found):.0f} ms, max {max(found):.0f} ms "
+                    f"({len(found)} clicks)"
+                )
+        print(
+            f"JS heap in use: before {heap_before:.1f} MB, after {heap_after:.1f} MB, "
+            f"largest during {max(heaps):.1f} MB"
+        )
+    for what, found in delays.items():
+        assert len(found) >= 2, f"{what}: {len(found)} clicks timed during the storm"
+        assert max(found) < 1000, f"{what}: {found} ms from the click to the server"
+    assert max(heaps) < heap_before + 50 and heap_after < heap_before + 25, heaps

@@ -26,14 +26,24 @@ demo_dir="${DEMO_DIR:-data/demo}"
 live="${demo_dir}/live"
 began=$SECONDS
 
-# "<verdict> <micro-batches with input this run>" of this data dir's stream.
-stream_state() {
-  "$python" - <<'EOF' 2>/dev/null || echo "unknown 0"
+# The settings' metrics port and the stream's status file, read once: a poll that loaded
+# the settings each time would start Velocity's imports every 3 s (~1 s of a CPU the
+# stream's own start needs).
+{ read -r metrics_port; read -r status_file; } < <("$python" -c '
 from velocity.settings import load_settings
-from velocity.stream_control import check_health
-
-health = check_health(load_settings())
-print(health.verdict, health.batchesThisRun or 0)
+from velocity.stream_control import status_path
+settings = load_settings()
+print(settings.metrics_port)
+print(status_path(settings.data_dir))')
+# "<state> <micro-batches with input this run>" of the stream this script started (its pid
+# in the status file: an earlier run's file says nothing about this one), read with the
+# standard library only.
+stream_state() {
+  "$python" -S - "$status_file" "$stream_pid" <<'EOF' 2>/dev/null || echo "unknown 0"
+import json, sys
+status = json.load(open(sys.argv[1]))
+mine = status.get("pid") == int(sys.argv[2])
+print(status.get("state") if mine else "unknown", status.get("batchesThisRun") or 0)
 EOF
 }
 
@@ -53,18 +63,21 @@ else
   writes=(--out "$live")
 fi
 # The stream applies the sample rules itself as it starts (one Spark start, not two). The
-# generator starts once the stream runs: Spark, the tables and the rules' history take half
-# a minute or more on two cores the first time. The duration is a safety net: the demo
-# stops the stream itself once the generator is done.
-$velocity stream "${reads[@]}" --rules jobs/velocity/resources/sample_rules.json \
+# generator starts once the stream runs: Spark's start is most of the wait (at load ~23 on
+# two cores, a new data dir's stream started and stopped in 38-42 s with the JVM's client
+# compiler only, 61-64 s with both: the demo's short run does not need the server
+# compiler's code). The duration is a safety net: the demo stops the stream itself once the
+# generator is done.
+JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:-} -XX:TieredStopAtLevel=1" \
+  $velocity stream "${reads[@]}" --rules jobs/velocity/resources/sample_rules.json \
   --duration "$((seconds + drain + 600))" > "${demo_dir}/stream.log" 2>&1 &
 stream_pid=$!
 pids+=("$stream_pid")
 echo "starting the stream (log: ${demo_dir}/stream.log)"
-# Polled every 3 s, told every 10 s.
+# Polled every second (a file read), told every 10 s.
 waited=$SECONDS
 told=$((SECONDS - 10))
-until read -r verdict _ < <(stream_state) && [ "$verdict" = running ]; do
+until read -r state _ < <(stream_state) && [ "$state" = RUNNING ]; do
   if ! kill -0 "$stream_pid" 2>/dev/null; then
     tail -20 "${demo_dir}/stream.log" >&2
     echo "the stream ended before it ran; its log is above (${demo_dir}/stream.log)" >&2
@@ -78,10 +91,9 @@ until read -r verdict _ < <(stream_state) && [ "$verdict" = running ]; do
     echo "waiting for the stream to start (Spark, the Delta tables, the rules' history)… $((SECONDS - began)) s"
     told=$SECONDS
   fi
-  sleep 3
+  sleep 1
 done
 echo "the stream runs ($((SECONDS - began)) s since the demo began)"
-metrics_port="$("$python" -c 'from velocity.settings import load_settings; print(load_settings().metrics_port)')"
 if [ "$metrics_port" != 0 ]; then
   echo "its metrics, for Prometheus: http://127.0.0.1:${metrics_port}/metrics"
 fi
@@ -94,12 +106,12 @@ generate_pid=$!
 pids+=("$generate_pid")
 # Until the first micro-batch with input is done, say so instead of staying silent.
 (
-  while read -r verdict batches < <(stream_state) && [ "$verdict" = running ] \
+  while read -r state batches < <(stream_state) && [ "$state" = RUNNING ] \
     && [ "${batches:-0}" -lt 1 ]; do
     echo "waiting for the stream's first micro-batch… $((SECONDS - began)) s"
     sleep 3
   done
-  [ "$verdict" = running ] &&
+  [ "$state" = RUNNING ] &&
     echo "the stream's first micro-batch is done ($((SECONDS - began)) s since the demo began)"
 ) &
 pids+=($!)
@@ -119,7 +131,9 @@ echo
 echo "generator: $("$python" -c 'import json, sys; d = json.load(sys.stdin); d.pop("files"); print(json.dumps(d))' < "${demo_dir}/generate.log")"
 tail -1 "${demo_dir}/stream.log"
 $velocity alerts --out "${demo_dir}/stream_alerts.jsonl"
-echo "alerts in Delta: $(wc -l < "${demo_dir}/stream_alerts.jsonl") (${demo_dir}/stream_alerts.jsonl)"
+exported="${demo_dir}/stream_alerts.jsonl"
+echo "alerts in Delta: $(wc -l < "$exported") ($(grep -c '"suppressed":true' "$exported" || true)" \
+  "suppressed by a rule's cooldown, so not on the alert stream or topic): $exported"
 if [ "$source" = kafka ]; then
   echo "the alerts topic, read by examples/kafka_alert_consumer.py (drops repeats by alertId):"
   "$python" examples/kafka_alert_consumer.py --group "velocity-demo-$(date +%s)" --idle-seconds 3

@@ -72,11 +72,16 @@ class RedisState:
             cluster.forget_staging(cast(RedisCluster, self.redis), keys)
         mirror.forget_partitions(self.redis, keys)
         mirror.publish_rules(self.redis, keys, rules, self.settings.bucket_width_ms)
-        buckets = self.state.buckets_in_horizon(rules)
-        written = buckets.count()
-        self.write_buckets(buckets, rules)
-        self._write_last_notified(rules)
-        self._write_accepted()
+        written = 0
+        # A new data dir's tables hold nothing to refill: no Spark job for them.
+        if not self.state.unwritten("buckets"):
+            buckets = self.state.buckets_in_horizon(rules)
+            written = buckets.count()
+            self.write_buckets(buckets, rules)
+        if not self.state.unwritten("alerts"):
+            self._write_last_notified(rules)
+        if not self.state.unwritten("events"):
+            self._write_accepted()
         newest = self.state.newest_event_time()
         self.redis.hset(
             keys.stream_progress,

@@ -48,6 +48,7 @@ from wsgiref.simple_server import WSGIServer
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 from prometheus_client import start_http_server
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -154,6 +155,7 @@ class StreamJob:
         self._lock = SharedStateLock(self.redis, settings)
         self._rules: list[Rule] = []
         self._rules_version: int | None = None
+        self._rules_log: DeltaTable | None = None  # the rules table, as delta-rs sees it
         self._committed: int | None = None  # newest batch this process committed to Redis
         self._flush_each_batch = settings.write_behind_seconds == 0
         self._flushing = threading.Lock()
@@ -406,7 +408,7 @@ class StreamJob:
     def _rules_in_force(self, batch_id: int) -> list[Rule]:
         """The active rules, read again only when the rules table has a new version; a
         change publishes them to Redis and builds the signatures that need it."""
-        version = tables.table_version(self.spark, self.live.rules)
+        version = self._rules_table_version()
         if version != self._rules_version:
             rules = deciding_rules(self.rule_store.in_force())
             mirror.publish_rules(
@@ -421,6 +423,17 @@ class StreamJob:
             self._rules, self._rules_version = rules, version
         return self._rules
 
+    def _rules_table_version(self) -> int:
+        """The rules table's version, read from its log by delta-rs (the rule store's own
+        writer): the kept handle moves on by the commits since its last look, ~1 ms a
+        batch. Not the JVM's: its first look at a Delta log loads Delta's classes, ~10 s
+        of a new stream's start on two busy cores."""
+        if self._rules_log is None:
+            self._rules_log = self.rule_store.create_if_missing()
+        else:
+            self._rules_log.update_incremental()
+        return int(self._rules_log.version())
+
     def _sync_signatures(
         self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int
     ) -> None:
@@ -433,7 +446,8 @@ class StreamJob:
         spark = self.spark
         widest = max((r.window_ms for r in rules), default=0)
         counted = distinct_counted(rules)
-        recorded = self.state.read("signatures").collect()
+        new_data_dir = self.state.unwritten("signatures")
+        recorded = [] if new_data_dir else self.state.read("signatures").collect()
         kept = {r["signature_id"]: r["kept_window_ms"] for r in recorded}
         without_distinct = {r["signature_id"] for r in recorded if r["kept_distinct"] is False}
         wanted = {s.signature_id: s for s in signatures}
@@ -448,10 +462,13 @@ class StreamJob:
         if build:
             # The build reads every earlier batch from Delta: flush what is spooled first.
             self.state.flush_spool(batch_id - 1)
-            if self.state.read("events").where(F.col("stream_batch") < batch_id).isEmpty():
+            if self.state.unwritten("events") or (
+                self.state.read("events").where(F.col("stream_batch") < batch_id).isEmpty()
+            ):
                 # No history (a new data dir): nothing to count, so record them all at
                 # once (a build is five Spark jobs a signature, 2-3 s each on 2 cores).
-                self._forget_buckets(build)
+                if not (new_data_dir and self.state.unwritten("buckets")):
+                    self._forget_buckets(build)
                 self._record_signatures([wanted[s] for s in build], rules, widest, batch_id)
                 build = []
         for signature_id in build:
@@ -516,8 +533,7 @@ class StreamJob:
             )
             for s in signatures
         ]
-        frame = self.spark.createDataFrame(records, tables.SIGNATURE_SCHEMA)
-        frame.write.format("delta").mode("append").save(str(self.live.signatures))
+        self.state.append_rows(tables.SIGNATURES, records)
 
     # --- write-behind ------------------------------------------------------------------
 
@@ -618,8 +634,10 @@ class StreamJob:
         """A checkpoint without a committed batch, in a data dir whose stream committed
         some: Spark would number batches from 0 again and each would be refused as done
         until the ids passed the old ones (every event in between lost)."""
-        row = self.state.read("events").agg(F.max("stream_batch")).first()
-        in_delta = None if row is None or row[0] is None else int(row[0])
+        in_delta = None
+        if not self.state.unwritten("events"):
+            row = self.state.read("events").agg(F.max("stream_batch")).first()
+            in_delta = None if row is None or row[0] is None else int(row[0])
         marks = (mirror.committed_batch(self.redis, self.settings), in_delta)
         done = max((b for b in marks if b is not None and b >= 0), default=None)
         if done is not None:

@@ -48,7 +48,15 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, MutableMapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from functools import cache
 from itertools import islice
@@ -1311,6 +1319,28 @@ def _sse(event: str, data: Mapping[str, Any], entry_id: str | None = None) -> st
     return f"event: {event}\n{position}data: {json.dumps(data)}\n\n"
 
 
+def _live_rows(
+    entries: Sequence[tuple[str, Mapping[str, Any]]],
+    search: AlertSearch,
+    view: AlertsView,
+    settings: Any,
+) -> list[tuple[str, str, str]]:
+    """(alertId, stream id, row) of each entry that passes the search. Run in a worker
+    thread: a storm's entries parsed in the event loop held a page's click for seconds."""
+    from velocity.delta.reader import rule_history
+
+    rows = []
+    for entry_id, fields in entries:
+        alert = _published_alert(fields)
+        if alert is None or not search.query.matches(alert):
+            continue
+        if (alert["ruleId"], alert["ruleVersion"]) not in view.rule_versions:
+            # A rule version applied since the connection opened.
+            view.rule_versions = {(r.rule_id, r.version): r for r in rule_history(settings)}
+        rows.append((alert["alertId"], entry_id, alert_row(alert, view, None, fresh=True)))
+    return rows
+
+
 @app.get("/api/alerts/live", response_model=None)
 async def alerts_live(request: Request, user: User) -> StreamingResponse:
     """Server-sent events for the page open in a browser: ``alert`` (the row of each alert
@@ -1318,7 +1348,6 @@ async def alerts_live(request: Request, user: User) -> StreamingResponse:
     fields as /api/alerts), ``health`` (the stream's figures, every 5 s) and ``failed``
     (the alert stream cannot be read). The connection ends after 30 s and the browser
     resumes from the last event's id (``Last-Event-ID``)."""
-    from velocity.delta.reader import rule_history
     from velocity.redis import alert_feed
 
     settings = await run_in_threadpool(_settings)
@@ -1348,20 +1377,14 @@ async def alerts_live(request: Request, user: User) -> StreamingResponse:
                     yield "retry: 5000\n\n"
                     yield _sse("failed", {"error": f"cannot read the alert stream: {exc}"})
                     return
-                sent = position
-                for entry_id, fields in entries:
-                    position = entry_id
-                    alert = _published_alert(fields)
-                    if alert is None or not search.query.matches(alert):
-                        continue
-                    if (alert["ruleId"], alert["ruleVersion"]) not in view.rule_versions:
-                        # A rule version applied since the connection opened.
-                        latest = await run_in_threadpool(rule_history, settings)
-                        view.rule_versions = {(r.rule_id, r.version): r for r in latest}
-                    row = alert_row(alert, view, None, fresh=True)
-                    yield _sse("alert", {"alertId": alert["alertId"], "html": row}, entry_id)
-                    sent = entry_id
-                if sent != position:  # entries that did not pass: resume after them
+                if not entries:
+                    continue
+                rows = await run_in_threadpool(_live_rows, entries, search, view, settings)
+                for alert_id, entry_id, row in rows:
+                    yield _sse("alert", {"alertId": alert_id, "html": row}, entry_id)
+                position = entries[-1][0]
+                if not rows or rows[-1][1] != position:
+                    # entries that did not pass: resume after them
                     yield _sse("position", {}, position)
         finally:
             await client.aclose()

@@ -22,11 +22,19 @@ backtest-demo: setup ## set up, generate 200k sample events, backtest the sample
 	@$(VENV)/velocity backtest --rules jobs/velocity/resources/sample_rules.json \
 		--events $(DEMO_DIR)/events --out $(DEMO_DIR)/alerts.jsonl
 
-test: ## set up (with chromium for the browser tests), lint, and run every test
+test: ## set up (with chromium for the browser tests), lint, build the docs (--strict), and run every test
 	@VELOCITY_SETUP_BROWSER=1 bash infra/setup.sh
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
 	@$(VENV)/mypy
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict --quiet
 	@$(VENV)/python -m pytest tests
+
+docs: setup ## regenerate the reference pages from the code, build the documentation site into site/ (--strict)
+	@$(VENV)/python -m velocity.reference_docs --write docs/reference
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict
+
+docs-serve: setup ## the documentation site on http://127.0.0.1:8000, rebuilt as pages change
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 lint: setup ## ruff and mypy
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
@@ -96,4 +104,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test lint bench bench-cooldown bench-kernel bench-stream bench-window bench-backfill down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-kernel bench-stream bench-window bench-backfill down clean airflow airflow-down

@@ -46,6 +46,9 @@ bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per b
 bench-cooldown: setup ## alerts vs notified alerts per hour, sample and fire-often rules, 10-minute cooldown (150 events/s, 3,000 payers)
 	$(VENV)/python -m benchmarks.cooldown
 
+bench-cases: setup ## the case queue's read of 600k alerts' cases: the whole fold against the incremental one
+	@$(VENV)/python -m benchmarks.cases
+
 bench-kernel: setup ## the decision kernel alone on 1M synthetic events (sample and fire-often rules), and the reference
 	@$(VENV)/python -m benchmarks.kernel --reference 100000 && \
 		$(VENV)/python -m benchmarks.kernel --rules benchmarks/rules/fire_often.json --reference 100000

@@ -16,6 +16,7 @@ note) and ``reopened`` by people. What a case is now is the fold of its events
 
 from __future__ import annotations
 
+import bisect
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -166,11 +167,33 @@ def case_id(key_text: str, first_alert_id: str) -> str:
 def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:
     """Every case as its events (any order) leave it; events apply by time, a case's
     stream events before people's at the same millisecond."""
-    cases: dict[str, Case] = {}
-    ordered = sorted(events, key=lambda e: (e.at, e.batch is None, e.event.value))
-    for e in ordered:
-        case = cases.setdefault(e.case_id, Case(e.case_id, e.case_key))
-        case.history.append(e)
+    book = CaseBook()
+    book.add(events)
+    return book.cases
+
+
+def _event_order(e: CaseEvent) -> tuple[int, bool, str]:
+    return (e.at, e.batch is None, e.event.value)
+
+
+@dataclass
+class CaseBook:
+    """Every case as the events added so far leave it, kept up to date as a table's new
+    files are read (the page's queue and ``cases list`` read only what is new, not every
+    case event at every look). Events must come in table order, as in ``OpenCases``; then
+    the cases equal ``fold_cases`` of all of them: only people's events (always later
+    than the case's events before them) set a case's status, and each case's history is
+    kept in event order whatever the writers' clocks."""
+
+    cases: dict[str, Case] = field(default_factory=dict)
+
+    def add(self, events: Iterable[CaseEvent]) -> None:
+        for e in sorted(events, key=_event_order):
+            self._apply(e)
+
+    def _apply(self, e: CaseEvent) -> None:
+        case = self.cases.setdefault(e.case_id, Case(e.case_id, e.case_key))
+        bisect.insort(case.history, e, key=_event_order)
         case.latest_activity_at = max(case.latest_activity_at, e.at)
         match e.event:
             case CaseEventKind.OPENED | CaseEventKind.JOINED:
@@ -190,7 +213,6 @@ def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:
             case CaseEventKind.REOPENED:
                 case.verdict = None
                 case.status = CaseStatus.ASSIGNED if case.assignee else CaseStatus.OPEN
-    return cases
 
 
 @dataclass
@@ -207,7 +229,7 @@ class OpenCases:
     kept_batches: int = 256
 
     def add(self, events: Iterable[CaseEvent]) -> None:
-        for e in sorted(events, key=lambda e: (e.at, e.batch is None, e.event.value)):
+        for e in sorted(events, key=_event_order):
             if e.event is CaseEventKind.OPENED:
                 self.opened[e.case_id] = (e.case_key, e.first_alert_at or e.at, e.batch)
                 self.open_by_key.setdefault(e.case_key, {})[e.case_id] = e.first_alert_at or e.at

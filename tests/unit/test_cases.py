@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from velocity.cases import (
     CaseAlert,
+    CaseBook,
     CaseEventKind,
     CaseStatus,
     InvalidCaseActionError,
@@ -134,3 +135,57 @@ def test_open_cases_read_piece_by_piece_are_the_newest_unclosed_case_of_each_key
             unclosed = [c for c in folded if c.case_key == k and c.status is not CaseStatus.CLOSED]
             newest = max(unclosed, key=lambda c: (c.opened_at, c.case_id), default=None)
             assert index.open_case_of([k]) == ({} if newest is None else {k: newest.case_id})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("gacr"),
+            st.sampled_from([P1, P2]),
+            st.integers(0, 3),
+            st.integers(0, 30),  # the stream's clock behind the people's, in ms
+            st.booleans(),  # the table's next file ends here
+        )
+    )
+)
+def test_a_case_book_fed_file_by_file_equals_the_fold_of_every_event(steps) -> None:
+    """What the page and ``cases list`` show, read incrementally as new files come, is the
+    fold of the whole table: assignments, closes and reopens in any order, stream groups
+    whose clock is behind the people's."""
+    events, book, unread, clock = [], CaseBook(), [], 100
+    for batch, (step, key, pick, skew, file_ends) in enumerate(steps):
+        clock += 10
+        mine = sorted(
+            (c for c in fold_cases(events).values() if c.case_key == key), key=lambda c: c.case_id
+        )
+        new = []
+        if step == "g":
+            known = OpenCases()
+            known.add(events)
+            new, _ = stream_case_events(
+                [alert(batch, key)], known.open_case_of([key]), batch, clock - skew
+            )
+        elif mine:
+            case = mine[pick % len(mine)]
+            kind = {
+                "a": CaseEventKind.ASSIGNED,
+                "c": CaseEventKind.CLOSED,
+                "r": CaseEventKind.REOPENED,
+            }[step]
+            try:
+                new = [
+                    person_event(case, kind, "ana", clock, assignee="bo", verdict="confirmed fraud")
+                ]
+            except InvalidCaseActionError:
+                new = []
+        events += new
+        unread += new
+        if file_ends:
+            book.add(unread)
+            unread = []
+    book.add(unread)
+    whole = fold_cases(events)
+    assert book.cases.keys() == whole.keys()
+    for case_id, case in whole.items():
+        assert book.cases[case_id].to_json(history=True) == case.to_json(history=True)

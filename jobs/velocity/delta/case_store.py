@@ -14,11 +14,12 @@ Closing a case reviews each of its alerts with the case's verdict (one commit to
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +29,7 @@ from velocity.alerts import AlertKind
 from velocity.cases import (
     Case,
     CaseAlert,
+    CaseBook,
     CaseEvent,
     CaseEventKind,
     CaseStatus,
@@ -93,7 +95,11 @@ class CaseStore:
         return [] if table is None else _events(table)
 
     def cases(self) -> dict[str, Case]:
-        return fold_cases(self.events())
+        table = open_table(self.events_path)
+        if table is None:
+            return {}
+        with _FOLDS_LOCK:
+            return dict(_folded(table, CaseBook).cases)
 
     def listed(self, status: CaseStatus | None = None) -> list[Case]:
         """The cases, newest activity first; only those of ``status`` when given."""
@@ -177,12 +183,12 @@ class CaseStore:
 
     def _change(self, case_id: str, kind: CaseEventKind, who: object, **fields: object) -> Case:
         def plan(table: DeltaTable) -> tuple[Any, Case]:
-            cases = fold_cases(_events(table))
-            case = cases.get(case_id)
-            if case is None:
-                raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
-            event = person_event(case, kind, who, int(time.time() * 1000), **fields)
-            return _event_rows([event]), fold_cases([*case.history, event])[case_id]
+            with _FOLDS_LOCK:
+                case = _folded(table, CaseBook).cases.get(case_id)
+                if case is None:
+                    raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
+                event = person_event(case, kind, who, int(time.time() * 1000), **fields)
+                return _event_rows([event]), fold_cases([*case.history, event])[case_id]
 
         return append_planned(
             self.events_path, CASE_EVENT_ARROW_SCHEMA, plan, f"case {case_id} is unchanged"
@@ -206,23 +212,33 @@ class CaseStore:
         return [AlertRef.of(r) for r in rows.select(wanted).to_pylist()]
 
 
-# Per case-events table, in this process: its data files read so far and what they say
-# about open cases. A table only ever grows by appends; when a file read before is gone
-# (rewritten by hand), it is read whole again.
-_INDEXES: dict[str, tuple[set[str], OpenCases]] = {}
+# Per case-events table and kind of fold, in this process: the data files read so far
+# and what they say (open cases for the write-behind, every case for the page and the
+# CLI). A table only ever grows by appends; when a file read before is gone (rewritten
+# by hand), it is read whole again. The page's worker threads share them: hold the lock
+# while a fold is fed or read.
+_FOLDS: dict[tuple[str, type], tuple[set[str], Any]] = {}
+_FOLDS_LOCK = threading.RLock()
+_Fold = TypeVar("_Fold", OpenCases, CaseBook)
+
+
+def _folded(table: DeltaTable, kind: type[_Fold]) -> _Fold:
+    """``kind`` as of ``table``'s version, fed only the files it has not read yet."""
+    with _FOLDS_LOCK:
+        files = set(table.file_uris())
+        known_files, fold = _FOLDS.get((table.table_uri, kind), (set(), kind()))
+        if not known_files <= files:
+            known_files, fold = set(), kind()
+        new = sorted(files - known_files)
+        if new:
+            fold.add(CaseEvent.from_row(r) for r in read_files(table, new, _EVENT_COLUMNS))
+        _FOLDS[(table.table_uri, kind)] = (files, fold)
+        return fold
 
 
 def _open_cases(table: DeltaTable) -> OpenCases:
-    """The open cases as of ``table``'s version, reading only the files not read yet."""
-    files = set(table.file_uris())
-    known_files, index = _INDEXES.get(table.table_uri, (set(), OpenCases()))
-    if not known_files <= files:
-        known_files, index = set(), OpenCases()
-    new = sorted(files - known_files)
-    if new:
-        index.add(CaseEvent.from_row(r) for r in read_files(table, new, _EVENT_COLUMNS))
-    _INDEXES[table.table_uri] = (files, index)
-    return index
+    """The open cases as of ``table``'s version."""
+    return _folded(table, OpenCases)
 
 
 def ensure_case_tables(settings: Settings) -> None:

@@ -8,8 +8,8 @@ key = "k" + (value % KEYS). With rowsPerBatch == KEYS every key gets exactly one
 Trigger: processingTime "0 seconds" (batches run back to back). Sink: format("noop").
 Batch timings come from query.recentProgress (durationMs.triggerExecution, numInputRows).
 
-Why it is here: the stream's design choice (README "Why not transformWithState") rests on
-these figures. Rerun (about 4 minutes on a quiet 2-core machine):
+Why it is here: the stream's design choice (docs/architecture/decisions.md, "Why Redis is the
+hot state") rests on these figures. Rerun (about 4 minutes on a quiet 2-core machine):
   .venv/bin/python -m benchmarks.tws_prototype --out /tmp/tws_proto/results.jsonl
   .venv/bin/python -m benchmarks.tws_prototype --sizes 1000 --modes tws --warmup 2 --measure 5
 """

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The kernel prototypes of issue 22 (numpy, DuckDB, Polars on 1M events), apart from the
-# product: their own virtualenv and data under $PROTO_WORK. The README's Benchmarks row
-# "kernel prototypes" has the figures.  Usage: bash benchmarks/kernel_prototypes/run_all.sh [uniform|zipf]
+# product: their own virtualenv and data under $PROTO_WORK. docs/benchmarks.md (Backtest, the
+# kernel prototypes row) has the figures.  Usage: bash benchmarks/kernel_prototypes/run_all.sh [uniform|zipf]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export PROTO_WORK="${PROTO_WORK:-/tmp/velocity-kernel-prototypes}"

@@ -1,5 +1,6 @@
 """The stream's metrics, in Prometheus's text format (``velocity stream`` serves them on
-127.0.0.1:``VELOCITY_METRICS_PORT``; the README's Metrics section lists them).
+127.0.0.1:``VELOCITY_METRICS_PORT``; docs/reference/metrics.md lists them, generated from
+this registry).
 
 Where the figures come from:
 - each micro-batch hands over one summary once it has committed (``BatchCounts``,

@@ -1,4 +1,4 @@
-"""The Redis bucket value, byte for byte (README "Reading aggregates from Redis")."""
+"""The Redis bucket value, byte for byte (docs/serving/redis.md, "The key layout")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Redis layout, as a published contract (README "Reading aggregates from Redis").
+"""The Redis layout, as a published contract (docs/serving/redis.md, "The key layout").
 
 Pure: names and values only, so the layout is tested byte for byte without a server.
 

@@ -19,7 +19,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from tests.builders import alert_row
 from velocity.delta import tables
 from velocity.delta.case_store import CaseStore
-from velocity.delta.names import ALERTS, CASE_EVENTS
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS
+from velocity.delta.review_store import ReviewStore
 from velocity.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
@@ -123,3 +124,30 @@ def test_alerts_gather_into_cases_that_people_assign_and_close(tmp_path: Path) -
     assert settings.table_path(CASE_EVENTS).is_dir()
     missing = cases(settings.data_dir, "show", "no-such-case")
     assert missing.returncode == 2 and "no case" in missing.stderr
+
+
+def test_alerts_that_land_after_their_case_was_closed_are_reviewed_with_its_verdict(
+    tmp_path: Path,
+) -> None:
+    """A close racing the write-behind: the group's alerts joined the case (its case
+    events committed), the case was closed (reviewing the rows in the alerts table then),
+    and only then did the group's rows land. The flush reviews them as the close would
+    have; once, however often it is redone."""
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    first, first_events = group([("a1", 4, "t1", "p1")])
+    write_deltalake(str(settings.table_path(ALERTS)), store.gather_alerts(first, first_events, 1))
+    late, late_events = group([("a2", 5, "t2", "p1"), ("a3", 4, "t3", "p2")])
+    joined = store.gather_alerts(late, late_events, batch=2)
+    case_id = joined["caseId"].to_pylist()[0]
+    closed = store.close(case_id, "false positive", "known merchant", "ana")
+    assert closed.status.value == "closed"
+    write_deltalake(str(settings.table_path(ALERTS)), joined, mode="append")
+
+    assert store.review_late_alerts(joined) == 1  # a2; a3's case (p2) is open
+    assert store.review_late_alerts(joined) == 0  # a redone flush
+    reviews = ReviewStore(settings.table_path(ALERT_REVIEWS)).all()
+    assert sorted((r.alert_id, r.verdict.value, r.who, r.note) for r in reviews) == [
+        ("a1", "FALSE_POSITIVE", "ana", "known merchant"),
+        ("a2", "FALSE_POSITIVE", "ana", "known merchant"),
+    ]

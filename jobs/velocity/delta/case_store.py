@@ -141,6 +141,37 @@ class CaseStore:
         ids = pa.array([case_of.get(a) for a in alerts.column("alertId").to_pylist()], pa.string())
         return alerts.set_column(alerts.schema.get_field_index("caseId"), "caseId", ids)
 
+    def review_late_alerts(self, alerts: pa.Table) -> int:
+        """Review a flushed group's ``alerts`` (rows with their ``caseId``) whose case was
+        closed after they joined it and before their rows landed: the close reviewed the
+        rows it found, not these. Each gets its case's verdict, by whoever closed it; an
+        alert reviewed already is left alone (a redone flush, or the close saw it after
+        all). Returns how many were reviewed."""
+        if alerts.num_rows == 0 or "caseId" not in alerts.column_names:
+            return 0
+        joined = {c for c in alerts.column("caseId").to_pylist() if c is not None}
+        cases = self.cases() if joined else {}
+        closed = {c: cases[c] for c in joined if c in cases and cases[c].verdict is not None}
+        if not closed:
+            return 0
+        reviews = ReviewStore(self.settings.table_path(ALERT_REVIEWS))
+        wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime", "caseId"]
+        rows = alerts.select(wanted).to_pylist()
+        reviewed = 0
+        for case_id, case in sorted(closed.items()):
+            closing = next(e for e in reversed(case.history) if e.event is CaseEventKind.CLOSED)
+            refs = [AlertRef.of(r) for r in rows if r["caseId"] == case_id]
+            reviewed += len(
+                reviews.record_all(
+                    refs,
+                    case.verdict,
+                    closing.note or f"case {case_id} closed",
+                    closing.who,
+                    unreviewed_only=True,
+                )
+            )
+        return reviewed
+
     def _record_opened(self, batch: int) -> None:
         """The cases the group's events opened, in ``cases`` (once: a redo finds them)."""
         table = open_table(self.events_path)

@@ -93,18 +93,28 @@ class ReviewStore:
         )
 
     def record_all(
-        self, alerts: Sequence[AlertRef], verdict: object, note: object, who: object
+        self,
+        alerts: Sequence[AlertRef],
+        verdict: object,
+        note: object,
+        who: object,
+        *,
+        unreviewed_only: bool = False,
     ) -> list[Review]:
         """Review every alert of ``alerts`` alike (a case closed with its verdict), in one
-        commit; each review checked whole before anything is written."""
+        commit; each review checked whole before anything is written. With
+        ``unreviewed_only``, an alert that has a review already is skipped."""
         reviews = [make_review(a.alert_id, a, verdict, note, who, 0) for a in alerts]
         if not reviews:
             return []
 
-        def plan(table: DeltaTable) -> tuple[Table, list[Review]]:
+        def plan(table: DeltaTable) -> tuple[Table | None, list[Review]]:
             previous = latest_reviews(_reviews(table))
             now = int(time.time() * 1000)
-            timed = [replace(r, when=review_time(now, previous.get(r.alert_id))) for r in reviews]
+            chosen = [r for r in reviews if not (unreviewed_only and r.alert_id in previous)]
+            if not chosen:
+                return None, []
+            timed = [replace(r, when=review_time(now, previous.get(r.alert_id))) for r in chosen]
             rows = [r.to_json() for r in timed]
             columns = {name: [row[name] for row in rows] for name in _COLUMNS}
             return rows_table(REVIEW_ARROW_SCHEMA, columns), timed

@@ -150,7 +150,8 @@ class Spool:
             parts = [self.read(b, name) for b in present]
             grouped[name] = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
         # Alerts join cases before they are appended, so each row carries its caseId.
-        grouped[tables.ALERTS] = CaseStore(self.settings).gather_alerts(
+        cases = CaseStore(self.settings)
+        grouped[tables.ALERTS] = cases.gather_alerts(
             grouped[tables.ALERTS], grouped[tables.EVENTS], max(group)
         )
         for name, table in grouped.items():
@@ -158,6 +159,8 @@ class Spool:
             if table.num_rows:
                 path = self.settings.table_path(getattr(tables, name.upper()))
                 append_once(path, table, f"{APP_ID}:{name}", max(group))
+        # A case closed between the join and the append reviewed the rows it found then.
+        cases.review_late_alerts(grouped[tables.ALERTS])
         for b in group:
             shutil.rmtree(self._folder(b), ignore_errors=True)
         (self.root / _INTENT).unlink()

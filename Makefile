@@ -53,6 +53,11 @@ bench-kernel: setup ## the decision kernel alone on 1M synthetic events (sample 
 	@$(VENV)/python -m benchmarks.kernel --reference 100000 && \
 		$(VENV)/python -m benchmarks.kernel --rules benchmarks/rules/fire_often.json --reference 100000
 
+bench-peer: setup ## velocity backtest against its Flink 2.3 peer (benchmarks/peers/flink) on the same 1M events, sample and fire-often rules: seconds, ratio, identical alerts; EVENTS=n, RULES=sample|fire-often|file, RUNS=n
+	@mvn -q -B -f benchmarks/peers/flink/pom.xml -Dmaven.repo.local=$(CURDIR)/.cache/m2 package
+	@$(VENV)/python -m benchmarks.peer $(if $(EVENTS),--events $(EVENTS)) $(if $(RULES),--rules $(RULES)) \
+		$(if $(RUNS),--runs $(RUNS))
+
 bench-cluster: setup ## backtest throughput on local[2] vs the two-worker standalone cluster, same events
 	@bash infra/cluster.sh up
 	@$(VENV)/python -m benchmarks.backtest --baseline-events 0 \
@@ -107,4 +112,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-kernel bench-stream bench-window bench-backfill down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-kernel bench-peer bench-stream bench-window bench-backfill down clean airflow airflow-down

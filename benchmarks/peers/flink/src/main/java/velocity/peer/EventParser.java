@@ -32,8 +32,9 @@ public final class EventParser {
     private static final byte ABSENT = 0, NULL = 1, STRING = 2, INT = 3, FLOAT = 4, BOOL = 5,
             COMPOSITE = 6;
 
+    // Python's \\d is any Unicode decimal digit (Nd), and both Decimal and BigDecimal read them.
     private static final Pattern NUMERIC_STRING =
-            Pattern.compile("[+-]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+)?");
+            Pattern.compile("[+-]?(\\p{Nd}+(\\.\\p{Nd}*)?|\\.\\p{Nd}+)([eE][+-]?\\p{Nd}+)?");
     private static final BigDecimal MAX_AMOUNT = BigDecimal.TEN.pow(18);
     private static final BigInteger MAX_EVENT_TIME = BigInteger.ONE.shiftLeft(62);
 
@@ -125,7 +126,7 @@ public final class EventParser {
                     break;
                 case FLOAT:
                     try {
-                        text = new BigDecimal(texts[i]).toString();
+                        text = decimalText(texts[i]);
                     } catch (NumberFormatException e) {
                         return null;
                     }
@@ -203,6 +204,13 @@ public final class EventParser {
             return null;
         }
         return value.stripTrailingZeros().scale() > 8 ? null : value;
+    }
+
+    /** A JSON decimal as Python's str(Decimal): BigDecimal's text, and "-0.0" keeps its sign. */
+    static String decimalText(String json) {
+        BigDecimal value = new BigDecimal(json);
+        String text = value.toString();
+        return value.signum() == 0 && json.startsWith("-") ? "-" + text : text;
     }
 
     /** A JSON integer's digits as Python's str(int) writes them ("-0" is "0"). */

@@ -32,7 +32,7 @@ public final class EventParser {
     private static final byte ABSENT = 0, NULL = 1, STRING = 2, INT = 3, FLOAT = 4, BOOL = 5,
             COMPOSITE = 6;
 
-    // Python's \\d is any Unicode decimal digit (Nd), and both Decimal and BigDecimal read them.
+    // Python's \d is any Unicode decimal digit (Nd), and both Decimal and BigDecimal read them.
     private static final Pattern NUMERIC_STRING =
             Pattern.compile("[+-]?(\\p{Nd}+(\\.\\p{Nd}*)?|\\.\\p{Nd}+)([eE][+-]?\\p{Nd}+)?");
     private static final BigDecimal MAX_AMOUNT = BigDecimal.TEN.pow(18);

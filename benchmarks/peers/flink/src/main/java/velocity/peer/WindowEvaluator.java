@@ -38,6 +38,20 @@ import org.apache.flink.util.Collector;
  */
 public class WindowEvaluator extends KeyedProcessFunction<String, KeyedEvent, String> {
     private static final int AVG_PLACES = 8;
+    /** transactionIds in Python's order (by code point; String.compareTo is by UTF-16 unit). */
+    private static final Comparator<KeyedEvent> BY_TRANSACTION_ID = (a, b) -> {
+        String x = a.transactionId, y = b.transactionId;
+        int i = 0, j = 0;
+        while (i < x.length() && j < y.length()) {
+            int cx = x.codePointAt(i), cy = y.codePointAt(j);
+            if (cx != cy) {
+                return Integer.compare(cx, cy);
+            }
+            i += Character.charCount(cx);
+            j += Character.charCount(cy);
+        }
+        return Boolean.compare(i < x.length(), j < y.length());
+    };
 
     private final List<Rules.Signature> signatures;
     private final long widthMs;
@@ -103,7 +117,7 @@ public class WindowEvaluator extends KeyedProcessFunction<String, KeyedEvent, St
         }
         buckets.put(own, bucket);
         if (tied.size() > 1) {
-            tied.sort(Comparator.comparing(e -> e.transactionId));
+            tied.sort(BY_TRANSACTION_ID);
         }
         int last = key.windows.length - 1;
         for (int i = 0; i <= last; i++) {

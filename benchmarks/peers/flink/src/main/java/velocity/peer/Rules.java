@@ -128,19 +128,28 @@ public final class Rules {
 
     public static List<Signature> read(Path file) throws IOException {
         ObjectMapper mapper = new ObjectMapper()
-                .enable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS);
+                .enable(DeserializationFeature.USE_BIG_DECIMAL_FOR_FLOATS)
+                .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS);
         String text = Files.readString(file).trim();
+        // As velocity.rules.decode_rules_text: one JSON value (an array of rules or one
+        // rule), else JSON lines. The file is not validated here: `velocity rules validate`.
         List<JsonNode> entries = new ArrayList<>();
-        if (text.startsWith("[")) {
-            mapper.readTree(text).forEach(entries::add);
-        } else if (text.contains("\n") && !text.startsWith("{\n")) {
+        JsonNode whole;
+        try {
+            whole = mapper.readTree(text);
+        } catch (IOException notOneValue) {
+            whole = null;
+        }
+        if (whole != null && whole.isArray()) {
+            whole.forEach(entries::add);
+        } else if (whole != null) {
+            entries.add(whole);
+        } else {
             for (String line : text.split("\n")) {
                 if (!line.isBlank()) {
                     entries.add(mapper.readTree(line));
                 }
             }
-        } else {
-            entries.add(mapper.readTree(text));
         }
         Map<String, Signature> bySignature = new TreeMap<>();
         Map<String, List<Rule>> rulesBySignature = new LinkedHashMap<>();

@@ -181,6 +181,12 @@ def test_backtest_equals_reference(
     out = tmp_path / "alerts.jsonl"
 
     summary = run_backtest(spark, settings, rules, str(generated), out)
+    # A backtest answers what the rules would have fired: the state it decided from is
+    # written only when asked (keep_state, test_backtest_tables).
+    root = backtest_root(settings)
+    assert (root / tables.ALERTS).is_dir() and (root / tables.QUARANTINE).is_dir()
+    assert not any((root / name).exists() for name in (tables.EVENTS, tables.BUCKETS))
+    assert not summary.kept_state and summary.buckets == 0
 
     events, rejected, duplicates = accepted_events(generated)
     expected = reference_alerts(events, rules, bucket_seconds)
@@ -208,7 +214,9 @@ def test_backtest_equals_reference(
 
 def test_backtest_tables(spark, data_settings: Settings, generated: Path, tmp_path: Path) -> None:
     rules = all_rules()
-    run_backtest(spark, data_settings, rules, str(generated), tmp_path / "alerts.jsonl")
+    run_backtest(
+        spark, data_settings, rules, str(generated), tmp_path / "alerts.jsonl", keep_state=True
+    )
     root = backtest_root(data_settings)
     events, rejected, _ = accepted_events(generated)
 

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from velocity.alerts import ALERT_FIELDS
 from velocity.delta import tables
+from velocity.delta.tables import EVENT_SCHEMA
 from velocity.progress import QUIET, Progress
 from velocity.rules import Rule, RuleState, deciding_rules, distinct_counted, rules_by_signature
 from velocity.settings import Settings
@@ -196,7 +197,9 @@ def _run_backtest(
         tables.overwrite_table(ingested.events, root / tables.EVENTS)
         events = tables.read_table(spark, root / tables.EVENTS)
     else:
-        events = ingested.events.localCheckpoint(eager=True)
+        # Only what deciding reads: the raw line and its source stay in the parsed rows.
+        decided = [f for f in EVENT_SCHEMA.fieldNames() if f not in tables.LINE_FIELDS]
+        events = ingested.events.select(*decided).localCheckpoint(eager=True)
     step("dedup+events")
     if keep_state:
         tables.overwrite_table(ingested.duplicates, root / tables.DUPLICATES)

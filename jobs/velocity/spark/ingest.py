@@ -175,7 +175,7 @@ def _line_chunks(files: list[str], lines_per_chunk: int) -> Iterator[pa.Table]:
             pa.table(
                 {
                     "raw": _as_text(raw),
-                    "source_file": pa.repeat(pa.scalar(uri, pa.string()), len(raw)),
+                    "source_file": pa.repeat(pa.scalar(_file_path(uri), pa.string()), len(raw)),
                     "source_block": pa.repeat(pa.scalar(0, pa.int64()), len(raw)),
                     "line_seq": pa.array(np.arange(len(raw), dtype=np.int64)),
                 }
@@ -187,6 +187,12 @@ def _line_chunks(files: list[str], lines_per_chunk: int) -> Iterator[pa.Table]:
             pending, gathered = [], 0
     if pending:
         yield pa.concat_tables(pending)
+
+
+def _file_path(uri: str) -> str:
+    """A file's name as Spark's ``_metadata.file_path`` gives it (``file:/tmp/a.jsonl``, not
+    ``file:///tmp/a.jsonl``), so the backtest's quarantine names files as the stream's does."""
+    return "file:/" + uri.removeprefix("file:///") if uri.startswith("file:///") else uri
 
 
 def _as_text(raw: pa.Array) -> pa.Array:

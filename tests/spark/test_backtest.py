@@ -299,7 +299,11 @@ def test_the_one_pass_reads_and_admits_lines_as_spark_and_the_reference_would(
 
     from velocity.spark.ingest import ADMITTED_SCHEMA, admitted_lines, split_admitted
 
-    admitted = admitted_lines(spark, str(folder), 3_600_000, keep_raw=True).collect()
+    staged = admitted_lines(
+        spark, str(folder), 3_600_000, keep_raw=True, staging=tmp_path / "staged"
+    )
+    # In arrival order: (file, block, line).
+    admitted = sorted(staged.collect(), key=lambda r: (r["source_file"], r["line_seq"]))
     assert admitted and list(admitted[0].asDict()) == ADMITTED_SCHEMA.fieldNames()
     # Spark's text source: the same lines, in the same order (file by name, line by line).
     text = spark.read.option("recursiveFileLookup", "true").text(str(folder))
@@ -332,7 +336,9 @@ def test_the_one_pass_reads_and_admits_lines_as_spark_and_the_reference_would(
     assert ingested.events.count() == fates["accepted"]
     assert ingested.duplicates.count() == fates["duplicate"] >= 50  # the gzip file's repeats
     assert ingested.quarantine.count() == fates["rejected"] + fates["future"]
-    lean = admitted_lines(spark, str(folder), 3_600_000, keep_raw=False).collect()
+    lean = admitted_lines(
+        spark, str(folder), 3_600_000, keep_raw=False, staging=tmp_path / "lean"
+    ).collect()
     assert all(r["raw"] is None for r in lean if r["fate"] == "accepted")
     assert all(r["raw"] for r in lean if r["fate"] != "accepted")
 

@@ -57,8 +57,10 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     live = LiveTables.of(settings)
     width_ms = settings.bucket_width_ms
 
-    admitted = admitted_lines(spark, str(root / "events"), settings.max_future_ms, keep_raw=True)
-    ingested = split_admitted(admitted.localCheckpoint(eager=True))
+    admitted = admitted_lines(
+        spark, str(root / "events"), settings.max_future_ms, True, root / "admitted"
+    )
+    ingested = split_admitted(admitted)
     tables.overwrite_table(ingested.quarantine, live.quarantine)
     tables.overwrite_table(ingested.duplicates, live.duplicates)
     second_batch = options.start_ms + 75_000

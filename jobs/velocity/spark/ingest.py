@@ -247,3 +247,12 @@ def split_admitted(admitted: DataFrame) -> Ingested:
         ),
         duplicates=admitted.where(fate == FATE_DUPLICATE).select(*events),
     )
+
+
+def staged_rejects(staging: Path) -> tuple[pa.Table, int]:
+    """The staged lines that were not accepted (quarantined ones and duplicates: few), read
+    in the driver by Arrow, and how many lines were staged in all."""
+    import pyarrow.dataset as ds
+
+    staged = ds.dataset(str(staging), format="parquet", schema=_ADMITTED_ARROW)
+    return staged.to_table(filter=ds.field("fate") != FATE_ACCEPTED), staged.count_rows()

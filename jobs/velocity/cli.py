@@ -999,7 +999,8 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument(
         "--keep-state",
         action="store_true",
-        help="also write the accepted events, the duplicates and the buckets as Delta tables",
+        help="also write the accepted events, the duplicates, the buckets and the alerts as "
+        "Delta tables",
     )
     backtest.set_defaults(run=cmd_backtest)
 

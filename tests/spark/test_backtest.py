@@ -184,8 +184,9 @@ def test_backtest_equals_reference(
     # A backtest answers what the rules would have fired: the state it decided from is
     # written only when asked (keep_state, test_backtest_tables).
     root = backtest_root(settings)
-    assert (root / tables.ALERTS).is_dir() and (root / tables.QUARANTINE).is_dir()
-    assert not any((root / name).exists() for name in (tables.EVENTS, tables.BUCKETS))
+    assert (root / tables.QUARANTINE).is_dir()
+    kept = (tables.EVENTS, tables.DUPLICATES, tables.BUCKETS, tables.ALERTS)
+    assert not any((root / name).exists() for name in kept)
     assert not summary.kept_state and summary.buckets == 0
 
     events, rejected, duplicates = accepted_events(generated)
@@ -346,7 +347,14 @@ def test_the_one_pass_reads_and_admits_lines_as_spark_and_the_reference_would(
 def test_alert_file_of_many_parts_is_in_alert_order(
     spark, data_settings: Settings, generated: Path, tmp_path: Path
 ) -> None:
-    run_backtest(spark, data_settings, all_rules(), str(generated), tmp_path / "alerts.jsonl")
+    run_backtest(
+        spark,
+        data_settings,
+        all_rules(),
+        str(generated),
+        tmp_path / "alerts.jsonl",
+        keep_state=True,
+    )
     stored = tables.read_table(spark, backtest_root(data_settings) / tables.ALERTS)
     out = tmp_path / "many.jsonl"
     count = write_alerts_jsonl(stored, out, tmp_path / "parts", alerts_per_part=50)

@@ -40,8 +40,8 @@ lint: setup ## ruff and mypy
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
 	@$(VENV)/mypy
 
-bench: setup ## backtest throughput for 1M events and 8 rules, Delta bytes per bucket; RULES=file, BEFORE=checkout
-	@$(VENV)/python -m benchmarks.backtest $(if $(RULES),--rules $(RULES)) $(if $(BEFORE),--before $(BEFORE))
+bench: setup ## backtest throughput for 1M events and 8 rules; RULES=file, BEFORE=checkout, KEEP_STATE=1 (Delta bytes per bucket)
+	@$(VENV)/python -m benchmarks.backtest $(if $(RULES),--rules $(RULES)) $(if $(BEFORE),--before $(BEFORE)) $(if $(KEEP_STATE),--keep-state)
 
 bench-cooldown: setup ## alerts vs notified alerts per hour, sample and fire-often rules, 10-minute cooldown (150 events/s, 3,000 payers)
 	$(VENV)/python -m benchmarks.cooldown

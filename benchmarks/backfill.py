@@ -80,7 +80,7 @@ def main() -> int:
     sample = parse_rules((ROOT / "jobs/velocity/resources/sample_rules.json").read_text())
     rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
     started = time.monotonic()
-    run_backtest(spark, settings, rules, str(events_dir), work / "complete.jsonl")
+    run_backtest(spark, settings, rules, str(events_dir), work / "complete.jsonl", keep_state=True)
     print(f"backtest (fills the day) {time.monotonic() - started:.1f} s", flush=True)
 
     # A live data dir as a day of streaming leaves it.

@@ -58,6 +58,7 @@ def _backtest(
     master: str | None,
     rules: Path = SAMPLE_RULES,
     code: Path | None = None,
+    keep_state: bool = False,
 ) -> tuple[float, dict]:
     """One `velocity backtest` process over ``events_dir``: (wall seconds, its summary with
     the peak RSS of its process tree added). ``code``: another checkout whose ``jobs/``
@@ -70,7 +71,8 @@ def _backtest(
         [sys.executable, "-m", "velocity.cli", "backtest", "--rules", str(rules),
          "--events", str(events_dir),
          "--out", str(work / "alerts.jsonl"), "--bucket-seconds", str(bucket_seconds),
-         "--summary-json", str(summary_file)],
+         "--summary-json", str(summary_file),
+         *(["--keep-state"] if keep_state else [])],
         env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir),
              **({"VELOCITY_SPARK_MASTER": master} if master else {}),
              **({"PYTHONPATH": str(code / "jobs")} if code else {})},
@@ -107,10 +109,11 @@ def _report(wall: float, summary: dict) -> None:
     )
     steps = ", ".join(f"{name} {sec:.1f}" for name, sec in summary["step_seconds"].items())
     print(f"steps (s)                 {steps}")
-    print(
-        f"buckets                   {summary['buckets']}  "
-        f"{summary['bucket_bytes'] / max(summary['buckets'], 1):.1f} Delta bytes per bucket"
-    )
+    if summary.get("kept_state", True):  # a checkout before --keep-state always kept it
+        print(
+            f"buckets                   {summary['buckets']}  "
+            f"{summary['bucket_bytes'] / max(summary['buckets'], 1):.1f} Delta bytes per bucket"
+        )
     print(
         f"peak RSS                  {summary['peak_rss_mb']:,.0f} MB "
         f"(the driver's Python {summary['peak_rss_python_mb']:,.0f} MB; "
@@ -146,6 +149,12 @@ def main() -> int:
         "with one of its backtest on the same events, and the ratios follow",
     )
     parser.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="run `velocity backtest --keep-state` (events and buckets tables written too; "
+        "the bytes per bucket are reported); a --before checkout runs as it is",
+    )
+    parser.add_argument(
         "--master",
         action="append",
         help="Spark master (VELOCITY_SPARK_MASTER) to run on; repeat to compare masters "
@@ -166,7 +175,13 @@ def main() -> int:
             for run in range(args.runs):
                 for code in designs:  # interleaved: the machine's noise hits both alike
                     wall, summary = _backtest(
-                        work, events_dir, args.bucket_seconds, master, args.rules, code
+                        work,
+                        events_dir,
+                        args.bucket_seconds,
+                        master,
+                        args.rules,
+                        code,
+                        args.keep_state and code is None,
                     )
                     runs[code].append((wall, summary))
                     print(

@@ -459,6 +459,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             str(Path(args.events).resolve()),
             Path(args.out),
             progress=progress,
+            keep_state=args.keep_state,
         )
     print(
         f"backtest: {summary.lines} lines, {summary.accepted} accepted, "
@@ -467,11 +468,13 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if summary.quarantine_reasons:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(summary.quarantine_reasons.items()))
         print(f"quarantine reasons: {reasons}")
-    per_bucket = summary.bucket_bytes / summary.buckets if summary.buckets else 0.0
-    print(
-        f"buckets: {summary.buckets} ({summary.bucket_bytes} bytes in Delta, "
-        f"{per_bucket:.1f} bytes per bucket); alerts: {summary.alerts}"
-    )
+    if summary.kept_state:
+        per_bucket = summary.bucket_bytes / summary.buckets if summary.buckets else 0.0
+        print(
+            f"buckets: {summary.buckets} ({summary.bucket_bytes} bytes in Delta, "
+            f"{per_bucket:.1f} bytes per bucket)"
+        )
+    print(f"alerts: {summary.alerts}")
     for rule_id, count in summary.alerts_by_rule.items():
         print(f"  rule {rule_id}: {count} alerts")
     print(f"alerts file: {summary.alerts_file}")
@@ -993,6 +996,12 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("--out", required=True, help="alerts JSON-lines file to write")
     backtest.add_argument("--bucket-seconds", type=int, default=None)
     backtest.add_argument("--summary-json", help="also write the run's summary as JSON here")
+    backtest.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="also write the accepted events, the duplicates, the buckets and the alerts as "
+        "Delta tables",
+    )
     backtest.set_defaults(run=cmd_backtest)
 
     stream = sub.add_parser(

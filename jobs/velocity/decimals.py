@@ -31,9 +31,18 @@ def format_decimal(value: Decimal) -> str:
 
 
 def decimal_places(value: Decimal) -> int:
-    """Digits after the point once trailing zeros are dropped (``1.50`` has 1, ``1E+3`` 0)."""
-    exponent = value.normalize(EXACT).as_tuple().exponent
-    return -exponent if isinstance(exponent, int) and exponent < 0 else 0
+    """Digits after the point once trailing zeros are dropped (``1.50`` has 1, ``1E+3`` 0).
+
+    Read from the digits, with no context: ``normalize`` would have to round an exponent
+    beyond the context's (``1E-999999999999``), and an amount line must be quarantined
+    for its places, not fail the job."""
+    _, digits, exponent = value.as_tuple()
+    if not isinstance(exponent, int):  # NaN or infinity
+        return 0
+    zeros = len(digits) - len(bytes(digits).rstrip(b"\0"))
+    if zeros == len(digits):  # zero
+        return 0
+    return max(0, -(exponent + zeros))
 
 
 def json_string(text: str) -> str:

@@ -115,7 +115,7 @@ def test_cluster_decides_what_local_mode_decides(
         e.with_version(1) for e in parse_rules(Path(rules).read_text()) if isinstance(e, Rule)
     ]
     local = data_settings.model_copy(update={"data_dir": tmp_path / "local"})
-    run_backtest(spark, local, sample, str(events), tmp_path / "local.jsonl")
+    run_backtest(spark, local, sample, str(events), tmp_path / "local.jsonl", keep_state=True)
 
     stream = ["stream", "--events", str(events), "--rules", rules, "--trigger", "available-now"]
     # The executors' Python kills worker 1's executor in its first key-partition task,

@@ -126,7 +126,7 @@ def test_sigkill_mid_batch_then_restart_equals_uninterrupted(
         if isinstance(e, Rule)
     ]
     bt_settings = data_settings.model_copy(update={"data_dir": tmp_path / "bt"})
-    run_backtest(spark, bt_settings, sample, str(events), tmp_path / "bt.jsonl")
+    run_backtest(spark, bt_settings, sample, str(events), tmp_path / "bt.jsonl", keep_state=True)
     live = LiveTables.of(data_settings)
 
     def rows(path: Path, columns: list[str]) -> list[tuple[object, ...]]:

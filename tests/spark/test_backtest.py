@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from tests.reference import reference_alerts
 from velocity.arrival import Arrivals, Verdict
@@ -19,7 +20,6 @@ from velocity.rules import Rule, distinct_counted, key_text, parse_rules, rules_
 from velocity.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest, write_alerts_jsonl
-from velocity.spark.ingest import parse_events, read_event_lines
 from velocity.windows import format_aggregate
 
 pytestmark = pytest.mark.spark
@@ -181,6 +181,13 @@ def test_backtest_equals_reference(
     out = tmp_path / "alerts.jsonl"
 
     summary = run_backtest(spark, settings, rules, str(generated), out)
+    # A backtest answers what the rules would have fired: the state it decided from is
+    # written only when asked (keep_state, test_backtest_tables).
+    root = backtest_root(settings)
+    assert (root / tables.QUARANTINE).is_dir()
+    kept = (tables.EVENTS, tables.DUPLICATES, tables.BUCKETS, tables.ALERTS)
+    assert not any((root / name).exists() for name in kept)
+    assert not summary.kept_state and summary.buckets == 0
 
     events, rejected, duplicates = accepted_events(generated)
     expected = reference_alerts(events, rules, bucket_seconds)
@@ -208,7 +215,9 @@ def test_backtest_equals_reference(
 
 def test_backtest_tables(spark, data_settings: Settings, generated: Path, tmp_path: Path) -> None:
     rules = all_rules()
-    run_backtest(spark, data_settings, rules, str(generated), tmp_path / "alerts.jsonl")
+    run_backtest(
+        spark, data_settings, rules, str(generated), tmp_path / "alerts.jsonl", keep_state=True
+    )
     root = backtest_root(data_settings)
     events, rejected, _ = accepted_events(generated)
 
@@ -262,18 +271,90 @@ def test_backtest_tables(spark, data_settings: Settings, generated: Path, tmp_pa
     assert Decimal(0) <= min(r["value_min"] for r in rows if r["value_min"] is not None)
 
 
-def test_each_line_is_parsed_once(spark, generated: Path) -> None:
-    """The parser runs once per line: Spark's optimizer copies a deterministic UDF into
-    every expression that uses its result (the blank-line filter and each column)."""
-    parsed = parse_events(read_event_lines(spark, str(generated)))
-    plan = parsed._jdf.queryExecution().executedPlan().toString()
-    assert plan.count("ArrowEvalPython") == 1, plan
+def test_the_one_pass_reads_and_admits_lines_as_spark_and_the_reference_would(
+    spark, generated: Path, tmp_path: Path
+) -> None:
+    """Lines as Spark's text source gives them (a nested folder, a gzip file, "\\r\\n"
+    and "\\r" line ends, bytes that are not UTF-8, blank lines; files starting with "."
+    or "_" skipped), in arrival order, each with the verdict of the per-line reference
+    (``parse_event_line``, then ``Arrivals``: duplicates across files, an event too far
+    ahead of the newest accepted one)."""
+    import gzip
+
+    folder = tmp_path / "lines"
+    (folder / "b").mkdir(parents=True)
+    base = [line for f in sorted(generated.glob("*.jsonl")) for line in f.read_bytes().splitlines()]
+    first, second = base[:300], base[300:600]
+    far = json.loads(
+        next(line for line in first if isinstance(parse_event_line(line.decode()), Event))
+    )
+    far.update(transactionId="far-ahead", eventTime=far["eventTime"] + 10 * 86_400_000)
+    (folder / "a.jsonl").write_bytes(
+        b"\r\n".join(first[:100]) + b"\r\n\r\n" + b"\r".join(first[100:200]) + b"\n"
+        + json.dumps(far).encode() + b"\n" + b'{"transactionId": "t\xff"}\n'
+        + b"\n".join(first[200:]) + b"\n"
+    )  # fmt: skip
+    (folder / "b" / "c.jsonl.gz").write_bytes(gzip.compress(b"\n".join(second + first[:50])))
+    (folder / ".hidden.jsonl").write_bytes(first[0] + b"\n")
+    (folder / "_SUCCESS").write_bytes(b"")
+
+    from velocity.spark.ingest import ADMITTED_SCHEMA, admitted_lines, split_admitted
+
+    staged = admitted_lines(
+        spark, str(folder), 3_600_000, keep_raw=True, staging=tmp_path / "staged"
+    )
+    # In arrival order: (file, block, line).
+    admitted = sorted(staged.collect(), key=lambda r: (r["source_file"], r["line_seq"]))
+    assert admitted and list(admitted[0].asDict()) == ADMITTED_SCHEMA.fieldNames()
+    # Spark's text source: the same lines, in the same order (file by name, line by line).
+    text = spark.read.option("recursiveFileLookup", "true").text(str(folder))
+    spark_lines = [
+        (r["path"], r["value"])
+        for r in text.select("value", F.col("_metadata.file_path").alias("path")).collect()
+    ]
+    spark_lines.sort(key=lambda line: line[0])  # stable: each file's lines stay in order
+    non_blank = [(path, line) for path, line in spark_lines if not is_blank(line)]
+    assert [(r["source_file"], r["raw"]) for r in admitted] == non_blank
+    assert [r["line_seq"] for r in admitted if r["source_file"].endswith(".gz")] == list(range(350))
+
+    arrivals = Arrivals((), None, 3_600_000)
+    expected = []
+    for _, line in non_blank:
+        parsed = parse_event_line(line)
+        if not isinstance(parsed, Event):
+            expected.append(("rejected", parsed.code.value))
+        elif (verdict := arrivals.admit(parsed.transaction_id, parsed.event_time)) is (
+            Verdict.FUTURE
+        ):
+            expected.append(("future", arrivals.future_rejection(parsed.event_time).code.value))
+        else:
+            expected.append((verdict.value, None))
+    assert [(r["fate"], r["reason_code"]) for r in admitted] == expected
+    assert {"future", "duplicate", "rejected", "accepted"} <= {fate for fate, _ in expected}
+
+    ingested = split_admitted(spark.createDataFrame(admitted, ADMITTED_SCHEMA))
+    fates = Counter(fate for fate, _ in expected)
+    assert ingested.events.count() == fates["accepted"]
+    assert ingested.duplicates.count() == fates["duplicate"] >= 50  # the gzip file's repeats
+    assert ingested.quarantine.count() == fates["rejected"] + fates["future"]
+    lean = admitted_lines(
+        spark, str(folder), 3_600_000, keep_raw=False, staging=tmp_path / "lean"
+    ).collect()
+    assert all(r["raw"] is None for r in lean if r["fate"] == "accepted")
+    assert all(r["raw"] for r in lean if r["fate"] != "accepted")
 
 
 def test_alert_file_of_many_parts_is_in_alert_order(
     spark, data_settings: Settings, generated: Path, tmp_path: Path
 ) -> None:
-    run_backtest(spark, data_settings, all_rules(), str(generated), tmp_path / "alerts.jsonl")
+    run_backtest(
+        spark,
+        data_settings,
+        all_rules(),
+        str(generated),
+        tmp_path / "alerts.jsonl",
+        keep_state=True,
+    )
     stored = tables.read_table(spark, backtest_root(data_settings) / tables.ALERTS)
     out = tmp_path / "many.jsonl"
     count = write_alerts_jsonl(stored, out, tmp_path / "parts", alerts_per_part=50)

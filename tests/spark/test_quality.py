@@ -28,7 +28,7 @@ from velocity.spark.evaluate import (
     keyed_events,
     minute_buckets,
 )
-from velocity.spark.ingest import parse_events, read_event_lines, split_parsed
+from velocity.spark.ingest import admitted_lines, split_admitted
 
 pytestmark = pytest.mark.spark
 
@@ -57,8 +57,10 @@ def live_tables(spark, spark_settings: Settings, tmp_path_factory) -> Path:
     live = LiveTables.of(settings)
     width_ms = settings.bucket_width_ms
 
-    lines = read_event_lines(spark, str(root / "events"))
-    ingested = split_parsed(parse_events(lines), settings.max_future_ms)
+    admitted = admitted_lines(
+        spark, str(root / "events"), settings.max_future_ms, True, root / "admitted"
+    )
+    ingested = split_admitted(admitted)
     tables.overwrite_table(ingested.quarantine, live.quarantine)
     tables.overwrite_table(ingested.duplicates, live.duplicates)
     second_batch = options.start_ms + 75_000

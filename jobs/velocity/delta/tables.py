@@ -63,6 +63,9 @@ _SOURCE_FIELDS = [
     StructField("ingest_time", LongType(), False),
 ]
 
+# An event's raw line and where it came from: kept with it, never decided on.
+LINE_FIELDS = ("raw", *(f.name for f in _SOURCE_FIELDS))
+
 EVENT_SCHEMA = StructType(
     [
         StructField("transactionId", StringType(), False),

@@ -247,6 +247,14 @@ class OpenCases:
             while len(recent) > self.kept_batches:
                 del recent[min(recent)]
 
+    def closed(self, case_ids: Iterable[str]) -> list[str]:
+        """Those of ``case_ids`` that are closed now (each opened, and no longer open)."""
+        return [
+            c
+            for c in case_ids
+            if c in self.opened and c not in self.open_by_key.get(self.opened[c][0], {})
+        ]
+
     def open_case_of(self, keys: Iterable[str]) -> dict[str, str]:
         """Each of ``keys``' newest case that is not closed."""
         out = {}

@@ -135,6 +135,8 @@ def test_open_cases_read_piece_by_piece_are_the_newest_unclosed_case_of_each_key
             unclosed = [c for c in folded if c.case_key == k and c.status is not CaseStatus.CLOSED]
             newest = max(unclosed, key=lambda c: (c.opened_at, c.case_id), default=None)
             assert index.open_case_of([k]) == ({} if newest is None else {k: newest.case_id})
+        closed = sorted(c.case_id for c in folded if c.status is CaseStatus.CLOSED)
+        assert index.closed(sorted(c.case_id for c in folded)) == closed
 
 
 @settings(max_examples=300, deadline=None)

@@ -150,10 +150,13 @@ class CaseStore:
         if alerts.num_rows == 0 or "caseId" not in alerts.column_names:
             return 0
         joined = {c for c in alerts.column("caseId").to_pylist() if c is not None}
-        cases = self.cases() if joined else {}
-        closed = {c: cases[c] for c in joined if c in cases and cases[c].verdict is not None}
-        if not closed:
+        table = open_table(self.events_path) if joined else None
+        # The write-behind's own index says which are closed; only a close that raced
+        # this flush (rare) reads their closing events.
+        if table is None or not (closed_ids := _open_cases(table).closed(sorted(joined))):
             return 0
+        cases = fold_cases(e for e in _events(table) if e.case_id in closed_ids)
+        closed = {c: cases[c] for c in closed_ids}
         reviews = ReviewStore(self.settings.table_path(ALERT_REVIEWS))
         wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime", "caseId"]
         rows = alerts.select(wanted).to_pylist()

@@ -37,14 +37,7 @@ from velocity.spark.evaluate import (
     partition_alerts,
     partition_buckets,
 )
-from velocity.spark.ingest import (
-    FATE_DUPLICATE,
-    FATE_FUTURE,
-    FATE_REJECTED,
-    admitted_lines,
-    split_admitted,
-    staged_rejects,
-)
+from velocity.spark.ingest import admitted_lines, split_admitted, staged_rejects
 from velocity.spark.progress import SparkProgress
 from velocity.timing import StepTimer
 
@@ -63,7 +56,7 @@ class BacktestSummary:
     alerts_by_rule: dict[str, int] = field(default_factory=dict)
     tables_dir: str = ""
     alerts_file: str = ""
-    kept_state: bool = False  # the events, duplicates and buckets tables written too
+    kept_state: bool = False  # the events, duplicates, buckets and alerts tables written too
     seconds: float = 0.0
     step_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -214,11 +207,8 @@ def _run_backtest(
     ingested = split_admitted(admitted)
     # The lines not accepted are few: the driver writes them with delta-rs (a Spark job
     # over the staged lines and a Delta commit took 6.4 s for 1M lines).
-    rejects, staged_lines = staged_rejects(staged)
-    fate = rejects.column("fate")
-    quarantined = rejects.filter(pc.is_in(fate, pa.array([FATE_REJECTED, FATE_FUTURE])))
-    duplicates = rejects.filter(pc.equal(fate, FATE_DUPLICATE))
-    _overwrite_rows(quarantined, root / tables.QUARANTINE, QUARANTINE_SCHEMA)
+    rejects = staged_rejects(staged)
+    _overwrite_rows(rejects.quarantine, root / tables.QUARANTINE, QUARANTINE_SCHEMA)
     step("parse+quarantine")
     if keep_state:
         tables.overwrite_table(ingested.events, root / tables.EVENTS)
@@ -228,7 +218,7 @@ def _run_backtest(
     )
     step("dedup+events")
     if keep_state:
-        _overwrite_rows(duplicates, root / tables.DUPLICATES, EVENT_SCHEMA)
+        _overwrite_rows(rejects.duplicates, root / tables.DUPLICATES, EVENT_SCHEMA)
     step("duplicates")
 
     # The fan-out and the shuffle by key run once: the buckets and the alerts are both made
@@ -254,11 +244,11 @@ def _run_backtest(
     summary = BacktestSummary(tables_dir=str(root), alerts_file=str(out), kept_state=keep_state)
     summary.alerts = write_alerts_jsonl(decided, out, root / "alerts-text")
     step("alerts-file")
-    reasons = pc.value_counts(quarantined.column("reason_code")).to_pylist()
+    reasons = pc.value_counts(rejects.quarantine.column("reason_code")).to_pylist()
     summary.quarantine_reasons = {r["values"]: r["counts"] for r in reasons}
-    summary.quarantined = quarantined.num_rows
-    summary.accepted = staged_lines - rejects.num_rows
-    summary.duplicates = duplicates.num_rows
+    summary.quarantined = rejects.quarantine.num_rows
+    summary.duplicates = rejects.duplicates.num_rows
+    summary.accepted = rejects.lines - summary.quarantined - summary.duplicates
     summary.lines = summary.accepted + summary.quarantined + summary.duplicates
     if keep_state:
         summary.buckets = tables.read_table(spark, root / tables.BUCKETS).count()

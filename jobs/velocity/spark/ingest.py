@@ -87,6 +87,10 @@ ADMITTED_SCHEMA = StructType(
     ]
 )
 _ADMITTED_ARROW = to_arrow_schema(ADMITTED_SCHEMA)
+# Each admission verdict's fate, by its code (``engine.admission``).
+_FATE_OF_VERDICT = np.array(
+    [VERDICT_NAMES[code].value for code in sorted(VERDICT_NAMES)], dtype=object
+)
 # Lines parsed and admitted at a time (the accepted ids before them are looked up in one
 # hash set per chunk, so fewer, larger chunks cost less).
 PASS_CHUNK_LINES = 1_000_000
@@ -160,21 +164,26 @@ def _admitted_tables(files: list[str], max_future_ms: int, keep_raw: bool) -> It
         accepted_ids.append(ids.filter(pa.array(admission.verdicts == ACCEPTED)))
 
         fate = np.full(lines.num_rows, FATE_REJECTED, dtype=object)
-        fate[rows] = [VERDICT_NAMES[int(v)].value for v in admission.verdicts]
-        reason_code = verdict.field("reason_code").to_pylist()
-        reason = verdict.field("reason").to_pylist()
-        for i in np.flatnonzero(admission.verdicts == FUTURE).tolist():
-            b = int(admission.newest_before[i])
-            why = future_rejection(int(times[i]), None if b == NO_TIME else b, max_future_ms, None)
-            reason_code[rows[i]], reason[rows[i]] = why.code.value, why.message
+        fate[rows] = _FATE_OF_VERDICT[admission.verdicts]
+        reason_code, reason = verdict.field("reason_code"), verdict.field("reason")
+        future = np.flatnonzero(admission.verdicts == FUTURE)
+        if len(future):  # few: the reasons a Python list each only then
+            codes, messages = reason_code.to_pylist(), reason.to_pylist()
+            for i in future.tolist():
+                b = int(admission.newest_before[i])
+                why = future_rejection(
+                    int(times[i]), None if b == NO_TIME else b, max_future_ms, None
+                )
+                codes[rows[i]], messages[rows[i]] = why.code.value, why.message
+            reason_code, reason = pa.array(codes, pa.string()), pa.array(messages, pa.string())
         raw = lines.column("raw")
         if not keep_raw:
             raw = pc.if_else(pa.array(fate == FATE_ACCEPTED), pa.scalar(None, pa.string()), raw)
         columns = {
             "fate": pa.array(fate, pa.string()),
             **{f.name: verdict.field(f.name) for f in VERDICT_ARROW if f.name != "blank"},
-            "reason_code": pa.array(reason_code, pa.string()),
-            "reason": pa.array(reason, pa.string()),
+            "reason_code": reason_code,
+            "reason": reason,
             "raw": raw,
             "source_file": lines.column("source_file"),
             "source_block": lines.column("source_block"),
@@ -249,10 +258,25 @@ def split_admitted(admitted: DataFrame) -> Ingested:
     )
 
 
-def staged_rejects(staging: Path) -> tuple[pa.Table, int]:
-    """The staged lines that were not accepted (quarantined ones and duplicates: few), read
-    in the driver by Arrow, and how many lines were staged in all."""
+@dataclass(frozen=True)
+class StagedRejects:
+    """The staged lines that were not accepted, as Arrow in the driver (few)."""
+
+    quarantine: pa.Table  # rejected by the parser, or too far in the future
+    duplicates: pa.Table
+    lines: int  # every staged line, accepted or not
+
+
+def staged_rejects(staging: Path) -> StagedRejects:
+    """The lines ``admitted_lines`` staged under ``staging`` that were not accepted, read by
+    Arrow in the driver (as ``split_admitted`` splits them in Spark)."""
     import pyarrow.dataset as ds
 
     staged = ds.dataset(str(staging), format="parquet", schema=_ADMITTED_ARROW)
-    return staged.to_table(filter=ds.field("fate") != FATE_ACCEPTED), staged.count_rows()
+    rejects = staged.to_table(filter=ds.field("fate") != FATE_ACCEPTED)
+    fate = rejects.column("fate")
+    return StagedRejects(
+        quarantine=rejects.filter(pc.is_in(fate, pa.array([FATE_REJECTED, FATE_FUTURE]))),
+        duplicates=rejects.filter(pc.equal(fate, FATE_DUPLICATE)),
+        lines=staged.count_rows(),
+    )

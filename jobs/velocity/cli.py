@@ -771,6 +771,20 @@ def cmd_mirror_rebuild(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_mirror_migrate(args: argparse.Namespace) -> int:
+    from velocity.redis import connection, mirror
+
+    settings = _settings(args)
+    client = connection.connect(settings)
+    connection.load_functions(client)
+    packed, seen = mirror.pack_hashes(client, settings)
+    print(
+        f"{packed} of {seen} key states packed into one string each "
+        f"(the others are packed already or dense: {mirror.DENSE_MIN_BUCKETS}+ buckets)"
+    )
+    return EXIT_OK
+
+
 def cmd_mirror_reconcile(args: argparse.Namespace) -> int:
     redis_state = _redis_state(_settings(args))
     if args.repair:
@@ -1090,6 +1104,10 @@ def build_parser() -> argparse.ArgumentParser:
     mirror_sub.add_parser("rebuild", help="refill Redis from Delta").set_defaults(
         run=cmd_mirror_rebuild
     )
+    mirror_sub.add_parser(
+        "migrate",
+        help="pack the key states a Velocity before 0.3 wrote as hashes (once, idempotent)",
+    ).set_defaults(run=cmd_mirror_migrate)
     reconcile = mirror_sub.add_parser(
         "reconcile", help="compare Redis with Delta; exit 1 on drift unless --repair"
     )

@@ -177,7 +177,8 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     )
     assert set(published[0]) == SPEC_ALERT_FIELDS
     # A batch committed again (a replay after a crash) writes nothing: no alert, no bucket.
-    buckets = {name: client.hgetall(name) for name in client.scan_iter(keys.bucket_hashes)}
+    names = list(client.scan_iter(keys.bucket_hashes))
+    buckets = {name: mirror.key_fields(client, name) for name in names}
     with state_lock(client, streamed.settings, "a replay") as lease:
         commit = mirror.stream_commit(
             streamed.settings,
@@ -193,7 +194,7 @@ def test_alert_stream_equals_delta_and_replay_adds_nothing(spark, streamed: Stre
     assert replay == -1
     assert client.xlen(stream) == len(entries)
     assert not mirror.read_stream_state(client, streamed.settings, ["tx-replayed"]).seen
-    assert buckets == {name: client.hgetall(name) for name in buckets}
+    assert buckets == {name: mirror.key_fields(client, name) for name in buckets}
 
 
 def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
@@ -204,7 +205,8 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     assert checked > 0
 
     def last_notified() -> dict[str, dict[str, str]]:
-        hashes = {name: client.hgetall(name) for name in client.scan_iter(keys.bucket_hashes)}
+        names = client.scan_iter(keys.bucket_hashes)
+        hashes = {name: mirror.key_fields(client, name) for name in names}
         found = {n: {f: v for f, v in h.items() if f.startswith("n:")} for n, h in hashes.items()}
         return {name: fields for name, fields in found.items() if fields}
 

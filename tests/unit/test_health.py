@@ -246,9 +246,7 @@ def test_a_kafka_stream_states_its_consumer_lag_not_files_waiting() -> None:
     assert unknown.offsetsBehindLatest is None
     assert unknown.reason.endswith("lag not known yet (no batch or idle trigger since the start)")
     # A folder's stream still counts files (and an older status file without a source).
-    assert stream_health(status_obj(backlogFiles=2), NOW, STALE).reason.endswith(
-        "2 files waiting"
-    )
+    assert stream_health(status_obj(backlogFiles=2), NOW, STALE).reason.endswith("2 files waiting")
     assert stream_health(status_obj(backlogFiles=None), NOW, STALE).reason.endswith(
         "? files waiting"
     )

@@ -6,6 +6,8 @@ exactly the own buckets whose raw events that state lacks."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -23,9 +25,16 @@ from velocity.engine.key_partition import (
     needed_own_buckets,
     stored_buckets,
 )
-from velocity.redis.hot_state import RAW_TEXTS, HotState
-from velocity.redis.keys import RedisKeys, bucket_value, parse_recent, recent_fragment
-from velocity.redis.mirror import QUIET_MAX_BUCKETS
+from velocity.redis import mirror
+from velocity.redis.hot_state import RAW_TEXTS, STORED_FIELDS, HotState
+from velocity.redis.keys import (
+    HASH_MARK,
+    RedisKeys,
+    bucket_value,
+    parse_bucket,
+    parse_recent,
+    recent_fragment,
+)
 from velocity.rules import RuleState, rules_by_signature
 from velocity.spark.stream_decide import bucket_changes
 from velocity.stream_batch import (
@@ -44,41 +53,92 @@ pytestmark = pytest.mark.timeout(120)
 KEYS = RedisKeys("P", "/data")
 
 
-def assert_bucket_entries(changes, after: dict) -> None:
-    """Each key's entry sets its changed buckets to their values in the state ``after``
-    the batch (with newest eventTimes), once each, and says quiet exactly when the key
-    has at most QUIET_MAX_BUCKETS buckets."""
-    bases = {KEYS.key_base(*slot): slot for slot in after}
-    seen = set()
+def applied(redis: dict, strings: dict, changes) -> None:
+    """``changes`` applied to a model of Redis as velocity.lua's apply_bucket_changes
+    applies each key's run: ``redis`` maps a key's state name to (dense, its fields),
+    ``strings`` a raw-events string's name to its text."""
     for change in changes.key_changes():
-        slot = bases[change.base]
-        assert slot not in seen and change.drops == []
-        seen.add(slot)
-        state = after[slot]
-        assert change.quiet == (len(state.buckets) <= QUIET_MAX_BUCKETS)
-        for start, value in change.sets:
-            assert value == bucket_value(state.buckets[start], state.last_times[start])
-
-
-def applied_raw_events(kept: tuple[dict, dict], changes, forget: bool) -> tuple[dict, dict]:
-    """The raw events Redis keeps after a commit of ``changes``, as velocity_stream_commit
-    applies each key's entry: (the hash fields of buckets new to their key, the strings of
-    buckets added to since), by raw-events key name, as texts."""
-    fields, strings = dict(kept[0]), dict(kept[1])
-    for change in changes.key_changes():
-        base = change.base
+        base, name = change.base, f"{change.base}:buckets"
+        if change.whole is not None:
+            fields = dict(change.whole)
+            assert len(fields) == len(change.whole)  # no field twice
+            redis[name] = (change.dense, fields)
+        else:
+            dense, fields = redis[name]  # a dense key's changes: only to a dense key
+            assert dense
+            for start, value in change.sets:
+                fields[str(start)] = value
+            for start, fragment in change.started:
+                fields[f"~{start}"] = fragment
+            fields.update(change.notified)
+            for start in change.drops:
+                fields.pop(str(start), None)
         for start in change.removed:
-            fields.pop(f"{base}:raw:{start}", None)
             strings.pop(f"{base}:raw:{start}", None)
-        for start, fragment in change.started:
-            fields[f"{base}:raw:{start}"] = fragment
+            if change.whole is None:
+                fields.pop(f"~{start}", None)
         for start, fragment in change.appended:
-            name = f"{base}:raw:{start}"
-            if name in fields:  # moves to its own string
-                strings[name] = fields.pop(name) + fragment
+            raw_name = f"{base}:raw:{start}"
+            if change.whole is None and f"~{start}" in fields:  # moves to its own string
+                strings[raw_name] = fields.pop(f"~{start}") + fragment
             else:
-                strings[name] = strings.get(name, "") + fragment
-    return ({}, {}) if forget else (fields, strings)
+                assert f"~{start}" not in fields  # a whole key's run moved them
+                strings[raw_name] = strings.get(raw_name, "") + fragment
+        if not fields:
+            del redis[name]
+
+
+def stored_fields(redis: dict, slots) -> pa.Table:
+    """What velocity.lua's read_keys gives of ``slots``' states (``STORED_FIELDS``)."""
+    rows = []
+    for sig, key in slots:
+        dense, fields = redis.get(KEYS.bucket_hash(sig, key), (False, {}))
+        pairs = [(HASH_MARK, "")] if dense else []
+        for field, value in [*pairs, *fields.items()]:
+            rows.append({"signature_id": sig, "key": key, "field": field, "value": value})
+    return pa.Table.from_pylist(rows, STORED_FIELDS)
+
+
+def assert_stored(
+    redis: dict, strings: dict, after: dict, raw: dict, layouts: tuple[int, int, set]
+) -> None:
+    """The model holds each key's buckets with their newest eventTimes as ``after`` says
+    and the raw events ``raw`` (in a key's field for a bucket new to it, else in its own
+    string). With ``layouts`` (DENSE_MIN_BUCKETS, DENSE_KEEP_BUCKETS, the names of the
+    dense keys before): packed below the first, dense from it on, and a dense key stays
+    dense down to the second."""
+    dense_at, dense_until, dense_before = layouts
+    bases = {KEYS.bucket_hash(*slot): slot for slot in after}
+    held = {}
+    for name, (dense, fields) in redis.items():
+        slot = bases[name]
+        buckets = {int(f): parse_bucket(v) for f, v in fields.items() if f.isdigit()}
+        state = after[slot]
+        assert buckets == {s: (a, state.last_times[s]) for s, a in state.buckets.items()}
+        if name in dense_before:
+            assert dense == (len(buckets) >= dense_until)
+        else:
+            assert dense == (len(buckets) >= dense_at)
+        for field, text in fields.items():
+            if field.startswith("~"):
+                held[f"{name.removesuffix(':buckets')}:raw:{field[1:]}"] = text
+    assert not held.keys() & strings.keys()
+    assert {n: parse_recent(t) for n, t in {**strings, **held}.items()} == {
+        KEYS.recent_events(*slot): tuple(evs) for slot, evs in raw.items() if evs
+    }
+
+
+def rebuilt(hot: dict, dense_at: int) -> dict:
+    """The model after a rebuild from Delta (velocity_put_buckets): buckets without newest
+    eventTimes, dense from ``dense_at`` buckets on."""
+    return {
+        KEYS.bucket_hash(*slot): (
+            len(state.buckets) >= dense_at,
+            {str(s): bucket_value(a, None) for s, a in state.buckets.items()},
+        )
+        for slot, state in hot.items()
+        if state.buckets
+    }
 
 
 def carried(states: dict, raw: dict, decided, forget_raw: bool) -> tuple[dict, dict]:
@@ -120,12 +180,16 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
     batches = data.draw(arrival_batches(evs))
     lateness = data.draw(st.sampled_from((0, 30_000, 10 * MINUTE_MS)))
     forget_raw = data.draw(st.booleans())
+    # Layouts change within a few buckets here: packed, dense (a hash), packed again.
+    dense_at = data.draw(st.sampled_from((2, 3, 128)))
+    dense_until = data.draw(st.integers(1, dense_at))
     active = [r for r in rules if r.state is RuleState.ACTIVE]
     signatures = list(rules_by_signature(active))
     reference: dict = {}
     hot: dict = {}
-    stored_raw: dict = {}  # the raw-events strings in Redis
-    kept: tuple[dict, dict] = ({}, {})  # the same, as the commits' entries leave them
+    stored_raw: dict = {}  # the raw events Redis holds, by bucket
+    model: dict = {}  # the keys' states as the commits' runs leave them
+    strings: dict = {}  # and the raw-events strings
     raw: dict = {}
     seen: set[str] = set()
     newest = None
@@ -189,14 +253,18 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
         }
 
         reference.update(expected.buckets)
-        changes = bucket_changes(KEYS, got)
-        assert_bucket_entries(changes, carried(hot, stored_raw, got, False)[0])
-        hot, stored_raw = carried(hot, stored_raw, got, forget_raw)
-        kept = applied_raw_events(kept, changes, forget_raw)
-        as_read = {**kept[1], **kept[0]}  # a bucket's hash field, else its string
-        assert {name: parse_recent(text) for name, text in as_read.items()} == {
-            KEYS.recent_events(*slot): tuple(evs) for slot, evs in stored_raw.items() if evs
-        }
+        with (
+            patch.object(mirror, "DENSE_MIN_BUCKETS", dense_at),
+            patch.object(mirror, "DENSE_KEEP_BUCKETS", dense_until),
+        ):
+            changes = bucket_changes(KEYS, got, None, stored_fields(model, groups))
+        dense_before = {name for name, (dense, _) in model.items() if dense}
+        applied(model, strings, changes)
+        hot, stored_raw = carried(hot, stored_raw, got, False)
+        assert_stored(model, strings, hot, stored_raw, (dense_at, dense_until, dense_before))
+        if forget_raw:
+            hot, stored_raw = carried(hot, stored_raw, got, True)
+            model, strings = rebuilt(hot, dense_at), {}
         for (signature_id, key), group in groups.items():
             for e in group:
                 start = e.event_time - e.event_time % width

@@ -16,12 +16,15 @@ from velocity.decimals import format_decimal
 from velocity.engine.key_partition import STORED_SCHEMA
 from velocity.redis.hot_state import hot_state
 from velocity.redis.keys import (
+    HASH_MARK,
+    KEY_SEPARATOR,
     RAW_FIELD,
     RedisKeys,
     bucket_value,
     bucket_value_texts,
     default_prefix,
-    hash_field_rows,
+    key_field_rows,
+    packed_text,
     parse_bucket,
     parse_recent,
     recent_fragment,
@@ -208,16 +211,19 @@ def hot_keys(draw: st.DrawFn) -> dict[tuple[str, str], KeyState]:
 @settings(max_examples=150, deadline=None)
 @given(hot_keys())
 def test_the_hot_state_read_column_by_column_is_what_was_written(states) -> None:
-    """velocity.lua's read_hashes lines, parsed column by column, give back every bucket
-    and newest eventTime, and the raw events that account for their bucket whole."""
+    """velocity.lua's read_keys text, parsed column by column, gives back every bucket
+    and newest eventTime, and the raw events that account for their bucket whole, from
+    packed keys and dense ones (their fields after a HASH_MARK line) alike."""
     keys = RedisKeys("P", "/data")
-    lines = []
-    for (sig, key), state in states.items():
-        name = keys.bucket_hash(sig, key)
+    parts = []
+    for n, ((sig, key), state) in enumerate(states.items()):
+        fields = [(HASH_MARK, "")] if n % 2 else []
         for start, aggregate in state.buckets.items():
-            lines.append(f"{name}\t{start}\t{bucket_value(aggregate, state.last_times[start])}\n")
+            fields.append((str(start), bucket_value(aggregate, state.last_times[start])))
         for start, events in state.recent.items():
-            lines.append(f"{name}\t{RAW_FIELD}{start}\t{recent_fragment(events)}\n")
+            fields.append((f"{RAW_FIELD}{start}", recent_fragment(events)))
+        if fields:
+            parts.extend([keys.bucket_hash(sig, key), packed_text(fields)])
     asked = pa.table(
         {
             "hash": pa.array([keys.bucket_hash(*slot) for slot in states], pa.string()),
@@ -225,7 +231,7 @@ def test_the_hot_state_read_column_by_column_is_what_was_written(states) -> None
             "key": pa.array([key for _, key in states], pa.string()),
         }
     )
-    got = hot_state(hash_field_rows("".join(lines)), asked).key_states()
+    got = hot_state(key_field_rows(KEY_SEPARATOR.join(parts)), asked).key_states()
     expected = {
         slot: KeyState(
             state.buckets,

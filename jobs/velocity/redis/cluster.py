@@ -29,7 +29,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from velocity.redis.commit_args import BucketChanges, PartitionCommit, StreamCommit
-from velocity.redis.keys import RedisKeys, data_dir_tag
+from velocity.redis.keys import KEY_SEPARATOR, RedisKeys, data_dir_tag
 from velocity.redis.lease import Lease
 from velocity.settings import Settings
 
@@ -77,7 +77,7 @@ def read_stream_state(
     names: Sequence[str],
 ) -> tuple[dict[str, str], set[int], str, str, str]:
     """(progress, 0-based indices of the seen transactionIds, epoch, mirror marker, the
-    named hashes' fields as velocity.lua's read_hashes lines): mirror.read_stream_state's
+    named keys' fields as velocity.lua's read_keys text): mirror.read_stream_state's
     inputs, on a cluster. A pending batch is finished first."""
     keys = settings.redis_keys
     accepted = json.dumps(list(transaction_ids), ensure_ascii=False)
@@ -99,15 +99,16 @@ def read_stream_state(
     if reply["b"]:
         finish_pending(client, settings)
         reply = progress_read()
-    hashes = "".join(
+    texts = (
         cast(
             str,
             client.fcall_ro(
-                "velocity_cluster_read_buckets", 1, group[0], json.dumps(group, ensure_ascii=False)
+                "velocity_read_keys", 1, group[0], json.dumps(group, ensure_ascii=False)
             ),
         )
         for group in by_master(client, names).values()
     )
+    hashes = KEY_SEPARATOR.join(text for text in texts if text)
     return (
         reply["p"] or {},
         {i - 1 for i in reply["s"] or []},

@@ -18,21 +18,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.redis.keys import NOTIFIED_FIELD, RAW_FIELD, one_chunk
+from velocity.redis.keys import NOTIFIED_FIELD, RAW_FIELD, one_chunk, packed_fields, packed_text
 
 # One row per changed (signature, key): its hash's name without ``:buckets`` and its run.
 KEY_RUNS = pa.schema([pa.field("base", pa.string()), pa.field("args", pa.list_(pa.string()))])
 
 
+# A key's run kinds beside a dense key's changes ("0", "1": quiet or not): its state whole.
+PACKED_RUN, DENSE_RUN = "p", "f"
+
+
 @dataclass(frozen=True)
 class KeyChange:
-    """One key's writes: its hash's name without ``:buckets`` (``RedisKeys.key_base``),
-    whether the hash is quiet (at most ``mirror.QUIET_MAX_BUCKETS`` buckets, so no
-    roll-ups), the buckets set (start, value), the raw events of buckets new to the key
-    (start, fragment: fields ``~<start>`` beside them), the buckets dropped, the raw
-    events no longer kept (starts), the raw events appended to (start, fragment), and
-    its rules' last notified alerts (field ``n:<rule>:<version>``, value: SPEC §3
-    cooldown state, written beside the raw events of new buckets)."""
+    """One key's writes: its state's name without ``:buckets`` (``RedisKeys.key_base``)
+    and either its state ``whole`` (its fields: packed, or ``dense``: a hash with
+    roll-ups from now on; ``expire``: its newest bucket moved, so its TTL starts again)
+    or a dense key's changes: whether it is quiet (at most ``mirror.QUIET_MAX_BUCKETS``
+    buckets, so no roll-ups), the buckets set (start, value), the raw events of buckets
+    new to the key (start, fragment: fields ``~<start>`` beside them), the buckets
+    dropped, and its rules' last notified alerts (field ``n:<rule>:<version>``, value:
+    SPEC §3 cooldown state). Either way, the raw events no longer kept (starts) and the
+    raw events appended to (start, fragment)."""
 
     base: str
     quiet: bool
@@ -42,19 +48,30 @@ class KeyChange:
     removed: Sequence[int] = ()
     appended: Sequence[tuple[int, str]] = ()
     notified: Sequence[tuple[str, str]] = ()
+    whole: Sequence[tuple[str, str]] | None = None
+    dense: bool = False
+    expire: bool = True
 
     def args(self) -> list[str]:
-        """The run: ``base quiet n_sets n_fields (start value)… (~start fragment)…
-        (n:rule:version last)… n_drops start… n_removed start… n_appended (start
-        fragment)…``."""
-        fields = len(self.started) + len(self.notified)
-        out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(fields)]
-        out.extend(text for start, value in self.sets for text in (str(start), value))
-        out.extend(t for start, frag in self.started for t in (f"{RAW_FIELD}{start}", frag))
-        out.extend(t for pair in self.notified for t in pair)
-        for starts in (self.drops, self.removed):
-            out.append(str(len(starts)))
-            out.extend(map(str, starts))
+        """The run (velocity.lua's apply_bucket_changes): ``base p value expire``, ``base f
+        n_fields (field value)…`` or ``base quiet n_sets n_fields (start value)… (~start
+        fragment)… (n:rule:version last)… n_drops start…``; then ``n_removed start…
+        n_appended (start fragment)…``."""
+        if self.whole is not None and self.dense:
+            out = [self.base, DENSE_RUN, str(len(self.whole))]
+            out.extend(text for pair in self.whole for text in pair)
+        elif self.whole is not None:
+            out = [self.base, PACKED_RUN, packed_text(self.whole), "1" if self.expire else "0"]
+        else:
+            fields = len(self.started) + len(self.notified)
+            out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(fields)]
+            out.extend(text for start, value in self.sets for text in (str(start), value))
+            out.extend(t for start, frag in self.started for t in (f"{RAW_FIELD}{start}", frag))
+            out.extend(t for pair in self.notified for t in pair)
+            out.append(str(len(self.drops)))
+            out.extend(map(str, self.drops))
+        out.append(str(len(self.removed)))
+        out.extend(map(str, self.removed))
         out.append(str(len(self.appended)))
         out.extend(text for start, fragment in self.appended for text in (str(start), fragment))
         return out
@@ -62,8 +79,8 @@ class KeyChange:
     @classmethod
     def parse(cls, args: Sequence[str]) -> KeyChange:
         """The inverse of ``args`` (one whole run)."""
-        base, quiet, n_sets, n_started = args[:4]
-        at = 4
+        base, kind = args[:2]
+        at = 2
 
         def take(count: int, width: int) -> list[str]:
             nonlocal at
@@ -71,26 +88,44 @@ class KeyChange:
             at += count * width
             return items
 
-        sets = take(int(n_sets), 2)
-        started = take(int(n_started), 2)
-        lists = []
-        for width in (1, 1, 2):
+        def counted(width: int) -> list[str]:
+            nonlocal at
             count = int(args[at])
             at += 1
-            lists.append(take(count, width))
+            return take(count, width)
+
+        whole: list[tuple[str, str]] | None = None
+        sets: list[str] = []
+        beside: list[tuple[str, str]] = []
+        drops: list[str] = []
+        expire = True
+        if kind == PACKED_RUN:
+            whole = list(packed_fields(args[2]).items())
+            expire = args[3] == "1"
+            at = 4
+        elif kind == DENSE_RUN:
+            whole = _text_pairs(counted(2))
+        else:
+            n_sets, n_beside = int(args[2]), int(args[3])
+            at = 4
+            sets = take(n_sets, 2)
+            beside = _text_pairs(take(n_beside, 2))
+            drops = counted(1)
+        removed, appended = counted(1), counted(2)
         if at != len(args):
             raise ValueError(f"a key's run has {len(args) - at} arguments too many")
-        drops, removed, appended = lists
-        beside = _text_pairs(started)
         return cls(
             base,
-            quiet == "1",
+            kind == "1",
             _pairs(sets),
             [(int(s.removeprefix(RAW_FIELD)), f) for s, f in beside if s.startswith(RAW_FIELD)],
             [int(s) for s in drops],
             [int(s) for s in removed],
             _pairs(appended),
             [(s, f) for s, f in beside if s.startswith(NOTIFIED_FIELD)],
+            whole,
+            kind == DENSE_RUN,
+            expire,
         )
 
 

@@ -1,7 +1,7 @@
 """A key-partition's keys' hot state as Redis holds it, read column by column (pure).
 
-velocity.lua's read_hashes answers with one line a hash field (``keys.hash_field_rows``);
-here those become the stored buckets (``STORED_SCHEMA``) and the raw-events texts kept
+velocity.lua's read_keys answers with each key's fields (``keys.key_field_rows``); here
+those become the stored buckets (``STORED_SCHEMA``) and the raw-events texts kept
 beside them, without a Python object per bucket: a bucket's figures are parsed by Arrow
 kernels (``keys.bucket_value_columns``). Raw events are parsed only for the few own
 buckets that need them.
@@ -21,6 +21,7 @@ from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.engine.key_partition import STORED_SCHEMA
 from velocity.engine.micro_batch import SLOT
 from velocity.redis.keys import (
+    HASH_MARK,
     NOTIFIED_FIELD,
     RAW_FIELD,
     bucket_value_columns,
@@ -33,6 +34,16 @@ from velocity.windows import KeyedEvent
 
 # The raw events a key's hash holds of a bucket new to it (``~<start>``), unread.
 RAW_TEXTS = pa.schema([*(BUCKET_ROWS.field(name) for name in SLOT), pa.field("text", pa.string())])
+# Every field of the keys read, as stored (a dense key's first is ``keys.HASH_MARK``): what
+# a packed key's commit rewrites whole, unchanged where the batch did not change it.
+STORED_FIELDS = pa.schema(
+    [
+        BUCKET_ROWS.field("signature_id"),
+        BUCKET_ROWS.field("key"),
+        pa.field("field", pa.string()),
+        pa.field("value", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -40,11 +51,13 @@ class HotState:
     """A key-partition's keys' hot state as Redis holds it, as columns: every stored
     bucket (``STORED_SCHEMA``), the raw-events texts kept beside them (``RAW_TEXTS``,
     not yet trusted: parsed only for the own buckets that need them), and each rule
-    version's last notified alert of the key (``LAST_NOTIFIED``: the cooldown's state)."""
+    version's last notified alert of the key (``LAST_NOTIFIED``: the cooldown's state),
+    and every field as stored (``STORED_FIELDS``)."""
 
     buckets: pa.Table
     raw: pa.Table
     notified: pa.Table = field(default_factory=LAST_NOTIFIED.empty_table)
+    stored: pa.Table = field(default_factory=STORED_FIELDS.empty_table)
 
     def recent_events(
         self, slots: Sequence[BucketSlot], texts: Mapping[BucketSlot, str] | None = None
@@ -102,7 +115,8 @@ def hot_state(fields: pa.Table, hashes: pa.Table) -> HotState:
             "bucket_start": pc.cast(starts, pa.int64()),
         }
 
-    is_bucket = pc.invert(pc.or_(is_raw, is_notified))
+    is_mark = pc.equal(field, HASH_MARK)
+    is_bucket = pc.invert(pc.or_(pc.or_(is_raw, is_notified), is_mark))
     values = bucket_value_columns(fields.column("value").filter(is_bucket), STORED_SCHEMA)
     buckets = pa.table(
         {
@@ -127,4 +141,17 @@ def hot_state(fields: pa.Table, hashes: pa.Table) -> HotState:
             **{n: last.column(n) for n in last.column_names},
         }
     )
-    return HotState(buckets.cast(STORED_SCHEMA), raw.cast(RAW_TEXTS), notified.cast(LAST_NOTIFIED))
+    stored = pa.table(
+        {
+            "signature_id": hashes.column("signature_id").take(owner),
+            "key": hashes.column("key").take(owner),
+            "field": field,
+            "value": fields.column("value"),
+        }
+    )
+    return HotState(
+        buckets.cast(STORED_SCHEMA),
+        raw.cast(RAW_TEXTS),
+        notified.cast(LAST_NOTIFIED),
+        stored.cast(STORED_FIELDS),
+    )

@@ -6,13 +6,17 @@ Every key of one deployment (a data dir) lives under its prefix ``P``
 (``VELOCITY_REDIS_KEY_PREFIX``; by default ``velocity:<data dir digest>``), so two data
 dirs share one Redis without touching each other's keys:
 
-- ``P:{<signature_id>:<key>}:buckets`` — hash of one (signature, key): field = bucket
-  start (epoch ms, decimal), value = ``bucket_value``. The hash tag keeps one
+- ``P:{<signature_id>:<key>}:buckets`` — the state of one (signature, key), its fields:
+  field = bucket start (epoch ms, decimal), value = ``bucket_value``; ``~<bucket start>``
+  = the raw events of a bucket new to the key; ``n:<ruleId>:<version>`` = the rule
+  version's last notified alert of the key. Packed (a string: the fields as lines
+  ``<field>\t<value>\n``, ``packed_text``) while the key has fewer than 128 buckets;
+  dense (a hash of those fields, plus roll-ups) from 128 on. The hash tag keeps one
   (signature, key) in one cluster slot and spreads keys over slots.
 - ``P:{<signature_id>:<key>}:raw:<bucket start>`` — string of the raw events of one of
   the key's two newest buckets (``recent_fragment``s, appended batch by batch), which
   the stream decides an out-of-order event's own bucket from; until a second batch adds
-  to a bucket, they are its hash's field ``~<bucket start>`` instead.
+  to a bucket, they are its state's field ``~<bucket start>`` instead.
 - ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
   bucket hash and call ``velocity_window``.
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
@@ -32,16 +36,14 @@ dirs share one Redis without touching each other's keys:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import format_decimal, json_string
@@ -375,28 +377,47 @@ _BUCKET_VALUE = (
     r'(?:null|"(?P<value_min>[^"]*)"),(?:null|"(?P<value_max>[^"]*)"),'
     r"(?P<distinct_values>\[.*\])(?:,(?P<last_time>-?\d+))?\]$"
 )
-# velocity.lua's read_hashes: a line "<hash>\t<field>\t<value>" a field.
+# velocity.lua's read_keys: "<name>\x1e<packed text>" a key, joined by "\x1e"; a packed
+# text is the key's fields as lines "<field>\t<value>\n" (velocity.lua's PACKED_LINE).
+KEY_SEPARATOR = "\x1e"
+# A dense key's fields (a hash with roll-ups) are read after a line of this field.
+HASH_MARK = "#"
 HASH_FIELDS = pa.schema(
     [pa.field("hash", pa.string()), pa.field("field", pa.string()), pa.field("value", pa.string())]
 )
 
 
-def hash_field_rows(text: str) -> pa.Table:
-    """read_hashes' lines as columns (``HASH_FIELDS``): no value holds a tab or a newline
-    (bucket values and raw events are JSON, control characters escaped)."""
-    data = text.encode()
-    if not data:
+def packed_text(fields: Iterable[tuple[str, str]]) -> str:
+    """A key's fields in the packed layout (velocity.lua's PACKED_LINE)."""
+    return "".join(f"{field}\t{value}\n" for field, value in fields)
+
+
+def packed_fields(text: str) -> dict[str, str]:
+    """The fields of a packed text (``packed_text``'s inverse)."""
+    return dict(line.split("\t", 1) for line in text.split("\n") if line)
+
+
+def key_field_rows(text: str) -> pa.Table:
+    """read_keys' text as columns (``HASH_FIELDS``), one row a field, split by Arrow
+    kernels: no name, field or value holds the separator, a tab or a newline (values are
+    JSON, control characters escaped)."""
+    if not text:
         return HASH_FIELDS.empty_table()
-    return pa_csv.read_csv(
-        io.BytesIO(data),
-        read_options=pa_csv.ReadOptions(
-            column_names=HASH_FIELDS.names, block_size=max(len(data) + 1, 1 << 20)
-        ),
-        parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False),
-        convert_options=pa_csv.ConvertOptions(
-            column_types=HASH_FIELDS, strings_can_be_null=False, quoted_strings_can_be_null=False
-        ),
-    )
+    parts = pc.split_pattern(pa.array([text], pa.large_string()), KEY_SEPARATOR)[0].values
+    count = len(parts) // 2
+    names = parts.take(pa.array(np.arange(0, 2 * count, 2)))
+    lines = pc.split_pattern(parts.take(pa.array(np.arange(1, 2 * count, 2))), "\n")
+    owner = pc.list_parent_indices(lines)
+    line = pc.list_flatten(lines)
+    real = pc.not_equal(line, "")
+    pairs = pc.split_pattern(line.filter(real), "\t", max_splits=1)
+    return pa.table(
+        {
+            "hash": names.take(owner.filter(real)),
+            "field": pc.list_element(pairs, 0),
+            "value": pc.list_element(pairs, 1),
+        }
+    ).cast(HASH_FIELDS)
 
 
 def bucket_value_columns(texts: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:

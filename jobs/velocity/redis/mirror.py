@@ -31,10 +31,11 @@ from velocity.redis.commit_args import (
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.hot_state import HotState, hot_state
 from velocity.redis.keys import (
+    HASH_MARK,
     RedisKeys,
     bucket_value,
-    hash_field_rows,
     json_string_texts,
+    key_field_rows,
     notified_field_texts,
     one_chunk,
     parse_bucket_value,
@@ -42,6 +43,7 @@ from velocity.redis.keys import (
     rule_entry,
 )
 from velocity.redis.lease import Lease, StateLockLost
+from velocity.redis.lock import state_lock
 from velocity.rules import Rule, RuleState
 from velocity.settings import Settings
 from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
@@ -53,6 +55,11 @@ _PIPELINE_CHUNK = 1000
 # has 64 fields or more (velocity.lua's ROLLUP_KEEP_FIELDS), at most 9 a bucket (itself and
 # one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
 QUIET_MAX_BUCKETS = 6
+# A key's state is packed (one string) until it has this many buckets, then dense: a hash
+# with roll-ups (velocity.lua's ROLLUP_MIN_BUCKETS), until it has fewer than
+# DENSE_KEEP_BUCKETS (so a key at the edge does not change layout every batch).
+DENSE_MIN_BUCKETS = 128
+DENSE_KEEP_BUCKETS = 64
 # velocity_stream_commit's and velocity_partition_commit's answers (nothing written).
 FENCED, REPLAYED = cluster.FENCED, cluster.REPLAYED
 
@@ -311,6 +318,34 @@ def bucket_hashes(client: redis.Redis, keys: RedisKeys) -> Iterator[tuple[str, S
             yield name, slot
 
 
+def key_fields(client: redis.Redis, name: str) -> dict[str, str]:
+    """The fields of one (signature, key)'s state whatever its layout (packed or dense),
+    roll-ups left out: its buckets, raw events and last notified alerts."""
+    text = client.fcall_ro("velocity_read_keys", 1, name, json.dumps([name]))
+    rows = key_field_rows(cast(str, text))
+    pairs = zip(rows.column("field").to_pylist(), rows.column("value").to_pylist(), strict=True)
+    return {field: value for field, value in pairs if field != HASH_MARK}
+
+
+def pack_hashes(client: redis.Redis, settings: Settings) -> tuple[int, int]:
+    """Migrate a data dir's Redis state to packed keys: every (signature, key) state that
+    is a hash with fewer than DENSE_MIN_BUCKETS buckets becomes one packed string (its TTL
+    kept; velocity_pack), under the state lock, so no batch commits in between. Returns
+    (keys packed, keys looked at). Idempotent: a second run packs none."""
+    keys = settings.redis_keys
+    packed = seen = 0
+    with state_lock(client, settings, "mirror migrate"):
+        client.incr(keys.buckets_epoch)
+        names = [name for name, _ in bucket_hashes(client, keys)]
+        for first in range(0, len(names), _PIPELINE_CHUNK):
+            pipe = client.pipeline(transaction=False)
+            for name in names[first : first + _PIPELINE_CHUNK]:
+                pipe.fcall("velocity_pack", 1, name, str(DENSE_MIN_BUCKETS))
+            packed += sum(int(done) for done in pipe.execute())
+        seen = len(names)
+    return packed, seen
+
+
 def compare_buckets(
     client: redis.Redis,
     keys: RedisKeys,
@@ -337,7 +372,7 @@ def compare_buckets(
         if slot[0] in (signatures or ()) and slot not in by_hash
     ]
     for (signature_id, key), expected in [*by_hash.items(), *((s, {}) for s in only_in_redis)]:
-        stored = read_hash(client, keys.bucket_hash(signature_id, key))
+        stored = key_fields(client, keys.bucket_hash(signature_id, key))
         got = {
             int(start): parse_bucket_value(value)
             for start, value in stored.items()
@@ -425,7 +460,7 @@ def read_stream_state(
         epoch=epoch,
         mirror_of=mirror_of,
         seen={transaction_ids[i] for i in seen_indices},
-        hot=hot_state(hash_field_rows(hashes), asked.append_column("hash", names)),
+        hot=hot_state(key_field_rows(hashes), asked.append_column("hash", names)),
     )
 
 

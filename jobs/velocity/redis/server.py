@@ -47,7 +47,7 @@ READER_USER = "velocity-reader"
 READER_COMMANDS = " ".join(
     f"+{command}"
     for command in (
-        "fcall_ro", "time", "hget", "hgetall", "hmget", "hexists", "exists", "type",
+        "fcall_ro", "time", "get", "hget", "hgetall", "hmget", "hexists", "exists", "type",
         "xrange", "xrevrange", "xread", "xlen", "xinfo|stream", "ping", "echo",
         "client|setname", "hello", "select",
     )

@@ -1,11 +1,14 @@
 #!lua name=velocity
 -- Velocity's Redis Functions (Redis 7.0+). Loaded by `velocity` with FUNCTION LOAD REPLACE.
 --
--- A (signature, key) is one hash; each bucket is a field named by its start (epoch ms) whose
--- value is a JSON array [event_count, value_count, sum, min, max, [distinct values]] with
--- sum, min and max as exact decimal strings (or null). A dense hash also holds roll-ups
--- (see ROLLUP_SIZES), fields whose names start with a letter. No amount is ever rounded:
--- sums and comparisons use doubles only where they are exact, else digit strings.
+-- A (signature, key)'s state is one key, "<base>:buckets", in one of two layouts (see
+-- PACKED_LINE): packed, one string the stream reads and rewrites whole, while the key has
+-- fewer than ROLLUP_MIN_BUCKETS buckets (nearly every key); dense, a hash with roll-ups.
+-- Either holds fields: each bucket is named by its start (epoch ms) and its value is a
+-- JSON array [event_count, value_count, sum, min, max, [distinct values]] with sum, min
+-- and max as exact decimal strings (or null). A dense hash also holds roll-ups (see
+-- ROLLUP_SIZES), fields whose names start with a letter. No amount is ever rounded: sums
+-- and comparisons use doubles only where they are exact, else digit strings.
 
 local function split(s)
   local int, frac = string.match(s, "^(%d+)%.?(%d*)$")
@@ -211,6 +214,14 @@ local function is_notified(field)
   return string.sub(field, 1, 2) == "n:"
 end
 
+-- Runs `command key items...` over `items[first..last]` in slices: Lua's unpack has a
+-- limit. Even slices, so (field, value) pairs stay whole.
+local function in_slices(command, key, items, first, last)
+  for from = first or 1, last or #items, 2000 do
+    redis.call(command, key, unpack(items, from, math.min(from + 1999, last or #items)))
+  end
+end
+
 -- Roll-ups. A dense hash (ROLLUP_MIN_BUCKETS buckets or more) also holds, for each size n
 -- (in buckets) of ROLLUP_SIZES, the merge of the buckets of every aligned n·g block that
 -- has any, as field "r<n>:<block start>", and field "rollups" = "<g ms>:<n>,<n>,...". Each
@@ -313,6 +324,63 @@ local function drop_before(hash, cutoff, dropped)
   return count
 end
 
+-- The packed layout: the fields a hash would hold as lines "<field>\t<value>\n" (no field
+-- or value holds a tab or a newline: values are JSON, control characters escaped), in one
+-- string. A batch reads it with one GET and writes it with one SET, where a hash costs an
+-- HSET, a PEXPIRE and a dozen arguments a key; a key reaching ROLLUP_MIN_BUCKETS buckets
+-- becomes a dense hash (a window over 86 400 buckets must not read them all).
+local PACKED_LINE = "([^\t\n]+)\t([^\n]*)\n"
+-- read_keys marks a dense key's fields with this field first (the stream keeps it a hash).
+local HASH_MARK = "#"
+
+-- A key's layout and, when packed, its text: ("packed", text), ("hash", nil) or nil.
+local function key_layout(name)
+  local value = redis.pcall("GET", name)
+  if type(value) == "string" then return "packed", value end
+  if type(value) == "table" then return "hash", nil end -- WRONGTYPE: a dense key's hash
+  return nil, nil
+end
+
+local function packed_fields(text)
+  local fields = {}
+  for field, value in string.gmatch(text or "", PACKED_LINE) do fields[field] = value end
+  return fields
+end
+
+local function packed_text(fields)
+  local lines = {}
+  for field, value in pairs(fields) do lines[#lines + 1] = field .. "\t" .. value .. "\n" end
+  return table.concat(lines)
+end
+
+-- Rewrites a packed key whole from its `fields` (a table): a hash with roll-ups when it has
+-- ROLLUP_MIN_BUCKETS buckets (and `width`, the bucket ms, is known), else packed; gone when
+-- it has no field. The TTL `ttl_ms`, or the key's own when "".
+local function store_fields(name, fields, width, ttl_ms)
+  local flat, buckets = {}, 0
+  for field, value in pairs(fields) do
+    flat[#flat + 1], flat[#flat + 2] = field, value
+    if is_bucket(field) then buckets = buckets + 1 end
+  end
+  local kept = redis.call("PTTL", name)
+  if #flat == 0 then
+    redis.call("DEL", name)
+    return
+  end
+  if width and buckets >= ROLLUP_MIN_BUCKETS then
+    redis.call("DEL", name)
+    in_slices("HSET", name, flat)
+    after_bucket_writes(name, {}, width)
+  else
+    redis.call("SET", name, packed_text(fields))
+  end
+  if ttl_ms ~= "" then
+    redis.call("PEXPIRE", name, ttl_ms)
+  elseif kept > 0 then
+    redis.call("PEXPIRE", name, kept)
+  end
+end
+
 -- The fields whose merge is the buckets starting in [lo, hi] (multiples of `width`): from
 -- lo on, the largest aligned block that fits whole, else a single bucket.
 local function cover(lo, hi, width, sizes)
@@ -353,9 +421,18 @@ local function velocity_window(keys, args)
   local lower = floor_to(at - window_ms, bucket_ms)
   local last = floor_to(at, bucket_ms)
   local values = {}
-  local layout_width, sizes = rollup_layout(keys[1])
-  if last < lower then
+  local layout, text = key_layout(keys[1])
+  local layout_width, sizes
+  if layout == "hash" then layout_width, sizes = rollup_layout(keys[1]) end
+  if last < lower or layout == nil then
     -- no bucket can start in the window (only a negative window; rules have W > 0)
+  elseif layout == "packed" then
+    for field, value in string.gmatch(text, PACKED_LINE) do
+      if is_bucket(field) then
+        local start = tonumber(field)
+        if start >= lower and start <= at then values[#values + 1] = value end
+      end
+    end
   elseif layout_width == bucket_ms then
     values = redis.call("HMGET", keys[1], unpack(cover(lower, last, bucket_ms, sizes)))
   elseif (last - lower) / bucket_ms < ROLLUP_MIN_BUCKETS then
@@ -433,6 +510,18 @@ end
 -- FCALL velocity_evict 1 <bucket hash> <cutoff ms>
 -- Drops the buckets that start before the cutoff; returns how many were dropped.
 local function velocity_evict(keys, args)
+  local layout, text = key_layout(keys[1])
+  if layout == "packed" then
+    local fields, count, cutoff = packed_fields(text), 0, tonumber(args[1])
+    for field in pairs(fields) do
+      if is_bucket(field) and tonumber(field) < cutoff then
+        fields[field] = nil
+        count = count + 1
+      end
+    end
+    if count > 0 then store_fields(keys[1], fields, nil, "") end
+    return count
+  end
   local dropped = {}
   local count = drop_before(keys[1], tonumber(args[1]), dropped)
   if count > 0 then after_bucket_writes(keys[1], dropped, nil) end
@@ -446,6 +535,26 @@ end
 -- the hash the TTL (unless empty). Returns the buckets set.
 local function velocity_put_buckets(keys, args)
   local hash = keys[1]
+  local layout, text = key_layout(hash)
+  if layout ~= "hash" then -- packed (or new): rewritten whole, dense once it has enough
+    local fields, set = packed_fields(text), 0
+    for i = 4, #args - 1, 2 do
+      if args[i + 1] == "" then
+        fields[args[i]] = nil
+      else
+        fields[args[i]] = args[i + 1]
+        set = set + 1
+      end
+    end
+    if args[3] ~= "" then
+      local cutoff = tonumber(args[3])
+      for field in pairs(fields) do
+        if is_bucket(field) and tonumber(field) < cutoff then fields[field] = nil end
+      end
+    end
+    store_fields(hash, fields, tonumber(args[1]), args[2])
+    return set
+  end
   local touched, set = {}, 0
   for i = 4, #args - 1, 2 do
     if args[i + 1] == "" then
@@ -509,23 +618,32 @@ local function velocity_renew(keys, args)
   return 0
 end
 
--- Every bucket, raw-events and last-notified field of the named hashes (roll-ups left
--- out), as lines
--- "<hash>\t<field>\t<value>\n", which the caller reads column by column (no value holds a
--- tab or a newline: bucket values and raw events are JSON, control characters escaped).
-local function read_hashes(names)
+-- Every bucket, raw-events and last-notified field of the named keys (roll-ups left out),
+-- as "<name>\030<packed text>" for each key that exists, joined by "\030" (a control
+-- character, escaped in every JSON value): a packed key's text as it is stored, a dense
+-- key's fields as packed lines after a HASH_MARK line. The caller splits it by column.
+local KEY_SEPARATOR = "\030"
+
+local function read_keys(names)
   local parts = {}
   for _, name in ipairs(names) do
-    local fields = redis.call("HGETALL", name)
-    for i = 1, #fields, 2 do
-      if is_bucket(fields[i]) or is_raw(fields[i]) or is_notified(fields[i]) then
-        local n = #parts
-        parts[n + 1], parts[n + 2], parts[n + 3] = name, "\t", fields[i]
-        parts[n + 4], parts[n + 5], parts[n + 6] = "\t", fields[i + 1], "\n"
+    local layout, text = key_layout(name)
+    if layout == "hash" then
+      local lines = {HASH_MARK .. "\t\n"}
+      local fields = redis.call("HGETALL", name)
+      for i = 1, #fields, 2 do
+        if is_bucket(fields[i]) or is_raw(fields[i]) or is_notified(fields[i]) then
+          lines[#lines + 1] = fields[i] .. "\t" .. fields[i + 1] .. "\n"
+        end
       end
+      text = table.concat(lines)
+    end
+    if text then
+      parts[#parts + 1] = name
+      parts[#parts + 1] = text
     end
   end
-  return table.concat(parts)
+  return table.concat(parts, KEY_SEPARATOR)
 end
 
 -- The accepted transactionIds, de-duplicated over a horizon h: the hash "<seen prefix><n>"
@@ -568,7 +686,7 @@ end
 -- request = {"h": [bucket hash, ...], "s": [transactionId, ...], "sp": seen prefix,
 --            "sh": de-duplication horizon ms}
 -- reply = [{"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen]},
---          the hashes' fields as read_hashes' lines]
+--          the keys' fields as read_keys' text]
 local function velocity_stream_read(keys, args)
   local request = cjson.decode(args[1])
   local progress = {}
@@ -581,16 +699,8 @@ local function velocity_stream_read(keys, args)
       m = redis.call("GET", keys[3]) or "",
       s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
     }),
-    read_hashes(request["h"]),
+    read_keys(request["h"]),
   }
-end
-
--- Runs `command key items...` over `items[first..last]` in slices: Lua's unpack has a
--- limit. Even slices, so (field, value) pairs stay whole.
-local function in_slices(command, key, items, first, last)
-  for from = first or 1, last or #items, 2000 do
-    redis.call(command, key, unpack(items, from, math.min(from + 1999, last or #items)))
-  end
 end
 
 -- Remembers the accepted transactionIds `ids[first..last]` (see seen_indices) as accepted
@@ -609,29 +719,56 @@ local function remember_seen(prefix, horizon_ms, ids, first, last, batch)
 end
 
 -- A micro-batch's bucket changes: `count` runs of plain arguments from args[first] on,
--- one per changed (signature, key) (velocity/redis/commit_args.py's KeyChange):
---   base quiet n_sets n_fields (start value)... (field value)...
---   n_drops start... n_removed start... n_appended (start fragment)...
--- its buckets' absolute values and the fields beside them (the raw events of buckets new
--- to it, "~<start>", and its rules' last notified alerts, "n:<rule>:<version>"), its hash's TTL
--- and roll-ups, its dropped buckets, and the raw events of its newest buckets. Nothing
--- to decode: the arguments are used where they lie. Returns the index after the runs.
+-- one per changed (signature, key) (velocity/redis/commit_args.py's KeyChange), by kind:
+--   base "p" value expire                         the packed key whole (one SET)
+--   base "f" n_fields (field value)...            the key whole, dense from now on
+--   base quiet n_sets n_fields (start value)... (field value)... n_drops start...
+--                                                 a dense key's changes (quiet: "0"/"1")
+-- each followed by n_removed start... n_appended (start fragment)...: the raw events no
+-- longer kept (in their own strings) and those appended to. A packed key's TTL moves only
+-- with its newest bucket (expire "1"), else it keeps its own. A dense key's run holds its
+-- buckets' absolute values and the fields beside them (the raw events of buckets new to
+-- it, "~<start>", and its rules' last notified alerts, "n:<rule>:<version>"); Redis keeps
+-- its roll-ups in step. Nothing to decode: the arguments are used where they lie.
+-- Returns the index after the runs.
 local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
   local i = first
   for _ = 1, count do
-    local base, quiet = args[i], args[i + 1]
-    local n_sets, n_fields = tonumber(args[i + 2]), tonumber(args[i + 3])
-    local hash, sets_at = base .. ":buckets", i + 4
-    i = sets_at + 2 * (n_sets + n_fields)
-    -- The buckets and the fields beside them in one HSET.
-    if i > sets_at then
-      in_slices("HSET", hash, args, sets_at, i - 1)
+    local base, kind = args[i], args[i + 1]
+    local hash = base .. ":buckets"
+    local whole = kind == "p" or kind == "f"
+    local sets_at, n_sets, drops_at, n_drops = 0, 0, 0, 0
+    if kind == "p" then
+      local value, expire = args[i + 2], args[i + 3]
+      i = i + 4
+      if value == "" then
+        redis.call("DEL", hash)
+      elseif expire == "1" or not redis.call("SET", hash, value, "XX", "KEEPTTL") then
+        redis.call("SET", hash, value, "PX", ttl_ms)
+      end
+    elseif kind == "f" then
+      local fields_at = i + 3
+      i = fields_at + 2 * tonumber(args[i + 2])
+      redis.call("DEL", hash)
+      in_slices("HSET", hash, args, fields_at, i - 1)
       redis.call("PEXPIRE", hash, ttl_ms)
+      after_bucket_writes(hash, {}, bucket_ms)
+    else
+      n_sets = tonumber(args[i + 2])
+      local n_fields = tonumber(args[i + 3])
+      sets_at = i + 4
+      i = sets_at + 2 * (n_sets + n_fields)
+      -- The buckets and the fields beside them in one HSET.
+      if i > sets_at then
+        in_slices("HSET", hash, args, sets_at, i - 1)
+        redis.call("PEXPIRE", hash, ttl_ms)
+      end
+      n_drops = tonumber(args[i])
+      drops_at = i + 1
+      i = drops_at + n_drops
     end
-    local n_drops = tonumber(args[i])
-    local drops_at = i + 1
-    local n_removed = tonumber(args[drops_at + n_drops])
-    local removed_at = drops_at + n_drops + 1
+    local n_removed = tonumber(args[i])
+    local removed_at = i + 1
     local n_appended = tonumber(args[removed_at + n_removed])
     local appended_at = removed_at + n_removed + 1
     i = appended_at + 2 * n_appended
@@ -643,13 +780,14 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
         gone[#gone + 1] = "~" .. args[j]
         redis.call("DEL", base .. ":raw:" .. args[j])
       end
-      in_slices("HDEL", hash, gone)
+      if not whole then in_slices("HDEL", hash, gone) end
     end
-    -- Raw events added to: the first time, those in the hash move to a string of their
-    -- own ("<base>:raw:<start>", the buckets' TTL), which later batches append to.
+    -- Raw events added to: the first time, those in a dense key's hash move to a string of
+    -- their own ("<base>:raw:<start>", the buckets' TTL), which later batches append to. A
+    -- whole key's run has moved them already (its fragment starts with them).
     for j = appended_at, i - 1, 2 do
       local field, name = "~" .. args[j], base .. ":raw:" .. args[j]
-      local kept = redis.call("HGET", hash, field)
+      local kept = not whole and redis.call("HGET", hash, field)
       if kept then
         redis.call("SET", name, kept .. args[j + 1], "PX", ttl_ms)
         redis.call("HDEL", hash, field)
@@ -658,11 +796,12 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
         redis.call("PEXPIRE", name, ttl_ms)
       end
     end
-    -- Roll-ups. A hash that only grew and is quiet (it has at most a few buckets, so no
-    -- roll-ups) needs nothing; one that only grew and has fewer than ROLLUP_KEEP_FIELDS
-    -- fields has none (one HLEN); the few dense ones are refreshed at the starts touched.
+    -- Roll-ups of a dense key's changes. One that only grew and is quiet (it has at most a
+    -- few buckets, so no roll-ups) needs nothing; one that only grew and has fewer than
+    -- ROLLUP_KEEP_FIELDS fields has none (one HLEN); the others are refreshed at the
+    -- starts touched.
     local grew = n_drops == 0
-    if n_sets + n_drops > 0 and not (grew and quiet == "1")
+    if not whole and n_sets + n_drops > 0 and not (grew and kind == "1")
         and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
       if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
         local starts = {}
@@ -826,15 +965,37 @@ local function velocity_cluster_read_progress(keys, args)
   })
 end
 
--- FCALL_RO velocity_cluster_read_buckets 1 <one of the hashes> <hash names json>
--- The named hashes' buckets, all on this master, as read_hashes' lines.
-local function velocity_cluster_read_buckets(keys, args)
-  return read_hashes(cjson.decode(args[1]))
+-- FCALL_RO velocity_read_keys 1 <one of the keys> <key names json>
+-- The named keys' fields, all on this master, as read_keys' text.
+local function velocity_read_keys(keys, args)
+  return read_keys(cjson.decode(args[1]))
+end
+
+-- FCALL velocity_pack 1 <key state> <dense min buckets>
+-- Migration from the layout before packed keys (`velocity mirror migrate`): a key's hash
+-- with fewer buckets than the minimum becomes its packed string (roll-ups left out, its
+-- TTL kept). 1 when packed, 0 when left (packed already, dense, or gone).
+local function velocity_pack(keys, args)
+  local layout = key_layout(keys[1])
+  if layout ~= "hash" then return 0 end
+  local fields, buckets = {}, 0
+  local all = redis.call("HGETALL", keys[1])
+  for i = 1, #all, 2 do
+    local field = all[i]
+    if is_bucket(field) then buckets = buckets + 1 end
+    if is_bucket(field) or is_raw(field) or is_notified(field) then fields[field] = all[i + 1] end
+  end
+  if buckets >= tonumber(args[1]) then return 0 end
+  local ttl = redis.call("PTTL", keys[1])
+  redis.call("SET", keys[1], packed_text(fields))
+  if ttl > 0 then redis.call("PEXPIRE", keys[1], ttl) end
+  return 1
 end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
 redis.register_function("velocity_evict", velocity_evict)
+redis.register_function("velocity_pack", velocity_pack)
 redis.register_function("velocity_put_buckets", velocity_put_buckets)
 redis.register_function("velocity_publish_backfill", velocity_publish_backfill)
 redis.register_function("velocity_unlock", velocity_unlock)
@@ -851,6 +1012,6 @@ redis.register_function{function_name = "velocity_cluster_apply", callback = vel
 redis.register_function("velocity_cluster_done", velocity_cluster_done)
 redis.register_function{function_name = "velocity_cluster_read_progress",
                         callback = velocity_cluster_read_progress, flags = {"no-writes"}}
-redis.register_function{function_name = "velocity_cluster_read_buckets",
-                        callback = velocity_cluster_read_buckets,
+redis.register_function{function_name = "velocity_read_keys",
+                        callback = velocity_read_keys,
                         flags = {"no-writes", "allow-cross-slot-keys"}}

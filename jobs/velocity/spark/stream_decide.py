@@ -48,8 +48,17 @@ from velocity.engine.key_partition import (
 from velocity.engine.micro_batch import SLOT, own_buckets_needing_history, with_bucket_start
 from velocity.engine.records import alert_rows
 from velocity.redis import connection, mirror
-from velocity.redis.commit_args import KEY_RUNS, BucketChanges, PartitionCommit, flat_runs
+from velocity.redis.commit_args import (
+    DENSE_RUN,
+    KEY_RUNS,
+    PACKED_RUN,
+    BucketChanges,
+    PartitionCommit,
+    flat_runs,
+)
+from velocity.redis.hot_state import STORED_FIELDS
 from velocity.redis.keys import (
+    HASH_MARK,
     RAW_FIELD,
     RedisKeys,
     bucket_value_texts,
@@ -315,7 +324,7 @@ def _run_partition(
             mirror.PARTITION_RECORD_TTL_MS,
             plan.bucket_ttl_ms,
             width,
-            bucket_changes(keys, decided, notified.last),
+            bucket_changes(keys, decided, notified.last, hot.stored),
             outcome,
         )
         kept = mirror.commit_partition(client, settings, commit)
@@ -345,16 +354,25 @@ def unpacked(text: str) -> list[bytes]:
 
 
 def bucket_changes(
-    keys: RedisKeys, decided: KeyPartitionDecided, notified: pa.Table | None = None
+    keys: RedisKeys,
+    decided: KeyPartitionDecided,
+    notified: pa.Table | None = None,
+    stored: pa.Table | None = None,
 ) -> BucketChanges:
     """A decided key-partition's Redis changes, column by column: a run of arguments per
-    changed key (``commit_args.KeyChange``): every changed bucket's new value (with its
-    newest eventTime), the raw events of buckets new to the key, the dropped buckets, the
-    raw events no longer kept or appended to (a fragment per bucket, its events in
-    arrival order), and the key's rules' newest ``notified`` alerts (``LAST_NOTIFIED``:
-    the cooldown's state, committed with the buckets)."""
+    changed key (``commit_args.KeyChange``). A packed key (``stored``: every field its
+    state held when read, ``hot_state.STORED_FIELDS``) is rewritten whole: its fields
+    unchanged, every changed bucket's new value (with its newest eventTime), the raw
+    events of buckets new to it, and its rules' newest ``notified`` alerts
+    (``LAST_NOTIFIED``: the cooldown's state), less the dropped buckets and the raw events
+    no longer kept or moved to their own strings; it turns dense (a hash with roll-ups)
+    once it has ``mirror.DENSE_MIN_BUCKETS``. A dense key gets those changes as such.
+    Either way: the raw events no longer kept or appended to (a fragment per bucket, its
+    events in arrival order; one moved out of a packed key starts with those it held)."""
     if notified is None:
         notified = LAST_NOTIFIED.empty_table()
+    if stored is None:
+        stored = STORED_FIELDS.empty_table()
     buckets, raw = decided.buckets, decided.raw_appended
     # One fragment per kept bucket, its events in arrival order (a stable sort keeps the
     # rows' order within each bucket).
@@ -378,41 +396,125 @@ def bucket_changes(
     counts = [np.bincount(owner, minlength=changed.num_rows) for owner in owners]
     anything = np.sum(counts, axis=0) > 0
     renumbered = np.cumsum(anything) - 1
-    owners = [renumbered[owner] for owner in owners]
-    counts[1] = counts[1] + counts.pop()  # the fields beside the buckets: raw and notified
-    counts = [pc.cast(pa.array(count[anything]), pa.string()) for count in counts]
+    set_of, started_of, drop_of, removed_of, appended_of, notified_of = (
+        renumbered[owner] for owner in owners
+    )
+    n_sets, n_started, n_drops, n_removed, n_appended, n_notified = (
+        count[anything] for count in counts
+    )
     changed = changed.filter(pa.array(anything))
-    set_of, started_of, drop_of, removed_of, appended_of, notified_of = owners
-    n_sets, n_fields, n_drops, n_removed, n_appended = counts
-    notified_names, notified_values = notified_field_texts(notified)
-    everyone = np.arange(changed.num_rows)
-    quiet = pc.if_else(
-        pc.less_equal(changed.column("bucket_count"), mirror.QUIET_MAX_BUCKETS), "1", "0"
+    n = changed.num_rows
+    # What each changed key held, and its layout from now on.
+    held = pc.index_in(_key_names(stored), value_set=one_chunk(_key_names(changed)))
+    stored = stored.filter(pc.is_valid(held))
+    stored_of = held.drop_null().to_numpy(zero_copy_only=False).astype(np.int64)
+    field = stored.column("field")
+    was_dense = np.zeros(n, bool)
+    was_dense[stored_of[pc.equal(field, HASH_MARK).to_numpy(zero_copy_only=False)]] = True
+    after = changed.column("bucket_count").to_numpy(zero_copy_only=False)
+    changes_only = was_dense & (after >= mirror.DENSE_KEEP_BUCKETS)
+    turns_dense = ~was_dense & (after >= mirror.DENSE_MIN_BUCKETS)
+    is_packed = ~changes_only & ~turns_dense
+    whole = ~changes_only
+    # A whole key's fields: those it held that the batch left alone, and the new ones.
+    set_fields, started_fields = _starts(buckets), _raw_fields(started)
+    notified_fields, notified_values = notified_field_texts(notified)
+    new_of = np.concatenate([set_of, started_of, notified_of])
+    new_fields = _texts([set_fields, started_fields, notified_fields])
+    new_values = _texts([bucket_value_texts(buckets), fragments.filter(new), notified_values])
+    gone_of = np.concatenate([new_of, drop_of, removed_of, appended_of])
+    gone = _owned_fields(
+        gone_of,
+        _texts([new_fields, _starts(decided.dropped), _raw_fields(decided.raw_removed),
+                _raw_fields(appended)]),
+    )  # fmt: skip
+    held_fields = _owned_fields(stored_of, field)
+    kept = whole[stored_of] & pc.invert(
+        pc.or_(pc.is_in(held_fields, value_set=gone), pc.equal(field, HASH_MARK))
+    ).to_numpy(zero_copy_only=False)
+    is_new = whole[new_of]
+    line_of = np.concatenate([stored_of[kept], new_of[is_new]])
+    line_fields = _texts([field.filter(kept), new_fields.filter(is_new)])
+    line_values = _texts([stored.column("value").filter(kept), new_values.filter(is_new)])
+    # Raw events moved out of a packed key: their fragment starts with those it held.
+    moved = pc.index_in(_owned_fields(appended_of, _raw_fields(appended)), value_set=held_fields)
+    appended_texts = pc.if_else(
+        pa.array(whole[appended_of]),
+        pc.binary_join_element_wise(
+            pc.fill_null(stored.column("value").take(moved), ""), fragments.filter(old), ""
+        ),
+        fragments.filter(old),
     )
+    # A packed key's TTL starts again only when its newest bucket moves.
+    newest_held = np.full(n, -1, np.int64)
+    is_bucket = pc.match_substring_regex(field, r"^\d").to_numpy(zero_copy_only=False)
+    np.maximum.at(
+        newest_held, stored_of[is_bucket], pc.cast(field.filter(is_bucket), pa.int64()).to_numpy()
+    )
+    newest_set = np.full(n, -1, np.int64)
+    np.maximum.at(newest_set, set_of, one_chunk(buckets.column("bucket_start")).to_numpy())
+    order = np.argsort(line_of, kind="stable")
+    lines = pc.binary_join_element_wise(line_fields, "\t", line_values, "\n", "").take(order)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(line_of, minlength=n), out=offsets[1:])
+    packed_values = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), lines), "")
+    (dense,) = np.nonzero(changes_only)
+    (packed,) = np.nonzero(is_packed)
+    (fresh,) = np.nonzero(turns_dense)
+    in_dense = [changes_only[of] for of in (set_of, started_of, notified_of, drop_of)]
+    into_fresh = turns_dense[line_of]
     base = keys.key_base_texts(changed.column("signature_id"), changed.column("key"))
+    kind = np.where(changes_only, "0", np.where(turns_dense, DENSE_RUN, PACKED_RUN))
     runs = flat_runs(
-        changed.num_rows,
+        n,
         [
-            (everyone, base),
-            (everyone, quiet),
-            (everyone, n_sets),
-            (everyone, n_fields),
-            _pairs(set_of, _starts(buckets), bucket_value_texts(buckets)),
-            _pairs(
-                started_of,
-                pc.binary_join_element_wise(RAW_FIELD, _starts(started), ""),
-                fragments.filter(new),
-            ),
-            _pairs(notified_of, notified_names, notified_values),
-            (everyone, n_drops),
-            (drop_of, _starts(decided.dropped)),
-            (everyone, n_removed),
+            (np.arange(n), base),
+            (np.arange(n), pa.array(kind, pa.string())),
+            # a dense key's changes
+            (dense, _counts(n_sets[dense])),
+            (dense, _counts(n_started[dense] + n_notified[dense])),
+            _pairs(set_of[in_dense[0]], set_fields.filter(in_dense[0]),
+                   bucket_value_texts(buckets).filter(in_dense[0])),
+            _pairs(started_of[in_dense[1]], started_fields.filter(in_dense[1]),
+                   fragments.filter(new).filter(in_dense[1])),
+            _pairs(notified_of[in_dense[2]], notified_fields.filter(in_dense[2]),
+                   notified_values.filter(in_dense[2])),
+            (dense, _counts(n_drops[dense])),
+            (drop_of[in_dense[3]], _starts(decided.dropped).filter(in_dense[3])),
+            # a packed key whole
+            (packed, packed_values.take(pa.array(packed))),
+            (packed, pa.array(np.where(newest_set > newest_held, "1", "0")[packed], pa.string())),
+            # a key turning dense, whole
+            (fresh, _counts(np.bincount(line_of, minlength=n)[fresh])),
+            _pairs(line_of[into_fresh], line_fields.filter(into_fresh),
+                   line_values.filter(into_fresh)),
+            # every key's raw events no longer kept and appended to
+            (np.arange(n), _counts(n_removed)),
             (removed_of, _starts(decided.raw_removed)),
-            (everyone, n_appended),
-            _pairs(appended_of, _starts(appended), fragments.filter(old)),
+            (np.arange(n), _counts(n_appended)),
+            _pairs(appended_of, _starts(appended), appended_texts),
         ],
-    )
+    )  # fmt: skip
     return BucketChanges(pa.table({"base": base, "args": runs}, schema=KEY_RUNS))
+
+
+def _counts(counts: np.ndarray) -> pa.Array:
+    return pc.cast(pa.array(counts, pa.int64()), pa.string())
+
+
+def _texts(parts: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
+    return pa.concat_arrays([one_chunk(part).cast(pa.string()) for part in parts])
+
+
+def _raw_fields(slots: pa.Table) -> pa.Array:
+    """The ``~<start>`` field of each slot's raw events in its key's state."""
+    return one_chunk(pc.binary_join_element_wise(RAW_FIELD, _starts(slots), ""))
+
+
+def _owned_fields(owner: np.ndarray, fields: pa.Array) -> pa.Array:
+    """One text per (key index, field), to look fields of keys up by."""
+    owners = pc.cast(pa.array(owner, pa.int64()), pa.string())
+    return one_chunk(pc.binary_join_element_wise(owners, fields, "\x1f"))
 
 
 def _owners(rows: pa.Table, names: pa.ChunkedArray) -> np.ndarray:

@@ -227,19 +227,23 @@ def test_flush_rebuild_and_reconcile(spark, streamed: StreamJob) -> None:
     row = tables.read_table(spark, LiveTables.of(streamed.settings).buckets).first()
     name = keys.bucket_hash(row["signature_id"], row["key"])
     stray = row["bucket_start"] + 1  # inside the horizon; no such bucket in Delta
-    client.hset(name, str(row["bucket_start"]), "[999,0,null,null,null,[]]")
-    client.hset(name, str(stray), "[1,0,null,null,null,[]]")
-    client.hset(name, "1", "[1,0,null,null,null,[]]")  # below the horizon: expires, no drift
+
+    def tamper(state: str, start: int, value: str) -> None:  # either layout
+        client.fcall("velocity_put_buckets", 1, state, "", "", "", str(start), value)
+
+    tamper(name, row["bucket_start"], "[999,0,null,null,null,[]]")
+    tamper(name, stray, "[1,0,null,null,null,[]]")
+    tamper(name, 1, "[1,0,null,null,null,[]]")  # below the horizon: expires, no drift
     drift = streamed.mirror.reconcile()
     assert drift.different == [(row["signature_id"], row["key"], row["bucket_start"])]
     assert drift.extra == [(row["signature_id"], row["key"], stray)]
     client.delete(name)
     assert len(streamed.mirror.reconcile().missing) >= 1
 
-    client.hset(name, str(stray), "[1,0,null,null,null,[]]")
-    # A hash only Redis has (a key Delta never saw) of an active signature is drift too.
+    tamper(name, stray, "[1,0,null,null,null,[]]")
+    # A state only Redis has (a key Delta never saw) of an active signature is drift too.
     ghost = keys.bucket_hash(row["signature_id"], '["nobody"]')
-    client.hset(ghost, str(row["bucket_start"]), "[1,0,null,null,null,[]]")
+    tamper(ghost, row["bucket_start"], "[1,0,null,null,null,[]]")
     drift = streamed.mirror.reconcile()
     assert (row["signature_id"], '["nobody"]', row["bucket_start"]) in drift.extra
     found, written = streamed.mirror.repair()

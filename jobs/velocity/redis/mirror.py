@@ -131,30 +131,14 @@ def write_last_notified(
     client: redis.Redis, keys: RedisKeys, rows: Iterable[Mapping[str, Any]], ttl_seconds: int
 ) -> int:
     """Each rule version's last notified alert of a key (``LAST_NOTIFIED`` rows) into
-    the key's hash, as the stream's commit writes it (the cooldown's state); returns the
-    rows written."""
-    done = 0
-    pipe = client.pipeline(transaction=False)
-    pending: list[Mapping[str, Any]] = []
-
-    def send() -> None:
-        last = pa.Table.from_pylist(pending, schema=LAST_NOTIFIED)
-        names, values = notified_field_texts(last)
-        owners = zip(*(last.column(n).to_pylist() for n in ("signature_id", "key")), strict=True)
-        hashes = [keys.bucket_hash(signature_id, key) for signature_id, key in owners]
-        for name, f, value in zip(hashes, names.to_pylist(), values.to_pylist(), strict=True):
-            pipe.hset(name, f, value)
-            pipe.pexpire(name, ttl_seconds * 1000)
-        pipe.execute()
-        pending.clear()
-
-    for row in rows:
-        pending.append(row)
-        done += 1
-        if done % _PIPELINE_CHUNK == 0:
-            send()
-    send()
-    return done
+    the key's state, as the stream's commit writes it (the cooldown's state), through
+    velocity_put_buckets (either layout); returns the rows written."""
+    last = pa.Table.from_pylist(list(rows), schema=LAST_NOTIFIED)
+    names, values = notified_field_texts(last)
+    owners = zip(*(last.column(n).to_pylist() for n in ("signature_id", "key")), strict=True)
+    states = [keys.bucket_hash(signature_id, key) for signature_id, key in owners]
+    changes = zip(states, names.to_pylist(), values.to_pylist(), strict=True)
+    return _put_buckets(client, keys, changes, "", str(ttl_seconds * 1000), "")
 
 
 def remove_buckets(
@@ -168,12 +152,13 @@ def remove_buckets(
 def _put_buckets(
     client: redis.Redis,
     keys: RedisKeys,
-    changes: Iterable[tuple[str, int, str]],
+    changes: Iterable[tuple[str, int | str, str]],
     bucket_ms: str,
     ttl_ms: str,
     evict_before: str,
 ) -> int:
-    """(hash, bucket start, value or "" to remove) changes through velocity_put_buckets,
+    """(key state, bucket start or another field, value or "" to remove) changes through
+    velocity_put_buckets,
     which keeps each hash's roll-ups in step: one call per hash per chunk, pipelined."""
     done = 0
     pipe = client.pipeline(transaction=False)

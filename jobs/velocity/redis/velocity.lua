@@ -530,7 +530,8 @@ end
 
 -- FCALL velocity_put_buckets 1 <bucket hash> <bucket ms> <ttl ms> <drop before ms>
 --   [<start> <value>]...
--- Sets buckets to absolute values (an empty value removes the bucket), drops the buckets
+-- Sets buckets (or other fields: a rule's last notified alert) to absolute values (an
+-- empty value removes the field), drops the buckets
 -- that start before <drop before> (unless empty), keeps the roll-ups in step, and gives
 -- the hash the TTL (unless empty). Returns the buckets set.
 local function velocity_put_buckets(keys, args)
@@ -563,7 +564,7 @@ local function velocity_put_buckets(keys, args)
       redis.call("HSET", hash, args[i], args[i + 1])
       set = set + 1
     end
-    touched[tonumber(args[i])] = true
+    if is_bucket(args[i]) then touched[tonumber(args[i])] = true end
   end
   if args[3] ~= "" then drop_before(hash, tonumber(args[3]), touched) end
   after_bucket_writes(hash, touched, tonumber(args[1]))

@@ -777,10 +777,11 @@ def cmd_mirror_migrate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     client = connection.connect(settings)
     connection.load_functions(client)
-    packed, seen = mirror.pack_hashes(client, settings)
+    packed, dense, seen = mirror.pack_hashes(client, settings)
     print(
-        f"{packed} of {seen} key states packed into one string each "
-        f"(the others are packed already or dense: {mirror.DENSE_MIN_BUCKETS}+ buckets)"
+        f"{packed} of {seen} key states packed into one string each, {dense} made dense "
+        f"({mirror.DENSE_MIN_BUCKETS}+ buckets: a hash beside the string); the rest were "
+        "migrated already"
     )
     return EXIT_OK
 

@@ -1,7 +1,8 @@
 """A data dir whose Redis state a Velocity before packed keys wrote (every (signature,
 key) a hash) is migrated once by `velocity mirror migrate` on the real redis-server:
-sparse hashes become packed strings with their fields and TTLs, dense ones stay hashes
-with their roll-ups, every window reads the same, and the stream reads the same state."""
+sparse hashes become packed strings with their fields and TTLs, a dense one moves beside
+its state string with its roll-ups, every window reads what the buckets say, and the
+stream, which refused the old layout, reads the same state."""
 
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ import pyarrow as pa
 import pytest
 import redis
 
-from tests.integration.test_rollups import SIGNATURE, T0, G, random_bucket, rows
+from tests.integration.test_rollups import (
+    SIGNATURE,
+    T0,
+    G,
+    dense,
+    expected_window,
+    random_bucket,
+    read_window,
+    rows,
+)
+from velocity.errors import VelocityError
 from velocity.redis import connection, mirror
-from velocity.redis.keys import bucket_value, packed_fields, recent_fragment
+from velocity.redis.keys import bucket_value, packed_fields, parse_bucket_value, recent_fragment
 from velocity.rules import Aggregator
 from velocity.settings import Settings
 from velocity.windows import KeyedEvent
@@ -25,8 +36,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
 
 def old_layout(client: redis.Redis, settings: Settings, rng: random.Random) -> list[str]:
-    """Key states as the layout before 0.3 wrote them: 40 sparse hashes (buckets, a new
-    bucket's raw events, a rule's last notified alert) and one dense hash (roll-ups)."""
+    """Key states as the layout before 0.3 wrote them, each a hash "<base>:buckets": 40
+    sparse ones (buckets, a new bucket's raw events, a rule's last notified alert) and one
+    dense one with roll-ups (written as now, then moved where 0.2 kept it)."""
     keys = settings.redis_keys
     names = []
     for n in range(40):
@@ -39,20 +51,20 @@ def old_layout(client: redis.Redis, settings: Settings, rng: random.Random) -> l
         client.hset(name, mapping=fields)
         client.pexpire(name, 3_600_000 + n)
         names.append(name)
-    dense = {T0 + i * G: random_bucket(rng) for i in range(300)}
-    mirror.write_bucket_rows(client, keys, rows('["dense"]', dense), G, 7_200)
-    names.append(keys.bucket_hash(SIGNATURE, '["dense"]'))
+    many = {T0 + i * G: random_bucket(rng) for i in range(300)}
+    mirror.write_bucket_rows(client, keys, rows('["dense"]', many), G, 7_200)
+    name = keys.bucket_hash(SIGNATURE, '["dense"]')
+    client.delete(name)
+    client.rename(dense(name), name)
+    names.append(name)
+    client.hset(settings.redis_keys.stream_progress, mapping={"batch": 7, "newest": T0})
     return names
 
 
-def windows(client: redis.Redis, names: list[str]) -> list[str]:
-    at = T0 + 400 * G
-    return [
-        client.fcall_ro("velocity_window", 1, name, a.value, w, G, at)  # type: ignore[misc]
-        for name in names
-        for a in (Aggregator.SUM, Aggregator.MAX, Aggregator.UNIQUE_COUNT)
-        for w in (10_000, 120_000, 3_600_000)
-    ]
+def old_fields(client: redis.Redis, name: str) -> dict[str, str]:
+    """An old hash's fields but roll-ups (buckets, raw events, last notified alerts)."""
+    stored = client.hgetall(name)
+    return {f: v for f, v in stored.items() if f[0].isdigit() or f[0] == "~" or f[:2] == "n:"}  # type: ignore[union-attr]
 
 
 def migrate(settings: Settings) -> str:
@@ -71,29 +83,46 @@ def migrate(settings: Settings) -> str:
 def test_mirror_migrate_packs_the_old_hashes_once(settings: Settings) -> None:
     client = connection.connect(settings)
     names = old_layout(client, settings, random.Random(11))
-    fields = {name: mirror.key_fields(client, name) for name in names}
+    fields = {name: old_fields(client, name) for name in names}
     ttls = {name: client.pttl(name) for name in names}
-    before = windows(client, names)
     asked = pa.table(
         {
             "signature_id": [SIGNATURE] * len(names),
             "key": [settings.redis_keys.parse_bucket_hash(n)[1] for n in names],  # type: ignore[index]
         }
     )
-    hot = mirror.read_stream_state(client, settings, [], asked).hot
+    # The stream refuses the old layout rather than read its hashes as absent keys.
+    with pytest.raises(VelocityError, match="velocity mirror migrate"):
+        mirror.read_stream_state(client, settings, [], asked)
 
-    assert migrate(settings).startswith("40 of 41 key states packed")
+    said = migrate(settings)
+    assert said.startswith("40 of 41 key states packed into one string each, 1 made dense"), said
 
     sparse, dense = names[:-1], names[-1]
-    assert all(client.type(name) == "string" for name in sparse)
-    assert client.type(dense) == "hash" and client.hexists(dense, "rollups")
+    assert all(client.type(name) == "string" for name in names)
+    assert client.get(dense) == "#\t\n" and client.hexists(
+        dense[: -len("buckets")] + "dense", "rollups"
+    )
     for name in sparse:
         assert packed_fields(client.get(name)) == fields[name]  # type: ignore[arg-type]
+    for name in names:
         assert 0 <= ttls[name] - client.pttl(name) < 10_000  # the TTL kept
     assert {name: mirror.key_fields(client, name) for name in names} == fields
-    assert windows(client, names) == before
-    after = mirror.read_stream_state(client, settings, [], asked).hot
-    assert after.key_states() == hot.key_states()
-    assert after.notified.sort_by("key").equals(hot.notified.sort_by("key"))
+    for name in names:  # every window as the buckets say
+        buckets = {int(f): parse_bucket_value(v) for f, v in fields[name].items() if f.isdigit()}
+        for aggregator in (Aggregator.SUM, Aggregator.MAX, Aggregator.UNIQUE_COUNT):
+            for window in (10_000, 120_000, 3_600_000):
+                at = T0 + 290 * G
+                assert read_window(client, name, aggregator, window, at) == expected_window(
+                    buckets, aggregator, window, at
+                )
+    hot = mirror.read_stream_state(client, settings, [], asked).hot
+    assert {slot: state.buckets for slot, state in hot.key_states().items()} == {
+        (SIGNATURE, settings.redis_keys.parse_bucket_hash(name)[1]): {  # type: ignore[index]
+            int(f): parse_bucket_value(v) for f, v in fields[name].items() if f.isdigit()
+        }
+        for name in names
+    }
+    assert hot.notified.num_rows == 14
 
-    assert migrate(settings).startswith("0 of 41 key states packed")  # once
+    assert migrate(settings).startswith("0 of 41 key states packed into one string each, 0 made")

@@ -47,7 +47,7 @@ def partition_commit(
 
 
 def bucket_count(client, settings: Settings, key: str) -> int:  # type: ignore[no-untyped-def]
-    value = client.hget(settings.redis_keys.bucket_hash("sig", key), "60000")
+    value = mirror.key_fields(client, settings.redis_keys.bucket_hash("sig", key)).get("60000")
     return parse_bucket(value)[0].count
 
 
@@ -85,7 +85,7 @@ def test_a_partition_commit_is_fenced_by_the_state_lock(settings: Settings) -> N
         stale = partition_commit(settings, "not-the-holder", 0, 1, "stale")
         with pytest.raises(StateLockLost):
             mirror.commit_partition(client, settings, stale)
-    assert client.hget(settings.redis_keys.bucket_hash("sig", '["p-0"]'), "60000") is None
+    assert not mirror.key_fields(client, settings.redis_keys.bucket_hash("sig", '["p-0"]'))
     assert client.exists(settings.redis_keys.partition_record(0, 1)) == 0
 
 

@@ -22,7 +22,8 @@ def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     connection.load_functions(owner)
     keys = RedisKeys("velocity:test", "/srv/velocity")  # the session server: velocity:*
     bucket = keys.bucket_hash("feedc0de", '["p-1"]')
-    owner.hset(bucket, "1767225600000", '[2,2,"30.5","10","20.5",[]]')
+    state = '1767225600000\t[2,2,"30.5","10","20.5",[]]\n'  # a packed key state
+    owner.set(bucket, state)
     owner.hset(keys.rule_entry(901), mapping={"signatureId": "feedc0de", "windowMs": "600000"})
     owner.xadd(keys.alert_stream, {"alert": "{}", "batch": "0"})
     parts = urlsplit(redis_url)
@@ -38,6 +39,7 @@ def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
                              "1767225630000")  # fmt: skip
     assert '"aggregateValue":"30.5"' in str(window)
     assert reader.hgetall(keys.rule_entry(901))["signatureId"] == "feedc0de"
+    assert reader.get(bucket) == state  # a reader of the raw state (docs/serving/redis.md)
     assert reader.xrange(keys.alert_stream)
 
     forbidden = [
@@ -58,4 +60,4 @@ def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     for attempt in forbidden:
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
-    assert owner.hgetall(bucket) == {"1767225600000": '[2,2,"30.5","10","20.5",[]]'}
+    assert owner.get(bucket) == state

@@ -84,8 +84,14 @@ def read_window(
     return value
 
 
+def dense(name: str) -> str:
+    """The hash of a dense key's fields, beside its state string ``name``."""
+    return name.removesuffix(":buckets") + ":dense"
+
+
 def assert_rollups_merge_their_buckets(client: redis.Redis, name: str) -> None:
-    fields = connection.read_hash(client, name)
+    assert client.get(name) == "#\t\n"  # a dense key's state string: the mark only
+    fields = connection.read_hash(client, dense(name))
     buckets = {int(f): parse_bucket_value(v) for f, v in fields.items() if f.isdigit()}
     sizes = [int(n) for n in fields["rollups"].split(":")[1].split(",")]
     for size in sizes:
@@ -187,7 +193,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
     # A bucket's raw events written whole stay in its hash (field "~<start>"), beside its
     # roll-ups, and survive the roll-ups' upkeep.
     start = changed_starts[0]
-    assert parse_recent(client.hget(name, f"~{start}")) == state.recent[start]
+    assert parse_recent(client.hget(dense(name), f"~{start}")) == state.recent[start]
 
 
 def test_a_packed_key_has_no_rollups_until_it_is_dense(settings: Settings) -> None:
@@ -204,7 +210,7 @@ def test_a_packed_key_has_no_rollups_until_it_is_dense(settings: Settings) -> No
 
     buckets[T0 + 127 * 7 * G] = random_bucket(rng)
     mirror.write_bucket_rows(client, keys, rows('["sparse"]', buckets), G, 86_400)
-    assert client.hexists(name, "rollups")
+    assert client.hexists(dense(name), "rollups")
     assert_rollups_merge_their_buckets(client, name)
     assert_windows_match(client, name, buckets, rng)
 
@@ -215,9 +221,9 @@ def test_a_packed_key_has_no_rollups_until_it_is_dense(settings: Settings) -> No
     mirror.remove_buckets(client, keys, [(SIGNATURE, '["sparse"]', s) for s in removed])
     for start in removed:
         del buckets[start]
-    assert sorted(client.hkeys(name)) == sorted(str(s) for s in buckets)
+    assert sorted(client.hkeys(dense(name))) == sorted(str(s) for s in buckets)
     assert_windows_match(client, name, buckets, rng)
 
-    # Once its last bucket is gone the hash is gone.
+    # Once its last bucket is gone the key is gone, its state string and its hash.
     mirror.remove_buckets(client, keys, [(SIGNATURE, '["sparse"]', s) for s in buckets])
-    assert not client.exists(name)
+    assert not client.exists(name) and not client.exists(dense(name))

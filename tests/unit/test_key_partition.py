@@ -60,6 +60,8 @@ def applied(redis: dict, strings: dict, changes) -> None:
     for change in changes.key_changes():
         base, name = change.base, f"{change.base}:buckets"
         if change.whole is not None:
+            was_dense = redis.get(name, (False, {}))[0]
+            assert change.dense or (change.expire == "2") == was_dense  # its hash goes
             fields = dict(change.whole)
             assert len(fields) == len(change.whole)  # no field twice
             redis[name] = (change.dense, fields)

@@ -99,16 +99,13 @@ def read_stream_state(
     if reply["b"]:
         finish_pending(client, settings)
         reply = progress_read()
-    texts = (
-        cast(
-            str,
-            client.fcall_ro(
-                "velocity_read_keys", 1, group[0], json.dumps(group, ensure_ascii=False)
-            ),
+    texts: dict[str, str] = {}
+    for group in by_master(client, names).values():
+        answer = client.fcall_ro(
+            "velocity_read_keys", 1, group[0], json.dumps(group, ensure_ascii=False)
         )
-        for group in by_master(client, names).values()
-    )
-    hashes = KEY_SEPARATOR.join(text for text in texts if text)
+        texts.update(zip(group, cast(str, answer).split(KEY_SEPARATOR), strict=True))
+    hashes = KEY_SEPARATOR.join(texts[name] for name in names)  # read_keys' order
     return (
         reply["p"] or {},
         {i - 1 for i in reply["s"] or []},

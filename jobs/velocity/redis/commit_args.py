@@ -32,7 +32,8 @@ PACKED_RUN, DENSE_RUN = "p", "f"
 class KeyChange:
     """One key's writes: its state's name without ``:buckets`` (``RedisKeys.key_base``)
     and either its state ``whole`` (its fields: packed, or ``dense``: a hash with
-    roll-ups from now on; ``expire``: its newest bucket moved, so its TTL starts again)
+    roll-ups from now on; ``expire``: "1" its newest bucket moved, so its TTL starts
+    again, "2" it was dense, so its hash goes too, "0" neither)
     or a dense key's changes: whether it is quiet (at most ``mirror.QUIET_MAX_BUCKETS``
     buckets, so no roll-ups), the buckets set (start, value), the raw events of buckets
     new to the key (start, fragment: fields ``~<start>`` beside them), the buckets
@@ -50,7 +51,7 @@ class KeyChange:
     notified: Sequence[tuple[str, str]] = ()
     whole: Sequence[tuple[str, str]] | None = None
     dense: bool = False
-    expire: bool = True
+    expire: str = "1"  # a packed key: "1" its newest bucket moved, "2" it was dense
 
     def args(self) -> list[str]:
         """The run (velocity.lua's apply_bucket_changes): ``base p value expire``, ``base f
@@ -61,7 +62,7 @@ class KeyChange:
             out = [self.base, DENSE_RUN, str(len(self.whole))]
             out.extend(text for pair in self.whole for text in pair)
         elif self.whole is not None:
-            out = [self.base, PACKED_RUN, packed_text(self.whole), "1" if self.expire else "0"]
+            out = [self.base, PACKED_RUN, packed_text(self.whole), self.expire]
         else:
             fields = len(self.started) + len(self.notified)
             out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(fields)]
@@ -98,10 +99,10 @@ class KeyChange:
         sets: list[str] = []
         beside: list[tuple[str, str]] = []
         drops: list[str] = []
-        expire = True
+        expire = "1"
         if kind == PACKED_RUN:
             whole = list(packed_fields(args[2]).items())
-            expire = args[3] == "1"
+            expire = args[3]
             at = 4
         elif kind == DENSE_RUN:
             whole = _text_pairs(counted(2))

@@ -9,9 +9,10 @@ dirs share one Redis without touching each other's keys:
 - ``P:{<signature_id>:<key>}:buckets`` — the state of one (signature, key), its fields:
   field = bucket start (epoch ms, decimal), value = ``bucket_value``; ``~<bucket start>``
   = the raw events of a bucket new to the key; ``n:<ruleId>:<version>`` = the rule
-  version's last notified alert of the key. Packed (a string: the fields as lines
-  ``<field>\t<value>\n``, ``packed_text``) while the key has fewer than 128 buckets;
-  dense (a hash of those fields, plus roll-ups) from 128 on. The hash tag keeps one
+  version's last notified alert of the key. A string: the fields as lines
+  ``<field>\t<value>\n`` (``packed_text``) while the key has fewer than 128 buckets
+  (packed); from 128 on (dense), only the line ``#\t\n``, its fields (and roll-ups)
+  being the hash ``P:{<signature_id>:<key>}:dense``. The hash tag keeps one
   (signature, key) in one cluster slot and spreads keys over slots.
 - ``P:{<signature_id>:<key>}:raw:<bucket start>`` — string of the raw events of one of
   the key's two newest buckets (``recent_fragment``s, appended batch by batch), which
@@ -377,10 +378,11 @@ _BUCKET_VALUE = (
     r'(?:null|"(?P<value_min>[^"]*)"),(?:null|"(?P<value_max>[^"]*)"),'
     r"(?P<distinct_values>\[.*\])(?:,(?P<last_time>-?\d+))?\]$"
 )
-# velocity.lua's read_keys: "<name>\x1e<packed text>" a key, joined by "\x1e"; a packed
-# text is the key's fields as lines "<field>\t<value>\n" (velocity.lua's PACKED_LINE).
+# velocity.lua's read_keys: each named key's packed text (lines "<field>\t<value>\n",
+# velocity.lua's PACKED_LINE) in the names' order, joined by "\x1e".
 KEY_SEPARATOR = "\x1e"
-# A dense key's fields (a hash with roll-ups) are read after a line of this field.
+# A dense key's state string holds only this field's line; read_keys gives its hash's fields
+# after that line.
 HASH_MARK = "#"
 HASH_FIELDS = pa.schema(
     [pa.field("hash", pa.string()), pa.field("field", pa.string()), pa.field("value", pa.string())]
@@ -397,16 +399,17 @@ def packed_fields(text: str) -> dict[str, str]:
     return dict(line.split("\t", 1) for line in text.split("\n") if line)
 
 
-def key_field_rows(text: str) -> pa.Table:
-    """read_keys' text as columns (``HASH_FIELDS``), one row a field, split by Arrow
-    kernels: no name, field or value holds the separator, a tab or a newline (values are
-    JSON, control characters escaped)."""
-    if not text:
+def key_field_rows(text: str, names: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """read_keys' text of the keys ``names`` as columns (``HASH_FIELDS``), one row a
+    field, split by Arrow kernels: no field or value holds the separator, a tab or a
+    newline (values are JSON, control characters escaped)."""
+    names = one_chunk(names)
+    if len(names) == 0:
         return HASH_FIELDS.empty_table()
-    parts = pc.split_pattern(pa.array([text], pa.large_string()), KEY_SEPARATOR)[0].values
-    count = len(parts) // 2
-    names = parts.take(pa.array(np.arange(0, 2 * count, 2)))
-    lines = pc.split_pattern(parts.take(pa.array(np.arange(1, 2 * count, 2))), "\n")
+    texts = pc.split_pattern(pa.array([text], pa.large_string()), KEY_SEPARATOR)[0].values
+    if len(texts) != len(names):
+        raise ValueError(f"read_keys answered {len(texts)} texts for {len(names)} keys")
+    lines = pc.split_pattern(texts, "\n")
     owner = pc.list_parent_indices(lines)
     line = pc.list_flatten(lines)
     real = pc.not_equal(line, "")

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import json_string
 from velocity.engine.cooldown import LAST_NOTIFIED
-from velocity.errors import UnknownRuleError
+from velocity.errors import UnknownRuleError, VelocityError
 from velocity.redis import cluster
 from velocity.redis.commit_args import (
     BucketChanges,
@@ -60,6 +60,9 @@ QUIET_MAX_BUCKETS = 6
 # DENSE_KEEP_BUCKETS (so a key at the edge does not change layout every batch).
 DENSE_MIN_BUCKETS = 128
 DENSE_KEEP_BUCKETS = 64
+# The stream's progress hash records the layout its keys' states are in (velocity.lua's
+# commits write it); one without it but with a batch was written before 0.3.
+STATE_LAYOUT_FIELD, STATE_LAYOUT = "layout", "packed"
 # velocity_stream_commit's and velocity_partition_commit's answers (nothing written).
 FENCED, REPLAYED = cluster.FENCED, cluster.REPLAYED
 
@@ -307,18 +310,19 @@ def key_fields(client: redis.Redis, name: str) -> dict[str, str]:
     """The fields of one (signature, key)'s state whatever its layout (packed or dense),
     roll-ups left out: its buckets, raw events and last notified alerts."""
     text = client.fcall_ro("velocity_read_keys", 1, name, json.dumps([name]))
-    rows = key_field_rows(cast(str, text))
+    rows = key_field_rows(cast(str, text), pa.array([name], pa.string()))
     pairs = zip(rows.column("field").to_pylist(), rows.column("value").to_pylist(), strict=True)
     return {field: value for field, value in pairs if field != HASH_MARK}
 
 
-def pack_hashes(client: redis.Redis, settings: Settings) -> tuple[int, int]:
-    """Migrate a data dir's Redis state to packed keys: every (signature, key) state that
-    is a hash with fewer than DENSE_MIN_BUCKETS buckets becomes one packed string (its TTL
-    kept; velocity_pack), under the state lock, so no batch commits in between. Returns
-    (keys packed, keys looked at). Idempotent: a second run packs none."""
+def pack_hashes(client: redis.Redis, settings: Settings) -> tuple[int, int, int]:
+    """Migrate a data dir's Redis state from the layout before 0.3 (every (signature, key)
+    a hash): a hash with fewer than DENSE_MIN_BUCKETS buckets becomes one packed string, a
+    larger one moves to its dense hash (velocity_pack, TTLs kept), and the stream's
+    progress records the layout, under the state lock so that no batch commits in between.
+    Returns (keys packed, keys made dense, keys looked at). Idempotent."""
     keys = settings.redis_keys
-    packed = seen = 0
+    done: list[int] = []
     with state_lock(client, settings, "mirror migrate"):
         client.incr(keys.buckets_epoch)
         names = [name for name, _ in bucket_hashes(client, keys)]
@@ -326,9 +330,9 @@ def pack_hashes(client: redis.Redis, settings: Settings) -> tuple[int, int]:
             pipe = client.pipeline(transaction=False)
             for name in names[first : first + _PIPELINE_CHUNK]:
                 pipe.fcall("velocity_pack", 1, name, str(DENSE_MIN_BUCKETS))
-            packed += sum(int(done) for done in pipe.execute())
-        seen = len(names)
-    return packed, seen
+            done.extend(int(answer) for answer in pipe.execute())
+        client.hset(keys.stream_progress, STATE_LAYOUT_FIELD, STATE_LAYOUT)
+    return done.count(1), done.count(2), len(names)
 
 
 def compare_buckets(
@@ -439,13 +443,18 @@ def read_stream_state(
         progress = reply["p"] or {}
         seen_indices = {i - 1 for i in reply["s"] or []}
         epoch, mirror_of = str(reply["e"]), str(reply["m"])
+    if "batch" in progress and progress.get(STATE_LAYOUT_FIELD) != STATE_LAYOUT:
+        raise VelocityError(
+            "Redis holds this data dir's state in the layout before Velocity 0.3 (a hash "
+            "per key): stop the stream and run `velocity mirror migrate` once"
+        )
     return StreamRead(
         committed_batch=int(progress["batch"]) if "batch" in progress else None,
         newest_event_time=int(progress["newest"]) if progress.get("newest") else None,
         epoch=epoch,
         mirror_of=mirror_of,
         seen={transaction_ids[i] for i in seen_indices},
-        hot=hot_state(key_field_rows(hashes), asked.append_column("hash", names)),
+        hot=hot_state(key_field_rows(hashes, names), asked.append_column("hash", names)),
     )
 
 

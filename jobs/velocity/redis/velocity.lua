@@ -326,19 +326,33 @@ end
 
 -- The packed layout: the fields a hash would hold as lines "<field>\t<value>\n" (no field
 -- or value holds a tab or a newline: values are JSON, control characters escaped), in one
--- string. A batch reads it with one GET and writes it with one SET, where a hash costs an
--- HSET, a PEXPIRE and a dozen arguments a key; a key reaching ROLLUP_MIN_BUCKETS buckets
--- becomes a dense hash (a window over 86 400 buckets must not read them all).
+-- string. A batch reads it (an MGET of the batch's keys) and writes it with one SET, where
+-- a hash costs an HSET, a PEXPIRE and a dozen arguments a key. A key reaching
+-- ROLLUP_MIN_BUCKETS buckets turns dense (a window over 86 400 buckets must not read them
+-- all): its fields and roll-ups move to the hash "<base>:dense", and its state string holds
+-- DENSE_TEXT only, so that every key's state is still one string a read can MGET.
 local PACKED_LINE = "([^\t\n]+)\t([^\n]*)\n"
--- read_keys marks a dense key's fields with this field first (the stream keeps it a hash).
 local HASH_MARK = "#"
+local DENSE_TEXT = HASH_MARK .. "\t\n"
+-- Each commit records this layout in the stream's progress (velocity/redis/mirror.py's
+-- STATE_LAYOUT): a data dir whose progress lacks it is in the layout before.
+local STATE_LAYOUT = "packed"
 
--- A key's layout and, when packed, its text: ("packed", text), ("hash", nil) or nil.
+-- The hash of a dense key's fields, from its state's name "<base>:buckets".
+local function dense_of(name)
+  return string.sub(name, 1, -9) .. ":dense"
+end
+
+-- A key's layout and, when packed, its text: ("packed", text), ("dense", nil) or nil.
 local function key_layout(name)
   local value = redis.pcall("GET", name)
-  if type(value) == "string" then return "packed", value end
-  if type(value) == "table" then return "hash", nil end -- WRONGTYPE: a dense key's hash
-  return nil, nil
+  if type(value) == "table" then
+    error("velocity: " .. name .. " is a hash, the layout before Velocity 0.3: run "
+          .. "`velocity mirror migrate` once")
+  end
+  if not value then return nil, nil end
+  if value == DENSE_TEXT then return "dense", nil end
+  return "packed", value
 end
 
 local function packed_fields(text)
@@ -353,7 +367,22 @@ local function packed_text(fields)
   return table.concat(lines)
 end
 
--- Rewrites a packed key whole from its `fields` (a table): a hash with roll-ups when it has
+-- Turns a key dense: its fields (`flat`, field value ...) into its hash, with roll-ups, and
+-- DENSE_TEXT into its state string; the TTL `ttl_ms` on both (none when nil).
+local function store_dense(name, flat, first, last, width, ttl_ms)
+  local hash = dense_of(name)
+  redis.call("DEL", hash)
+  in_slices("HSET", hash, flat, first, last)
+  if ttl_ms then
+    redis.call("SET", name, DENSE_TEXT, "PX", ttl_ms)
+    redis.call("PEXPIRE", hash, ttl_ms)
+  else
+    redis.call("SET", name, DENSE_TEXT)
+  end
+  after_bucket_writes(hash, {}, width)
+end
+
+-- Rewrites a packed key whole from its `fields` (a table): dense when it has
 -- ROLLUP_MIN_BUCKETS buckets (and `width`, the bucket ms, is known), else packed; gone when
 -- it has no field. The TTL `ttl_ms`, or the key's own when "".
 local function store_fields(name, fields, width, ttl_ms)
@@ -362,22 +391,20 @@ local function store_fields(name, fields, width, ttl_ms)
     flat[#flat + 1], flat[#flat + 2] = field, value
     if is_bucket(field) then buckets = buckets + 1 end
   end
-  local kept = redis.call("PTTL", name)
   if #flat == 0 then
     redis.call("DEL", name)
     return
   end
+  if ttl_ms == "" then
+    ttl_ms = redis.call("PTTL", name)
+    if ttl_ms <= 0 then ttl_ms = nil end
+  end
   if width and buckets >= ROLLUP_MIN_BUCKETS then
-    redis.call("DEL", name)
-    in_slices("HSET", name, flat)
-    after_bucket_writes(name, {}, width)
+    store_dense(name, flat, 1, #flat, width, ttl_ms)
+  elseif ttl_ms then
+    redis.call("SET", name, packed_text(fields), "PX", ttl_ms)
   else
     redis.call("SET", name, packed_text(fields))
-  end
-  if ttl_ms ~= "" then
-    redis.call("PEXPIRE", name, ttl_ms)
-  elseif kept > 0 then
-    redis.call("PEXPIRE", name, kept)
   end
 end
 
@@ -422,8 +449,8 @@ local function velocity_window(keys, args)
   local last = floor_to(at, bucket_ms)
   local values = {}
   local layout, text = key_layout(keys[1])
-  local layout_width, sizes
-  if layout == "hash" then layout_width, sizes = rollup_layout(keys[1]) end
+  local hash, layout_width, sizes = dense_of(keys[1]), nil, nil
+  if layout == "dense" then layout_width, sizes = rollup_layout(hash) end
   if last < lower or layout == nil then
     -- no bucket can start in the window (only a negative window; rules have W > 0)
   elseif layout == "packed" then
@@ -434,13 +461,13 @@ local function velocity_window(keys, args)
       end
     end
   elseif layout_width == bucket_ms then
-    values = redis.call("HMGET", keys[1], unpack(cover(lower, last, bucket_ms, sizes)))
+    values = redis.call("HMGET", hash, unpack(cover(lower, last, bucket_ms, sizes)))
   elseif (last - lower) / bucket_ms < ROLLUP_MIN_BUCKETS then
     local names = {}
     for start = lower, last, bucket_ms do names[#names + 1] = ms_text(start) end
-    values = redis.call("HMGET", keys[1], unpack(names))
-  else -- a sparse hash (or one written before roll-ups): read whole
-    local fields = redis.call("HGETALL", keys[1])
+    values = redis.call("HMGET", hash, unpack(names))
+  else -- a dense hash without roll-ups at this width: read whole
+    local fields = redis.call("HGETALL", hash)
     for i = 1, #fields, 2 do
       if is_bucket(fields[i]) then
         local start = tonumber(fields[i])
@@ -522,9 +549,11 @@ local function velocity_evict(keys, args)
     if count > 0 then store_fields(keys[1], fields, nil, "") end
     return count
   end
-  local dropped = {}
-  local count = drop_before(keys[1], tonumber(args[1]), dropped)
-  if count > 0 then after_bucket_writes(keys[1], dropped, nil) end
+  if layout == nil then return 0 end
+  local dropped, hash = {}, dense_of(keys[1])
+  local count = drop_before(hash, tonumber(args[1]), dropped)
+  if count > 0 then after_bucket_writes(hash, dropped, nil) end
+  if redis.call("EXISTS", hash) == 0 then redis.call("DEL", keys[1]) end
   return count
 end
 
@@ -535,9 +564,8 @@ end
 -- that start before <drop before> (unless empty), keeps the roll-ups in step, and gives
 -- the hash the TTL (unless empty). Returns the buckets set.
 local function velocity_put_buckets(keys, args)
-  local hash = keys[1]
-  local layout, text = key_layout(hash)
-  if layout ~= "hash" then -- packed (or new): rewritten whole, dense once it has enough
+  local layout, text = key_layout(keys[1])
+  if layout ~= "dense" then -- packed (or new): rewritten whole, dense once it has enough
     local fields, set = packed_fields(text), 0
     for i = 4, #args - 1, 2 do
       if args[i + 1] == "" then
@@ -553,10 +581,10 @@ local function velocity_put_buckets(keys, args)
         if is_bucket(field) and tonumber(field) < cutoff then fields[field] = nil end
       end
     end
-    store_fields(hash, fields, tonumber(args[1]), args[2])
+    store_fields(keys[1], fields, tonumber(args[1]), args[2])
     return set
   end
-  local touched, set = {}, 0
+  local hash, touched, set = dense_of(keys[1]), {}, 0
   for i = 4, #args - 1, 2 do
     if args[i + 1] == "" then
       redis.call("HDEL", hash, args[i])
@@ -568,7 +596,12 @@ local function velocity_put_buckets(keys, args)
   end
   if args[3] ~= "" then drop_before(hash, tonumber(args[3]), touched) end
   after_bucket_writes(hash, touched, tonumber(args[1]))
-  if args[2] ~= "" then redis.call("PEXPIRE", hash, args[2]) end
+  if redis.call("EXISTS", hash) == 0 then
+    redis.call("DEL", keys[1]) -- its last field gone
+  elseif args[2] ~= "" then
+    redis.call("PEXPIRE", hash, args[2])
+    redis.call("PEXPIRE", keys[1], args[2])
+  end
   return set
 end
 
@@ -620,31 +653,36 @@ local function velocity_renew(keys, args)
 end
 
 -- Every bucket, raw-events and last-notified field of the named keys (roll-ups left out),
--- as "<name>\030<packed text>" for each key that exists, joined by "\030" (a control
--- character, escaped in every JSON value): a packed key's text as it is stored, a dense
--- key's fields as packed lines after a HASH_MARK line. The caller splits it by column.
+-- as one packed text a name, in the names' order, joined by "\030" (a control character,
+-- escaped in every JSON value): a packed key's text as it is stored (one MGET for them
+-- all; a GET each on a Redis Cluster), a dense key's hash's fields after the DENSE_TEXT
+-- line, "" for a key that has none.
 local KEY_SEPARATOR = "\030"
 
-local function read_keys(names)
-  local parts = {}
-  for _, name in ipairs(names) do
-    local layout, text = key_layout(name)
-    if layout == "hash" then
-      local lines = {HASH_MARK .. "\t\n"}
-      local fields = redis.call("HGETALL", name)
-      for i = 1, #fields, 2 do
-        if is_bucket(fields[i]) or is_raw(fields[i]) or is_notified(fields[i]) then
-          lines[#lines + 1] = fields[i] .. "\t" .. fields[i + 1] .. "\n"
-        end
-      end
-      text = table.concat(lines)
+local function read_keys(names, in_cluster)
+  local texts = {}
+  for first = 1, #names, 2000 do
+    local last, values = math.min(first + 1999, #names), {}
+    if in_cluster then -- a command's keys must share a slot there
+      for k = first, last do values[#values + 1] = redis.call("GET", names[k]) end
+    else
+      values = redis.call("MGET", unpack(names, first, last))
     end
-    if text then
-      parts[#parts + 1] = name
-      parts[#parts + 1] = text
+    for j, value in ipairs(values) do
+      if value == DENSE_TEXT then
+        local lines = {DENSE_TEXT}
+        local fields = redis.call("HGETALL", dense_of(names[first + j - 1]))
+        for i = 1, #fields, 2 do
+          if is_bucket(fields[i]) or is_raw(fields[i]) or is_notified(fields[i]) then
+            lines[#lines + 1] = fields[i] .. "\t" .. fields[i + 1] .. "\n"
+          end
+        end
+        value = table.concat(lines)
+      end
+      texts[first + j - 1] = value or ""
     end
   end
-  return table.concat(parts, KEY_SEPARATOR)
+  return table.concat(texts, KEY_SEPARATOR)
 end
 
 -- The accepted transactionIds, de-duplicated over a horizon h: the hash "<seen prefix><n>"
@@ -700,7 +738,7 @@ local function velocity_stream_read(keys, args)
       m = redis.call("GET", keys[3]) or "",
       s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
     }),
-    read_keys(request["h"]),
+    read_keys(request["h"], false),
   }
 end
 
@@ -721,7 +759,8 @@ end
 
 -- A micro-batch's bucket changes: `count` runs of plain arguments from args[first] on,
 -- one per changed (signature, key) (velocity/redis/commit_args.py's KeyChange), by kind:
---   base "p" value expire                         the packed key whole (one SET)
+--   base "p" value expire                         the packed key whole (one SET;
+--                                                 expire "2": it was dense)
 --   base "f" n_fields (field value)...            the key whole, dense from now on
 --   base quiet n_sets n_fields (start value)... (field value)... n_drops start...
 --                                                 a dense key's changes (quiet: "0"/"1")
@@ -736,24 +775,22 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
   local i = first
   for _ = 1, count do
     local base, kind = args[i], args[i + 1]
-    local hash = base .. ":buckets"
+    local state, hash = base .. ":buckets", base .. ":dense"
     local whole = kind == "p" or kind == "f"
     local sets_at, n_sets, drops_at, n_drops = 0, 0, 0, 0
     if kind == "p" then
       local value, expire = args[i + 2], args[i + 3]
       i = i + 4
+      if expire == "2" then redis.call("DEL", hash) end -- was dense
       if value == "" then
-        redis.call("DEL", hash)
-      elseif expire == "1" or not redis.call("SET", hash, value, "XX", "KEEPTTL") then
-        redis.call("SET", hash, value, "PX", ttl_ms)
+        redis.call("DEL", state)
+      elseif expire ~= "0" or not redis.call("SET", state, value, "XX", "KEEPTTL") then
+        redis.call("SET", state, value, "PX", ttl_ms)
       end
     elseif kind == "f" then
       local fields_at = i + 3
       i = fields_at + 2 * tonumber(args[i + 2])
-      redis.call("DEL", hash)
-      in_slices("HSET", hash, args, fields_at, i - 1)
-      redis.call("PEXPIRE", hash, ttl_ms)
-      after_bucket_writes(hash, {}, bucket_ms)
+      store_dense(state, args, fields_at, i - 1, bucket_ms, ttl_ms)
     else
       n_sets = tonumber(args[i + 2])
       local n_fields = tonumber(args[i + 3])
@@ -763,6 +800,7 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
       if i > sets_at then
         in_slices("HSET", hash, args, sets_at, i - 1)
         redis.call("PEXPIRE", hash, ttl_ms)
+        redis.call("SET", state, DENSE_TEXT, "PX", ttl_ms)
       end
       n_drops = tonumber(args[i])
       drops_at = i + 1
@@ -845,7 +883,8 @@ local function velocity_stream_commit(keys, args)
   for i = shadow_at, #args - 1 do
     redis.call("XADD", keys[4], "MAXLEN", "~", args[6], "*", "alert", args[i], "batch", args[2])
   end
-  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms(),
+             "layout", STATE_LAYOUT)
   return shadow_at - alerts_at
 end
 
@@ -909,7 +948,8 @@ local function velocity_cluster_decide(keys, args)
   end
   redis.call("DEL", keys[3])
   redis.call("HSET", keys[3], "batch", args[2], "changes", args[5])
-  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms())
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms(),
+             "layout", STATE_LAYOUT)
   return 0
 end
 
@@ -967,18 +1007,19 @@ local function velocity_cluster_read_progress(keys, args)
 end
 
 -- FCALL_RO velocity_read_keys 1 <one of the keys> <key names json>
--- The named keys' fields, all on this master, as read_keys' text.
+-- The named keys' fields, all on this master (of a Redis Cluster, or the one server), as
+-- read_keys' text.
 local function velocity_read_keys(keys, args)
-  return read_keys(cjson.decode(args[1]))
+  return read_keys(cjson.decode(args[1]), true)
 end
 
 -- FCALL velocity_pack 1 <key state> <dense min buckets>
 -- Migration from the layout before packed keys (`velocity mirror migrate`): a key's hash
--- with fewer buckets than the minimum becomes its packed string (roll-ups left out, its
--- TTL kept). 1 when packed, 0 when left (packed already, dense, or gone).
+-- "<base>:buckets" becomes its packed string when it has fewer buckets than the minimum
+-- (roll-ups left out), else moves to "<base>:dense" with DENSE_TEXT in its place; its TTL
+-- kept. 1 when packed, 2 when moved, 0 when left (migrated already, or gone).
 local function velocity_pack(keys, args)
-  local layout = key_layout(keys[1])
-  if layout ~= "hash" then return 0 end
+  if redis.call("TYPE", keys[1])["ok"] ~= "hash" then return 0 end
   local fields, buckets = {}, 0
   local all = redis.call("HGETALL", keys[1])
   for i = 1, #all, 2 do
@@ -986,11 +1027,17 @@ local function velocity_pack(keys, args)
     if is_bucket(field) then buckets = buckets + 1 end
     if is_bucket(field) or is_raw(field) or is_notified(field) then fields[field] = all[i + 1] end
   end
-  if buckets >= tonumber(args[1]) then return 0 end
   local ttl = redis.call("PTTL", keys[1])
-  redis.call("SET", keys[1], packed_text(fields))
+  local done = 1
+  if buckets >= tonumber(args[1]) then
+    redis.call("RENAME", keys[1], dense_of(keys[1]))
+    redis.call("SET", keys[1], DENSE_TEXT)
+    done = 2
+  else
+    redis.call("SET", keys[1], packed_text(fields))
+  end
   if ttl > 0 then redis.call("PEXPIRE", keys[1], ttl) end
-  return 1
+  return done
 end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,

@@ -89,6 +89,7 @@ class RedisState:
                 "batch": -1 if through is None else through,
                 "newest": "" if newest is None else newest,
                 "at": int(time.time() * 1000),  # whole as of now (see ``is_current``)
+                mirror.STATE_LAYOUT_FIELD: mirror.STATE_LAYOUT,
             },
         )
         self.redis.set(keys.mirror_marker, str(self.settings.data_dir))

@@ -453,6 +453,8 @@ def bucket_changes(
     )
     newest_set = np.full(n, -1, np.int64)
     np.maximum.at(newest_set, set_of, one_chunk(buckets.column("bucket_start")).to_numpy())
+    # "2": it was dense (its hash goes), "1": its newest bucket moved, "0": neither.
+    expire = np.where(was_dense, "2", np.where(newest_set > newest_held, "1", "0"))
     order = np.argsort(line_of, kind="stable")
     lines = pc.binary_join_element_wise(line_fields, "\t", line_values, "\n", "").take(order)
     offsets = np.zeros(n + 1, np.int32)
@@ -483,7 +485,7 @@ def bucket_changes(
             (drop_of[in_dense[3]], _starts(decided.dropped).filter(in_dense[3])),
             # a packed key whole
             (packed, packed_values.take(pa.array(packed))),
-            (packed, pa.array(np.where(newest_set > newest_held, "1", "0")[packed], pa.string())),
+            (packed, pa.array(expire[packed], pa.string())),
             # a key turning dense, whole
             (fresh, _counts(np.bincount(line_of, minlength=n)[fresh])),
             _pairs(line_of[into_fresh], line_fields.filter(into_fresh),

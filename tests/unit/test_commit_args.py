@@ -35,6 +35,31 @@ def test_a_keys_run_parses_back_to_its_change(change: KeyChange) -> None:
     )
 
 
+# A key state's field names and values hold no tab or newline (velocity.lua's PACKED_LINE).
+field_texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=12)
+wholes = st.dictionaries(field_texts.filter(bool), field_texts, max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts, wholes, st.booleans(), st.sampled_from("012"), starts, pairs)
+def test_a_whole_keys_run_parses_back_to_its_change(
+    base: str, whole: dict, dense: bool, expire: str, removed: list, appended: list
+) -> None:
+    """A key's state whole, packed ("p" alone: three arguments; "q" with raw-events
+    changes) or dense ("f"), parses back."""
+    change = KeyChange(
+        base, False, removed=removed, appended=appended, whole=list(whole.items()),
+        dense=dense, expire="1" if dense else expire,
+    )  # fmt: skip
+    args = change.args()
+    if not dense and not (removed or appended):
+        assert args == [f"{base}:buckets", f"p{expire}", change.args()[2]]
+    assert KeyChange.parse(args) == KeyChange(
+        base, False, [], [], [], list(removed), list(appended), [], list(whole.items()), dense,
+        change.expire,
+    )  # fmt: skip
+
+
 segments = st.lists(st.lists(st.tuples(st.integers(0, 5), texts)), min_size=1, max_size=5)
 
 

@@ -24,8 +24,9 @@ from velocity.redis.keys import NOTIFIED_FIELD, RAW_FIELD, one_chunk, packed_fie
 KEY_RUNS = pa.schema([pa.field("base", pa.string()), pa.field("args", pa.list_(pa.string()))])
 
 
-# A key's run kinds beside a dense key's changes ("0", "1": quiet or not): its state whole.
-PACKED_RUN, DENSE_RUN = "p", "f"
+# A key's run kinds beside a dense key's changes ("0", "1": quiet or not): its state whole,
+# packed (with no raw-events change: "p"; else "q"; each with its expire) or dense ("f").
+PACKED_ONLY_RUN, PACKED_RUN, DENSE_RUN = "p", "q", "f"
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,18 @@ class KeyChange:
     expire: str = "1"  # a packed key: "1" its newest bucket moved, "2" it was dense
 
     def args(self) -> list[str]:
-        """The run (velocity.lua's apply_bucket_changes): ``base p value expire``, ``base f
+        """The run (velocity.lua's apply_bucket_changes): ``state p<expire> value`` (a
+        packed key, no raw-events change), else ``base q<expire> value``, ``base f
         n_fields (field value)…`` or ``base quiet n_sets n_fields (start value)… (~start
-        fragment)… (n:rule:version last)… n_drops start…``; then ``n_removed start…
+        fragment)… (n:rule:version last)… n_drops start…``, then ``n_removed start…
         n_appended (start fragment)…``."""
         if self.whole is not None and self.dense:
             out = [self.base, DENSE_RUN, str(len(self.whole))]
             out.extend(text for pair in self.whole for text in pair)
+        elif self.whole is not None and not (self.removed or self.appended):
+            return [f"{self.base}:buckets", PACKED_ONLY_RUN + self.expire, packed_text(self.whole)]
         elif self.whole is not None:
-            out = [self.base, PACKED_RUN, packed_text(self.whole), self.expire]
+            out = [self.base, PACKED_RUN + self.expire, packed_text(self.whole)]
         else:
             fields = len(self.started) + len(self.notified)
             out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(fields)]
@@ -100,10 +104,16 @@ class KeyChange:
         beside: list[tuple[str, str]] = []
         drops: list[str] = []
         expire = "1"
-        if kind == PACKED_RUN:
+        if kind[0] == PACKED_ONLY_RUN:
+            if len(args) != 3:
+                raise ValueError(f"a packed key's run has {len(args) - 3} arguments too many")
             whole = list(packed_fields(args[2]).items())
-            expire = args[3]
-            at = 4
+            return cls(base.removesuffix(":buckets"), False, [], [], [], [], [], [], whole,
+                       expire=kind[1:])  # fmt: skip
+        if kind[0] == PACKED_RUN:
+            whole = list(packed_fields(args[2]).items())
+            expire = kind[1:]
+            at = 3
         elif kind == DENSE_RUN:
             whole = _text_pairs(counted(2))
         else:

@@ -757,16 +757,30 @@ local function remember_seen(prefix, horizon_ms, ids, first, last, batch)
   redis.call("PEXPIREAT", name, string.format("%d", (span + 2) * horizon_ms))
 end
 
+-- A packed key's state whole: `moved` "0" (its TTL kept), "1" (its newest bucket moved: the
+-- TTL starts again) or "2" (it was dense: its hash goes).
+local function set_packed(state, value, moved, ttl_ms)
+  if moved == "2" then redis.call("DEL", dense_of(state)) end
+  if value == "" then
+    redis.call("DEL", state)
+  elseif moved ~= "0" or not redis.call("SET", state, value, "XX", "KEEPTTL") then
+    redis.call("SET", state, value, "PX", ttl_ms)
+  end
+end
+
+local PACKED_ONLY = {p0 = "0", p1 = "1", p2 = "2"}
+local PACKED = {q0 = "0", q1 = "1", q2 = "2"}
+
 -- A micro-batch's bucket changes: `count` runs of plain arguments from args[first] on,
 -- one per changed (signature, key) (velocity/redis/commit_args.py's KeyChange), by kind:
---   base "p" value expire                         the packed key whole (one SET;
---                                                 expire "2": it was dense)
+--   state "p<moved>" value                        a packed key whole, one SET (set_packed)
+--   base "q<moved>" value                         the same, then its raw events' changes
 --   base "f" n_fields (field value)...            the key whole, dense from now on
 --   base quiet n_sets n_fields (start value)... (field value)... n_drops start...
 --                                                 a dense key's changes (quiet: "0"/"1")
--- each followed by n_removed start... n_appended (start fragment)...: the raw events no
--- longer kept (in their own strings) and those appended to. A packed key's TTL moves only
--- with its newest bucket (expire "1"), else it keeps its own. A dense key's run holds its
+-- all but "p" followed by n_removed start... n_appended (start fragment)...: the raw events
+-- no longer kept (in their own strings) and those appended to. A packed key's TTL moves only
+-- with its newest bucket, else it keeps its own. A dense key's run holds its
 -- buckets' absolute values and the fields beside them (the raw events of buckets new to
 -- it, "~<start>", and its rules' last notified alerts, "n:<rule>:<version>"); Redis keeps
 -- its roll-ups in step. Nothing to decode: the arguments are used where they lie.
@@ -774,81 +788,83 @@ end
 local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
   local i = first
   for _ = 1, count do
-    local base, kind = args[i], args[i + 1]
-    local state, hash = base .. ":buckets", base .. ":dense"
-    local whole = kind == "p" or kind == "f"
-    local sets_at, n_sets, drops_at, n_drops = 0, 0, 0, 0
-    if kind == "p" then
-      local value, expire = args[i + 2], args[i + 3]
-      i = i + 4
-      if expire == "2" then redis.call("DEL", hash) end -- was dense
-      if value == "" then
-        redis.call("DEL", state)
-      elseif expire ~= "0" or not redis.call("SET", state, value, "XX", "KEEPTTL") then
-        redis.call("SET", state, value, "PX", ttl_ms)
-      end
-    elseif kind == "f" then
-      local fields_at = i + 3
-      i = fields_at + 2 * tonumber(args[i + 2])
-      store_dense(state, args, fields_at, i - 1, bucket_ms, ttl_ms)
+    local kind = args[i + 1]
+    local moved = PACKED_ONLY[kind]
+    if moved then -- nearly every key: three arguments, one SET
+      set_packed(args[i], args[i + 2], moved, ttl_ms)
+      i = i + 3
     else
-      n_sets = tonumber(args[i + 2])
-      local n_fields = tonumber(args[i + 3])
-      sets_at = i + 4
-      i = sets_at + 2 * (n_sets + n_fields)
-      -- The buckets and the fields beside them in one HSET.
-      if i > sets_at then
-        in_slices("HSET", hash, args, sets_at, i - 1)
-        redis.call("PEXPIRE", hash, ttl_ms)
-        redis.call("SET", state, DENSE_TEXT, "PX", ttl_ms)
-      end
-      n_drops = tonumber(args[i])
-      drops_at = i + 1
-      i = drops_at + n_drops
-    end
-    local n_removed = tonumber(args[i])
-    local removed_at = i + 1
-    local n_appended = tonumber(args[removed_at + n_removed])
-    local appended_at = removed_at + n_removed + 1
-    i = appended_at + 2 * n_appended
-    -- Dropped buckets, and raw events no longer kept (in the hash or in their string).
-    if n_drops + n_removed > 0 then
-      local gone = {}
-      for j = drops_at, drops_at + n_drops - 1 do gone[#gone + 1] = args[j] end
-      for j = removed_at, removed_at + n_removed - 1 do
-        gone[#gone + 1] = "~" .. args[j]
-        redis.call("DEL", base .. ":raw:" .. args[j])
-      end
-      if not whole then in_slices("HDEL", hash, gone) end
-    end
-    -- Raw events added to: the first time, those in a dense key's hash move to a string of
-    -- their own ("<base>:raw:<start>", the buckets' TTL), which later batches append to. A
-    -- whole key's run has moved them already (its fragment starts with them).
-    for j = appended_at, i - 1, 2 do
-      local field, name = "~" .. args[j], base .. ":raw:" .. args[j]
-      local kept = not whole and redis.call("HGET", hash, field)
-      if kept then
-        redis.call("SET", name, kept .. args[j + 1], "PX", ttl_ms)
-        redis.call("HDEL", hash, field)
+      local base = args[i]
+      local state, hash = base .. ":buckets", base .. ":dense"
+      moved = PACKED[kind]
+      local whole = moved or kind == "f"
+      local sets_at, n_sets, drops_at, n_drops = 0, 0, 0, 0
+      if moved then
+        set_packed(state, args[i + 2], moved, ttl_ms)
+        i = i + 3
+      elseif kind == "f" then
+        local fields_at = i + 3
+        i = fields_at + 2 * tonumber(args[i + 2])
+        store_dense(state, args, fields_at, i - 1, bucket_ms, ttl_ms)
       else
-        redis.call("APPEND", name, args[j + 1])
-        redis.call("PEXPIRE", name, ttl_ms)
+        n_sets = tonumber(args[i + 2])
+        local n_fields = tonumber(args[i + 3])
+        sets_at = i + 4
+        i = sets_at + 2 * (n_sets + n_fields)
+        -- The buckets and the fields beside them in one HSET.
+        if i > sets_at then
+          in_slices("HSET", hash, args, sets_at, i - 1)
+          redis.call("PEXPIRE", hash, ttl_ms)
+          redis.call("SET", state, DENSE_TEXT, "PX", ttl_ms)
+        end
+        n_drops = tonumber(args[i])
+        drops_at = i + 1
+        i = drops_at + n_drops
       end
-    end
-    -- Roll-ups of a dense key's changes. One that only grew and is quiet (it has at most a
-    -- few buckets, so no roll-ups) needs nothing; one that only grew and has fewer than
-    -- ROLLUP_KEEP_FIELDS fields has none (one HLEN); the others are refreshed at the
-    -- starts touched.
-    local grew = n_drops == 0
-    if not whole and n_sets + n_drops > 0 and not (grew and kind == "1")
-        and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
-      if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
-        local starts = {}
-        for j = sets_at, sets_at + 2 * n_sets - 1, 2 do starts[tonumber(args[j])] = true end
-        for j = drops_at, drops_at + n_drops - 1 do starts[tonumber(args[j])] = true end
-        after_bucket_writes(hash, starts, bucket_ms)
-      elseif grew and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
-        after_bucket_writes(hash, {}, bucket_ms) -- has just become dense: built whole
+      local n_removed = tonumber(args[i])
+      local removed_at = i + 1
+      local n_appended = tonumber(args[removed_at + n_removed])
+      local appended_at = removed_at + n_removed + 1
+      i = appended_at + 2 * n_appended
+      -- Dropped buckets, and raw events no longer kept (in the hash or in their string).
+      if n_drops + n_removed > 0 then
+        local gone = {}
+        for j = drops_at, drops_at + n_drops - 1 do gone[#gone + 1] = args[j] end
+        for j = removed_at, removed_at + n_removed - 1 do
+          gone[#gone + 1] = "~" .. args[j]
+          redis.call("DEL", base .. ":raw:" .. args[j])
+        end
+        if not whole then in_slices("HDEL", hash, gone) end
+      end
+      -- Raw events added to: the first time, those in a dense key's hash move to a string of
+      -- their own ("<base>:raw:<start>", the buckets' TTL), which later batches append to. A
+      -- whole key's run has moved them already (its fragment starts with them).
+      for j = appended_at, i - 1, 2 do
+        local field, name = "~" .. args[j], base .. ":raw:" .. args[j]
+        local kept = not whole and redis.call("HGET", hash, field)
+        if kept then
+          redis.call("SET", name, kept .. args[j + 1], "PX", ttl_ms)
+          redis.call("HDEL", hash, field)
+        else
+          redis.call("APPEND", name, args[j + 1])
+          redis.call("PEXPIRE", name, ttl_ms)
+        end
+      end
+      -- Roll-ups of a dense key's changes. One that only grew and is quiet (it has at most a
+      -- few buckets, so no roll-ups) needs nothing; one that only grew and has fewer than
+      -- ROLLUP_KEEP_FIELDS fields has none (one HLEN); the others are refreshed at the
+      -- starts touched.
+      local grew = n_drops == 0
+      if not whole and n_sets + n_drops > 0 and not (grew and kind == "1")
+          and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
+        if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
+          local starts = {}
+          for j = sets_at, sets_at + 2 * n_sets - 1, 2 do starts[tonumber(args[j])] = true end
+          for j = drops_at, drops_at + n_drops - 1 do starts[tonumber(args[j])] = true end
+          after_bucket_writes(hash, starts, bucket_ms)
+        elseif grew and redis.call("HLEN", hash) >= ROLLUP_MIN_BUCKETS then
+          after_bucket_writes(hash, {}, bucket_ms) -- has just become dense: built whole
+        end
       end
     end
   end

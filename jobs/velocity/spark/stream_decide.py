@@ -51,6 +51,7 @@ from velocity.redis import connection, mirror
 from velocity.redis.commit_args import (
     DENSE_RUN,
     KEY_RUNS,
+    PACKED_ONLY_RUN,
     PACKED_RUN,
     BucketChanges,
     PartitionCommit,
@@ -466,11 +467,16 @@ def bucket_changes(
     in_dense = [changes_only[of] for of in (set_of, started_of, notified_of, drop_of)]
     into_fresh = turns_dense[line_of]
     base = keys.key_base_texts(changed.column("signature_id"), changed.column("key"))
-    kind = np.where(changes_only, "0", np.where(turns_dense, DENSE_RUN, PACKED_RUN))
+    # A packed key without raw-events changes (nearly every key): "state p<expire> value".
+    alone = is_packed & (n_removed == 0) & (n_appended == 0)
+    (tailed,) = np.nonzero(~alone)
+    first = pc.if_else(pa.array(alone), pc.binary_join_element_wise(base, ":buckets", ""), base)
+    packed_kind = np.char.add(np.where(alone, PACKED_ONLY_RUN, PACKED_RUN), expire)
+    kind = np.where(changes_only, "0", np.where(turns_dense, DENSE_RUN, packed_kind))
     runs = flat_runs(
         n,
         [
-            (np.arange(n), base),
+            (np.arange(n), first),
             (np.arange(n), pa.array(kind, pa.string())),
             # a dense key's changes
             (dense, _counts(n_sets[dense])),
@@ -485,15 +491,14 @@ def bucket_changes(
             (drop_of[in_dense[3]], _starts(decided.dropped).filter(in_dense[3])),
             # a packed key whole
             (packed, packed_values.take(pa.array(packed))),
-            (packed, pa.array(expire[packed], pa.string())),
             # a key turning dense, whole
             (fresh, _counts(np.bincount(line_of, minlength=n)[fresh])),
             _pairs(line_of[into_fresh], line_fields.filter(into_fresh),
                    line_values.filter(into_fresh)),
-            # every key's raw events no longer kept and appended to
-            (np.arange(n), _counts(n_removed)),
+            # every other key's raw events no longer kept and appended to
+            (tailed, _counts(n_removed[tailed])),
             (removed_of, _starts(decided.raw_removed)),
-            (np.arange(n), _counts(n_appended)),
+            (tailed, _counts(n_appended[tailed])),
             _pairs(appended_of, _starts(appended), appended_texts),
         ],
     )  # fmt: skip

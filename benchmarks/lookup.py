@@ -13,7 +13,7 @@ Each lookup is at a random time in the last hour (a window's edges fall anywhere
 roll-up blocks), for SUM (exact decimal sums) and UNIQUE_COUNT. Side by side with the
 function as it was at ``--before``, loaded under other names into the same server and
 reading a copy of the hash written with plain HSETs (the hash it knew; a revision with
-roll-ups reads the dense hash itself).
+roll-ups reads the dense key's hash itself, which it kept under the state key's name).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def main() -> None:
                     # A revision with roll-ups reads the dense hash as now; one before, or a
                     # key with too few buckets to be dense, the plain hash it knew.
                     dense = "ROLLUP_SIZES" in old and len(starts) >= 128
-                    before_reads = rolled if dense else plain
+                    before_reads = rolled.removesuffix(":buckets") + ":dense" if dense else plain
                     for label, function, name in (
                         ("before", "before_window", before_reads),
                         ("now", "velocity_window", rolled),

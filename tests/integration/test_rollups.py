@@ -16,7 +16,7 @@ from tests.builders import asked_keys
 from velocity.buckets import BucketAggregate, merge_all
 from velocity.decimals import format_decimal
 from velocity.redis import connection, mirror
-from velocity.redis.keys import packed_fields, parse_bucket_value, parse_recent
+from velocity.redis.keys import RedisKeys, packed_fields, parse_bucket_value, parse_recent
 from velocity.redis.lock import state_lock
 from velocity.rules import Aggregator
 from velocity.settings import Settings
@@ -84,9 +84,7 @@ def read_window(
     return value
 
 
-def dense(name: str) -> str:
-    """The hash of a dense key's fields, beside its state string ``name``."""
-    return name.removesuffix(":buckets") + ":dense"
+dense = RedisKeys.dense_hash_of
 
 
 def assert_rollups_merge_their_buckets(client: redis.Redis, name: str) -> None:

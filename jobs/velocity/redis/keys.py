@@ -83,6 +83,12 @@ class RedisKeys:
         """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text``."""
         return f"{self.key_base(signature_id, key)}:buckets"
 
+    @staticmethod
+    def dense_hash_of(state: str) -> str:
+        """The hash of a dense key's fields, beside its state string ``state`` (a
+        ``bucket_hash``; velocity.lua's dense_of)."""
+        return state.removesuffix(":buckets") + ":dense"
+
     def recent_events(self, signature_id: str, key: str, start: int) -> str:
         """The raw events of one of a key's newest buckets (beside its hash, one slot)."""
         return f"{self.key_base(signature_id, key)}:raw:{start}"

@@ -217,7 +217,8 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
         active_signatures = {r.signature.signature_id for r in rules}
         for name, slot in list(mirror.bucket_hashes(client, settings.redis_keys)):
             if slot[0] not in active_signatures:
-                summary.redis_hashes_dropped += int(client.delete(name))  # type: ignore[arg-type]
+                dense = settings.redis_keys.dense_hash_of(name)  # a dense key's, beside it
+                summary.redis_hashes_dropped += int(client.delete(name, dense) > 0)  # type: ignore[operator]
                 continue
             dropped = client.fcall("velocity_evict", 1, name, str(summary.cutoff))
             summary.redis_buckets_dropped += int(dropped)  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ from velocity.buckets import bucket_start
 from velocity.decimals import dumps_json
 from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import canonical_texts, keyed_rows
-from velocity.engine.kernel import Decisions, decide_history
+from velocity.engine.kernel import Decisions, decide_history, value_texts
 from velocity.engine.records import alert_rows
 from velocity.errors import UsageError
 from velocity.explain import Explanation, explain_alert
@@ -130,7 +130,7 @@ class Fired:
             {
                 "transactionId": self.keyed.column("transactionId").take(rows),
                 "eventTime": self.keyed.column("eventTime").take(rows),
-                "aggregateValue": pa.array(self.decisions.values, pa.string()),
+                "aggregateValue": self.decisions.texts(),
                 "windowStart": pa.array(self.decisions.window_starts, pa.int64()),
             }
         )
@@ -422,9 +422,11 @@ def _entries(
     rows = fired.decisions.rows[positions]
     ids = fired.keyed.column("transactionId").take(pa.array(rows, pa.int64())).to_pylist()
     times = fired.event_times()[positions].tolist()
-    values = fired.decisions.values[positions].tolist()
+    values = value_texts(fired.decisions.values[positions]).to_pylist()
     others = (
-        other[0].decisions.values[other[1]].tolist() if other is not None else [None] * len(ids)
+        value_texts(other[0].decisions.values[other[1]]).to_pylist()
+        if other is not None
+        else [None] * len(ids)
     )
     out = []
     for tx, time, value, theirs in zip(ids, times, values, others, strict=True):

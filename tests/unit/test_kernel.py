@@ -30,6 +30,7 @@ from velocity.engine.kernel import (
     range_extreme,
     rounded_average,
     units_text,
+    value_texts,
 )
 from velocity.rules import Operator, Rule, deciding_rules, key_text, rules_by_signature
 from velocity.schema import Event
@@ -88,7 +89,7 @@ def kernel_outcome(rows: Sequence[Row], rules: Sequence[Rule], width_ms: int) ->
     decided = decide_history(table, rules, width_ms)
     out: Outcome = {}
     for row, rule_index, value, start in zip(
-        decided.rows, decided.rules, decided.values, decided.window_starts, strict=True
+        decided.rows, decided.rules, decided.texts().to_pylist(), decided.window_starts, strict=True
     ):
         rule = rules[int(rule_index)]
         pair = (rule.rule_id, rule.version, rows[int(row)][3])
@@ -266,7 +267,14 @@ def test_units_text_and_rounded_average_match_the_decimal_formatting(
     values: list[int], data: st.DataObject
 ) -> None:
     units = np.array(values, dtype=np.int64)
-    assert units_text(units).tolist() == [format_aggregate(Decimal(v).scaleb(-8)) for v in values]
+    expected = [format_aggregate(Decimal(v).scaleb(-8)) for v in values]
+    assert units_text(units).tolist() == expected
+    # The texts a record is written with, by Arrow kernels; past int64 by Python integers.
+    assert value_texts(units).to_pylist() == expected
+    wide = np.array([v * 10**4 for v in values], dtype=object)
+    assert value_texts(wide).to_pylist() == [
+        format_aggregate(Decimal(v).scaleb(-4)) for v in values
+    ]
     counts = np.array([data.draw(st.integers(1, 10**6)) for _ in values], dtype=np.int64)
     averages = units_text(rounded_average(units, counts)).tolist()
     assert averages == [
@@ -361,7 +369,7 @@ def test_kernel_over_stored_buckets_and_a_batch_equals_the_reference(
     decided = decide(table, pa.Table.from_pylist(buckets, schema=_BUCKET_ARROW), active, width)
     got: Outcome = {}
     for row, rule_index, value, start in zip(
-        decided.rows, decided.rules, decided.values, decided.window_starts, strict=True
+        decided.rows, decided.rules, decided.texts().to_pylist(), decided.window_starts, strict=True
     ):
         rule = active[int(rule_index)]
         pair = (rule.rule_id, rule.version, rows[int(row)]["transactionId"])

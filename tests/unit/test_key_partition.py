@@ -230,7 +230,7 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
             for i, r, v, s in zip(
                 got.decisions.rows,
                 got.decisions.rules,
-                got.decisions.values,
+                got.decisions.texts().to_pylist(),
                 got.decisions.window_starts,
                 strict=True,
             )

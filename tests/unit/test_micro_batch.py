@@ -110,7 +110,7 @@ def test_micro_batch_equals_the_streams_batch_engine(data, evs, rules, seconds) 
             for i, r, v, s in zip(
                 got.decisions.rows,
                 got.decisions.rules,
-                got.decisions.values,
+                got.decisions.texts().to_pylist(),
                 got.decisions.window_starts,
                 strict=True,
             )

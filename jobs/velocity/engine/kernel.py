@@ -67,28 +67,32 @@ BUCKET_COLUMNS = ("signature_id", "key", "time", *BUCKET_FIGURES)
 @dataclass(frozen=True)
 class Decisions:
     """The decisions that fired: the event's row in the input, the rule's index in the
-    rules given, the aggregate as SPEC §4 text, and the window's lower edge."""
+    rules given, the aggregate as a number (integer units of 10^-8, a count too: text is
+    made once, by ``value_texts``, where a record is written), and the window's lower
+    edge."""
 
     rows: np.ndarray  # int64
     rules: np.ndarray  # int64
-    values: np.ndarray  # str
+    values: np.ndarray  # int64 units (object: Python integers, beyond int64)
     window_starts: np.ndarray  # int64
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def texts(self) -> pa.Array:
+        """The values as SPEC §4 text (``value_texts``)."""
+        return value_texts(self.values)
+
     @classmethod
     def concat(cls, parts: Sequence[Decisions]) -> Decisions:
         if not parts:
-            return cls(_ints(), _ints(), np.array([], dtype=str), _ints())
+            return cls(_ints(), _ints(), _ints(), _ints())
         if len(parts) == 1:
-            # A copy of millions of fixed-width texts costs seconds (a rule that fires
-            # on most events); one part is already the whole.
             return parts[0]
         return cls(
             np.concatenate([p.rows for p in parts]),
             np.concatenate([p.rules for p in parts]),
-            np.concatenate([p.values for p in parts]),  # texts of any widths: the widest
+            np.concatenate([p.values for p in parts]),  # object if any part is
             np.concatenate([p.window_starts for p in parts]),
         )
 
@@ -516,18 +520,18 @@ def _fired(window: _Windows, index: int, rule: Rule) -> Decisions:
     """One rule's decisions of a signature's targets."""
     w = rule.window_ms
     aggregator, op, limit = rule.aggregator, rule.operator, Fraction(rule.limit)
-    text: Callable[[np.ndarray], np.ndarray]
+    value: Callable[[np.ndarray], np.ndarray]  # in units of 10^-8, as every value
     if aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT):
         name = "count" if aggregator is Aggregator.COUNT else "distinct_count"
         figure = window.figure(name, w)
         fired = holds(figure, op, limit)
-        text = lambda chosen: figure[chosen].astype(str)  # noqa: E731
+        value = lambda chosen: figure[chosen] * UNITS  # noqa: E731
     elif aggregator is Aggregator.AVG:
         total, count = window.figure("total", w), window.figure("value_count", w)
         has = window.figure("number_count", w) > 0
         fired = has & (count > 0)
         fired[fired] = average_holds(total[fired], count[fired], op, limit * UNITS)
-        text = lambda chosen: units_text(rounded_average(total[chosen], count[chosen]))  # noqa: E731
+        value = lambda chosen: rounded_average(total[chosen], count[chosen])  # noqa: E731
     else:
         name = {Aggregator.SUM: "total", Aggregator.MIN: "minimum", Aggregator.MAX: "maximum"}[
             aggregator
@@ -535,13 +539,13 @@ def _fired(window: _Windows, index: int, rule: Rule) -> Decisions:
         figure = window.figure(name, w)
         has = window.figure("number_count", w) > 0
         fired = has & holds(figure, op, limit * UNITS)
-        text = lambda chosen: units_text(figure[chosen])  # noqa: E731
+        value = lambda chosen: figure[chosen]  # noqa: E731
     chosen = np.flatnonzero(fired)
     _, edge = window.lower(w)
     return Decisions(
         window.columns.origins[window.rows[window.targets[chosen]]],
         np.full(len(chosen), index, dtype=np.int64),
-        text(chosen),
+        value(chosen),
         edge[chosen],
     )
 
@@ -606,6 +610,27 @@ def rounded_average(totals: np.ndarray, counts: np.ndarray) -> np.ndarray:
     twice = 2 * remainder
     up = (twice > counts) | ((twice == counts) & (quotient % 2 == 1))
     return quotient + up
+
+
+def value_texts(units: np.ndarray) -> pa.Array:
+    """Integer units of 10^-8 as SPEC §4 text, by Arrow kernels: no exponent and no trailing
+    zeros, as ``velocity.decimals.format_decimal`` writes them (``0``, ``250000``,
+    ``0.5``). Python integers beyond int64 go through ``units_text``."""
+    if len(units) == 0:
+        return pa.array([], pa.string())
+    if units.dtype == object or (units == INT64_MIN).any():
+        return pa.array(units_text(units.astype(object)).tolist(), pa.string())
+    magnitude = np.abs(units)
+    whole = pc.cast(pa.array(magnitude // UNITS), pa.string())
+    digits = pc.utf8_lpad(pc.cast(pa.array(magnitude % UNITS), pa.string()), 8, "0")
+    fraction = pc.utf8_rtrim(digits, "0")
+    text = pc.if_else(
+        pc.equal(fraction, ""), whole, pc.binary_join_element_wise(whole, fraction, ".")
+    )
+    negative = units < 0
+    if negative.any():
+        text = pc.if_else(pa.array(negative), pc.binary_join_element_wise("-", text, ""), text)
+    return text
 
 
 def units_text(units: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from velocity.alerts import AlertKind, alert_ids
-from velocity.engine.kernel import Decisions
+from velocity.engine.kernel import Decisions, value_texts
 from velocity.rules import Rule, RuleState
 from velocity.schema import format_decimal
 
@@ -72,7 +72,7 @@ def _rule_rows(
         "key": _keys(taken.column("key"), rule, schema.field("key").type),
         "eventTime": event_times,
         "aggregatorFunctionType": constant(rule.aggregator.value, "aggregatorFunctionType"),
-        "aggregateValue": pa.array(decisions.values[chosen].tolist(), pa.string()),
+        "aggregateValue": value_texts(decisions.values[chosen]),
         "limitOperatorType": constant(rule.operator.value, "limitOperatorType"),
         "limit": constant(format_decimal(rule.limit), "limit"),
         "windowStart": pa.array(decisions.window_starts[chosen], pa.int64()),

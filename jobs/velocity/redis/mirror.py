@@ -329,7 +329,7 @@ def pack_hashes(client: redis.Redis, settings: Settings) -> tuple[int, int, int]
         for first in range(0, len(names), _PIPELINE_CHUNK):
             pipe = client.pipeline(transaction=False)
             for name in names[first : first + _PIPELINE_CHUNK]:
-                pipe.fcall("velocity_pack", 1, name, str(DENSE_MIN_BUCKETS))
+                pipe.fcall("velocity_pack", 1, name)
             done.extend(int(answer) for answer in pipe.execute())
         client.hset(keys.stream_progress, STATE_LAYOUT_FIELD, STATE_LAYOUT)
     return done.count(1), done.count(2), len(names)

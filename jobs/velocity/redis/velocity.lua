@@ -367,6 +367,30 @@ local function packed_text(fields)
   return table.concat(lines)
 end
 
+-- A hash's state fields (buckets, raw events, last notified alerts; roll-ups left out) as a
+-- table, and how many buckets it has.
+local function state_fields(hash)
+  local fields, buckets, all = {}, 0, redis.call("HGETALL", hash)
+  for i = 1, #all, 2 do
+    local field = all[i]
+    if is_bucket(field) then buckets = buckets + 1 end
+    if is_bucket(field) or is_raw(field) or is_notified(field) then fields[field] = all[i + 1] end
+  end
+  return fields, buckets
+end
+
+-- Drops the buckets of a packed key's `fields` that start before `cutoff`; how many.
+local function drop_fields_before(fields, cutoff)
+  local count = 0
+  for field in pairs(fields) do
+    if is_bucket(field) and tonumber(field) < cutoff then
+      fields[field] = nil
+      count = count + 1
+    end
+  end
+  return count
+end
+
 -- Turns a key dense: its fields (`flat`, field value ...) into its hash, with roll-ups, and
 -- DENSE_TEXT into its state string; the TTL `ttl_ms` on both (none when nil).
 local function store_dense(name, flat, first, last, width, ttl_ms)
@@ -452,7 +476,8 @@ local function velocity_window(keys, args)
   local hash, layout_width, sizes = dense_of(keys[1]), nil, nil
   if layout == "dense" then layout_width, sizes = rollup_layout(hash) end
   if last < lower or layout == nil then
-    -- no bucket can start in the window (only a negative window; rules have W > 0)
+    -- no bucket: the key has none, or none can start in the window (only a negative
+    -- window; rules have W > 0)
   elseif layout == "packed" then
     for field, value in string.gmatch(text, PACKED_LINE) do
       if is_bucket(field) then
@@ -539,13 +564,8 @@ end
 local function velocity_evict(keys, args)
   local layout, text = key_layout(keys[1])
   if layout == "packed" then
-    local fields, count, cutoff = packed_fields(text), 0, tonumber(args[1])
-    for field in pairs(fields) do
-      if is_bucket(field) and tonumber(field) < cutoff then
-        fields[field] = nil
-        count = count + 1
-      end
-    end
+    local fields = packed_fields(text)
+    local count = drop_fields_before(fields, tonumber(args[1]))
     if count > 0 then store_fields(keys[1], fields, nil, "") end
     return count
   end
@@ -575,12 +595,7 @@ local function velocity_put_buckets(keys, args)
         set = set + 1
       end
     end
-    if args[3] ~= "" then
-      local cutoff = tonumber(args[3])
-      for field in pairs(fields) do
-        if is_bucket(field) and tonumber(field) < cutoff then fields[field] = nil end
-      end
-    end
+    if args[3] ~= "" then drop_fields_before(fields, tonumber(args[3])) end
     store_fields(keys[1], fields, tonumber(args[1]), args[2])
     return set
   end
@@ -670,14 +685,7 @@ local function read_keys(names, in_cluster)
     end
     for j, value in ipairs(values) do
       if value == DENSE_TEXT then
-        local lines = {DENSE_TEXT}
-        local fields = redis.call("HGETALL", dense_of(names[first + j - 1]))
-        for i = 1, #fields, 2 do
-          if is_bucket(fields[i]) or is_raw(fields[i]) or is_notified(fields[i]) then
-            lines[#lines + 1] = fields[i] .. "\t" .. fields[i + 1] .. "\n"
-          end
-        end
-        value = table.concat(lines)
+        value = DENSE_TEXT .. packed_text(state_fields(dense_of(names[first + j - 1])))
       end
       texts[first + j - 1] = value or ""
     end
@@ -1029,23 +1037,17 @@ local function velocity_read_keys(keys, args)
   return read_keys(cjson.decode(args[1]), true)
 end
 
--- FCALL velocity_pack 1 <key state> <dense min buckets>
+-- FCALL velocity_pack 1 <key state>
 -- Migration from the layout before packed keys (`velocity mirror migrate`): a key's hash
--- "<base>:buckets" becomes its packed string when it has fewer buckets than the minimum
--- (roll-ups left out), else moves to "<base>:dense" with DENSE_TEXT in its place; its TTL
--- kept. 1 when packed, 2 when moved, 0 when left (migrated already, or gone).
+-- "<base>:buckets" becomes its packed string when it has fewer than ROLLUP_MIN_BUCKETS
+-- buckets (roll-ups left out), else moves to "<base>:dense" with DENSE_TEXT in its place;
+-- its TTL kept. 1 when packed, 2 when moved, 0 when left (migrated already, or gone).
 local function velocity_pack(keys, args)
   if redis.call("TYPE", keys[1])["ok"] ~= "hash" then return 0 end
-  local fields, buckets = {}, 0
-  local all = redis.call("HGETALL", keys[1])
-  for i = 1, #all, 2 do
-    local field = all[i]
-    if is_bucket(field) then buckets = buckets + 1 end
-    if is_bucket(field) or is_raw(field) or is_notified(field) then fields[field] = all[i + 1] end
-  end
+  local fields, buckets = state_fields(keys[1])
   local ttl = redis.call("PTTL", keys[1])
   local done = 1
-  if buckets >= tonumber(args[1]) then
+  if buckets >= ROLLUP_MIN_BUCKETS then
     redis.call("RENAME", keys[1], dense_of(keys[1]))
     redis.call("SET", keys[1], DENSE_TEXT)
     done = 2

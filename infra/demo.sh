@@ -63,13 +63,9 @@ else
   writes=(--out "$live")
 fi
 # The stream applies the sample rules itself as it starts (one Spark start, not two). The
-# generator starts once the stream runs: Spark's start is most of the wait (at load ~23 on
-# two cores, a new data dir's stream started and stopped in 38-42 s with the JVM's client
-# compiler only, 61-64 s with both: the demo's short run does not need the server
-# compiler's code). The duration is a safety net: the demo stops the stream itself once the
-# generator is done.
-JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:-} -XX:TieredStopAtLevel=1" \
-  $velocity stream "${reads[@]}" --rules jobs/velocity/resources/sample_rules.json \
+# generator starts once the stream runs: Spark's start is most of the wait. The duration is
+# a safety net: the demo stops the stream itself once the generator is done.
+$velocity stream "${reads[@]}" --rules jobs/velocity/resources/sample_rules.json \
   --duration "$((seconds + drain + 600))" > "${demo_dir}/stream.log" 2>&1 &
 stream_pid=$!
 pids+=("$stream_pid")

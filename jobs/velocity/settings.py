@@ -222,6 +222,14 @@ class Settings(BaseSettings):
         "(spark.jars).",
     )
     spark_log_level: str = Field(default="ERROR", description="Spark's own log level.")
+    spark_jit: str = Field(
+        default="client",
+        pattern=r"^(client|tiered)$",
+        description="The JIT compiler of Spark's JVMs (the driver's, and the executors' on a "
+        "cluster): client = C1 only; tiered = the JVM's default, C1 then C2. Spark plans and "
+        "generates code for every micro-batch, and C2 spent half the stream's JVM CPU "
+        "compiling it (docs/benchmarks.md).",
+    )
 
     @field_validator("bucket_seconds")
     @classmethod

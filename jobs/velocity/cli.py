@@ -543,6 +543,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
             duration_seconds=args.duration,
             grace_seconds=settings.stream_stale_seconds,
             terminate_requested=terminate.is_set,
+            batch_failure=job.batch_failure,
         )
     finally:
         job.close()  # the committed batches still spooled reach Delta

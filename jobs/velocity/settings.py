@@ -125,6 +125,13 @@ class Settings(BaseSettings):
         "task each (0: the cores of local mode, else Spark's default parallelism): one task a "
         "core runs them in one wave; twice as many left the first half's results waiting.",
     )
+    stream_overlap: bool = Field(
+        default=True,
+        description="The stream decides and commits a micro-batch while Spark reads and "
+        "parses the next (each batch's parsed input is spooled first, so a crash in between "
+        "loses nothing); false: one batch at a time. The available-now trigger always runs "
+        "one at a time.",
+    )
     stream_executor_min_rows: int = Field(
         default=50_000,
         ge=0,

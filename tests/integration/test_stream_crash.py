@@ -1,4 +1,8 @@
-"""Kill -9 the streaming job in the middle of a micro-batch, restart it: nothing lost or doubled."""
+"""Kill -9 the streaming job in the middle of a micro-batch, restart it: nothing lost or doubled.
+
+Two places to die: inside a batch Spark has not counted done (it replays it), and after
+Spark counted a batch done but before it committed (the overlap: the restart decides it
+from its spooled input)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +36,7 @@ VELOCITY = str(Path(sys.executable).parent / "velocity")
 FILES = 5
 
 
-def stream_command(events: Path) -> list[str]:
+def stream_command(events: Path, trigger: str = "available-now") -> list[str]:
     return [
         VELOCITY,
         "stream",
@@ -40,14 +45,53 @@ def stream_command(events: Path) -> list[str]:
         "--rules",
         str(sample_rules_path()),
         "--trigger",
-        "available-now",
+        trigger,
         "--max-files-per-trigger",
         "1",
+        "--duration",
+        "300",
     ]
 
 
 def kill_mid_batch(command: list[str], env: dict[str, str], checkpoint: Path) -> int:
     """Start the job, SIGKILL it once a batch past the first has started but not committed."""
+
+    def in_flight() -> int | None:
+        started = {p.name for p in (checkpoint / "offsets").glob("[0-9]*")}
+        committed = {p.name for p in (checkpoint / "commits").glob("[0-9]*")}
+        in_flight = started - committed
+        if committed and in_flight and max(map(int, in_flight)) >= 2:
+            batch = max(map(int, in_flight))
+            # Inside the batch (a 500-event batch takes about half a second since the
+            # write-behind left Spark; 0.5 s here let most of them commit first).
+            time.sleep(0.1)
+            if not (checkpoint / "commits" / str(batch)).exists():
+                return batch
+        return None
+
+    return kill_when(command, env, in_flight, 0.05)
+
+
+def kill_after_handover(command: list[str], env: dict[str, str], data_dir: Path) -> int:
+    """Start the job, SIGKILL it once Spark counts a batch past the first done while the
+    batch is still deciding (its input spooled, not yet committed)."""
+    checkpoint = data_dir / "checkpoints" / "stream"
+    inputs = data_dir / "spool" / "stream-input"
+
+    def handed_over() -> int | None:
+        for path in inputs.glob("[0-9]*.arrow"):
+            batch = int(path.stem)
+            if batch >= 1 and (checkpoint / "commits" / str(batch)).exists():
+                return batch
+        return None
+
+    return kill_when(command, env, handed_over, 0.005)
+
+
+def kill_when(
+    command: list[str], env: dict[str, str], moment: Callable[[], int | None], poll: float
+) -> int:
+    """Start the job and SIGKILL it at the first ``moment()`` that names a batch; that batch."""
     process = subprocess.Popen(
         command,
         env=env,
@@ -58,21 +102,14 @@ def kill_mid_batch(command: list[str], env: dict[str, str], checkpoint: Path) ->
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline:
-            started = {p.name for p in (checkpoint / "offsets").glob("[0-9]*")}
-            committed = {p.name for p in (checkpoint / "commits").glob("[0-9]*")}
-            in_flight = started - committed
-            if committed and in_flight and max(map(int, in_flight)) >= 2:
-                batch = max(map(int, in_flight))
-                # Inside the batch (a 500-event batch takes about half a second since the
-                # write-behind left Spark; 0.5 s here let most of them commit first).
-                time.sleep(0.1)
-                if not (checkpoint / "commits" / str(batch)).exists():
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=30)
-                    return batch
+            batch = moment()
+            if batch is not None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+                return batch
             if process.poll() is not None:
                 pytest.fail(f"stream ended (exit {process.returncode}) before it could be killed")
-            time.sleep(0.05)
+            time.sleep(poll)
         pytest.fail("no micro-batch in flight within 300 s")
     finally:
         if process.poll() is None:
@@ -81,8 +118,9 @@ def kill_mid_batch(command: list[str], env: dict[str, str], checkpoint: Path) ->
     raise AssertionError("unreachable")
 
 
-def test_sigkill_mid_batch_then_restart_equals_uninterrupted(
-    spark, data_settings: Settings, tmp_path: Path
+@pytest.mark.parametrize("moment", ["mid-batch", "after-handover"])
+def test_sigkill_then_restart_equals_uninterrupted(
+    spark, data_settings: Settings, tmp_path: Path, moment: str
 ) -> None:
     events = tmp_path / "events"
     generate_events(
@@ -111,13 +149,21 @@ def test_sigkill_mid_batch_then_restart_equals_uninterrupted(
     }
     checkpoint = data_settings.data_dir / "checkpoints" / "stream"
 
-    killed_batch = kill_mid_batch(stream_command(events), env, checkpoint)
-    assert not (checkpoint / "commits" / str(killed_batch)).exists()
+    if moment == "mid-batch":
+        killed_batch = kill_mid_batch(stream_command(events), env, checkpoint)
+        assert not (checkpoint / "commits" / str(killed_batch)).exists()
+    else:  # the continuous trigger overlaps batches; Spark will not replay this one
+        data_dir = data_settings.data_dir
+        killed_batch = kill_after_handover(stream_command(events, "continuous"), env, data_dir)
+        assert (checkpoint / "commits" / str(killed_batch)).exists()
     finished = subprocess.run(
         stream_command(events), env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert len(list((checkpoint / "commits").glob("[0-9]*"))) == FILES
+    assert not list((data_settings.data_dir / "spool" / "stream-input").glob("*.arrow"))
+    if moment == "after-handover":
+        assert f"finishing batch {killed_batch} from its spooled input" in finished.stderr
 
     # The uninterrupted result: the backtest over the same events (equal for in-order input).
     sample = [

@@ -167,6 +167,42 @@ class Spool:
         return Flushed(group, rows)
 
 
+class InputSpool:
+    """The parsed lines of the micro-batches handed over by Spark but not yet committed to
+    Redis (``<data_dir>/spool/stream-input/<batch>.arrow``, made whole by one rename).
+
+    The stream decides a batch while Spark reads and parses the next. Spark records a batch
+    as done once its function returns, before the batch commits; this input is what a
+    restart decides such a batch from, so a crash in between loses nothing. A batch's file
+    goes when it has committed."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.root = settings.data_dir / "spool" / "stream-input"
+
+    def _path(self, batch_id: int) -> Path:
+        return self.root / f"{batch_id:012d}.arrow"
+
+    def batches(self) -> list[int]:
+        """The batches whose input waits for their commit, oldest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.stem) for p in self.root.glob("*.arrow") if p.stem.isdigit())
+
+    def write(self, batch_id: int, lines: pa.Table) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".{batch_id:012d}.{os.getpid()}"
+        with pa.OSFile(str(staging), "wb") as sink, pa.ipc.new_file(sink, lines.schema) as out:
+            out.write_table(lines)
+        staging.rename(self._path(batch_id))
+
+    def read(self, batch_id: int) -> pa.Table:
+        with pa.OSFile(str(self._path(batch_id)), "rb") as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def remove(self, batch_id: int) -> None:
+        self._path(batch_id).unlink(missing_ok=True)
+
+
 def append_once(path: Path, rows: pa.Table, app_id: str, version: int) -> None:
     """Append ``rows`` to the Delta table at ``path`` in one commit that records
     (``app_id``, ``version``); nothing when the table has that transaction (or a later

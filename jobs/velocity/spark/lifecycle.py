@@ -163,11 +163,13 @@ def supervise(
     duration_seconds: float | None,
     grace_seconds: float,
     terminate_requested: Callable[[], bool],
+    batch_failure: Callable[[], BaseException | None] = lambda: None,
 ) -> str:
     """Wait for the query to end, or stop it on request; returns why it stopped.
 
-    Polls once a second for: the query ending by itself (available-now: done), a stop
-    request file, ``terminate_requested()`` (SIGTERM, Ctrl-C), the ``duration``. A stop
+    Polls once a second for: the query ending by itself (available-now: done), a
+    micro-batch that failed while Spark went on (``batch_failure()``), a stop request file,
+    ``terminate_requested()`` (SIGTERM, Ctrl-C), the ``duration``. A stop
     lets the micro-batch in flight finish (up to ``grace_seconds``; one interrupted
     later replays from the checkpoint on the next start, exactly once), removes the
     request and writes STOPPED. A failed query writes FAILED and raises VelocityError.
@@ -184,6 +186,10 @@ def supervise(
             except KeyboardInterrupt:
                 reason = "interrupted (Ctrl-C)"
                 break
+            failure = batch_failure()
+            if failure is not None:
+                query.stop()
+                raise StreamingQueryException(f"a micro-batch failed: {failure}") from failure
             request = read_stop_request(data_dir)
             if request is not None:
                 reason = f"stop requested by {request.get('requestedBy', 'unknown')}"

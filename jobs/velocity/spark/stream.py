@@ -1,11 +1,15 @@
 """`velocity stream`: decisions in Spark's executors, Redis as the hot state, Delta behind.
 
-Each micro-batch (``process_batch``), holding the data dir's state lock:
+Each micro-batch (``process_batch``):
 
 1. take the new lines (of files landing in a folder, or messages of a Kafka topic) as
    Arrow once, put them in arrival order and parse them a block of lines at a time
    (``velocity.engine.event_lines``; in the driver: an Arrow UDF in the executors cost
-   3× the CPU, measured, in the round trips of the lines through Spark's rows);
+   3× the CPU, measured, in the round trips of the lines through Spark's rows). With
+   overlap on (setting ``stream_overlap``, the continuous trigger), this runs while the
+   batch before is still deciding; once that one has committed, the parsed lines are
+   spooled (``InputSpool``) and the rest runs in the deciding thread while Spark moves on,
+   holding the data dir's state lock:
 2. read, in one Redis call, the stream's progress and which of the batch's
    transactionIds earlier batches accepted;
 3. admit column by column (``velocity.engine.admission``): events far ahead of the newest
@@ -29,7 +33,9 @@ active (or needs a wider history) is built from the Delta events first (SPEC §2
 
 Exactly once: the Redis commit refuses a batch it has already committed, so a replay
 after a crash finds its rows spooled (or flushed) and only finishes the flush; a batch
-whose key-partitions committed before the crash gets their recorded outcomes back;
+whose key-partitions committed before the crash gets their recorded outcomes back; a batch
+Spark counted done (its function returned) that had not committed is decided at the next
+start from its spooled input, before Spark's next batch;
 Delta appends carry ``txnAppId``/``txnVersion``; alert ids are deterministic.
 """
 
@@ -41,6 +47,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +63,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
+from velocity.delta.write_behind import InputSpool
 from velocity.engine.admission import admit_batch
 from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.errors import UsageError
@@ -163,6 +171,13 @@ class StreamJob:
         self._flusher: threading.Thread | None = None
         self._reads_kafka = False
         self._kafka_alerts: AlertPublisher | None = None
+        # Overlap: Spark reads and parses the next batch while this one is decided in a
+        # thread of its own; its input is spooled first (Spark counts it done on return).
+        self._overlap = False
+        self.inputs = InputSpool(settings)
+        self._deciding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="velocity-batch")
+        self._in_flight: Future[None] | None = None
+        self._reported: BaseException | None = None  # a failure batch_failure() handed out
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self.metrics.follow_spool(self.spool.oldest_spooled_at)
         self._metrics_server: WSGIServer | None = None
@@ -170,13 +185,42 @@ class StreamJob:
     # --- the hot path ------------------------------------------------------------------
 
     def process_batch(self, lines: DataFrame, batch_id: int) -> None:
-        """One micro-batch (the foreachBatch function); logs one JSON line when done."""
+        """One micro-batch (the foreachBatch function): read and parse its lines, then
+        decide and commit them (``_decide_and_commit``); with overlap on, in the deciding
+        thread once the batch before has committed, while Spark goes on to the next."""
         timer = StepTimer()
         parsed = parsed_in_arrival_order(
             lines.toArrow(), VERDICT_ARROW, judge_blank=self._reads_kafka
         )
-        line_count = parsed.num_rows
         timer.mark("read+parse")
+        if not self._overlap:
+            self._decide_and_commit(parsed, batch_id, timer)
+            return
+        self.settle()  # one batch decides at a time, in order; a failed one fails this
+        timer.mark("previous")
+        self.inputs.write(batch_id, parsed)
+        timer.mark("input-spool")
+        self._in_flight = self._deciding.submit(self._decide_and_commit, parsed, batch_id, timer)
+
+    def settle(self) -> None:
+        """Wait until the micro-batch in flight has committed; raises its failure."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            pending.result()
+
+    def batch_failure(self) -> BaseException | None:
+        """The failure of the micro-batch in flight, once it has failed (the supervisor
+        polls this: with no next batch to raise it, an idle stream would hide it)."""
+        pending = self._in_flight
+        if pending is None or not pending.done():
+            return None
+        self._reported = pending.exception()
+        return self._reported
+
+    def _decide_and_commit(self, parsed: pa.Table, batch_id: int, timer: StepTimer) -> None:
+        """Decide, spool and commit a parsed batch, then forget its spooled input; logs one
+        JSON line when done."""
+        line_count = parsed.num_rows
         with self._lock.held(f"stream batch {batch_id}") as lease:
             timer.mark("lock")
             prepared = self._prepare(parsed, batch_id, timer, lease)
@@ -189,6 +233,7 @@ class StreamJob:
         if self._flush_each_batch:
             self.flush(batch_id)
             timer.mark("flush")
+        self.inputs.remove(batch_id)
         self.metrics.batch_done(batch_id, timer.total, counts, timer.steps.get("redis-commit"))
         log.info(
             json.dumps(
@@ -568,15 +613,31 @@ class StreamJob:
                 log.exception("write-behind flush failed; will retry")
 
     def close(self) -> None:
-        """Stop the background flusher, flush every committed batch, then stop serving the
+        """Let the micro-batch in flight commit (raising its failure, after the rest),
+        stop the background flusher, flush every committed batch, then stop serving the
         metrics. Idempotent."""
+        try:
+            self.settle()
+        except BaseException as exc:
+            if exc is not self._reported:
+                raise
+        finally:
+            self._close_after_batches()
+
+    def _close_after_batches(self) -> None:
         if self._flusher is not None:
             self._flusher_stop.set()
             self._flusher.join()
             self._flusher = None
         try:
-            self.flush(max((b for b in (self._committed, last_committed_batch(self.settings))
-                             if b is not None), default=None))  # fmt: skip
+            through = max((b for b in (self._committed, last_committed_batch(self.settings))
+                           if b is not None), default=None)  # fmt: skip
+            # Spark counts a batch done before it commits: one whose input is still
+            # spooled did not, and the next start decides it first.
+            undecided = self.inputs.batches()
+            if through is not None and undecided:
+                through = min(through, undecided[0] - 1)
+            self.flush(through)
         finally:
             if self._metrics_server is not None:
                 self._metrics_server.shutdown()
@@ -630,6 +691,14 @@ class StreamJob:
         )
         return kafka_messages(messages)
 
+    def _finish_spooled_inputs(self) -> None:
+        """Decide and commit the batches Spark handed over but this data dir's stream never
+        committed (it ended while deciding them), from their spooled input, in order; one
+        that did commit only publishes its alerts to Kafka again."""
+        for batch_id in self.inputs.batches():
+            log.warning("finishing batch %s from its spooled input", batch_id)
+            self._decide_and_commit(self.inputs.read(batch_id), batch_id, StepTimer())
+
     def _refuse_a_lost_checkpoint(self) -> None:
         """A checkpoint without a committed batch, in a data dir whose stream committed
         some: Spark would number batches from 0 again and each would be refused as done
@@ -662,18 +731,20 @@ class StreamJob:
         # A batch makes many short-lived objects; each batch collects its own garbage
         # once (``collect_batch_garbage``) instead of the collector running every 700.
         gc.set_threshold(1_000_000, 1000, 1000)
+        self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
+        self._overlap = self.settings.stream_overlap and not available_now
+        self._reads_kafka = isinstance(source, KafkaSource)
+        if kafka_alerts_on(self.settings, self._reads_kafka):
+            self._kafka_alerts = AlertPublisher(self.settings)
         with self._lock.held("stream start"):
             if not self.mirror.is_current():
                 self.mirror.rebuild()
+            self._finish_spooled_inputs()
             committed = last_committed_batch(self.settings)
             if committed is None:
                 self._refuse_a_lost_checkpoint()
             # Rules and their signatures' history in place before the first batch arrives.
             self._rules_in_force(0 if committed is None else committed + 1)
-        self._flush_each_batch = available_now or self.settings.write_behind_seconds == 0
-        self._reads_kafka = isinstance(source, KafkaSource)
-        if kafka_alerts_on(self.settings, self._reads_kafka):
-            self._kafka_alerts = AlertPublisher(self.settings)
         lines = (
             self._kafka_lines(source)
             if isinstance(source, KafkaSource)

@@ -515,7 +515,11 @@ def cmd_stream(args: argparse.Namespace) -> int:
             for change in job.rule_store.apply(entries).changes:
                 print(f"ruleId {change.rule_id}: version {change.version} {change.state.value}")
         lifecycle.attach_status_listener(
-            spark, status, settings.stream_heartbeat_seconds, job.metrics
+            spark,
+            status,
+            settings.stream_heartbeat_seconds,
+            job.metrics,
+            lambda batch: job.wait_for_commit(batch, settings.stream_stale_seconds),
         )
         query = job.start(source, args.trigger == "available-now", args.max_files_per_trigger)
     except KeyboardInterrupt:

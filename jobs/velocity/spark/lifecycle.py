@@ -53,7 +53,9 @@ class StatusListener(StreamingQueryListener):
     events of the query named ``QUERY_NAME``.
 
     Listener calls come on Spark's listener thread, asynchronously; a failure here is
-    logged and never reaches the query.
+    logged and never reaches the query. Spark reports a batch done once the stream has
+    handed it over (the overlap); ``committed(batch)`` holds the report back until the
+    batch has committed, so the status and the metrics tell the same batch.
     """
 
     def __init__(
@@ -61,10 +63,12 @@ class StatusListener(StreamingQueryListener):
         status: StreamStatus,
         query_name: str = QUERY_NAME,
         metrics: StreamMetrics | None = None,
+        committed: Callable[[int], None] | None = None,
     ) -> None:
         self._status = status
         self._query_name = query_name
         self._metrics = metrics
+        self._committed = committed
         self._ids: set[str] = set()
 
     @property
@@ -92,6 +96,8 @@ class StatusListener(StreamingQueryListener):
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         if str(event.progress.id) in self._ids:
             progress = json.loads(event.progress.json)
+            if self._committed is not None:  # reported as committed, not as handed over
+                self._committed(int(progress["batchId"]))
             # The batch counted its arrivals before Spark reported its progress.
             arrivals = None if self._metrics is None else self._metrics.recent_arrivals()
             self._guard(lambda: self._status.progress(progress, arrivals))
@@ -123,15 +129,17 @@ def attach_status_listener(
     status: StreamStatus,
     heartbeat_seconds: int,
     metrics: StreamMetrics | None = None,
+    committed: Callable[[int], None] | None = None,
 ) -> StatusListener:
-    """Register the listener and make idle queries report every ``heartbeat_seconds``.
+    """Register the listener and make idle queries report every ``heartbeat_seconds``;
+    ``committed(batch)`` returns once the batch Spark reports done has committed.
 
     Call before starting the query: the idle-event interval is read at query start.
     """
     spark.conf.set(
         "spark.sql.streaming.noDataProgressEventInterval", f"{heartbeat_seconds * 1000}ms"
     )
-    listener = StatusListener(status, metrics=metrics)
+    listener = StatusListener(status, metrics=metrics, committed=committed)
     spark.streams.addListener(listener)
     return listener
 

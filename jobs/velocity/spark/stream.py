@@ -178,6 +178,8 @@ class StreamJob:
         self._deciding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="velocity-batch")
         self._in_flight: Future[None] | None = None
         self._reported: BaseException | None = None  # a failure batch_failure() handed out
+        self._batch_ended = threading.Condition()
+        self._ended_through = -1  # the newest batch this process decided (or failed)
         self.metrics = metrics if metrics is not None else StreamMetrics()
         self.metrics.follow_spool(self.spool.oldest_spooled_at)
         self._metrics_server: WSGIServer | None = None
@@ -217,7 +219,21 @@ class StreamJob:
         self._reported = pending.exception()
         return self._reported
 
+    def wait_for_commit(self, batch_id: int, timeout: float) -> None:
+        """Return once ``batch_id`` has committed (or failed), or after ``timeout`` seconds.
+        Spark reports a batch done when it is handed over; the status waits for this."""
+        with self._batch_ended:
+            self._batch_ended.wait_for(lambda: self._ended_through >= batch_id, timeout)
+
     def _decide_and_commit(self, parsed: pa.Table, batch_id: int, timer: StepTimer) -> None:
+        try:
+            self._decide_and_commit_once(parsed, batch_id, timer)
+        finally:
+            with self._batch_ended:
+                self._ended_through = max(self._ended_through, batch_id)
+                self._batch_ended.notify_all()
+
+    def _decide_and_commit_once(self, parsed: pa.Table, batch_id: int, timer: StepTimer) -> None:
         """Decide, spool and commit a parsed batch, then forget its spooled input; logs one
         JSON line when done."""
         line_count = parsed.num_rows

@@ -15,8 +15,11 @@ LOG4J_CONFIG = PROJECT_ROOT / "infra" / "spark" / "log4j2.properties"
 # The JVMs' JIT compiler (setting ``spark_jit``). C1 alone: a micro-batch's planning and
 # generated code are new to the JVM again and again, and C2's compiling them was 25 of the
 # stream's 47 JVM CPU seconds at 20 000 events/s (thread CPU from /proc), for code no faster
-# here.
-JIT_OPTIONS = {"client": "-XX:TieredStopAtLevel=1", "tiered": ""}
+# here. C1 alone also shrinks the JVM's default code cache from 240 MB to 48 MB, which the
+# stream filled in about 150 s ("CodeCache is full. Compiler has been disabled."; it levels
+# off near 53 MB): from there the JVM interpreted what it had not compiled, and at 1 000
+# events/s the alert latency's p99 rose from 1.58 s to 2.17 s over five minutes.
+JIT_OPTIONS = {"client": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m", "tiered": ""}
 
 DELTA_CONFIG = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

@@ -211,6 +211,7 @@ class Run:
     hot_keys: int = 0
     lookups: str = ""
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per process kind, landing on
+    redis_commands: dict[str, tuple[int, float]] = field(default_factory=dict)  # calls, CPU s
     decided_lines: int = 0
     # --lag-partition-seconds: the lagging partition and what it cost.
     lag_seconds: float = 0.0
@@ -256,6 +257,14 @@ class Run:
                 k: round(v / self.decided_lines * 1e6, 1)
                 for k, v in sorted(self.cpu_seconds.items())
                 if self.decided_lines
+            },
+            # Redis's CPU by command (a function's includes the commands it calls).
+            "redis_us_per_event_by_command": {
+                name: round(spent / self.decided_lines * 1e6, 1)
+                for name, (_, spent) in sorted(
+                    self.redis_commands.items(), key=lambda item: -item[1][1]
+                )
+                if self.decided_lines and spent / self.decided_lines * 1e6 >= 0.1
             },
             **(self.lag_summary() if self.lag_seconds else {}),
         }
@@ -408,6 +417,7 @@ def run_design(
         time.sleep(1.5)  # a sample of every process's CPU before the first landing
         landing.set()
         redis_cpu_at_landing = redis_cpu(client, on_cluster)
+        commands_at_landing = redis_commands(client, on_cluster)
         started = time.monotonic()
         for index, path in enumerate(data.files):
             pause = started + index * (seconds / len(data.files)) - time.monotonic()
@@ -428,6 +438,11 @@ def run_design(
             time.sleep(1)
         time.sleep(2)
         run.cpu_seconds["redis"] = redis_cpu(client, on_cluster) - redis_cpu_at_landing
+        run.redis_commands = {
+            name: (calls - commands_at_landing.get(name, (0, 0.0))[0],
+                   spent - commands_at_landing.get(name, (0, 0.0))[1])
+            for name, (calls, spent) in redis_commands(client, on_cluster).items()
+        }  # fmt: skip
     finally:
         sampling.set()
         if lagging is not None:
@@ -590,6 +605,25 @@ def redis_cpu(client: Any, on_cluster: bool) -> float:
         else [client.info("cpu")]
     )
     return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
+
+
+def redis_commands(client: Any, on_cluster: bool) -> dict[str, tuple[int, float]]:
+    """Each command's calls and CPU seconds so far (every master's, summed), from
+    INFO commandstats."""
+    nodes = (
+        client.info("commandstats", target_nodes=client.PRIMARIES).values()
+        if on_cluster
+        else [client.info("commandstats")]
+    )
+    out: dict[str, tuple[int, float]] = {}
+    for node in nodes:
+        for name, stats in node.items():
+            calls, spent = out.get(name.removeprefix("cmdstat_"), (0, 0.0))
+            out[name.removeprefix("cmdstat_")] = (
+                calls + int(stats["calls"]),
+                spent + float(stats["usec"]) / 1e6,
+            )
+    return out
 
 
 def redis_service(on_cluster: bool, action: str, env: dict[str, str]) -> None:

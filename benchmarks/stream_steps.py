@@ -59,6 +59,12 @@ def run(events_dir: Path) -> dict[str, float]:
     spent: dict[str, float] = {}
     total = 0
 
+    def redis_cpu() -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    redis_cpu_before = redis_cpu()
+
     def mark(step: str, began: float) -> float:
         now = time.perf_counter()
         spent[step] = spent.get(step, 0.0) + now - began
@@ -127,12 +133,14 @@ def run(events_dir: Path) -> dict[str, float]:
     lua = {k: v for k, v in client.info("commandstats").items() if "fcall" in k}
     out = {step: round(seconds / total * 1e6, 1) for step, seconds in spent.items()}
     out["total"] = round(sum(spent.values()) / total * 1e6, 1)
+    # Redis's own CPU (commands, Lua, protocol and networking) while this ran.
+    out["Redis CPU"] = round((redis_cpu() - redis_cpu_before) / total * 1e6, 1)
     out["of which Lua"] = round(sum(v["usec"] for v in lua.values()) / total, 1)
     for name, stats in lua.items():  # the commit (fcall) apart from the reads (fcall_ro)
         out[f"{name.removeprefix('cmdstat_')} µs"] = round(stats["usec"] / total, 1)
     # What the Lua spends it on: each command's calls and µs an event (scripts' calls count).
     for name, stats in sorted(client.info("commandstats").items()):
-        if stats["calls"] >= total / 10 and "fcall" not in name:
+        if stats["usec"] >= total / 10 and "fcall" not in name:  # 0.1 µs an event or more
             command = name.removeprefix("cmdstat_")
             out[f"{command} calls"] = round(stats["calls"] / total, 2)
             out[f"{command} µs"] = round(stats["usec"] / total, 1)

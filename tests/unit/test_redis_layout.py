@@ -27,6 +27,7 @@ from velocity.redis.keys import (
     packed_text,
     parse_bucket,
     parse_recent,
+    read_keys_texts,
     recent_fragment,
     recent_fragment_texts,
 )
@@ -231,7 +232,7 @@ def test_the_hot_state_read_column_by_column_is_what_was_written(states) -> None
             "key": pa.array([key for _, key in states], pa.string()),
         }
     )
-    read = key_field_rows(KEY_SEPARATOR.join(texts), asked.column("hash"))
+    read = key_field_rows(read_keys_texts(KEY_SEPARATOR.join(texts)), asked.column("hash"))
     got = hot_state(read, asked).key_states()
     expected = {
         slot: KeyState(

@@ -390,6 +390,7 @@ KEY_SEPARATOR = "\x1e"
 # A dense key's state string holds only this field's line; read_keys gives its hash's fields
 # after that line.
 HASH_MARK = "#"
+DENSE_TEXT = f"{HASH_MARK}\t\n"
 HASH_FIELDS = pa.schema(
     [pa.field("hash", pa.string()), pa.field("field", pa.string()), pa.field("value", pa.string())]
 )
@@ -405,16 +406,20 @@ def packed_fields(text: str) -> dict[str, str]:
     return dict(line.split("\t", 1) for line in text.split("\n") if line)
 
 
-def key_field_rows(text: str, names: pa.Array | pa.ChunkedArray) -> pa.Table:
-    """read_keys' text of the keys ``names`` as columns (``HASH_FIELDS``), one row a
-    field, split by Arrow kernels: no field or value holds the separator, a tab or a
-    newline (values are JSON, control characters escaped)."""
+def read_keys_texts(text: str) -> pa.Array:
+    """read_keys' answer as one packed text a key, in the names' order."""
+    return pc.split_pattern(pa.array([text], pa.large_string()), KEY_SEPARATOR)[0].values
+
+
+def key_field_rows(texts: pa.Array, names: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """The packed ``texts`` of the keys ``names`` (one each, as read_keys gives them) as
+    columns (``HASH_FIELDS``), one row a field, split by Arrow kernels: no field or value
+    holds a tab or a newline (values are JSON, control characters escaped)."""
     names = one_chunk(names)
     if len(names) == 0:
         return HASH_FIELDS.empty_table()
-    texts = pc.split_pattern(pa.array([text], pa.large_string()), KEY_SEPARATOR)[0].values
     if len(texts) != len(names):
-        raise ValueError(f"read_keys answered {len(texts)} texts for {len(names)} keys")
+        raise ValueError(f"read {len(texts)} key states for {len(names)} keys")
     lines = pc.split_pattern(texts, "\n")
     owner = pc.list_parent_indices(lines)
     line = pc.list_flatten(lines)

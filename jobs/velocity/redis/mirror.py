@@ -31,14 +31,15 @@ from velocity.redis.commit_args import (
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.hot_state import HotState, hot_state
 from velocity.redis.keys import (
+    DENSE_TEXT,
     HASH_MARK,
     RedisKeys,
     bucket_value,
-    json_string_texts,
     key_field_rows,
     notified_field_texts,
     one_chunk,
     parse_bucket_value,
+    read_keys_texts,
     recent_fragment,
     rule_entry,
 )
@@ -310,7 +311,7 @@ def key_fields(client: redis.Redis, name: str) -> dict[str, str]:
     """The fields of one (signature, key)'s state whatever its layout (packed or dense),
     roll-ups left out: its buckets, raw events and last notified alerts."""
     text = client.fcall_ro("velocity_read_keys", 1, name, json.dumps([name]))
-    rows = key_field_rows(cast(str, text), pa.array([name], pa.string()))
+    rows = key_field_rows(read_keys_texts(cast(str, text)), pa.array([name], pa.string()))
     pairs = zip(rows.column("field").to_pylist(), rows.column("value").to_pylist(), strict=True)
     return {field: value for field, value in pairs if field != HASH_MARK}
 
@@ -410,28 +411,28 @@ def read_stream_state(
     asked: pa.Table | None = None,
 ) -> StreamRead:
     """The stream's progress, the seen transactionIds among ``transaction_ids`` and the
-    hot state of the ``asked`` keys (columns signature_id, key), as one Function call
-    (velocity_stream_read). The keys' names and the request are built column by column:
-    a key-partition asks for tens of thousands."""
+    hot state of the ``asked`` keys (columns signature_id, key), in one round trip: a
+    Function call (velocity_stream_read) and an MGET of the keys' states beside it. Not
+    one atomic read, and need not be: only the state lock's holder writes those keys."""
     keys = settings.redis_keys
-    seen_prefix = keys.seen_prefix
     asked = ASKED_NONE if asked is None else asked.select(ASKED_NONE.column_names)
-    names = pc.binary_join_element_wise(
-        keys.key_base_texts(asked.column("signature_id"), asked.column("key")), ":buckets", ""
+    names = one_chunk(
+        pc.binary_join_element_wise(
+            keys.key_base_texts(asked.column("signature_id"), asked.column("key")), ":buckets", ""
+        )
     )
     if is_cluster(client):
-        progress, seen_indices, epoch, mirror_of, hashes = cluster.read_stream_state(
+        progress, seen_indices, epoch, mirror_of, text = cluster.read_stream_state(
             cast(RedisCluster, client), settings, transaction_ids, names.to_pylist()
         )
+        states = read_keys_texts(text)
     else:
-        quoted = one_chunk(json_string_texts(names))
-        bounds = pa.array([0, len(quoted)], pa.int32())
-        json_names = pc.binary_join(pa.ListArray.from_arrays(bounds, quoted), ",")[0].as_py()
         request = (
-            f'{{"h":[{json_names}],"s":{json.dumps(list(transaction_ids), ensure_ascii=False)},'
-            f'"sp":{json_string(seen_prefix)},"sh":{settings.dedup_horizon_seconds * 1000}}}'
+            f'{{"s":{json.dumps(list(transaction_ids), ensure_ascii=False)},'
+            f'"sp":{json_string(keys.seen_prefix)},"sh":{settings.dedup_horizon_seconds * 1000}}}'
         )
-        answer, hashes = client.fcall_ro(  # type: ignore[misc]
+        pipe = client.pipeline(transaction=False)
+        pipe.fcall_ro(
             "velocity_stream_read",
             3,
             keys.stream_progress,
@@ -439,10 +440,14 @@ def read_stream_state(
             keys.mirror_marker,
             request,
         )
+        if len(names):
+            pipe.mget(names.to_pylist())
+        answer, *stored = pipe.execute()
         reply = json.loads(answer)
         progress = reply["p"] or {}
         seen_indices = {i - 1 for i in reply["s"] or []}
         epoch, mirror_of = str(reply["e"]), str(reply["m"])
+        states = key_states_texts(client, names, stored[0] if stored else [])
     if "batch" in progress and progress.get(STATE_LAYOUT_FIELD) != STATE_LAYOUT:
         raise VelocityError(
             "Redis holds this data dir's state in the layout before Velocity 0.3 (a hash "
@@ -454,8 +459,25 @@ def read_stream_state(
         epoch=epoch,
         mirror_of=mirror_of,
         seen={transaction_ids[i] for i in seen_indices},
-        hot=hot_state(key_field_rows(hashes, names), asked.append_column("hash", names)),
+        hot=hot_state(key_field_rows(states, names), asked.append_column("hash", names)),
     )
+
+
+def key_states_texts(
+    client: redis.Redis, names: pa.Array, stored: Sequence[str | None]
+) -> pa.Array:
+    """The ``stored`` state strings of the keys ``names`` (an MGET's answer) as read_keys
+    gives them: a dense key's with its hash's fields (read_keys, for those alone), "" for
+    a key that has none."""
+    texts = pc.fill_null(pa.array(stored, pa.string()), "")
+    dense = pc.equal(texts, DENSE_TEXT)
+    if not pc.any(dense).as_py():
+        return texts
+    dense_names = names.filter(dense).to_pylist()
+    answer = client.fcall_ro(
+        "velocity_read_keys", 1, dense_names[0], json.dumps(dense_names, ensure_ascii=False)
+    )
+    return pc.replace_with_mask(texts, dense, read_keys_texts(cast(str, answer)).cast(pa.string()))
 
 
 def key_changes(

@@ -669,26 +669,20 @@ end
 
 -- Every bucket, raw-events and last-notified field of the named keys (roll-ups left out),
 -- as one packed text a name, in the names' order, joined by "\030" (a control character,
--- escaped in every JSON value): a packed key's text as it is stored (one MGET for them
--- all; a GET each on a Redis Cluster), a dense key's hash's fields after the DENSE_TEXT
--- line, "" for a key that has none.
+-- escaped in every JSON value): a packed key's text as it is stored, a dense key's hash's
+-- fields after the DENSE_TEXT line, "" for a key that has none. A GET each: a command's
+-- keys must share a slot on a Redis Cluster. (The stream reads its keys' states with a
+-- plain MGET and only its dense keys here: Lua's copy of every value cost Redis more.)
 local KEY_SEPARATOR = "\030"
 
-local function read_keys(names, in_cluster)
+local function read_keys(names)
   local texts = {}
-  for first = 1, #names, 2000 do
-    local last, values = math.min(first + 1999, #names), {}
-    if in_cluster then -- a command's keys must share a slot there
-      for k = first, last do values[#values + 1] = redis.call("GET", names[k]) end
-    else
-      values = redis.call("MGET", unpack(names, first, last))
+  for k, name in ipairs(names) do
+    local value = redis.call("GET", name)
+    if value == DENSE_TEXT then
+      value = DENSE_TEXT .. packed_text(state_fields(dense_of(name)))
     end
-    for j, value in ipairs(values) do
-      if value == DENSE_TEXT then
-        value = DENSE_TEXT .. packed_text(state_fields(dense_of(names[first + j - 1])))
-      end
-      texts[first + j - 1] = value or ""
-    end
+    texts[k] = value or ""
   end
   return table.concat(texts, KEY_SEPARATOR)
 end
@@ -727,27 +721,22 @@ local function now_ms()
 end
 
 -- FCALL_RO velocity_stream_read 3 <progress hash> <buckets epoch> <mirror marker> <request json>
--- The read half of a micro-batch, in one round trip: the stream's progress (last committed
--- batch, newest eventTime), the buckets epoch, the mirror marker, which of the named
--- transactionId keys exist, and the named bucket hashes' buckets (all of them).
--- request = {"h": [bucket hash, ...], "s": [transactionId, ...], "sp": seen prefix,
---            "sh": de-duplication horizon ms}
--- reply = [{"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen]},
---          the keys' fields as read_keys' text]
+-- The read half of a micro-batch, in one call: the stream's progress (last committed
+-- batch, newest eventTime), the buckets epoch, the mirror marker and which of the named
+-- transactionIds were accepted within the horizon. (The keys' states: an MGET beside it.)
+-- request = {"s": [transactionId, ...], "sp": seen prefix, "sh": de-duplication horizon ms}
+-- reply = {"p": {field: value}, "e": epoch, "m": marker, "s": [1-based indices seen]}
 local function velocity_stream_read(keys, args)
   local request = cjson.decode(args[1])
   local progress = {}
   local fields = redis.call("HGETALL", keys[1])
   for i = 1, #fields, 2 do progress[fields[i]] = fields[i + 1] end
-  return {
-    cjson.encode({
-      p = progress,
-      e = redis.call("GET", keys[2]) or "0",
-      m = redis.call("GET", keys[3]) or "",
-      s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
-    }),
-    read_keys(request["h"], false),
-  }
+  return cjson.encode({
+    p = progress,
+    e = redis.call("GET", keys[2]) or "0",
+    m = redis.call("GET", keys[3]) or "",
+    s = seen_indices(request["sp"], tonumber(request["sh"]), request["s"]),
+  })
 end
 
 -- Remembers the accepted transactionIds `ids[first..last]` (see seen_indices) as accepted
@@ -1034,7 +1023,7 @@ end
 -- The named keys' fields, all on this master (of a Redis Cluster, or the one server), as
 -- read_keys' text.
 local function velocity_read_keys(keys, args)
-  return read_keys(cjson.decode(args[1]), true)
+  return read_keys(cjson.decode(args[1]))
 end
 
 -- FCALL velocity_pack 1 <key state>

@@ -94,10 +94,12 @@ class Settings(BaseSettings):
         description="An event more than this far ahead of the newest accepted eventTime (and, "
         "in the stream, of the clock) is quarantined as future_event_time.",
     )
-    eviction_every_batches: int = Field(
-        default=10,
-        ge=1,
-        description="The stream deletes Delta buckets older than the horizon every N batches.",
+    eviction_every_seconds: float = Field(
+        default=600.0,
+        ge=0.0,
+        description="The stream's write-behind deletes Delta buckets older than the horizon at "
+        "most this often (0: at every flush). Reads skip them anyway; each deletion is a Delta "
+        "transaction that rewrites files, and `velocity maintain evict` also runs hourly.",
     )
     dedup_horizon_seconds: int = Field(
         default=7 * 24 * 3600,

@@ -95,7 +95,7 @@ def test_maintenance_during_a_live_stream_changes_no_result(
 ) -> None:
     # Delta written behind within a second, so maintenance works on a table that grows.
     settings = data_settings.model_copy(
-        update={"eviction_every_batches": 3, "write_behind_seconds": 1.0}
+        update={"eviction_every_seconds": 0, "write_behind_seconds": 1.0}
     )
     arriving = tmp_path / "arriving"
     arriving.mkdir()

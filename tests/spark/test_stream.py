@@ -278,7 +278,7 @@ def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(
 
     from velocity.redis.keys import parse_bucket_value
 
-    settings = data_settings.model_copy(update={"eviction_every_batches": 1})
+    settings = data_settings.model_copy(update={"eviction_every_seconds": 0})
     job = StreamJob(spark, settings)
     narrow = {
         "ruleId": 1,

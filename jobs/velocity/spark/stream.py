@@ -167,6 +167,9 @@ class StreamJob:
         self._committed: int | None = None  # newest batch this process committed to Redis
         self._flush_each_batch = settings.write_behind_seconds == 0
         self._flushing = threading.Lock()
+        # When the write-behind's next eviction is due (time.monotonic()): a period after
+        # the start, then a period after each.
+        self._next_eviction = time.monotonic() + settings.eviction_every_seconds
         self._flusher_stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._reads_kafka = False
@@ -601,7 +604,7 @@ class StreamJob:
     def flush(self, through: int | None = None) -> None:
         """Append the spooled batches up to ``through`` (None: every batch this process
         committed) to Delta under the state lock, and evict the Delta buckets below the
-        horizon every ``eviction_every_batches``."""
+        horizon at most every ``eviction_every_seconds``."""
         through = self._committed if through is None else through
         # One flush (and its eviction) at a time: the write-behind thread, close() and a
         # caller's flush() would otherwise run two DELETEs on the buckets table at once.
@@ -612,11 +615,12 @@ class StreamJob:
             self.state.flush_spool(through)
             if not group or not self._rules:
                 return
-            # Every N-th batch, as the batches' own eviction did before the write-behind.
-            every = self.settings.eviction_every_batches
+            # By the clock, not by batches: at one batch a second, every tenth batch was a
+            # DELETE every 15 s, 15 % of the stream's JVM CPU at 1 000 events/s.
             newest_before = metas[0].get("newest_before")
-            if newest_before is not None and any(b % every == 0 for b in group):
+            if newest_before is not None and time.monotonic() >= self._next_eviction:
                 self.state.evict(self._rules, int(newest_before))  # type: ignore[call-overload]
+                self._next_eviction = time.monotonic() + self.settings.eviction_every_seconds
 
     def _write_behind(self) -> None:
         """The background flusher: every half ``write_behind_seconds``, flush what is

@@ -114,6 +114,14 @@ class Settings(BaseSettings):
         "bytes (at least one file; 0: no cap; `--max-files-per-trigger` replaces it). A "
         "backlog then runs as batches of bounded time instead of one that grows.",
     )
+    stream_archive_dir: Path | None = Field(
+        default=None,
+        description="The folder source moves each file here once the micro-batch that read it "
+        "has committed (Spark's cleanSource=archive; the file keeps its full path beneath it). "
+        "Unset, files stay where they landed, and Spark lists every one of them at each poll "
+        "for new files (every 10 ms while idle): the listing's CPU grows with the folder. "
+        "Must not lie inside the events folder.",
+    )
     write_behind_seconds: float = Field(
         default=30.0,
         ge=0.0,
@@ -254,10 +262,10 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not an event field; one of {sorted(FIELDS_BY_NAME)}")
         return value
 
-    @field_validator("data_dir", "jars_dir", "kafka_home")
+    @field_validator("data_dir", "jars_dir", "kafka_home", "stream_archive_dir")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
-        return value.expanduser().resolve()
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser().resolve()
 
     @property
     def bucket_width_ms(self) -> int:

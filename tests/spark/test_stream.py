@@ -99,6 +99,36 @@ def sample_backtest(
     return backtest_pairs(spark, settings, rules, in_order_events, base / "bt.jsonl")
 
 
+def test_the_folder_source_archives_the_files_it_has_decided(
+    spark,
+    data_settings: Settings,
+    in_order_events: Path,
+    sample_backtest: dict[tuple[int, str], tuple[str, int, str]],
+    tmp_path: Path,
+) -> None:
+    # Spark moves a batch's files once the batch has committed, so all but the last
+    # batch's leave the folder, each under its full path in the archive; the alerts are
+    # the backtest's. An archive inside the folder is refused before anything runs.
+    arriving, archive = tmp_path / "arriving", tmp_path / "archive"
+    arriving.mkdir()
+    files = sorted(in_order_events.iterdir())
+    for order, source in enumerate(files):
+        land(source, arriving, order)
+    inside = data_settings.model_copy(update={"stream_archive_dir": arriving / "done"})
+    with pytest.raises(UsageError, match="inside the events folder"):
+        StreamJob(spark, inside).start(arriving, available_now=True)
+    settings = data_settings.model_copy(update={"stream_archive_dir": archive})
+    job = StreamJob(spark, settings)
+    job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+
+    assert run_available_now(job, arriving) == len(files)
+    assert alert_pairs(spark, LiveTables.of(settings).alerts) == sample_backtest
+    archived = {p.name for p in archive.rglob("*.jsonl")}
+    assert {f.name for f in files[:-1]} <= archived
+    assert all((archive / arriving.relative_to("/") / name).is_file() for name in archived)
+    assert not archived & {p.name for p in arriving.iterdir()}
+
+
 def test_stream_equals_backtest_and_a_rerun_adds_nothing(
     spark,
     data_settings: Settings,

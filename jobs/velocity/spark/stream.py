@@ -692,6 +692,11 @@ class StreamJob:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         elif self.settings.stream_max_bytes_per_trigger:
             reader = reader.option("maxBytesPerTrigger", self.settings.stream_max_bytes_per_trigger)
+        archive = self.settings.stream_archive_dir
+        if archive is not None:
+            reader = reader.option("cleanSource", "archive").option(
+                "sourceArchiveDir", str(archive)
+            )
         return with_line_source(reader.load(str(folder)))
 
     def _kafka_lines(self, source: KafkaSource) -> DataFrame:
@@ -747,6 +752,13 @@ class StreamJob:
         batch is flushed to Delta before the next; otherwise a background thread writes
         Delta behind (``close`` flushes the rest).
         """
+        archive = self.settings.stream_archive_dir
+        folder = None if isinstance(source, KafkaSource) else source.resolve()
+        if archive is not None and folder is not None and archive.is_relative_to(folder):
+            raise UsageError(
+                f"VELOCITY_STREAM_ARCHIVE_DIR {archive} lies inside the events folder "
+                f"{source}: Spark would read the archived files again"
+            )
         self._serve_metrics(source)
         # A batch makes many short-lived objects; each batch collects its own garbage
         # once (``collect_batch_garbage``) instead of the collector running every 700.

@@ -75,10 +75,10 @@ def read_stream_state(
     settings: Settings,
     transaction_ids: Sequence[str],
     names: Sequence[str],
-) -> tuple[dict[str, str], set[int], str, str, str]:
+) -> tuple[dict[str, str], set[int], str, str, list[str]]:
     """(progress, 0-based indices of the seen transactionIds, epoch, mirror marker, the
-    named keys' fields as velocity.lua's read_keys text): mirror.read_stream_state's
-    inputs, on a cluster. A pending batch is finished first."""
+    named keys' packed texts as velocity.lua's read_keys gives each, in the names' order):
+    mirror.read_stream_state's inputs, on a cluster. A pending batch is finished first."""
     keys = settings.redis_keys
     accepted = json.dumps(list(transaction_ids), ensure_ascii=False)
 
@@ -105,13 +105,12 @@ def read_stream_state(
             "velocity_read_keys", 1, group[0], json.dumps(group, ensure_ascii=False)
         )
         texts.update(zip(group, cast(str, answer).split(KEY_SEPARATOR), strict=True))
-    hashes = KEY_SEPARATOR.join(texts[name] for name in names)  # read_keys' order
     return (
         reply["p"] or {},
         {i - 1 for i in reply["s"] or []},
         str(client.get(keys.buckets_epoch) or "0"),
         str(client.get(keys.mirror_marker) or ""),
-        hashes,
+        [texts[name] for name in names],
     )
 
 

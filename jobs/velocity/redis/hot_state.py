@@ -1,6 +1,7 @@
 """A key-partition's keys' hot state as Redis holds it, read column by column (pure).
 
-velocity.lua's read_keys answers with each key's fields (``keys.key_field_rows``); here
+Redis answers with each key's packed text (an MGET; velocity.lua's read_keys for dense
+keys and on a cluster), split into fields by ``keys.key_field_rows``; here
 those become the stored buckets (``STORED_SCHEMA``) and the raw-events texts kept
 beside them, without a Python object per bucket: a bucket's figures are parsed by Arrow
 kernels (``keys.bucket_value_columns``). Raw events are parsed only for the few own

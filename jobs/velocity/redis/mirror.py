@@ -422,10 +422,10 @@ def read_stream_state(
         )
     )
     if is_cluster(client):
-        progress, seen_indices, epoch, mirror_of, text = cluster.read_stream_state(
+        progress, seen_indices, epoch, mirror_of, texts = cluster.read_stream_state(
             cast(RedisCluster, client), settings, transaction_ids, names.to_pylist()
         )
-        states = read_keys_texts(text)
+        states = pa.array(texts, pa.string())
     else:
         request = (
             f'{{"s":{json.dumps(list(transaction_ids), ensure_ascii=False)},'

@@ -211,7 +211,7 @@ class Run:
     hot_keys: int = 0
     lookups: str = ""
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per process kind, landing on
-    redis_commands: dict[str, tuple[int, float]] = field(default_factory=dict)  # calls, CPU s
+    redis_commands: dict[str, float] = field(default_factory=dict)  # CPU s by command
     decided_lines: int = 0
     # --lag-partition-seconds: the lagging partition and what it cost.
     lag_seconds: float = 0.0
@@ -261,9 +261,7 @@ class Run:
             # Redis's CPU by command (a function's includes the commands it calls).
             "redis_us_per_event_by_command": {
                 name: round(spent / self.decided_lines * 1e6, 1)
-                for name, (_, spent) in sorted(
-                    self.redis_commands.items(), key=lambda item: -item[1][1]
-                )
+                for name, spent in sorted(self.redis_commands.items(), key=lambda item: -item[1])
                 if self.decided_lines and spent / self.decided_lines * 1e6 >= 0.1
             },
             **(self.lag_summary() if self.lag_seconds else {}),
@@ -417,7 +415,7 @@ def run_design(
         time.sleep(1.5)  # a sample of every process's CPU before the first landing
         landing.set()
         redis_cpu_at_landing = redis_cpu(client, on_cluster)
-        commands_at_landing = redis_commands(client, on_cluster)
+        commands_at_landing = redis_command_cpu(client, on_cluster)
         started = time.monotonic()
         for index, path in enumerate(data.files):
             pause = started + index * (seconds / len(data.files)) - time.monotonic()
@@ -439,10 +437,9 @@ def run_design(
         time.sleep(2)
         run.cpu_seconds["redis"] = redis_cpu(client, on_cluster) - redis_cpu_at_landing
         run.redis_commands = {
-            name: (calls - commands_at_landing.get(name, (0, 0.0))[0],
-                   spent - commands_at_landing.get(name, (0, 0.0))[1])
-            for name, (calls, spent) in redis_commands(client, on_cluster).items()
-        }  # fmt: skip
+            name: spent - commands_at_landing.get(name, 0.0)
+            for name, spent in redis_command_cpu(client, on_cluster).items()
+        }
     finally:
         sampling.set()
         if lagging is not None:
@@ -472,10 +469,7 @@ def run_design(
             run.missing += 1
         if lagged:
             run.lagged_latencies.append(run.latencies[-1])
-    if on_cluster:  # every master's memory, summed
-        per_node = client.info("memory", target_nodes=client.PRIMARIES).values()
-    else:
-        per_node = [client.info("memory")]
+    per_node = masters_info(client, on_cluster, "memory")
     run.redis_mb = sum(int(node["used_memory"]) for node in per_node) / 2**20
     run.bucket_hashes = sum(1 for _ in client.scan_iter(match="velocity:{*}:buckets", count=5000))
 
@@ -597,32 +591,26 @@ def backfill_late(env: dict[str, str], home: Path) -> tuple[int, float, dict[str
     return result.returncode, seconds, summary if isinstance(summary, dict) else {}
 
 
+def masters_info(client: Any, on_cluster: bool, section: str) -> list[dict[str, Any]]:
+    """INFO ``section`` of the one Redis, or of every master of the cluster."""
+    if on_cluster:
+        return list(client.info(section, target_nodes=client.PRIMARIES).values())
+    return [client.info(section)]
+
+
 def redis_cpu(client: Any, on_cluster: bool) -> float:
     """CPU seconds the Redis server(s) spent so far (every master's, summed)."""
-    nodes = (
-        client.info("cpu", target_nodes=client.PRIMARIES).values()
-        if on_cluster
-        else [client.info("cpu")]
-    )
+    nodes = masters_info(client, on_cluster, "cpu")
     return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
 
 
-def redis_commands(client: Any, on_cluster: bool) -> dict[str, tuple[int, float]]:
-    """Each command's calls and CPU seconds so far (every master's, summed), from
-    INFO commandstats."""
-    nodes = (
-        client.info("commandstats", target_nodes=client.PRIMARIES).values()
-        if on_cluster
-        else [client.info("commandstats")]
-    )
-    out: dict[str, tuple[int, float]] = {}
-    for node in nodes:
+def redis_command_cpu(client: Any, on_cluster: bool) -> dict[str, float]:
+    """Each command's CPU seconds so far (every master's, summed; INFO commandstats)."""
+    out: dict[str, float] = {}
+    for node in masters_info(client, on_cluster, "commandstats"):
         for name, stats in node.items():
-            calls, spent = out.get(name.removeprefix("cmdstat_"), (0, 0.0))
-            out[name.removeprefix("cmdstat_")] = (
-                calls + int(stats["calls"]),
-                spent + float(stats["usec"]) / 1e6,
-            )
+            command = name.removeprefix("cmdstat_")
+            out[command] = out.get(command, 0.0) + float(stats["usec"]) / 1e6
     return out
 
 

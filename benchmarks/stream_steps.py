@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(events_dir: Path) -> dict[str, float]:
+    from benchmarks.stream import redis_cpu
     from velocity.cli import sample_rules_path
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
@@ -59,11 +60,7 @@ def run(events_dir: Path) -> dict[str, float]:
     spent: dict[str, float] = {}
     total = 0
 
-    def redis_cpu() -> float:
-        info = client.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-    redis_cpu_before = redis_cpu()
+    redis_cpu_before = redis_cpu(client, on_cluster=False)
 
     def mark(step: str, began: float) -> float:
         now = time.perf_counter()
@@ -134,7 +131,7 @@ def run(events_dir: Path) -> dict[str, float]:
     out = {step: round(seconds / total * 1e6, 1) for step, seconds in spent.items()}
     out["total"] = round(sum(spent.values()) / total * 1e6, 1)
     # Redis's own CPU (commands, Lua, protocol and networking) while this ran.
-    out["Redis CPU"] = round((redis_cpu() - redis_cpu_before) / total * 1e6, 1)
+    out["Redis CPU"] = round((redis_cpu(client, False) - redis_cpu_before) / total * 1e6, 1)
     out["of which Lua"] = round(sum(v["usec"] for v in lua.values()) / total, 1)
     for name, stats in lua.items():  # the commit (fcall) apart from the reads (fcall_ro)
         out[f"{name.removeprefix('cmdstat_')} µs"] = round(stats["usec"] / total, 1)

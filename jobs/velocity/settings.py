@@ -146,9 +146,10 @@ class Settings(BaseSettings):
         default=50_000,
         ge=0,
         description="A micro-batch with fewer keyed rows (events times matching signatures) "
-        "is decided in the driver's process by the same kernel: a Spark job costs 0.5-1 s a "
-        "batch, the kernel about 16 µs a keyed row, so two executors win only above about "
-        "60 000 (0: always in the executors).",
+        "is decided by the same kernel in processes beside the driver, one a key-partition, "
+        "started with the stream: a Spark job costs 0.5-1 s a batch, the kernel about 16 µs "
+        "a keyed row, so two executors win only above about 60 000 (0: always in the "
+        "executors, and no such processes).",
     )
     stream_stale_seconds: int = Field(
         default=120,

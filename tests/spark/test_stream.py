@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from velocity.schema import Event, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
+from velocity.spark.stream_decide import LOCAL_DECIDERS
 
 pytestmark = pytest.mark.spark
 
@@ -127,6 +129,40 @@ def test_the_folder_source_archives_the_files_it_has_decided(
     assert {f.name for f in files[:-1]} <= archived
     assert all((archive / arriving.relative_to("/") / name).is_file() for name in archived)
     assert not archived & {p.name for p in arriving.iterdir()}
+
+
+def test_a_killed_deciding_process_is_replaced_and_its_batch_decided_again(
+    spark,
+    data_settings: Settings,
+    in_order_events: Path,
+    sample_backtest: dict[tuple[int, str], tuple[str, int, str]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Small batches are decided by processes beside the driver (the default below
+    # stream_executor_min_rows). One killed before the third batch (the OOM killer, an
+    # operator) breaks their pool: the batch is decided again in new processes, and the
+    # alerts are the backtest's, none lost or counted twice.
+    default = Settings.model_fields["stream_executor_min_rows"].default
+    settings = data_settings.model_copy(update={"stream_executor_min_rows": default})
+    job = StreamJob(spark, settings)
+    job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+    decide, killed = job.process_batch, []
+
+    def kill_a_decider_before_the_third(lines, batch_id: int) -> None:
+        if batch_id == 2:
+            victim = LOCAL_DECIDERS.pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            os.waitpid(victim, 0)
+            killed.append(victim)
+        decide(lines, batch_id)
+
+    job.process_batch = kill_a_decider_before_the_third  # type: ignore[method-assign]
+
+    assert run_available_now(job, in_order_events) == 5
+    assert killed and killed[0] not in LOCAL_DECIDERS.pids()
+    assert "a process deciding batch 2 died: deciding it again" in caplog.text
+    assert len(LOCAL_DECIDERS.pids()) == 2
+    assert alert_pairs(spark, LiveTables.of(settings).alerts) == sample_backtest
 
 
 def test_stream_equals_backtest_and_a_rerun_adds_nothing(

@@ -84,6 +84,7 @@ from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import VERDICT_ARROW, kafka_messages, with_line_source
 from velocity.spark.redis_state import RedisState
 from velocity.spark.stream_decide import (
+    LOCAL_DECIDERS,
     BatchDecided,
     BatchPlan,
     RecordedPlan,
@@ -367,15 +368,10 @@ class StreamJob:
     def _batch_plan(self, batch_id: int, rules: list[Rule], lease: Lease) -> RecordedPlan:
         """How the batch is cut and decided: as now, or, for a batch replayed after a crash
         whose key-partitions may have committed already, as its first attempt recorded."""
-        settings = self.settings
-        partitions = (
-            settings.stream_decide_partitions
-            or local_mode_cores(settings.spark_master)
-            or self.spark.sparkContext.defaultParallelism
-        )
+        partitions = self._decide_partitions()
         now = RecordedPlan(partitions, int(time.time() * 1000), tuple(rules))
         recorded = RecordedPlan.parse(
-            mirror.batch_plan(self.redis, settings, lease, batch_id, now.text(batch_id))
+            mirror.batch_plan(self.redis, self.settings, lease, batch_id, now.text(batch_id))
         )
         if recorded != now:
             log.warning(
@@ -385,6 +381,15 @@ class StreamJob:
                 [(r.rule_id, r.version) for r in recorded.rules],
             )
         return recorded
+
+    def _decide_partitions(self) -> int:
+        """How many key-partitions a new batch is cut into."""
+        settings = self.settings
+        return (
+            settings.stream_decide_partitions
+            or local_mode_cores(settings.spark_master)
+            or self.spark.sparkContext.defaultParallelism
+        )
 
     def _decide(
         self,
@@ -777,6 +782,8 @@ class StreamJob:
                 self._refuse_a_lost_checkpoint()
             # Rules and their signatures' history in place before the first batch arrives.
             self._rules_in_force(0 if committed is None else committed + 1)
+        if self.settings.stream_executor_min_rows > 0:
+            LOCAL_DECIDERS.start(self._decide_partitions())
         lines = (
             self._kafka_lines(source)
             if isinstance(source, KafkaSource)

@@ -6,7 +6,9 @@ hot state from Redis in one call, decides with the columnar kernel
 (``velocity.engine.key_partition``), commits its bucket changes to Redis in one call and
 returns its alert rows and its bucket deltas for Delta. The driver then commits the
 batch's accepted transactionIds, alerts and progress in one call. A small batch is
-decided the same way in the driver's process: a Spark job costs more than it saves there.
+decided the same way by processes beside the driver (``LocalDeciders``): a Spark job
+costs more than it saves there, and threads of the driver's process would share its GIL
+with the write-behind and Spark's callbacks.
 
 A partition's commit is idempotent on (batch, partition) and fenced by the state lock's
 token (``mirror.commit_partition``): it records the partition's outcome beside its
@@ -19,12 +21,16 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import multiprocessing
 import os
 import pickle
 import socket
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -72,6 +78,8 @@ from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
 from velocity.stream_batch import BucketSlot
+
+log = logging.getLogger("velocity.stream")
 
 _KEY = ("signature_id", "key")
 # A batch's alerts are published in this order (SPEC §4 records sorted by it).
@@ -170,11 +178,10 @@ def decide_batch(
     if in_executors and len(parts) > 1:
         tasks = spark.sparkContext.parallelize(parts, len(parts))
         results = tasks.map(lambda part: _run_partition(plan, *part)).collect()
+    elif len(parts) > 1:
+        results = LOCAL_DECIDERS.run(plan, parts, partitions)
     else:
-        # Threads: a partition waiting on Redis (its read, its commit's Lua) lets another
-        # decide; numpy and Arrow release the GIL for much of the rest.
-        with ThreadPoolExecutor(max_workers=max(1, len(parts))) as pool:
-            results = list(pool.map(lambda part: _run_partition(plan, *part), parts))
+        results = [_run_partition(plan, *part) for part in parts]
     out = BatchDecided(_ALERT_ARROW.empty_table(), _empty_deltas(plan))
     alerts, deltas, texts = [out.alerts], [out.deltas], [pa.array([], pa.string())]
     arrivals = [out.out_of_order]
@@ -210,6 +217,69 @@ def decide_batch(
     out.published = ordered.filter(pc.and_(notified, pc.invert(shadow))).to_pylist()
     out.shadow_published = ordered.filter(pc.and_(notified, shadow)).to_pylist()
     return out
+
+
+class LocalDeciders:
+    """Processes on the driver's host that decide a small batch's key-partitions, one
+    each, as Spark's executors would (``_run_partition``, the same idempotent commit).
+    Started once and kept: spawned (the driver runs a JVM gateway and threads, which a
+    fork would copy mid-flight), each imports the kernel once. One that dies (killed, out
+    of memory) breaks the pool; the batch's partitions then run again in a new one, those
+    committed already returning their recorded outcome."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._workers = 0
+        self._guard = threading.Lock()
+
+    def start(self, workers: int) -> None:
+        """At least ``workers`` processes, started now: each imports the kernel (about two
+        seconds) while the stream starts, not in its first batch."""
+        self._ready(workers)
+
+    def run(
+        self, plan: BatchPlan, parts: list[tuple[int, bytes, bytes | None]], workers: int
+    ) -> list[bytes]:
+        """Each part's ``_run_partition`` result, in order."""
+        columns = list(zip(*parts, strict=True))
+        try:
+            return list(self._ready(workers).map(_run_partition, [plan] * len(parts), *columns))
+        except BrokenProcessPool:
+            log.warning("a process deciding batch %s died: deciding it again", plan.batch)
+            self.stop()
+            return list(self._ready(workers).map(_run_partition, [plan] * len(parts), *columns))
+
+    def stop(self) -> None:
+        with self._guard:
+            pool, self._pool, self._workers = self._pool, None, 0
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def pids(self) -> list[int]:
+        """The processes' ids (for tests and operators)."""
+        with self._guard:
+            return [] if self._pool is None else list(self._pool._processes)
+
+    def _ready(self, workers: int) -> ProcessPoolExecutor:
+        with self._guard:
+            if self._pool is None or self._workers < workers:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(workers, mp_context=context)
+                self._workers = workers
+                # A task a process, sent at once, starts them all; each imports this
+                # module to run it. Not awaited.
+                for i in range(workers):
+                    self._pool.submit(_process_id, i)
+            return self._pool
+
+
+LOCAL_DECIDERS = LocalDeciders()
+
+
+def _process_id(_: int) -> int:
+    return os.getpid()
 
 
 def _empty_deltas(plan: BatchPlan) -> pa.Table:
@@ -565,7 +635,7 @@ def _keys_of(rows: pa.Table) -> pa.Table:
 
 def _executor_name() -> str:
     """Where this task ran: host, Python worker process, and the working folder's name
-    (on a standalone cluster, the executor's id; ``driver`` in the driver's process)."""
+    (on a standalone cluster, the executor's id; ``driver`` beside the driver)."""
     from pyspark import TaskContext
 
     where = f"{socket.gethostname()}:{os.getpid()}"
@@ -576,7 +646,7 @@ def _executor_name() -> str:
 
 def _task_attempt() -> int:
     """Which attempt of its Spark task this is (0 the first; a task re-run after its
-    executor was lost counts up; 0 in the driver's process)."""
+    executor was lost counts up; 0 beside the driver)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()

@@ -22,6 +22,7 @@ from velocity.arrival import Arrivals, Verdict
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
+from velocity.delta.write_behind import SPOOL_FLUSHER
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
 from velocity.redis import mirror
@@ -131,7 +132,7 @@ def test_the_folder_source_archives_the_files_it_has_decided(
     assert not archived & {p.name for p in arriving.iterdir()}
 
 
-def test_a_killed_deciding_process_is_replaced_and_its_batch_decided_again(
+def test_a_killed_deciding_or_flushing_process_is_replaced_and_its_work_done_again(
     spark,
     data_settings: Settings,
     in_order_events: Path,
@@ -139,29 +140,31 @@ def test_a_killed_deciding_process_is_replaced_and_its_batch_decided_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Small batches are decided by processes beside the driver (the default below
-    # stream_executor_min_rows). One killed before the third batch (the OOM killer, an
-    # operator) breaks their pool: the batch is decided again in new processes, and the
-    # alerts are the backtest's, none lost or counted twice.
+    # stream_executor_min_rows), and the spool is flushed to Delta by another. One of
+    # each killed before the third batch (the OOM killer, an operator): the batch is
+    # decided again and the flush run again in new processes, and the alerts are the
+    # backtest's, none lost or counted twice.
     default = Settings.model_fields["stream_executor_min_rows"].default
     settings = data_settings.model_copy(update={"stream_executor_min_rows": default})
     job = StreamJob(spark, settings)
     job.rule_store.apply(parse_rules(sample_rules_path().read_text()))
     decide, killed = job.process_batch, []
 
-    def kill_a_decider_before_the_third(lines, batch_id: int) -> None:
+    def kill_a_decider_and_the_flusher_before_the_third(lines, batch_id: int) -> None:
         if batch_id == 2:
-            victim = LOCAL_DECIDERS.pids()[0]
-            os.kill(victim, signal.SIGKILL)
-            os.waitpid(victim, 0)
-            killed.append(victim)
+            for victim in [LOCAL_DECIDERS.pids()[0], *SPOOL_FLUSHER.pids()]:
+                os.kill(victim, signal.SIGKILL)
+                os.waitpid(victim, 0)
+                killed.append(victim)
         decide(lines, batch_id)
 
-    job.process_batch = kill_a_decider_before_the_third  # type: ignore[method-assign]
+    job.process_batch = kill_a_decider_and_the_flusher_before_the_third  # type: ignore[method-assign]
 
     assert run_available_now(job, in_order_events) == 5
-    assert killed and killed[0] not in LOCAL_DECIDERS.pids()
+    assert len(killed) == 2 and not set(killed) & {*LOCAL_DECIDERS.pids(), *SPOOL_FLUSHER.pids()}
+    assert len(LOCAL_DECIDERS.pids()) == 2 and len(SPOOL_FLUSHER.pids()) == 1
     assert "a process deciding batch 2 died: deciding it again" in caplog.text
-    assert len(LOCAL_DECIDERS.pids()) == 2
+    assert "the process flushing the spool died: flushing in a new one" in caplog.text
     assert alert_pairs(spark, LiveTables.of(settings).alerts) == sample_backtest
 
 

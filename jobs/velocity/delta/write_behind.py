@@ -29,9 +29,14 @@ data quality can flush what the stream has spooled and see every committed batch
 from __future__ import annotations
 
 import json
+import logging
+import multiprocessing
 import os
 import shutil
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,6 +170,60 @@ class Spool:
             shutil.rmtree(self._folder(b), ignore_errors=True)
         (self.root / _INTENT).unlink()
         return Flushed(group, rows)
+
+
+log = logging.getLogger("velocity.stream")
+
+
+class SpoolFlusher:
+    """Runs ``Spool.flush`` in a process of its own, spawned at the first flush and kept
+    for the next ones (any data dir's: the settings go with each call). In the stream's
+    process the flush's Python (the cases' join, delta-rs's calls) held the GIL the
+    batch thread needs, every write-behind round. A flush is safe to repeat after a crash
+    at any point, so one whose process died runs again in a new one."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._guard = threading.Lock()
+
+    def start(self) -> None:
+        """Spawn the process now, not awaited: it imports delta-rs and the cases (about
+        two seconds) while the stream starts, not in its first flush."""
+        self._ready().submit(_started)
+
+    def flush(self, settings: Settings, through: int | None) -> Flushed:
+        pool = self._ready()
+        try:
+            return pool.submit(_flush_spool, settings, through).result()
+        except BrokenProcessPool:
+            log.warning("the process flushing the spool died: flushing in a new one")
+            with self._guard:
+                if self._pool is pool:
+                    self._pool = None
+            return self._ready().submit(_flush_spool, settings, through).result()
+
+    def pids(self) -> list[int]:
+        """The flushing process's id, once spawned (for tests and operators)."""
+        with self._guard:
+            return [] if self._pool is None else list(self._pool._processes)
+
+    def _ready(self) -> ProcessPoolExecutor:
+        with self._guard:
+            if self._pool is None:
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(1, mp_context=context)
+            return self._pool
+
+
+SPOOL_FLUSHER = SpoolFlusher()
+
+
+def _started() -> int:
+    return os.getpid()  # run there, it has imported this module
+
+
+def _flush_spool(settings: Settings, through: int | None) -> Flushed:
+    return Spool(settings).flush(through)
 
 
 class InputSpool:

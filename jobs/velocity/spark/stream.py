@@ -63,7 +63,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
-from velocity.delta.write_behind import InputSpool
+from velocity.delta.write_behind import SPOOL_FLUSHER, InputSpool
 from velocity.engine.admission import admit_batch
 from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.errors import UsageError
@@ -784,6 +784,7 @@ class StreamJob:
             self._rules_in_force(0 if committed is None else committed + 1)
         if self.settings.stream_executor_min_rows > 0:
             LOCAL_DECIDERS.start(self._decide_partitions())
+        SPOOL_FLUSHER.start()
         lines = (
             self._kafka_lines(source)
             if isinstance(source, KafkaSource)

@@ -1,14 +1,25 @@
-"""Processes on this host: whether one lives, which one a pidfile names, a log's tail.
+"""Processes on this host: whether one lives, which one a pidfile names, a log's tail,
+and the worker processes a stream keeps beside its driver.
 
-Shared by the local services `velocity up` manages (Redis, the Kafka broker) and the
-stream's health check. Standard library only.
+Shared by the local services `velocity up` manages (Redis, the Kafka broker), the
+stream's health check, and the stream (``SpawnedWorkers``). Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import logging
+import multiprocessing
 import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("velocity.stream")
 
 
 def process_alive(pid: int | None) -> bool:
@@ -59,3 +70,65 @@ def log_tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return ""
     return f"\n{path} ends with:\n" + "\n".join(tail) if tail else ""
+
+
+class SpawnedWorkers:
+    """Worker processes spawned once and kept, for work that must not share the
+    caller's GIL. Spawned, not forked: the caller runs a JVM gateway and threads, which a
+    fork would copy mid-flight. Each process imports ``module`` (where the work lives) as
+    it starts, before the first real call. The work must be safe to run again: work whose
+    process died (the OOM killer, an operator) runs again, once, in new processes."""
+
+    def __init__(self, module: str) -> None:
+        self._module = module
+        self._pool: ProcessPoolExecutor | None = None
+        self._workers = 0
+        self._guard = threading.Lock()
+
+    def start(self, workers: int) -> None:
+        """At least ``workers`` processes, spawned now, not awaited: each imports its
+        module (seconds) while the caller starts, not in its first call."""
+        self._ready(workers)
+
+    def run(
+        self, work: Callable[..., Any], *arguments: Iterable[Any], workers: int, what: str
+    ) -> list[Any]:
+        """``work`` over ``arguments`` (as ``map``), in order, on at least ``workers``
+        processes; ``what`` names the work in the warning when a process died."""
+        columns = [list(a) for a in arguments]
+        pool = self._ready(workers)
+        try:
+            return list(pool.map(work, *columns))
+        except BrokenProcessPool:
+            log.warning("a process %s died: running it again in a new one", what)
+            self._forget(pool)
+            return list(self._ready(workers).map(work, *columns))
+
+    def pids(self) -> list[int]:
+        """The processes' ids (for tests and operators)."""
+        with self._guard:
+            return [] if self._pool is None else list(self._pool._processes)
+
+    def _forget(self, pool: ProcessPoolExecutor) -> None:
+        with self._guard:
+            if self._pool is pool:
+                self._pool, self._workers = None, 0
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def _ready(self, workers: int) -> ProcessPoolExecutor:
+        with self._guard:
+            if self._pool is None or self._workers < workers:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(workers, mp_context=context)
+                self._workers = workers
+                # A call a process, sent at once, spawns them all.
+                for _ in range(workers):
+                    self._pool.submit(_imported, self._module)
+            return self._pool
+
+
+def _imported(module: str) -> int:
+    importlib.import_module(module)
+    return os.getpid()

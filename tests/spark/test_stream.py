@@ -163,8 +163,8 @@ def test_a_killed_deciding_or_flushing_process_is_replaced_and_its_work_done_aga
     assert run_available_now(job, in_order_events) == 5
     assert len(killed) == 2 and not set(killed) & {*LOCAL_DECIDERS.pids(), *SPOOL_FLUSHER.pids()}
     assert len(LOCAL_DECIDERS.pids()) == 2 and len(SPOOL_FLUSHER.pids()) == 1
-    assert "a process deciding batch 2 died: deciding it again" in caplog.text
-    assert "the process flushing the spool died: flushing in a new one" in caplog.text
+    assert "a process deciding batch 2 died: running it again" in caplog.text
+    assert "a process flushing the spool died: running it again" in caplog.text
     assert alert_pairs(spark, LiveTables.of(settings).alerts) == sample_backtest
 
 

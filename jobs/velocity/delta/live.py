@@ -23,7 +23,7 @@ from pyspark.sql.types import StructType
 
 from velocity.delta import small_tables, tables
 from velocity.delta.rule_store import RuleStore
-from velocity.delta.write_behind import SPOOL_FLUSHER, Flushed, Spool
+from velocity.delta.write_behind import Flushed, Spool, flush_spool_apart
 from velocity.errors import UsageError
 from velocity.redis.mirror import horizon_seconds
 from velocity.rule_changes import RuleEpochs, RuleVersion, rule_versions, rule_versions_text
@@ -207,7 +207,7 @@ class LiveState:
         """Append the stream's spooled batches up to ``through`` to the live tables (one
         flush at a time in this process; hold the state lock against the others)."""
         with self._flush_mutex:
-            return SPOOL_FLUSHER.flush(self.settings, through)
+            return flush_spool_apart(self.settings, through)
 
     def horizon_cutoff(self, rules: list[Rule]) -> int | None:
         """The oldest bucket start the state keeps: newest eventTime − horizon (None: no

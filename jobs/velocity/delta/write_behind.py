@@ -29,14 +29,9 @@ data quality can flush what the stream has spooled and see every committed batch
 from __future__ import annotations
 
 import json
-import logging
-import multiprocessing
 import os
 import shutil
-import threading
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +43,7 @@ from pyspark.sql.types import StructType
 
 from velocity.delta import tables
 from velocity.delta.case_store import CaseStore
+from velocity.local_process import SpawnedWorkers
 from velocity.settings import Settings
 
 APP_ID = "velocity-stream"
@@ -172,54 +168,18 @@ class Spool:
         return Flushed(group, rows)
 
 
-log = logging.getLogger("velocity.stream")
+# The write-behind's flush (``LiveState.flush_spool``), in a process of its own: in the
+# stream's, the flush's Python (the cases' join, delta-rs's calls) held the GIL the batch
+# thread needs, every round. A flush is safe to repeat after a crash at any point.
+SPOOL_FLUSHER = SpawnedWorkers(__name__)
 
 
-class SpoolFlusher:
-    """Runs ``Spool.flush`` in a process of its own, spawned at the first flush and kept
-    for the next ones (any data dir's: the settings go with each call). In the stream's
-    process the flush's Python (the cases' join, delta-rs's calls) held the GIL the
-    batch thread needs, every write-behind round. A flush is safe to repeat after a crash
-    at any point, so one whose process died runs again in a new one."""
-
-    def __init__(self) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self._guard = threading.Lock()
-
-    def start(self) -> None:
-        """Spawn the process now, not awaited: it imports delta-rs and the cases (about
-        two seconds) while the stream starts, not in its first flush."""
-        self._ready().submit(_started)
-
-    def flush(self, settings: Settings, through: int | None) -> Flushed:
-        pool = self._ready()
-        try:
-            return pool.submit(_flush_spool, settings, through).result()
-        except BrokenProcessPool:
-            log.warning("the process flushing the spool died: flushing in a new one")
-            with self._guard:
-                if self._pool is pool:
-                    self._pool = None
-            return self._ready().submit(_flush_spool, settings, through).result()
-
-    def pids(self) -> list[int]:
-        """The flushing process's id, once spawned (for tests and operators)."""
-        with self._guard:
-            return [] if self._pool is None else list(self._pool._processes)
-
-    def _ready(self) -> ProcessPoolExecutor:
-        with self._guard:
-            if self._pool is None:
-                context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(1, mp_context=context)
-            return self._pool
-
-
-SPOOL_FLUSHER = SpoolFlusher()
-
-
-def _started() -> int:
-    return os.getpid()  # run there, it has imported this module
+def flush_spool_apart(settings: Settings, through: int | None) -> Flushed:
+    """``Spool.flush`` in the flushing process (``SPOOL_FLUSHER``)."""
+    (flushed,) = SPOOL_FLUSHER.run(
+        _flush_spool, [settings], [through], workers=1, what="flushing the spool"
+    )
+    return flushed
 
 
 def _flush_spool(settings: Settings, through: int | None) -> Flushed:

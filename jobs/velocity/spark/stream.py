@@ -784,7 +784,7 @@ class StreamJob:
             self._rules_in_force(0 if committed is None else committed + 1)
         if self.settings.stream_executor_min_rows > 0:
             LOCAL_DECIDERS.start(self._decide_partitions())
-        SPOOL_FLUSHER.start()
+        SPOOL_FLUSHER.start(1)
         lines = (
             self._kafka_lines(source)
             if isinstance(source, KafkaSource)

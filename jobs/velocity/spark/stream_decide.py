@@ -6,7 +6,7 @@ hot state from Redis in one call, decides with the columnar kernel
 (``velocity.engine.key_partition``), commits its bucket changes to Redis in one call and
 returns its alert rows and its bucket deltas for Delta. The driver then commits the
 batch's accepted transactionIds, alerts and progress in one call. A small batch is
-decided the same way by processes beside the driver (``LocalDeciders``): a Spark job
+decided the same way by processes beside the driver (``LOCAL_DECIDERS``): a Spark job
 costs more than it saves there, and threads of the driver's process would share its GIL
 with the write-behind and Spark's callbacks.
 
@@ -21,16 +21,11 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
-import multiprocessing
 import os
 import pickle
 import socket
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -53,6 +48,7 @@ from velocity.engine.key_partition import (
 )
 from velocity.engine.micro_batch import SLOT, own_buckets_needing_history, with_bucket_start
 from velocity.engine.records import alert_rows
+from velocity.local_process import SpawnedWorkers
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import (
     DENSE_RUN,
@@ -78,8 +74,6 @@ from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
 from velocity.stream_batch import BucketSlot
-
-log = logging.getLogger("velocity.stream")
 
 _KEY = ("signature_id", "key")
 # A batch's alerts are published in this order (SPEC §4 records sorted by it).
@@ -179,7 +173,13 @@ def decide_batch(
         tasks = spark.sparkContext.parallelize(parts, len(parts))
         results = tasks.map(lambda part: _run_partition(plan, *part)).collect()
     elif len(parts) > 1:
-        results = LOCAL_DECIDERS.run(plan, parts, partitions)
+        results = LOCAL_DECIDERS.run(
+            _run_partition,
+            [plan] * len(parts),
+            *zip(*parts, strict=True),
+            workers=partitions,
+            what=f"deciding batch {plan.batch}",
+        )
     else:
         results = [_run_partition(plan, *part) for part in parts]
     out = BatchDecided(_ALERT_ARROW.empty_table(), _empty_deltas(plan))
@@ -219,67 +219,11 @@ def decide_batch(
     return out
 
 
-class LocalDeciders:
-    """Processes on the driver's host that decide a small batch's key-partitions, one
-    each, as Spark's executors would (``_run_partition``, the same idempotent commit).
-    Started once and kept: spawned (the driver runs a JVM gateway and threads, which a
-    fork would copy mid-flight), each imports the kernel once. One that dies (killed, out
-    of memory) breaks the pool; the batch's partitions then run again in a new one, those
-    committed already returning their recorded outcome."""
-
-    def __init__(self) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self._workers = 0
-        self._guard = threading.Lock()
-
-    def start(self, workers: int) -> None:
-        """At least ``workers`` processes, started now: each imports the kernel (about two
-        seconds) while the stream starts, not in its first batch."""
-        self._ready(workers)
-
-    def run(
-        self, plan: BatchPlan, parts: list[tuple[int, bytes, bytes | None]], workers: int
-    ) -> list[bytes]:
-        """Each part's ``_run_partition`` result, in order."""
-        columns = list(zip(*parts, strict=True))
-        try:
-            return list(self._ready(workers).map(_run_partition, [plan] * len(parts), *columns))
-        except BrokenProcessPool:
-            log.warning("a process deciding batch %s died: deciding it again", plan.batch)
-            self.stop()
-            return list(self._ready(workers).map(_run_partition, [plan] * len(parts), *columns))
-
-    def stop(self) -> None:
-        with self._guard:
-            pool, self._pool, self._workers = self._pool, None, 0
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    def pids(self) -> list[int]:
-        """The processes' ids (for tests and operators)."""
-        with self._guard:
-            return [] if self._pool is None else list(self._pool._processes)
-
-    def _ready(self, workers: int) -> ProcessPoolExecutor:
-        with self._guard:
-            if self._pool is None or self._workers < workers:
-                if self._pool is not None:
-                    self._pool.shutdown(wait=False)
-                context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(workers, mp_context=context)
-                self._workers = workers
-                # A task a process, sent at once, starts them all; each imports this
-                # module to run it. Not awaited.
-                for i in range(workers):
-                    self._pool.submit(_process_id, i)
-            return self._pool
-
-
-LOCAL_DECIDERS = LocalDeciders()
-
-
-def _process_id(_: int) -> int:
-    return os.getpid()
+# Small batches' key-partitions (``decide_batch``), beside the driver: as Spark's
+# executors would run them (``_run_partition``, the same idempotent commit), so a batch
+# whose process died is decided again, its partitions committed already returning their
+# recorded outcome.
+LOCAL_DECIDERS = SpawnedWorkers(__name__)
 
 
 def _empty_deltas(plan: BatchPlan) -> pa.Table:

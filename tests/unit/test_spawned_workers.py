@@ -1,0 +1,35 @@
+"""SpawnedWorkers: real spawned processes (standard library work, nothing mocked)."""
+
+from __future__ import annotations
+
+import operator
+import os
+import signal
+
+import pytest
+
+from velocity.local_process import SpawnedWorkers
+
+
+@pytest.mark.timeout(120)
+def test_work_runs_in_kept_processes_and_again_in_new_ones_when_one_died(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    workers = SpawnedWorkers("operator")
+    workers.start(2)
+    first = workers.pids()
+    assert len(first) == 2 and os.getpid() not in first
+
+    sums = workers.run(operator.add, [1, 2, 3], [10, 20, 30], workers=2, what="adding")
+    assert sums == [11, 22, 33]
+    assert workers.pids() == first, "kept for the next call"
+
+    os.kill(first[0], signal.SIGKILL)
+    os.waitpid(first[0], 0)
+    assert workers.run(operator.mul, [2, 3], [5, 7], workers=2, what="multiplying") == [10, 21]
+    assert "a process multiplying died: running it again in a new one" in caplog.text
+    assert len(workers.pids()) == 2 and not set(workers.pids()) & set(first)
+
+    # More workers asked than kept: a larger set replaces them.
+    assert workers.run(operator.neg, [1, 2, 3], workers=3, what="negating") == [-1, -2, -3]
+    assert len(workers.pids()) == 3

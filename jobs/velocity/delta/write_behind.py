@@ -138,7 +138,7 @@ class Spool:
         """
         group = self._intent()
         if group is None:
-            group = [b for b in self.batches() if through is not None and b <= through]
+            group = self._spooled_through(through)
             if not group:
                 return Flushed([], {})
             intent = self.root / f".{_INTENT}"
@@ -167,6 +167,14 @@ class Spool:
         (self.root / _INTENT).unlink()
         return Flushed(group, rows)
 
+    def has_work(self, through: int | None) -> bool:
+        """Whether ``flush(through)`` would append anything (an unfinished flush, or a
+        spooled batch up to ``through``)."""
+        return self._intent() is not None or bool(self._spooled_through(through))
+
+    def _spooled_through(self, through: int | None) -> list[int]:
+        return [b for b in self.batches() if through is not None and b <= through]
+
 
 # The write-behind's flush (``LiveState.flush_spool``), in a process of its own: in the
 # stream's, the flush's Python (the cases' join, delta-rs's calls) held the GIL the batch
@@ -175,7 +183,10 @@ SPOOL_FLUSHER = SpawnedWorkers(__name__)
 
 
 def flush_spool_apart(settings: Settings, through: int | None) -> Flushed:
-    """``Spool.flush`` in the flushing process (``SPOOL_FLUSHER``)."""
+    """``Spool.flush`` in the flushing process (``SPOOL_FLUSHER``); with nothing to flush
+    (a backfill's or a maintenance's usual case), nothing is spawned."""
+    if not Spool(settings).has_work(through):
+        return Flushed([], {})
     (flushed,) = SPOOL_FLUSHER.run(
         _flush_spool, [settings], [through], workers=1, what="flushing the spool"
     )

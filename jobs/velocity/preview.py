@@ -229,9 +229,10 @@ def decide_span(
                     decisions.window_starts[mine],
                 ),
             )
+            fired[index].suppressed_by  # noqa: B018 (its cooldown, here in the thread)
 
-    # The kernel's numpy and Arrow calls release the GIL for their long loops (sorts,
-    # searches, prefix sums): signatures decided in threads use both cores.
+    # The kernel's and the cooldown's numpy and Arrow calls release the GIL for their long
+    # loops (sorts, searches, prefix sums): signatures decided in threads use both cores.
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for done in [pool.submit(decide_one, sig, keyed) for sig, keyed in slices]:
             done.result()

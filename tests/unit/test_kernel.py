@@ -22,6 +22,7 @@ from tests.builders import BASE_TIME, events, keyed_event, keyed_histories, make
 from velocity.buckets import bucket_width_ms
 from velocity.engine.kernel import (
     Decisions,
+    KeyTimeOrder,
     average_holds,
     decide,
     decide_history,
@@ -376,3 +377,43 @@ def test_kernel_over_stored_buckets_and_a_batch_equals_the_reference(
         assert pair not in got, f"{pair} decided twice"
         got[pair] = (str(value), int(start))
     assert got == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 50)), min_size=1, max_size=40),
+    st.lists(st.tuples(st.integers(0, 4), st.integers(-10, 60)), min_size=1, max_size=20),
+    st.sampled_from([1, 2**57]),
+)
+def test_key_time_order_finds_each_keys_first_row_at_or_past_a_time(
+    rows: list[tuple[int, int]], queries: list[tuple[int, int]], scale: int
+) -> None:
+    # Scale 2**57 spreads the times so far apart that offsets mostly would not fit int64:
+    # their ranks are used.
+    rows = sorted(rows)
+    keys = sorted({k for k, _ in rows})
+    rank = {k: i for i, k in enumerate(keys)}
+    key_rank = np.array([rank[k] for k, _ in rows], dtype=np.int64)
+    times = np.array([t * scale for _, t in rows], dtype=np.int64)
+    order = KeyTimeOrder.of(key_rank, times)
+    if scale == 1:
+        assert order.ranks is None
+    composite = order.composite(key_rank, times)
+    assert np.all(np.diff(composite) >= 0)
+    for key, t in queries:
+        if key not in rank:
+            continue
+        owner = rank[key]
+        expected = next(
+            (i for i, (k, time) in enumerate(rows) if rank[k] == owner and time >= t),
+            max(i for i, (k, _) in enumerate(rows) if rank[k] == owner) + 1,
+        )
+        at = np.array([t * scale], dtype=np.int64)
+        found = int(np.searchsorted(composite, order.composite(np.array([owner]), at))[0])
+        assert found == expected
+
+
+def test_key_time_order_ranks_times_when_their_offsets_would_pass_int64() -> None:
+    assert KeyTimeOrder.of(np.array([0, 0]), np.array([0, 2**62])).ranks is not None
+    assert KeyTimeOrder.of(np.array([0, 1]), np.array([0, 2**61])).ranks is not None
+    assert KeyTimeOrder.of(np.array([0, 1]), np.array([0, 2**59])).ranks is None

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.engine.kernel import Decisions, dictionary_codes
+from velocity.engine.kernel import Decisions, KeyTimeOrder, dictionary_codes
 from velocity.rules import Rule
 
 # The last notified alert of a rule version and key: the cooldown's state.
@@ -67,9 +67,8 @@ def notify(
     m = len(decisions)
     cooldowns = np.array([r.cooldown_ms for r in rules] or [0], dtype=np.int64)
     cooled = np.flatnonzero(cooldowns[decisions.rules] > 0) if m else np.zeros(0, np.int64)
-    by = np.full(m, None, dtype=object)
     if len(cooled) == 0:
-        return Notified(pa.array(by, pa.string()), LAST_NOTIFIED.empty_table())
+        return Notified(pa.nulls(m, pa.string()), LAST_NOTIFIED.empty_table())
     rows = pa.array(decisions.rows[cooled])
     taken = events.select(["signature_id", "key", "eventTime", "transactionId"]).take(rows)
     rule_index = decisions.rules[cooled]
@@ -112,17 +111,16 @@ def notify(
     # these) its first at or past that one's eventTime plus the cooldown.
     head_cooldown = cooldown[first_rows]
     starts_at = np.where(has_last, known_time + head_cooldown, times[first_rows])
-    ranks = np.unique(np.concatenate([times, times + cooldown, starts_at]))
-    span = np.int64(len(ranks) + 1)
-    composite = group_rank * span + np.searchsorted(ranks, times)
+    key_time = KeyTimeOrder.of(group_rank, times)
+    composite = key_time.composite(group_rank, times)
 
-    def first_at_or_past(ranks_of: np.ndarray, at: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        found = np.searchsorted(composite, owner * span + np.searchsorted(ranks_of, at))
+    def first_at_or_past(at: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        found = np.searchsorted(composite, key_time.composite(owner, at))
         return np.where(found < ends[owner], found, len(group))
 
     sentinel = len(group)
-    jump = np.append(first_at_or_past(ranks, times + cooldown, group_rank), sentinel)
-    starts = first_at_or_past(ranks, starts_at, np.arange(len(first_rows)))
+    jump = np.append(first_at_or_past(times + cooldown, group_rank), sentinel)
+    starts = first_at_or_past(starts_at, np.arange(len(first_rows)))
     reached = np.zeros(sentinel + 1, dtype=bool)
     reached[starts] = True
     while True:
@@ -140,18 +138,22 @@ def notify(
     position = np.arange(sentinel)
     latest = np.maximum.accumulate(np.where(notified, position, -1))
     own = latest >= first_rows[group_rank]
-    sorted_ids = np.array(sorted_taken.column("transactionId").to_pylist(), dtype=object)
-    suppressor = np.where(own, sorted_ids[np.maximum(latest, 0)], known_id[group_rank])
-    suppressor[notified] = None
-    by[cooled[order]] = suppressor
+    # Taken by Arrow from [the sorted alerts' transactionIds, each key's before these]:
+    # millions of alerts are no rarity (a preview), so no Python string per alert.
+    sorted_ids = sorted_taken.column("transactionId").cast(pa.string()).combine_chunks()
+    source = np.where(own, np.maximum(latest, 0), sentinel + group_rank)
+    source[notified] = -1  # (a key with no alert notified before has a null there)
+    by = np.full(m, -1, dtype=np.int64)
+    by[cooled[order]] = source
+    suppressed_by = pa.concat_arrays([sorted_ids, known_id]).take(pa.array(by, mask=by < 0))
     newest = latest[ends - 1]
     moved = newest >= first_rows
     chosen = newest[moved]
     next_last = groups.filter(pa.array(moved)).drop_columns(["_group"])
     next_last = next_last.append_column(
         "eventTime", pa.array(times[chosen], pa.int64())
-    ).append_column("transactionId", pa.array(sorted_ids[chosen].tolist(), pa.string()))
-    return Notified(pa.array(by, pa.string()), next_last.select(LAST_NOTIFIED.names))
+    ).append_column("transactionId", sorted_ids.take(pa.array(chosen, pa.int64())))
+    return Notified(suppressed_by, next_last.select(LAST_NOTIFIED.names))
 
 
 def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,17 +161,18 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.cumsum(starts, dtype=np.int64) - 1
 
 
-def _last_of(groups: pa.Table, last: pa.Table | None) -> tuple[np.ndarray, np.ndarray]:
-    """Each group's last notified (eventTime, transactionId) before: int64 min and None
+def _last_of(groups: pa.Table, last: pa.Table | None) -> tuple[np.ndarray, pa.Array]:
+    """Each group's last notified (eventTime, transactionId) before: int64 min and null
     where it has none."""
     n = groups.num_rows
     times = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    ids = np.full(n, None, dtype=object)
     if last is None or last.num_rows == 0 or n == 0:
-        return times, ids
+        return times, pa.nulls(n, pa.string())
     known = last.select(LAST_NOTIFIED.names).cast(LAST_NOTIFIED)
     joined = groups.join(known, keys=list(_GROUP), join_type="inner", use_threads=False)
     at = joined.column("_group").to_numpy()
     times[at] = joined.column("eventTime").to_numpy()
-    ids[at] = np.array(joined.column("transactionId").to_pylist(), dtype=object)
+    row = np.full(n, -1, dtype=np.int64)
+    row[at] = np.arange(len(at))
+    ids = joined.column("transactionId").combine_chunks().take(pa.array(row, mask=row < 0))
     return times, ids

@@ -219,7 +219,7 @@ def decide_span(
         decisions = decide_history(keyed, [rules[i] for i in indices], width_ms)
         for position, index in enumerate(indices):
             mine = decisions.rules == position
-            fired[index] = Fired(
+            one = Fired(
                 rules[index],
                 keyed,
                 Decisions(
@@ -229,7 +229,8 @@ def decide_span(
                     decisions.window_starts[mine],
                 ),
             )
-            fired[index].suppressed_by  # noqa: B018 (its cooldown, here in the thread)
+            one.suppressed_by  # noqa: B018 (its cooldown, here in the thread)
+            fired[index] = one
 
     # The kernel's and the cooldown's numpy and Arrow calls release the GIL for their long
     # loops (sorts, searches, prefix sums): signatures decided in threads use both cores.

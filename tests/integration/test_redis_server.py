@@ -108,6 +108,7 @@ def test_render_config(tmp_path: Path) -> None:
         f'logfile "{home}/redis.log"',
         f'dir "{home}"',
         "appendonly yes",
+        'save ""',
     ]:
         assert expected in lines
     assert sum(line.startswith("bind ") for line in lines) == 1

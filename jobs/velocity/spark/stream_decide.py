@@ -324,10 +324,13 @@ def _run_partition(
         ]
         outcome = packed(
             [
-                _to_ipc(alerts),
-                _to_ipc(pa.table({"json": pa.array(published, pa.string())})),
-                _to_ipc(bucket_table(decided.deltas, width)),
-                _to_ipc(decided.out_of_order),
+                _to_ipc(table, OUTCOME_COMPRESSION)
+                for table in (
+                    alerts,
+                    pa.table({"json": pa.array(published, pa.string())}),
+                    bucket_table(decided.deltas, width),
+                    decided.out_of_order,
+                )
             ]
         )
         decided_at = time.perf_counter()
@@ -350,6 +353,13 @@ def _run_partition(
         client.close()
     log["ended"] = time.time()
     return pickle.dumps({"missing": [], "outcome": kept, "log": log})
+
+
+# A partition's outcome is recorded in Redis, and so passes through its AOF: with rules that
+# fire on most events it is about 1 MB a partition a second, mostly alerts' JSON, and the
+# AOF's growth set how often Redis forked to rewrite it. zstd makes it about 6× smaller
+# for about 3 ms a partition (reading an older, uncompressed record works the same).
+OUTCOME_COMPRESSION = "zstd"
 
 
 def packed(blobs: Sequence[bytes]) -> str:
@@ -597,9 +607,10 @@ def _task_attempt() -> int:
     return 0 if context is None else context.attemptNumber()
 
 
-def _to_ipc(table: pa.Table) -> bytes:
+def _to_ipc(table: pa.Table, compression: str | None = None) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 

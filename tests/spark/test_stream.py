@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pyspark.sql import functions as F
 
 from tests.builders import generated_in_arrival_order
 from tests.spark.streaming import run_available_now
+from tests.unit.test_spawned_workers import kill_worker
 from velocity.arrival import Arrivals, Verdict
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
@@ -153,8 +153,7 @@ def test_a_killed_deciding_or_flushing_process_is_replaced_and_its_work_done_aga
     def kill_a_decider_and_the_flusher_before_the_third(lines, batch_id: int) -> None:
         if batch_id == 2:
             for victim in [LOCAL_DECIDERS.pids()[0], *SPOOL_FLUSHER.pids()]:
-                os.kill(victim, signal.SIGKILL)
-                os.waitpid(victim, 0)
+                kill_worker(victim)
                 killed.append(victim)
         decide(lines, batch_id)
 

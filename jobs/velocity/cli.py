@@ -704,6 +704,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
     from velocity.delta.tables import ALERTS, read_table, table_exists
     from velocity.spark.backtest import write_alerts_jsonl
+    from velocity.spark.evaluate import alert_line_rows
 
     settings = _settings(args)
     spark = _spark(settings, "velocity-alerts")
@@ -713,7 +714,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     alerts = read_table(spark, path)
     if args.kind:
         alerts = alerts.where(F.col("kind") == args.kind.upper())
-    count = write_alerts_jsonl(alerts, Path(args.out), settings.data_dir / "alerts-export")
+    lines = alert_line_rows(alerts)
+    count = write_alerts_jsonl(lines, Path(args.out), settings.data_dir / "alerts-export")
     print(f"{count} alerts written to {args.out}")
     return EXIT_OK
 

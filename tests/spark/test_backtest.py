@@ -20,6 +20,7 @@ from velocity.rules import Rule, distinct_counted, key_text, parse_rules, rules_
 from velocity.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest, write_alerts_jsonl
+from velocity.spark.evaluate import alert_line_rows
 from velocity.windows import format_aggregate
 
 pytestmark = pytest.mark.spark
@@ -357,7 +358,8 @@ def test_alert_file_of_many_parts_is_in_alert_order(
     )
     stored = tables.read_table(spark, backtest_root(data_settings) / tables.ALERTS)
     out = tmp_path / "many.jsonl"
-    count = write_alerts_jsonl(stored, out, tmp_path / "parts", alerts_per_part=50)
+    # As `velocity alerts --out` exports a table.
+    count = write_alerts_jsonl(alert_line_rows(stored), out, tmp_path / "parts", alerts_per_part=50)
     lines = out.read_text(encoding="utf-8").splitlines()
     assert count == len(lines) == stored.count() > 150
     records = [json.loads(line) for line in lines]

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from velocity.alerts import AlertKind, alert_ids
+from velocity.alerts import ALERT_FIELDS, AlertKind, alert_ids
 from velocity.engine.kernel import Decisions, value_texts
 from velocity.rules import Rule, RuleState
 from velocity.schema import format_decimal
@@ -109,3 +110,68 @@ def _keys(texts: pa.ChunkedArray, rule: Rule, map_type: pa.DataType) -> pa.Array
     return pa.MapArray.from_arrays(offsets, keys, pa.array(items.tolist(), pa.string())).cast(
         map_type
     )
+
+
+# The fields whose text comes from events (a transactionId, a key's names and values)
+# and may need JSON escapes; the others are Velocity's own: a UUID, enum names, decimal
+# texts and integers.
+_EVENT_TEXTS = frozenset({"transactionId", "suppressedBy"})
+_INTEGERS = frozenset(
+    {"ruleId", "ruleVersion", "eventTime", "windowStart", "windowEnd", "decisionTime"}
+)
+# A character a JSON string literal cannot hold as it is (RFC 8259 §7).
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
+
+
+def alert_lines(alerts: pa.Table) -> pa.Array:
+    """The SPEC §4 JSON line of each alert row (``velocity.alerts.record_of_stored`` as
+    compact JSON, non-ASCII left as UTF-8), made column by column by Arrow: 2-3 µs an
+    alert where ``json.dumps`` of a record took 27."""
+    if alerts.num_rows == 0:
+        return pa.array([], pa.string())
+    parts: list[str | pa.Array] = []
+    for index, name in enumerate(ALERT_FIELDS):
+        column = alerts.column(name).combine_chunks()
+        if name == "key":
+            text = _json_objects(column)
+        elif name in _INTEGERS:
+            text = column.cast(pa.string())
+        elif name in _EVENT_TEXTS:
+            text = _json_strings(column)
+        else:
+            text = pc.binary_join_element_wise('"', column, '"', "")
+        parts += [("{" if index == 0 else ",") + f'"{name}":', text]
+    shadow = pc.fill_null(alerts.column("shadow").combine_chunks(), False)
+    suppressed = pc.fill_null(alerts.column("suppressed").combine_chunks(), False)
+    by = _json_strings(alerts.column("suppressedBy").combine_chunks())
+    parts += [
+        pc.if_else(shadow, ',"shadow":true', ""),
+        pc.if_else(
+            suppressed,
+            pc.binary_join_element_wise(',"suppressed":true,"suppressedBy":', by, ""),
+            "",
+        ),
+        "}",
+    ]
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def _json_strings(values: pa.Array) -> pa.Array:
+    """JSON string literals of ``values`` (null: ``null``); only the few that need escapes
+    are made by ``json.dumps``."""
+    quoted = pc.binary_join_element_wise('"', values, '"', "")
+    escape = pc.fill_null(pc.match_substring_regex(values, _NEEDS_ESCAPE), False)
+    if pc.any(escape).as_py():
+        rows = pa.array(np.flatnonzero(escape.to_numpy(zero_copy_only=False)))
+        texts = [json.dumps(v, ensure_ascii=False) for v in values.take(rows).to_pylist()]
+        quoted = pc.replace_with_mask(quoted, escape, pa.array(texts, pa.string()))
+    return pc.fill_null(quoted, "null")
+
+
+def _json_objects(keys: pa.MapArray) -> pa.Array:
+    """JSON objects of string maps, entries in the map's order."""
+    entries = pc.binary_join_element_wise(
+        _json_strings(keys.keys), ":", _json_strings(keys.items), ""
+    )
+    joined = pc.binary_join(pa.ListArray.from_arrays(keys.offsets, entries), ",")
+    return pc.binary_join_element_wise("{", joined, "}", "")

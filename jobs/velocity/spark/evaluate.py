@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from velocity.delta.tables import (
     ALERT_SCHEMA,
@@ -29,7 +29,7 @@ from velocity.engine.bucketing import bucket_rows
 from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
-from velocity.engine.records import alert_rows
+from velocity.engine.records import alert_lines, alert_rows
 from velocity.rules import Rule, RuleSignature
 
 KEYED_SCHEMA = StructType(
@@ -42,8 +42,23 @@ KEYED_SCHEMA = StructType(
         StructField("number", AMOUNT_TYPE, True),
     ]
 )
+# An alert's SPEC §4 JSON line, made by Arrow in the executors
+# (``velocity.engine.records.alert_lines``).
+ALERT_LINE = StructField("line", StringType(), False)
+# What an alerts file and a summary's counts need of an alert: its order and its line.
+ALERT_LINE_SCHEMA = StructType(
+    [
+        StructField("eventTime", LongType(), False),
+        StructField("ruleId", LongType(), False),
+        StructField("ruleVersion", IntegerType(), False),
+        StructField("transactionId", StringType(), False),
+        StructField("kind", StringType(), False),
+        ALERT_LINE,
+    ]
+)
 _ALERT_ARROW = to_arrow_schema(ALERT_SCHEMA)
 _KEYED_ARROW = to_arrow_schema(KEYED_SCHEMA)
+_LINE_ARROW = to_arrow_schema(ALERT_LINE_SCHEMA)
 _BUCKET_ARROW = to_arrow_schema(BUCKET_SCHEMA)
 
 
@@ -206,14 +221,34 @@ def _alert_batches(
     rules: Sequence[Rule],
     width_ms: int,
     decision_time: int,
+    schema: pa.Schema,
     chunk_rows: int = KERNEL_CHUNK_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """The alerts of one partition's keyed rows (sorted by signature, key): the columnar
-    kernel over chunks that each hold whole keys, and so each key's whole cooldown."""
+    kernel over chunks that each hold whole keys, and so each key's whole cooldown;
+    ``schema``'s columns of ALERT_SCHEMA and ALERT_LINE."""
     for chunk in _whole_keys(batches, chunk_rows):
         decisions = decide_history(chunk, rules, width_ms)
         by = notify(decisions, chunk, rules).suppressed_by
-        yield from alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW, by).to_batches()
+        alerts = alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW, by)
+        yield from _with_lines(alerts, schema).to_batches()
+
+
+def _with_lines(alerts: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``schema``'s columns of alert rows, their JSON line among them if it names one."""
+    if ALERT_LINE.name in schema.names:
+        alerts = alerts.append_column(ALERT_LINE.name, alert_lines(alerts))
+    return alerts.select(schema.names).cast(schema)
+
+
+def alert_line_rows(alerts: DataFrame) -> DataFrame:
+    """ALERT_LINE_SCHEMA rows of stored alert rows (ALERT_SCHEMA's columns)."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from _with_lines(pa.Table.from_batches([batch]), _LINE_ARROW).to_batches()
+
+    return alerts.mapInArrow(run, ALERT_LINE_SCHEMA)
 
 
 def _whole_keys(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[pa.Table]:
@@ -258,13 +293,23 @@ def evaluate_alerts(
 
 
 def partition_alerts(
-    ordered: DataFrame, rules: Sequence[Rule], width_ms: int, decision_time: int
+    ordered: DataFrame,
+    rules: Sequence[Rule],
+    width_ms: int,
+    decision_time: int,
+    schema: StructType = ALERT_SCHEMA,
 ) -> DataFrame:
     """The alerts of ``key_partitioned`` rows, decided per partition by the columnar
-    kernel in the executors (ALERT_SCHEMA); rows of signatures without a rule decide
-    nothing."""
-    run = partial(_alert_batches, rules=rules, width_ms=width_ms, decision_time=decision_time)
-    return ordered.mapInArrow(run, ALERT_SCHEMA)
+    kernel in the executors (``schema``: columns of ALERT_SCHEMA and ALERT_LINE); rows of
+    signatures without a rule decide nothing."""
+    run = partial(
+        _alert_batches,
+        rules=rules,
+        width_ms=width_ms,
+        decision_time=decision_time,
+        schema=to_arrow_schema(schema),
+    )
+    return ordered.mapInArrow(run, schema)
 
 
 def empty_alerts(spark: SparkSession) -> DataFrame:

@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from velocity.alerts import record_of_stored
 from velocity.decimals import dumps_json
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.cooldown import LAST_NOTIFIED, notify
@@ -47,7 +46,7 @@ from velocity.engine.key_partition import (
     slot_list,
 )
 from velocity.engine.micro_batch import SLOT, own_buckets_needing_history, with_bucket_start
-from velocity.engine.records import alert_rows
+from velocity.engine.records import alert_lines, alert_rows
 from velocity.local_process import SpawnedWorkers
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import (
@@ -319,15 +318,12 @@ def _run_partition(
             _ALERT_ARROW,
             notified.suppressed_by,
         )
-        published = [
-            json.dumps(record_of_stored(r), separators=(",", ":")) for r in alerts.to_pylist()
-        ]
         outcome = packed(
             [
                 _to_ipc(table, OUTCOME_COMPRESSION)
                 for table in (
                     alerts,
-                    pa.table({"json": pa.array(published, pa.string())}),
+                    pa.table({"json": alert_lines(alerts)}),
                     bucket_table(decided.deltas, width),
                     decided.out_of_order,
                 )

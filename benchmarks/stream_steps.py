@@ -9,8 +9,10 @@ rows, the fan-out, one key-partition decided in this process as an executor task
 collection while Redis runs the commit),
 against a real Redis started by ``velocity up`` on its own port, and prints microseconds
 per event for each step. No JVM, no write-behind: the floor the whole stream stands on.
-``--before REV`` runs that revision's own loop (from a git worktree, on the same events and
-Redis) alternately with this checkout's, ``--rounds`` times each, and prints the ratio.
+``--before REV`` runs this loop on that revision's engine (its ``jobs/`` from a git
+worktree, on the same events and Redis) alternately with this checkout's, ``--rounds``
+times each, and prints the ratio. ``--rules FILE``: other rules than the sample ones (e.g.
+``benchmarks/rules/fire_often.json``, whose alerts' records and JSON cost the most).
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(events_dir: Path) -> dict[str, float]:
+def run(events_dir: Path, rules_file: Path) -> dict[str, float]:
     from benchmarks.stream import redis_cpu
-    from velocity.cli import sample_rules_path
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
     from velocity.engine.admission import admit_batch
@@ -52,7 +53,7 @@ def run(events_dir: Path) -> dict[str, float]:
     client = connection.connect(settings)
     client.flushall()
     connection.load_functions(client)
-    rules = deciding_rules(parse_rules(sample_rules_path().read_text()))  # type: ignore[arg-type]
+    rules = deciding_rules(parse_rules(rules_file.read_text()))  # type: ignore[arg-type]
     signatures = list(rules_by_signature(rules))
     spool = Spool(settings)
     gc.set_threshold(1_000_000, 1000, 1000)  # as the stream (StreamJob.start)
@@ -154,13 +155,19 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each, alternating")
     parser.add_argument("--port", type=int, default=6393, help="the benchmark's own Redis")
+    parser.add_argument(
+        "--rules",
+        default=str(ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"),
+        help="the rules file (default: the sample rules)",
+    )
     parser.add_argument("--inner", help=argparse.SUPPRESS)  # one measured run (subprocess)
     args = parser.parse_args()
     work = ROOT / "data" / "bench-stream-steps"
     redis_url = f"redis://:velocity-bench@127.0.0.1:{args.port}/0"
     env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
     if args.inner:
-        print(json.dumps(run(work / "events")))  # --inner: its value is a run's name
+        # --inner: its value is a run's name
+        print(json.dumps(run(work / "events", Path(args.rules))))
         return
     velocity = [sys.executable, "-m", "velocity.cli"]
     shutil.rmtree(work, ignore_errors=True)
@@ -179,7 +186,6 @@ def main() -> None:
             ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), args.before],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        (tree / "data").symlink_to(ROOT / "data")  # its loop reads the same events
     subprocess.run([*velocity, "up"], env=env, check=True, stdout=subprocess.DEVNULL)
     client = redis.Redis.from_url(redis_url)
     totals: dict[str, list[float]] = {name: [] for name in trees}
@@ -193,8 +199,8 @@ def main() -> None:
                 client.config_resetstat()  # Lua time of this run only
                 inner = subprocess.run(
                     [sys.executable, "-m", "benchmarks.stream_steps", "--inner", "freeze",
-                     "--port", str(args.port)],
-                    env={**env, "PYTHONPATH": f"{tree / 'jobs'}:{tree}"}, cwd=tree,
+                     "--port", str(args.port), "--rules", str(Path(args.rules).resolve())],
+                    env={**env, "PYTHONPATH": f"{tree / 'jobs'}:{ROOT}"}, cwd=ROOT,
                     check=True, capture_output=True, text=True,
                 )  # fmt: skip
                 result = json.loads(inner.stdout.splitlines()[-1])

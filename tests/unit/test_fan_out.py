@@ -9,11 +9,12 @@ from decimal import Decimal
 
 import pyarrow as pa
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.builders import events, keyed_histories, rule_sets
 from tests.unit.test_kernel import _ARROW
 from velocity.decimals import format_decimal
-from velocity.engine.fan_out import keyed_rows
+from velocity.engine.fan_out import decimal_texts, keyed_rows
 from velocity.rules import RuleSignature, deciding_rules, key_text, rules_by_signature
 from velocity.schema import EVENT_FIELDS, Event, FieldKind
 
@@ -94,3 +95,31 @@ def test_keys_that_json_escapes_and_amount_keys() -> None:
         RuleSignature((), (("paymentAmount", ("0", "100", "1.5")),), None),
     ]
     assert columnar(batch, signatures) == reference(batch, signatures)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.decimals(min_value=-(10**29), max_value=10**29, places=8, allow_nan=False),
+            st.sampled_from(
+                [
+                    Decimal("0"),
+                    Decimal("-0"),
+                    Decimal("1E-8"),
+                    Decimal("-5E-7"),
+                    Decimal("100"),
+                    Decimal("10.10"),
+                    Decimal("0.5"),
+                    Decimal("-1000"),
+                ]
+            ),
+        ),
+        max_size=30,
+    )
+)
+def test_decimal_texts_are_format_decimal(values: list[Decimal | None]) -> None:
+    column = pa.array(values, pa.decimal128(38, 8))
+    expected = [None if v is None else format_decimal(v) for v in values]
+    assert decimal_texts(column).to_pylist() == expected

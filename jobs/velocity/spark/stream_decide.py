@@ -442,7 +442,8 @@ def bucket_changes(
     notified_fields, notified_values = notified_field_texts(notified)
     new_of = np.concatenate([set_of, started_of, notified_of])
     new_fields = _texts([set_fields, started_fields, notified_fields])
-    new_values = _texts([bucket_value_texts(buckets), fragments.filter(new), notified_values])
+    set_values = bucket_value_texts(buckets)  # made once: the dense keys' changes reuse it
+    new_values = _texts([set_values, fragments.filter(new), notified_values])
     gone_of = np.concatenate([new_of, drop_of, removed_of, appended_of])
     gone = _owned_fields(
         gone_of,
@@ -502,7 +503,7 @@ def bucket_changes(
             (dense, _counts(n_sets[dense])),
             (dense, _counts(n_started[dense] + n_notified[dense])),
             _pairs(set_of[in_dense[0]], set_fields.filter(in_dense[0]),
-                   bucket_value_texts(buckets).filter(in_dense[0])),
+                   set_values.filter(in_dense[0])),
             _pairs(started_of[in_dense[1]], started_fields.filter(in_dense[1]),
                    fragments.filter(new).filter(in_dense[1])),
             _pairs(notified_of[in_dense[2]], notified_fields.filter(in_dense[2]),

@@ -56,6 +56,22 @@ def decimal_texts(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
     return pc.if_else(pc.fill_null(pc.match_substring(text, "."), False), trimmed, text)
 
 
+def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Each text as a JSON string, exactly as ``json_string`` writes it, column by column:
+    a backslash or quote escaped in place; a text with a control character (never in a
+    JSON text, a key name or a bucket start) through ``json_string`` itself."""
+    escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
+    quoted = pc.binary_join_element_wise('"', escaped, '"', "")
+    control = pc.match_substring_regex(texts, r"[\x00-\x1f]").to_numpy(zero_copy_only=False)
+    if not control.any():
+        return quoted
+    out = quoted.to_pylist()
+    originals = texts.to_pylist()
+    for row in np.flatnonzero(control).tolist():
+        out[row] = json_string(originals[row])
+    return pa.array(out, pa.string())
+
+
 def keyed_rows(
     events: pa.Table, signatures: Sequence[RuleSignature], schema: pa.Schema
 ) -> pa.Table:

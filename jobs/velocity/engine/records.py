@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from velocity.alerts import ALERT_FIELDS, AlertKind, alert_ids
+from velocity.engine.fan_out import json_string_texts
 from velocity.engine.kernel import Decisions, value_texts
 from velocity.rules import Rule, RuleState
 from velocity.schema import format_decimal
@@ -119,8 +120,6 @@ _EVENT_TEXTS = frozenset({"transactionId", "suppressedBy"})
 _INTEGERS = frozenset(
     {"ruleId", "ruleVersion", "eventTime", "windowStart", "windowEnd", "decisionTime"}
 )
-# A character a JSON string literal cannot hold as it is (RFC 8259 §7).
-_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def alert_lines(alerts: pa.Table) -> pa.Array:
@@ -137,13 +136,13 @@ def alert_lines(alerts: pa.Table) -> pa.Array:
         elif name in _INTEGERS:
             text = column.cast(pa.string())
         elif name in _EVENT_TEXTS:
-            text = _json_strings(column)
+            text = _json_texts(column)
         else:
             text = pc.binary_join_element_wise('"', column, '"', "")
         parts += [("{" if index == 0 else ",") + f'"{name}":', text]
     shadow = pc.fill_null(alerts.column("shadow").combine_chunks(), False)
     suppressed = pc.fill_null(alerts.column("suppressed").combine_chunks(), False)
-    by = _json_strings(alerts.column("suppressedBy").combine_chunks())
+    by = _json_texts(alerts.column("suppressedBy").combine_chunks())
     parts += [
         pc.if_else(shadow, ',"shadow":true', ""),
         pc.if_else(
@@ -156,22 +155,13 @@ def alert_lines(alerts: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(*parts, "")
 
 
-def _json_strings(values: pa.Array) -> pa.Array:
-    """JSON string literals of ``values`` (null: ``null``); only the few that need escapes
-    are made by ``json.dumps``."""
-    quoted = pc.binary_join_element_wise('"', values, '"', "")
-    escape = pc.fill_null(pc.match_substring_regex(values, _NEEDS_ESCAPE), False)
-    if pc.any(escape).as_py():
-        rows = pa.array(np.flatnonzero(escape.to_numpy(zero_copy_only=False)))
-        texts = [json.dumps(v, ensure_ascii=False) for v in values.take(rows).to_pylist()]
-        quoted = pc.replace_with_mask(quoted, escape, pa.array(texts, pa.string()))
-    return pc.fill_null(quoted, "null")
+def _json_texts(values: pa.Array) -> pa.Array:
+    """JSON string literals of ``values``, null as ``null``."""
+    return pc.fill_null(json_string_texts(values), "null")
 
 
 def _json_objects(keys: pa.MapArray) -> pa.Array:
     """JSON objects of string maps, entries in the map's order."""
-    entries = pc.binary_join_element_wise(
-        _json_strings(keys.keys), ":", _json_strings(keys.items), ""
-    )
+    entries = pc.binary_join_element_wise(_json_texts(keys.keys), ":", _json_texts(keys.items), "")
     joined = pc.binary_join(pa.ListArray.from_arrays(keys.offsets, entries), ",")
     return pc.binary_join_element_wise("{", joined, "}", "")

@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 
 from velocity.buckets import BucketAggregate, bucket_from_columns
 from velocity.decimals import format_decimal, json_string
-from velocity.engine.fan_out import decimal_texts
+from velocity.engine.fan_out import decimal_texts, json_string_texts
 from velocity.rules import Rule, key_text
 from velocity.windows import KeyedEvent
 
@@ -462,19 +462,3 @@ def bucket_value_columns(texts: pa.Array | pa.ChunkedArray, schema: pa.Schema) -
         distinct = pa.array(values, kind)
     columns["distinct_values"] = distinct.cast(kind)
     return pa.table(columns)
-
-
-def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Each text as a JSON string, exactly as ``json_string`` writes it, column by column:
-    a backslash or quote escaped in place; a text with a control character (never in a
-    JSON text, a key name or a bucket start) through ``json_string`` itself."""
-    escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
-    quoted = pc.binary_join_element_wise('"', escaped, '"', "")
-    control = pc.match_substring_regex(texts, r"[\x00-\x1f]").to_numpy(zero_copy_only=False)
-    if not control.any():
-        return quoted
-    out = quoted.to_pylist()
-    originals = texts.to_pylist()
-    for row in np.flatnonzero(control).tolist():
-        out[row] = json_string(originals[row])
-    return pa.array(out, pa.string())

@@ -58,8 +58,9 @@ def decimal_texts(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
 
 def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """Each text as a JSON string, exactly as ``json_string`` writes it, column by column:
-    a backslash or quote escaped in place; a text with a control character (never in a
-    JSON text, a key name or a bucket start) through ``json_string`` itself."""
+    a backslash or quote escaped in place; a text with a control character (rare: never in
+    a JSON text, a key name or a bucket start) through ``json_string`` itself; null stays
+    null."""
     escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
     quoted = pc.binary_join_element_wise('"', escaped, '"', "")
     control = pc.match_substring_regex(texts, r"[\x00-\x1f]").to_numpy(zero_copy_only=False)

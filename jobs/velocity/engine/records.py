@@ -113,9 +113,9 @@ def _keys(texts: pa.ChunkedArray, rule: Rule, map_type: pa.DataType) -> pa.Array
     )
 
 
-# The fields whose text comes from events (a transactionId, a key's names and values)
-# and may need JSON escapes; the others are Velocity's own: a UUID, enum names, decimal
-# texts and integers.
+# The text fields that come from events (a transactionId, a suppressor's) and may need
+# JSON escapes, as may a key's names and values (``_json_objects``); the others are
+# Velocity's own: a UUID, enum names, decimal texts and integers.
 _EVENT_TEXTS = frozenset({"transactionId", "suppressedBy"})
 _INTEGERS = frozenset(
     {"ruleId", "ruleVersion", "eventTime", "windowStart", "windowEnd", "decisionTime"}

@@ -16,31 +16,7 @@ from hypothesis import strategies as st
 
 from velocity.alerts import record_of_stored
 from velocity.engine.records import alert_lines
-
-# The alerts table's columns as the executors hold them (``tables.ALERT_SCHEMA``).
-ALERT_ARROW = pa.schema(
-    [
-        ("alertId", pa.string()),
-        ("kind", pa.string()),
-        ("ruleId", pa.int64()),
-        ("ruleVersion", pa.int32()),
-        ("transactionId", pa.string()),
-        ("key", pa.map_(pa.string(), pa.string())),
-        ("eventTime", pa.int64()),
-        ("aggregatorFunctionType", pa.string()),
-        ("aggregateValue", pa.string()),
-        ("limitOperatorType", pa.string()),
-        ("limit", pa.string()),
-        ("windowStart", pa.int64()),
-        ("windowEnd", pa.int64()),
-        ("decisionTime", pa.int64()),
-        ("signature_id", pa.string()),
-        ("shadow", pa.bool_()),
-        ("suppressed", pa.bool_()),
-        ("suppressedBy", pa.string()),
-        ("caseId", pa.string()),
-    ]
-)
+from velocity.spark.evaluate import _ALERT_ARROW as ALERT_ARROW  # tables.ALERT_SCHEMA's
 
 event_text = st.text(max_size=12)
 flag = st.sampled_from([True, False, None])

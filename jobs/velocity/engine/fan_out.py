@@ -63,7 +63,8 @@ def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunke
     null."""
     escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
     quoted = pc.binary_join_element_wise('"', escaped, '"', "")
-    control = pc.match_substring_regex(texts, r"[\x00-\x1f]").to_numpy(zero_copy_only=False)
+    control = pc.fill_null(pc.match_substring_regex(texts, r"[\x00-\x1f]"), False)
+    control = control.to_numpy(zero_copy_only=False)
     if not control.any():
         return quoted
     out = quoted.to_pylist()

@@ -24,20 +24,20 @@ backtest-demo: setup ## set up, generate 200k sample events, backtest the sample
 
 test: ## set up (with chromium for the browser tests), lint, build the docs (--strict), and run every test
 	@VELOCITY_SETUP_BROWSER=1 bash infra/setup.sh
-	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
+	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples tools
 	@$(VENV)/mypy
 	@NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict --quiet
 	@$(VENV)/python -m pytest tests
 
 docs: setup ## regenerate the reference pages from the code, build the documentation site into site/ (--strict)
-	@$(VENV)/python -m velocity.reference_docs --write docs/reference
+	@$(VENV)/python -m tools.reference_docs --write docs/reference
 	@NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict
 
 docs-serve: setup ## the documentation site on http://127.0.0.1:8000, rebuilt as pages change
 	@NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 lint: setup ## ruff and mypy
-	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples
+	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples tools
 	@$(VENV)/mypy
 
 bench: setup ## backtest throughput for 1M events and 8 rules; RULES=file, BEFORE=checkout, KEEP_STATE=1 (Delta bytes per bucket)

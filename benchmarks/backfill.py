@@ -56,10 +56,10 @@ def main() -> int:
 
     from velocity.delta import tables
     from velocity.delta.live import LiveTables
+    from velocity.domain.rules import Rule, deciding_rules, parse_rules, rules_by_signature
     from velocity.redis import connection
     from velocity.redis.lock import state_lock
     from velocity.redis.server import redis_down, redis_up
-    from velocity.rules import Rule, deciding_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
     from velocity.spark import maintenance
     from velocity.spark.backfill import Backfill

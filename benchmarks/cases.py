@@ -18,7 +18,13 @@ from pathlib import Path
 
 from deltalake import DeltaTable, write_deltalake
 
-from velocity.cases import CaseAlert, OpenCases, case_key_text, fold_cases, stream_case_events
+from velocity.analyst.cases import (
+    CaseAlert,
+    OpenCases,
+    case_key_text,
+    fold_cases,
+    stream_case_events,
+)
 from velocity.delta.case_store import CaseStore, _event_rows, _events, ensure_case_tables
 from velocity.settings import Settings
 

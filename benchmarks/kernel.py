@@ -5,7 +5,7 @@ places, one day of event time), fanned out to the signatures of a rules file the
 Spark fan-out does, then decided by ``velocity.engine.kernel.decide_history`` in this
 process; prints rows, decisions, seconds and µs per keyed row and per event, best of
 ``--runs``. With ``--reference N`` the per-event reference engine
-(``velocity.windows.evaluate_key_history``) decides the first N events' keys too, and the
+(``velocity.domain.windows.evaluate_key_history``) decides the first N events' keys too, and the
 ratio follows (both on the same rows).
 """
 
@@ -21,9 +21,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from velocity.domain.rules import (
+    RuleSignature,
+    deciding_rules,
+    key_text,
+    parse_rules,
+    rules_by_signature,
+)
+from velocity.domain.windows import KeyedEvent, evaluate_key_history
 from velocity.engine.kernel import decide_history
-from velocity.rules import RuleSignature, deciding_rules, key_text, parse_rules, rules_by_signature
-from velocity.windows import KeyedEvent, evaluate_key_history
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RULES = ROOT / "jobs" / "velocity" / "resources" / "sample_rules.json"

@@ -38,16 +38,16 @@ def run(events_dir: Path, rules_file: Path) -> dict[str, float]:
     from benchmarks.stream import redis_cpu
     from velocity.delta import batch_rows
     from velocity.delta.write_behind import Spool
+    from velocity.domain.rules import deciding_rules, parse_rules, rules_by_signature
+    from velocity.domain.stream_batch import collect_batch_garbage
     from velocity.engine.admission import admit_batch
     from velocity.engine.event_lines import parsed_in_arrival_order
     from velocity.redis import connection, mirror
     from velocity.redis.commit_args import BucketChanges
     from velocity.redis.lock import state_lock
-    from velocity.rules import deciding_rules, parse_rules, rules_by_signature
     from velocity.settings import load_settings
     from velocity.spark.ingest import VERDICT_ARROW
     from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
-    from velocity.stream_batch import collect_batch_garbage
 
     settings = load_settings()
     client = connection.connect(settings)

@@ -73,7 +73,7 @@ def main() -> int:
     from velocity.cli import sample_rules_path
     from velocity.delta import tables
     from velocity.delta.tables import AMOUNT_TYPE
-    from velocity.rules import Rule, parse_rules, rules_by_signature
+    from velocity.domain.rules import Rule, parse_rules, rules_by_signature
     from velocity.settings import load_settings
     from velocity.spark.session import build_spark
     from velocity.spark.stream import StreamJob

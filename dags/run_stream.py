@@ -68,7 +68,7 @@ def run_stream() -> None:
     @task
     def plan_stream(params: dict) -> list[str]:
         """The `velocity stream` arguments, the events folder resolved against the data dir."""
-        from velocity.stream_control import last_source
+        from velocity.operating.stream_control import last_source
         from velocity_airflow.hooks import VelocityHook
         from velocity_airflow.plans import stream_args, stream_source
 

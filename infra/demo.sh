@@ -31,7 +31,7 @@ began=$SECONDS
 # stream's own start needs).
 { read -r metrics_port; read -r status_file; } < <("$python" -c '
 from velocity.settings import load_settings
-from velocity.stream_control import status_path
+from velocity.operating.stream_control import status_path
 settings = load_settings()
 print(settings.metrics_port)
 print(status_path(settings.data_dir))')

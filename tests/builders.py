@@ -26,11 +26,14 @@ from typing import Any, Final
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from velocity.buckets import ALLOWED_BUCKET_SECONDS
+from velocity.domain.buckets import ALLOWED_BUCKET_SECONDS
+from velocity.domain.rules import Rule, RuleEntry, RuleSignature, parse_rule
+from velocity.domain.schema import FIELDS_BY_NAME, Event, Rejection, parse_event_object
+from velocity.domain.stream_batch import KeyState, SignatureKey
+from velocity.domain.windows import KeyedEvent
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import Rule, RuleEntry, RuleSignature, parse_rule
-from velocity.schema import FIELDS_BY_NAME, Event, Rejection, parse_event_object
-from velocity.windows import KeyedEvent
+from velocity.redis.commit_args import BucketChanges, KeyChange
+from velocity.redis.keys import RedisKeys, bucket_value, recent_fragment
 
 
 class _Absent:
@@ -678,3 +681,32 @@ def landed_in_order(folder: Path, batches: Sequence[Sequence[str]]) -> Path:
         path.write_text("".join(f"{line}\n" for line in batch))
         os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
     return folder
+
+
+def key_changes(
+    keys: RedisKeys,
+    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
+    dropped: Iterable[tuple[str, str, int]] = (),
+) -> BucketChanges:
+    """A commit's changes written as a dense key's changes, whatever each key's size (the
+    stream picks packed or dense per key; these tests drive the dense run directly): each
+    changed key's ``starts`` get their value in its new state (with its newest eventTime)
+    and their raw events when it holds them; the ``dropped`` buckets go."""
+    drops: dict[SignatureKey, list[int]] = {}
+    for sig, key, start in dropped:
+        drops.setdefault((sig, key), []).append(start)
+    out = []
+    for slot in [*changed, *(s for s in drops if s not in changed)]:
+        state, starts = changed.get(slot, (KeyState(), ()))
+        sets = [
+            (start, bucket_value(state.buckets[start], state.last_times.get(start)))
+            for start in starts
+            if start in state.buckets
+        ]
+        started = [
+            (start, recent_fragment(state.recent[start]))
+            for start in starts
+            if start in state.recent
+        ]
+        out.append(KeyChange(keys.key_base(*slot), sets, started, drops.get(slot, ())))
+    return BucketChanges.of(out)

@@ -13,11 +13,11 @@ and computes the aggregate from scratch, with exact arithmetic:
   context wide enough to never round, with ``Inexact`` trapped so it cannot);
 - AVG: exact SUM divided by the number of non-null values, a ``Fraction``.
 
-It is O(n²) per rule on purpose and shares no code with ``velocity.windows`` or
-``velocity.buckets``: ``floor_g`` and the filter and key checks are written out
+It is O(n²) per rule on purpose and shares no code with ``velocity.domain.windows`` or
+``velocity.domain.buckets``: ``floor_g`` and the filter and key checks are written out
 here, and the comparison is done on Fractions with Python's own operators. It
-uses ``velocity.schema`` only for the canonical values already held by ``Event``
-and which fields are numeric, and ``velocity.rules`` only for the ``Rule`` objects.
+uses ``velocity.domain.schema`` only for the canonical values already held by ``Event``
+and which fields are numeric, and ``velocity.domain.rules`` only for the ``Rule`` objects.
 
 Design choices already made in the engine (SPEC §3 is silent), followed here:
 
@@ -37,8 +37,8 @@ from decimal import Decimal, Inexact, localcontext
 from fractions import Fraction
 from typing import NamedTuple
 
-from velocity.rules import Aggregator, Operator, Rule, RuleState
-from velocity.schema import FIELDS_BY_NAME, Event
+from velocity.domain.rules import Aggregator, Operator, Rule, RuleState
+from velocity.domain.schema import FIELDS_BY_NAME, Event
 
 AggregateValue = Decimal | Fraction
 Pair = tuple[int, str]  # (ruleId, transactionId)

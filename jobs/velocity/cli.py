@@ -20,9 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from velocity.decimals import dumps_json
-from velocity.errors import InvalidRuleError, UsageError, VelocityError
-from velocity.rule_changes import (
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rule_changes import (
     RULE_ACTIONS,
     RuleBook,
     as_candidates,
@@ -31,8 +30,9 @@ from velocity.rule_changes import (
     rule_action,
     rules_file_text,
 )
-from velocity.rules import Rule, RuleEntry, parse_rules
-from velocity.schema import parse_key_values
+from velocity.domain.rules import Rule, RuleEntry, parse_rules
+from velocity.domain.schema import parse_key_values
+from velocity.errors import InvalidRuleError, UsageError, VelocityError
 from velocity.settings import Settings, load_settings
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -137,7 +137,7 @@ def cmd_rules_validate(args: argparse.Namespace) -> int:
 
 def cmd_rules_preview(args: argparse.Namespace) -> int:
     from velocity.delta.preview_reader import preview
-    from velocity.rules import rule_summary
+    from velocity.domain.rules import rule_summary
 
     entries = _read_rules_file(args.file)
     result = preview(_settings(args), entries, hours=args.hours, sample_size=args.sample)
@@ -299,7 +299,7 @@ def _case_line(case: Any) -> str:
 
 
 def cmd_cases_list(args: argparse.Namespace) -> int:
-    from velocity.cases import CaseStatus
+    from velocity.analyst.cases import CaseStatus
 
     status = None if args.status is None else CaseStatus(args.status.lower())
     for case in _case_store(_settings(args)).listed(status):
@@ -308,7 +308,7 @@ def cmd_cases_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cases_show(args: argparse.Namespace) -> int:
-    from velocity.alerts import record_of_stored
+    from velocity.domain.alerts import record_of_stored
 
     store = _case_store(_settings(args))
     case = store.case(args.case_id)
@@ -387,7 +387,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
         )
     else:
-        from velocity.progress import Progress
+        from velocity.operating.progress import Progress
 
         with Progress() as progress:
             progress.step("generate", options.events)
@@ -447,7 +447,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--events {args.events!r} does not exist; give a JSON-lines file or folder"
         )
-    from velocity.progress import Progress
+    from velocity.operating.progress import Progress
     from velocity.spark.backtest import run_backtest
 
     spark = _spark(settings, "velocity-backtest")
@@ -492,7 +492,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     ``velocity stream-stop`` or SIGTERM (exit 0); a failed query exits 1 (status FAILED).
     """
     settings = _settings(args)
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     source = _event_source(args, settings)
     entries = _read_rules_file(args.rules) if args.rules else []
@@ -558,7 +558,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 def _event_source(args: argparse.Namespace, settings: Settings) -> Any:
     """The folder (``--events``) or Kafka topic (``--source kafka``) the stream reads."""
-    from velocity.stream_control import KafkaSource
+    from velocity.operating.stream_control import KafkaSource
 
     if args.source == "kafka":
         if args.events:
@@ -598,7 +598,7 @@ def _sigterm_flag() -> threading.Event:
 
 
 def cmd_stream_status(args: argparse.Namespace) -> int:
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     health = stream_control.check_health(_settings(args), args.stale_seconds)
     print(json.dumps(health.to_json()))
@@ -606,8 +606,8 @@ def cmd_stream_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stream_stop(args: argparse.Namespace) -> int:
-    from velocity import stream_control
-    from velocity.health import LIVE_STATES
+    from velocity.operating import stream_control
+    from velocity.operating.health import LIVE_STATES
 
     settings = _settings(args)
     health = stream_control.check_health(settings)
@@ -852,7 +852,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     if not args.late and (args.from_ms is None or args.to_ms is None):
         raise UsageError("--from and --to go together: give both (epoch ms)")
     backfill = Backfill(_spark(settings, "velocity-backfill"), settings)
-    from velocity.progress import Progress
+    from velocity.operating.progress import Progress
 
     with Progress() as progress:
         options: dict[str, Any] = {"progress": progress, "airflow_run_id": args.airflow_run}

@@ -20,8 +20,8 @@ What callers rely on:
 - Categories are disjoint and sum to the lines written: ``valid`` (first occurrence of a
   transactionId, schema-valid; it includes ``spikes`` and ``late``), ``duplicates`` (schema-valid,
   repeating the transactionId of an earlier valid line) and ``malformed`` (rejected by
-  ``velocity.schema.parse_event_line``, or a year or more ahead of the events before it so
-  ``velocity.arrival`` quarantines it, with the reason counted in ``malformed_by_reason``).
+  ``velocity.domain.schema.parse_event_line``, or a year or more ahead of the events before it so
+  ``velocity.domain.arrival`` quarantines it, with the reason counted in ``malformed_by_reason``).
 - Spike events are the only events with an amount of at least ``SPIKE_MIN_AMOUNT``: bursts of
   3 to 8 payments from one payer to one beneficiary within two minutes.
 - Files land atomically: each is written under a hidden temporary name in the same folder, then
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 
+from velocity.domain.schema import RejectReason
 from velocity.errors import UsageError
-from velocity.schema import RejectReason
 
 # 2026-01-01T00:00:00Z, the instant the SPEC's examples use.
 DEFAULT_START_MS = 1_767_225_600_000

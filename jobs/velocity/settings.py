@@ -20,10 +20,10 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from velocity.buckets import ALLOWED_BUCKET_SECONDS, bucket_width_ms
+from velocity.domain.buckets import ALLOWED_BUCKET_SECONDS, bucket_width_ms
+from velocity.domain.schema import FIELDS_BY_NAME
 from velocity.errors import SettingsError
 from velocity.redis.keys import RedisKeys, default_prefix
-from velocity.schema import FIELDS_BY_NAME
 
 # The checkout this package runs from (jobs/velocity/settings.py -> checkout).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

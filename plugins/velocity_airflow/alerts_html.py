@@ -18,10 +18,10 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from velocity.alert_search import FILTER_FIELDS, AlertFilter, Cursor
-from velocity.alerts import AlertKind
-from velocity.reviews import Review
-from velocity.rules import Rule, rule_summary
+from velocity.analyst.alert_search import FILTER_FIELDS, AlertFilter, Cursor
+from velocity.analyst.reviews import Review
+from velocity.domain.alerts import AlertKind
+from velocity.domain.rules import Rule, rule_summary
 from velocity_airflow import review_html
 from velocity_airflow.values_html import hidden_inputs, key_html, time_ago, time_text
 

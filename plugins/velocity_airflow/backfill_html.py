@@ -1,6 +1,6 @@
 """The Velocity page's backfill runs: one row a run, newest first (pure HTML from plain
 data; everything shown is escaped). What each run did comes from the ``backfills`` Delta
-table, its state and link from Airflow (``velocity.backfill_runs``)."""
+table, its state and link from Airflow (``velocity.analyst.backfill_runs``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from velocity.backfill_runs import BackfillRunView
-from velocity.rules import Rule, rule_summary
+from velocity.analyst.backfill_runs import BackfillRunView
+from velocity.domain.rules import Rule, rule_summary
 from velocity_airflow.values_html import time_ago, time_text
 
 # The DAG the form starts a run of (Airflow's own trigger form for it stays).

@@ -12,7 +12,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from velocity.rules import Rule
+from velocity.domain.rules import Rule
 from velocity.settings import Settings, load_settings
 from velocity_airflow import VELOCITY_CONN_ID
 from velocity_airflow.plans import (

@@ -10,7 +10,7 @@ its next micro-batch. Only a file that clears the state (CLEAR_STATE_ALL) runs
 
 An analyst's review of an alert goes to the append-only reviews table (delta-rs, in this
 process too); the page shows each rule version's alerts, reviews and precision, and each
-SHADOW candidate beside its rule in force (``velocity.shadow_compare``), to promote or
+SHADOW candidate beside its rule in force (``velocity.analyst.shadow_compare``), to promote or
 discard.
 
 A preview of the add-rules form's rules (what they would have fired over the last hours
@@ -18,7 +18,7 @@ of the live events, ``velocity.delta.preview_reader``) is computed in this proce
 in a worker thread (the routes are plain functions, which FastAPI runs off the event
 loop); it writes nothing, so any signed-in user may ask for one.
 
-The page opens on the queue of cases (``velocity.case_queue``, the cases read through
+The page opens on the queue of cases (``velocity.analyst.case_queue``, the cases read through
 ``velocity.delta.case_store``): a case opens to its alerts, payments and history, and is
 assigned, closed with a verdict (which reviews each of its alerts) or reopened here. A
 backfill run is started from the page as a run of the backfill DAG, through Airflow's own
@@ -74,7 +74,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
-from velocity.alert_search import (
+from velocity.analyst.alert_search import (
     FILTER_FIELDS,
     AlertFilter,
     AlertPage,
@@ -313,7 +313,7 @@ def _read(section: str, read: Any) -> tuple[Any, str | None]:
 
 @dataclass(frozen=True)
 class AlertSearch:
-    """What a page of alerts was asked for (``velocity.alert_search``)."""
+    """What a page of alerts was asked for (``velocity.analyst.alert_search``)."""
 
     query: AlertFilter
     before: Cursor | None
@@ -420,8 +420,8 @@ def _record_review(settings: Any, user: Any, alert_id: str, verdict: str, note: 
     """Record ``user``'s review of ``alert_id`` (``InvalidReviewError`` names the field
     at fault, and nothing is written). The alert is looked up in the alerts table, and on
     the alert stream when the stream has not written it to Delta yet."""
+    from velocity.analyst.reviews import AlertRef, check_fields
     from velocity.delta.reader import alert_ref, review_store
-    from velocity.reviews import AlertRef, check_fields
 
     check_fields(verdict, note, user.get_name())  # a bad field: no table read
     alert = alert_ref(settings, alert_id)
@@ -433,8 +433,8 @@ def _record_review(settings: Any, user: Any, alert_id: str, verdict: str, note: 
 
 
 def _lookup(settings: Any, rule: str, key: str) -> dict[str, Any]:
+    from velocity.domain.schema import parse_key_values
     from velocity.redis import mirror
-    from velocity.schema import parse_key_values
 
     rule_id = rule_id_text(rule.strip())
     if rule_id is None:
@@ -470,10 +470,10 @@ def _page_data(
 ) -> PageData:
     """Everything the page shows, for the URL parameters of ``request`` (or ``params``:
     a post's page drawn again, with those it was posted from)."""
-    from velocity import stream_control
+    from velocity.analyst.reviews import latest_reviews
     from velocity.delta.reader import rule_history
-    from velocity.reviews import latest_reviews
-    from velocity.rule_changes import RuleBook
+    from velocity.domain.rule_changes import RuleBook
+    from velocity.operating import stream_control
 
     query = params = _params(request.query_params) if params is None else dict(params)
     now_ms = int(time.time() * 1000)
@@ -561,7 +561,7 @@ def _queue(
 ) -> tuple[queue_html.QueueView | None, Any, str | None]:
     """The queue's view, the page of cases the URL asks for, and what went wrong (a
     filter that cannot be read names its field; the form keeps what was written)."""
-    from velocity.case_queue import CaseFilter, CaseQuery, parse_case_query, queue_page
+    from velocity.analyst.case_queue import CaseFilter, CaseQuery, parse_case_query, queue_page
 
     rule_ids = sorted({r.rule_id for r in history or []})
     view = queue_html.QueueView(
@@ -587,7 +587,7 @@ def _queue(
 
 
 def _case_text(params: Mapping[str, str]) -> dict[str, str]:
-    from velocity.case_queue import CASE_FILTER_FIELDS
+    from velocity.analyst.case_queue import CASE_FILTER_FIELDS
 
     return {k: params[k] for k in CASE_FILTER_FIELDS if params.get(k)}
 
@@ -599,7 +599,7 @@ def _cases(settings: Any) -> list[Any]:
 
 
 def _newest_activity(cases: list[Any]) -> int:
-    from velocity.case_queue import newest_activity
+    from velocity.analyst.case_queue import newest_activity
 
     return newest_activity(cases)
 
@@ -607,7 +607,7 @@ def _newest_activity(cases: list[Any]) -> int:
 def _backfill_runs(settings: Any, user: Any) -> list[Any]:
     """The backfill runs, newest first: what each recorded in the ``backfills`` table
     (delta-rs) beside Airflow's runs of the backfill DAG (state, form, link)."""
-    from velocity.backfill_runs import backfill_runs
+    from velocity.analyst.backfill_runs import backfill_runs
     from velocity.delta.reader import recorded_backfills
 
     return backfill_runs(recorded_backfills(settings), _airflow_backfill_runs(user))
@@ -625,7 +625,7 @@ def _airflow_backfill_runs(user: Any, limit: int = 50) -> list[Any]:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from velocity.backfill_runs import AirflowRun
+    from velocity.analyst.backfill_runs import AirflowRun
 
     if not get_auth_manager().is_authorized_dag(
         method="GET",
@@ -723,7 +723,7 @@ def _apply_rules(entries: Any) -> tuple[bool, str]:
     the words `velocity rules` prints."""
     from velocity.delta.names import RULES
     from velocity.delta.rule_store import RuleStore
-    from velocity.rule_changes import outcome_lines
+    from velocity.domain.rule_changes import outcome_lines
 
     try:
         result = RuleStore(_settings().table_path(RULES)).apply(entries)
@@ -764,7 +764,7 @@ def change_rule_state(
 ) -> RedirectResponse:
     """Pause, activate or delete the rule in force; promote the SHADOW candidate of
     ``rule_id`` to its ACTIVE version, or discard it (`velocity rules ACTION ID`)."""
-    from velocity.rule_changes import RULE_ACTIONS, rule_action
+    from velocity.domain.rule_changes import RULE_ACTIONS, rule_action
 
     if action not in RULE_ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
@@ -779,8 +779,8 @@ def add_rules(
     intent: Annotated[str, Form()] = "validate",
     back: Annotated[str, Form()] = "",
 ) -> RedirectResponse | HTMLResponse:
+    from velocity.domain.rules import Control, ControlType, parse_rules
     from velocity.errors import InvalidRuleError, UsageError
-    from velocity.rules import Control, ControlType, parse_rules
 
     try:
         entries = parse_rules(rules_json)
@@ -810,8 +810,8 @@ def _shadow_rules(
 ) -> RedirectResponse | HTMLResponse:
     """Every rule of ``entries`` as a SHADOW candidate, whatever its ruleState says, as
     `velocity rules shadow` adds them."""
+    from velocity.domain.rule_changes import as_candidates
     from velocity.errors import UsageError
-    from velocity.rule_changes import as_candidates
 
     try:
         candidates = as_candidates(entries)
@@ -834,8 +834,8 @@ def _preview(settings: Any, rules_text: str, hours: float) -> dict[str, Any]:
     """``Preview.to_json()`` of ``rules_text``'s rules over the last ``hours`` of the live
     events (``InvalidRuleError``/``UsageError`` say what is wrong; nothing is written)."""
     from velocity.delta.preview_reader import preview
+    from velocity.domain.rules import parse_rules
     from velocity.errors import UsageError
-    from velocity.rules import parse_rules
 
     entries = parse_rules(rules_text)  # a bad rule is refused before waiting for the lock
     if not _PREVIEW.acquire(timeout=_PREVIEW_WAIT_S):
@@ -938,8 +938,8 @@ def alert_rows_json(request: Request, user: User) -> dict[str, Any]:
     """The newest page's alert rows as the page draws them (its filter, from the URL), for
     the open page to show on request: ``html``, ``position`` (the alert stream's position
     read before them: the alerts published after it are new), ``error``."""
+    from velocity.analyst.reviews import latest_reviews
     from velocity.redis import alert_feed, mirror
-    from velocity.reviews import latest_reviews
 
     settings = _settings()
     search, history = _search_or_400(request.query_params, settings)
@@ -963,10 +963,10 @@ def alert_rows_json(request: Request, user: User) -> dict[str, Any]:
 
 
 def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
+    from velocity.analyst.reviews import latest_reviews
     from velocity.delta.case_store import CaseStore
     from velocity.delta.reader import case_alerts, case_payments
     from velocity.errors import UsageError
-    from velocity.reviews import latest_reviews
 
     settings = _settings()
     data, history = _page_view(request, user, settings)
@@ -1008,7 +1008,7 @@ def case_page(case_id: str, request: Request, user: User) -> HTMLResponse:
 
 
 def _case_words(case: Any) -> str:
-    from velocity.alert_search import key_text
+    from velocity.analyst.alert_search import key_text
 
     return f"case {key_text(case.key)}"
 
@@ -1023,9 +1023,9 @@ def close_cases(
 ) -> RedirectResponse:
     """Close each selected case with the verdict (each reviews every alert of its case);
     the page says how many closed and why any did not."""
+    from velocity.analyst.reviews import parse_verdict
     from velocity.delta.case_store import CaseStore
     from velocity.errors import UsageError
-    from velocity.reviews import parse_verdict
 
     chosen = list(dict.fromkeys(c for c in case_id or [] if c))
     if not chosen:
@@ -1073,7 +1073,7 @@ def close_case(
 ) -> RedirectResponse:
     """Close the case with the verdict and note, reviewing each of its alerts so; back to
     the queue (with its URL parameters)."""
-    from velocity.reviews import Verdict
+    from velocity.analyst.reviews import Verdict
 
     words = {v.value: v.words for v in Verdict}.get(verdict.strip().upper(), verdict)
     return _case_change(
@@ -1121,7 +1121,7 @@ def backfill_conf(rule_ids: list[str], from_time: str, to_time: str) -> dict[str
     """The backfill DAG's conf of the page's form: From and To in UTC as the page writes
     times (or epoch ms) to ISO 8601, the rules as the DAG's form sends them; checked as the
     DAG's first task checks it (``UsageError`` names the field)."""
-    from velocity.alert_search import parse_time
+    from velocity.analyst.alert_search import parse_time
     from velocity.errors import UsageError
     from velocity_airflow.plans import backfill_args
 
@@ -1205,7 +1205,7 @@ def start_backfill(
     """Start a run of the backfill DAG from the page's form; the page lists it with the
     other backfill runs. A form that cannot be read comes back as written, the field
     named, and nothing runs."""
-    from velocity.backfill_runs import asked_text
+    from velocity.analyst.backfill_runs import asked_text
     from velocity.errors import UsageError
 
     written = {"rule_ids": rule_ids or [], "from_time": from_time, "to_time": to_time}
@@ -1244,8 +1244,8 @@ def rules_json(user: User) -> Response:
     """The rules in force and the SHADOW candidates beside them (a candidate shares its
     ruleId with the rule it would replace: ``ruleState`` tells them apart), by (ruleId,
     version), each with its version."""
-    from velocity.decimals import dumps_json
     from velocity.delta.reader import rules_in_force
+    from velocity.domain.decimals import dumps_json
 
     # dumps_json keeps a decimal limit exact (a float would round it).
     rules = [{"version": r.version, **r.to_json()} for r in rules_in_force(_settings())]
@@ -1259,7 +1259,7 @@ def preview_json(user: User, body: dict[str, Any]) -> Response:
     Per rule: its alerts and the version in force's, per hour, a sample with explanations,
     and the difference by transaction (added, removed, changed value); ``seconds`` it took.
     400 names what is wrong (a rule's field, the hours, too many events)."""
-    from velocity.decimals import dumps_json
+    from velocity.domain.decimals import dumps_json
     from velocity.errors import UsageError
 
     rules = body.get("rules", "")
@@ -1397,7 +1397,7 @@ async def alerts_live(request: Request, user: User) -> StreamingResponse:
 
 
 def _updated_cases(settings: Any, case_filter: Any, since_ms: int) -> list[str]:
-    from velocity.case_queue import updated_since
+    from velocity.analyst.case_queue import updated_since
 
     return updated_since(_cases(settings), case_filter, since_ms)
 
@@ -1424,7 +1424,7 @@ async def page_live(request: Request, user: User) -> StreamingResponse:
     said when it changes, read every 2 s), ``health`` (the stream's figures, every 5 s),
     ``failed``. Either of ``after`` and ``cases_since`` may be left out. The connection
     ends after 30 s and the browser resumes from the last event's id (``Last-Event-ID``)."""
-    from velocity.case_queue import parse_case_filter
+    from velocity.analyst.case_queue import parse_case_filter
     from velocity.delta.reader import rule_history
     from velocity.redis import mirror
 
@@ -1532,7 +1532,7 @@ def cases_json(request: Request, user: User) -> dict[str, Any]:
     ``case_key``, ``case_limit`` (default 50, at most 200), ``case_before`` (the ``older``
     of the previous page). Each case as `velocity cases list --json` prints it; 400 names a
     bad field."""
-    from velocity.case_queue import parse_case_query, queue_page
+    from velocity.analyst.case_queue import parse_case_query, queue_page
     from velocity.delta.reader import rule_history
 
     settings = _settings()
@@ -1560,7 +1560,7 @@ def clicks_json(user: User, what: str = "") -> list[dict[str, Any]]:
 
 
 def _health_html(settings: Any) -> str:
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     health, error = _read("stream status", lambda: stream_control.check_health(settings).to_json())
     return health_html(health, error)
@@ -1568,8 +1568,8 @@ def _health_html(settings: Any) -> str:
 
 @app.get("/api/alerts/{alert_id}/explanation")
 def explanation_json(alert_id: str, user: User) -> Response:
-    from velocity.decimals import dumps_json
     from velocity.delta.reader import NotWrittenYetError
+    from velocity.domain.decimals import dumps_json
     from velocity.errors import UsageError
 
     try:
@@ -1587,7 +1587,7 @@ def explanation_json(alert_id: str, user: User) -> Response:
 def review_json(alert_id: str, user: Reviewer, body: dict[str, Any]) -> dict[str, Any]:
     """Record a review, ``{"verdict": ..., "note": ...}``: the review as recorded, or 400
     naming the field at fault (nothing recorded)."""
-    from velocity.reviews import InvalidReviewError
+    from velocity.analyst.reviews import InvalidReviewError
 
     try:
         review = _record_review(
@@ -1611,7 +1611,7 @@ def openapi_json(user: User) -> dict[str, Any]:
 
 @app.get("/api/health")
 def health_json(user: User) -> dict[str, Any]:
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     return stream_control.check_health(_settings()).to_json()
 

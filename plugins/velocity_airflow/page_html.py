@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from velocity.alert_search import PAGE_SIZE, AlertFilter, Cursor, duration_text, key_text
-from velocity.backfill_runs import BackfillRunView
-from velocity.case_queue import CasePage
-from velocity.reviews import Review, VersionPrecision
-from velocity.rule_rates import RATE_MINUTES, WARN_SHARE, RuleRate
-from velocity.rules import Rule, RuleState, rule_summary
-from velocity.shadow_compare import ShadowComparison
+from velocity.analyst.alert_search import PAGE_SIZE, AlertFilter, Cursor, duration_text, key_text
+from velocity.analyst.backfill_runs import BackfillRunView
+from velocity.analyst.case_queue import CasePage
+from velocity.analyst.reviews import Review, VersionPrecision
+from velocity.analyst.rule_rates import RATE_MINUTES, WARN_SHARE, RuleRate
+from velocity.analyst.shadow_compare import ShadowComparison
+from velocity.domain.rules import Rule, RuleState, rule_summary
 from velocity_airflow import (
     alerts_html,
     backfill_html,

@@ -15,10 +15,10 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
+from velocity.domain.rules import Rule, rule_summary
 from velocity.errors import UsageError
-from velocity.rules import Rule, rule_summary
+from velocity.operating.stream_control import KafkaSource
 from velocity.settings import spark_master_on_loopback
-from velocity.stream_control import KafkaSource
 
 # `velocity maintain …` steps in the order maintain_state runs them: compact sealed
 # minute buckets first so OPTIMIZE rewrites fewer files, VACUUM what both left behind,
@@ -233,7 +233,8 @@ class StreamAction(StrEnum):
     STOP_AND_RESTART = "stop_and_restart"  # stalled: ask it to stop, then start run_stream
 
 
-# `velocity stream-status` verdicts (velocity.health) that mean a stream process may be alive.
+# `velocity stream-status` verdicts (velocity.operating.health) that mean a stream process
+# may be alive.
 ALIVE_VERDICTS: Final = frozenset({"starting", "running", "stalled"})
 
 

@@ -1,6 +1,6 @@
 """The Velocity page's preview: what the rules of the add-rules form would have fired over
 the last hours of the live events, beside the versions in force (pure HTML from
-``velocity.preview.Preview.to_json()``; everything shown is escaped). Nothing is saved.
+``velocity.analyst.preview.Preview.to_json()``; everything shown is escaped). Nothing is saved.
 
 Per rule: its alerts and those of the version in force, their counts per hour (a row per
 hour with a bar), the difference by transaction (added, removed, changed value: counts
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from velocity.alert_search import key_text
+from velocity.analyst.alert_search import key_text
 from velocity_airflow.alerts_html import time_text
 
 STYLE = """

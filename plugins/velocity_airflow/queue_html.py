@@ -3,7 +3,7 @@ everything shown is escaped).
 
 The queue: one compact row per case (its key, its rules as badges with their alert
 counts, the sum of its payments, its first and latest alert, assignee, status), newest
-activity first, filtered and paged on the server (``velocity.case_queue``). Every link
+activity first, filtered and paged on the server (``velocity.analyst.case_queue``). Every link
 and form keeps the page's URL parameters, so a filter, a page or the alerts' filter
 survive every action. An editor selects cases to close them together, and works the
 queue from the keyboard (``QUEUE_SCRIPT``): j/k move, x selects, o (or Enter) opens, c
@@ -11,7 +11,7 @@ closes as confirmed fraud, f as a false positive.
 
 Live: the page never moves a row under the analyst's hand. The server says how many
 cases changed since the page was drawn ("12 cases updated — show"), and the rows are
-drawn again only on request, the page's size at most (``velocity.case_queue``'s cap).
+drawn again only on request, the page's size at most (``velocity.analyst.case_queue``'s cap).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from velocity.case_queue import (
+from velocity.analyst.case_queue import (
     CASE_FILTER_FIELDS,
     CASE_PAGE_FIELDS,
     STATUS_CHOICES,
@@ -30,9 +30,9 @@ from velocity.case_queue import (
     CasePage,
     CaseQuery,
 )
-from velocity.cases import Case, CaseEvent, CaseEventKind
-from velocity.reviews import NOTE_MAX, Review, Verdict
-from velocity.rules import Rule, rule_summary
+from velocity.analyst.cases import Case, CaseEvent, CaseEventKind
+from velocity.analyst.reviews import NOTE_MAX, Review, Verdict
+from velocity.domain.rules import Rule, rule_summary
 from velocity_airflow.alerts_html import time_text
 from velocity_airflow.values_html import (
     hidden_inputs,

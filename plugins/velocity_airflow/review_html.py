@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from velocity.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
+from velocity.analyst.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
 
 STYLE = """
 .verdict-CONFIRMED_FRAUD { color: #c53030; font-weight: 600; }

@@ -1,5 +1,5 @@
 """The Velocity page's shadow rules: each SHADOW candidate beside its rule in force, with
-the figures of ``velocity.shadow_compare`` and, for an editor, Promote and Discard (pure
+the figures of ``velocity.analyst.shadow_compare`` and, for an editor, Promote and Discard (pure
 HTML from plain data; everything shown is escaped).
 
 A candidate is two rows of one ``<tbody>``: the rule in force, then the candidate; the
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from velocity.rules import Rule, rule_summary
-from velocity.shadow_compare import ShadowComparison, SideFigures
+from velocity.analyst.shadow_compare import ShadowComparison, SideFigures
+from velocity.domain.rules import Rule, rule_summary
 from velocity_airflow import alerts_html
 from velocity_airflow.review_html import percent_text
 

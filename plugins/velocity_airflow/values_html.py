@@ -100,7 +100,7 @@ def key_order(key: Mapping[str, Any], order: Sequence[str] = ()) -> list[str]:
 
 def key_html(key: Mapping[str, Any] | None, order: Sequence[str] = ()) -> str:
     """``payerId=p-4041, beneficiaryId=2034`` with each field=value unbreakable (the text
-    is ``velocity.alert_search.key_text``'s, so a key shown can be pasted into a filter)."""
+    is ``velocity.analyst.alert_search.key_text``'s, so a key shown can be pasted into a filter)."""
     if not key:
         return "(all)"
     return ", ".join(

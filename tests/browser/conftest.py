@@ -51,7 +51,7 @@ class Deployment:
 
     def batches(self) -> int:
         """Micro-batches this run with nothing left to read (0 while files wait)."""
-        from velocity import stream_control
+        from velocity.operating import stream_control
 
         status = stream_control.read_status(self.settings.data_dir) or {}
         return int(status.get("batchesThisRun") or 0) if status.get("backlogFiles") == 0 else 0

@@ -14,7 +14,8 @@ the stream's own formats and code where it has them:
   their alerts, as the stream's next micro-batch would) are COUNT rules by payerId that
   fire on every payment; each payment's alert carries its window's count by SPEC §3 (the
   bucket-floored lower edge, every event of the batch at or before its time), and the
-  rule's cooldown decides notified or suppressed by ``velocity.cooldown``'s reference;
+  rule's cooldown decides notified or suppressed by
+  ``velocity.domain.cooldown_reference``'s reference;
 - the notified alerts are published to the Redis alert stream (the stream's XADD: field
   ``alert`` with the SPEC §4 record, ``batch``), the suppressed never;
 - every ``write_behind_seconds`` the events and every alert (notified and suppressed,
@@ -74,7 +75,7 @@ class Storm:
         self.errors: list[str] = []
 
     def active_rules(self, now: float) -> list[Any]:
-        from velocity.rules import RuleState
+        from velocity.domain.rules import RuleState
 
         if now - self.rules_read >= 1.0:
             self.rules_read = now
@@ -87,9 +88,9 @@ class Storm:
 
     def tick(self, batch: int, now_ms: int, n: int) -> None:
         """``n`` payments at ``now_ms``, decided, published and spooled."""
-        from velocity.alerts import AlertKind, alert_ids
-        from velocity.cooldown import CooledAlert, notified_reference
-        from velocity.decimals import format_decimal
+        from velocity.domain.alerts import AlertKind, alert_ids
+        from velocity.domain.cooldown_reference import CooledAlert, notified_reference
+        from velocity.domain.decimals import format_decimal
 
         width = self.settings.bucket_seconds * 1000
         payments = []

@@ -22,8 +22,8 @@ import pytest
 from tests.browser.conftest import Deployment
 from tests.conftest import poll_until
 from tests.reference import reference_alerts
-from velocity.rules import Rule, parse_rules
-from velocity.schema import Event, parse_event_line
+from velocity.domain.rules import Rule, parse_rules
+from velocity.domain.schema import Event, parse_event_line
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.redis, pytest.mark.airflow]
 

@@ -308,7 +308,7 @@ def _heap(browser: Any) -> float:
 def _apply_storm_rules(deployment: Deployment, state: str) -> None:
     from velocity.delta.names import RULES
     from velocity.delta.rule_store import RuleStore
-    from velocity.rules import parse_rules
+    from velocity.domain.rules import parse_rules
 
     rules = [
         {"ruleId": rule_id, "ruleState": state, "groupingKeyNames": ["payerId"],

@@ -182,8 +182,8 @@ def streamed(
     """
     import redis
 
-    from velocity import stream_control
     from velocity.generate import GenerateOptions, generate_events
+    from velocity.operating import stream_control
 
     redis.Redis.from_url(spark_settings.redis_url).flushall()
     base = tmp_path_factory.mktemp("streamed")
@@ -274,7 +274,7 @@ def streamed_conn(streamed: StreamedData, monkeypatch: pytest.MonkeyPatch) -> St
 def running_stream(streamed_conn: StreamedData) -> StreamedData:
     """The streamed data dir with run_stream running: started again (resuming from the
     checkpoint) when an earlier test stopped it."""
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     if streamed_conn.process.poll() is not None:
         streamed_conn.process = _start_run_stream(streamed_conn.connection, streamed_conn.log)

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.redis]
 
 
 def _verdict(settings: Settings) -> str:
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     return stream_control.check_health(settings).verdict
 
@@ -60,7 +60,7 @@ def test_check_stream_restarts_a_dead_stream(airflow_home: Path, velocity_conn: 
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
-    from velocity import stream_control
+    from velocity.operating import stream_control
 
     # The status file a SIGKILLed stream leaves behind: RUNNING, but its process is gone.
     gone = subprocess.Popen(["true"])

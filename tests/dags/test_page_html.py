@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from tests.builders import alert_row, append_alerts, make_rule
 
-from velocity.alert_search import Cursor, parse_filter
-from velocity.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
-from velocity.rules import RuleState
+from velocity.analyst.alert_search import Cursor, parse_filter
+from velocity.analyst.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
+from velocity.domain.rules import RuleState
 from velocity.settings import Settings
 from velocity_airflow.page_html import Flash, PageData, render_page
 
@@ -176,7 +176,7 @@ def test_each_change_form_says_what_is_in_flight_and_a_viewer_has_only_the_previ
 def test_the_page_applies_a_change_in_process_in_the_words_of_the_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from velocity.rules import RuleState, StateChange
+    from velocity.domain.rules import RuleState, StateChange
     from velocity.settings import load_settings
     from velocity_airflow import page
 
@@ -358,7 +358,7 @@ def test_the_newest_page_is_live_with_its_filter_and_an_older_page_is_not() -> N
 
 
 def test_a_filter_that_cannot_be_read_names_its_field_and_keeps_what_was_written() -> None:
-    from velocity.alert_search import AlertFilter
+    from velocity.analyst.alert_search import AlertFilter
 
     html = _page(
         filter_error="field 'from': 'yesterday' is not a time; write 2026-01-01 10:05 (UTC)",
@@ -493,7 +493,7 @@ def test_the_live_feed_sends_the_rows_of_new_alerts_that_pass_the_filter(
 
 
 def test_backfill_runs_show_their_figures_state_and_airflow_link() -> None:
-    from velocity.backfill_runs import AirflowRun, RecordedRun, backfill_runs
+    from velocity.analyst.backfill_runs import AirflowRun, RecordedRun, backfill_runs
 
     recorded = RecordedRun(
         "r1", 1767225600000, 1767229200000, (5, 7), 8904, 20, 0, 1767300000000,
@@ -579,8 +579,8 @@ def test_the_backfills_table_reads_with_and_without_the_later_columns(tmp_path: 
 
 
 def _comparison(**figures: Any) -> Any:
-    from velocity.rules import RuleState
-    from velocity.shadow_compare import ShadowComparison, SideFigures
+    from velocity.analyst.shadow_compare import ShadowComparison, SideFigures
+    from velocity.domain.rules import RuleState
 
     candidate = make_rule(ruleId=1, limit=150000).with_version(2).with_state(RuleState.SHADOW)
     return ShadowComparison(
@@ -639,7 +639,7 @@ def test_the_page_adds_compares_promotes_and_discards_a_candidate(
     from fastapi.testclient import TestClient
 
     from velocity.delta.names import ALERTS
-    from velocity.rule_changes import rules_file_text
+    from velocity.domain.rule_changes import rules_file_text
     from velocity_airflow import flash, page
 
     settings = _alerts_settings(data_settings, monkeypatch)

@@ -15,8 +15,8 @@ from velocity.cli import sample_rules_path
 from velocity.delta.names import RULES
 from velocity.delta.preview_reader import preview
 from velocity.delta.rule_store import RuleStore
+from velocity.domain.rules import parse_rules
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import parse_rules
 from velocity.settings import Settings
 from velocity_airflow.page_html import PageData, render_page
 

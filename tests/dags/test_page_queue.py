@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from tests.builders import alert_row, make_rule
 
-from velocity.case_queue import CaseCursor, CasePage, parse_case_query
-from velocity.cases import Case, CaseEvent, CaseEventKind, CaseStatus, case_key_text
-from velocity.reviews import Verdict
-from velocity.rule_rates import rule_rates
+from velocity.analyst.case_queue import CaseCursor, CasePage, parse_case_query
+from velocity.analyst.cases import Case, CaseEvent, CaseEventKind, CaseStatus, case_key_text
+from velocity.analyst.reviews import Verdict
+from velocity.analyst.rule_rates import rule_rates
 from velocity.settings import Settings
 from velocity_airflow import queue_html
 from velocity_airflow.page_html import PageData, lookup_html, render_case, render_page

@@ -25,12 +25,12 @@ from tests.integration.test_rollups import (
     read_window,
     rows,
 )
+from velocity.domain.rules import Aggregator
+from velocity.domain.windows import KeyedEvent
 from velocity.errors import VelocityError
 from velocity.redis import connection, mirror
 from velocity.redis.keys import bucket_value, packed_fields, parse_bucket_value, recent_fragment
-from velocity.rules import Aggregator
 from velocity.settings import Settings
-from velocity.windows import KeyedEvent
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 

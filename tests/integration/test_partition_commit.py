@@ -10,14 +10,15 @@ from decimal import Decimal
 
 import pytest
 
-from velocity.buckets import BucketAggregate
+from tests.builders import key_changes
+from velocity.domain.buckets import BucketAggregate
+from velocity.domain.stream_batch import KeyState
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import BucketChanges, PartitionCommit
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lease import StateLockLost
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
-from velocity.stream_batch import KeyState
 
 pytestmark = pytest.mark.redis
 
@@ -41,7 +42,7 @@ def partition_commit(
         mirror.PARTITION_RECORD_TTL_MS,
         60_000,
         settings.bucket_width_ms,
-        mirror.key_changes(keys, changed),
+        key_changes(keys, changed),
         outcome,
     )
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from redis.cluster import RedisCluster
 
-from tests.builders import asked_keys
+from tests.builders import asked_keys, key_changes
 from tests.integration.test_partition_commit import partition_commit
-from velocity.buckets import BucketAggregate
+from velocity.domain.buckets import BucketAggregate
+from velocity.domain.stream_batch import KeyState
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lease import StateLockLost
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings, load_settings
-from velocity.stream_batch import KeyState
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis]
 
@@ -74,7 +74,7 @@ def test_a_staged_commit_is_read_back_and_a_replay_changes_nothing(settings: Set
             settings,
             0,
             123,
-            mirror.key_changes(settings.redis_keys, changes(40), [("sig", '["p-0"]', 60_000)]),
+            key_changes(settings.redis_keys, changes(40), [("sig", '["p-0"]', 60_000)]),
             accepted,
             [json.dumps(a) for a in alerts],
             60,
@@ -116,7 +116,7 @@ def test_a_batch_decided_but_not_finished_is_finished_by_the_next_reader(
             settings,
             0,
             5,
-            mirror.key_changes(settings.redis_keys, changes(30)),
+            key_changes(settings.redis_keys, changes(30)),
             ["tx-a"],
             ['{"alertId":"x"}'],
             60,
@@ -177,7 +177,7 @@ def test_a_commit_whose_lease_ran_out_writes_nothing_on_the_cluster(settings: Se
         state_lock(client, settings, "stream batch 3", lease_ms=60_000) as lease,
     ):
         client.delete(lease.name)  # the lease ran out; someone else may hold it now
-        changed = mirror.key_changes(settings.redis_keys, changes(5))
+        changed = key_changes(settings.redis_keys, changes(5))
         commit = mirror.stream_commit(settings, 3, 1, changed, ["tx"], ['{"a":1}'], 60, lease)
         mirror.send_stream_commit(client, settings, commit, lease)
     assert mirror.committed_batch(client, settings) is None

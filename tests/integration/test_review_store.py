@@ -18,10 +18,10 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.builders import alert_row, append_alerts
+from velocity.analyst.reviews import DAY_MS, NOTE_MAX, InvalidReviewError, Verdict
 from velocity.delta import reader
 from velocity.delta.names import ALERTS
 from velocity.delta.review_store import ReviewStore
-from velocity.reviews import DAY_MS, NOTE_MAX, InvalidReviewError, Verdict
 from velocity.settings import Settings, load_settings
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,16 +12,16 @@ from decimal import Decimal
 import pytest
 import redis
 
-from tests.builders import asked_keys
-from velocity.buckets import BucketAggregate, merge_all
-from velocity.decimals import format_decimal
+from tests.builders import asked_keys, key_changes
+from velocity.domain.buckets import BucketAggregate, merge_all
+from velocity.domain.decimals import format_decimal
+from velocity.domain.rules import Aggregator
+from velocity.domain.stream_batch import KeyState
+from velocity.domain.windows import KeyedEvent, aggregate_value, format_aggregate
 from velocity.redis import connection, mirror
 from velocity.redis.keys import RedisKeys, packed_fields, parse_bucket_value, parse_recent
 from velocity.redis.lock import state_lock
-from velocity.rules import Aggregator
 from velocity.settings import Settings
-from velocity.stream_batch import KeyState
-from velocity.windows import KeyedEvent, aggregate_value, format_aggregate
 
 pytestmark = pytest.mark.redis
 
@@ -171,7 +171,7 @@ def test_every_write_path_keeps_a_dense_hashs_rollups_exact(settings: Settings) 
             g1,
             0,
             None,
-            mirror.key_changes(
+            key_changes(
                 g1.redis_keys,
                 {(SIGNATURE, '["dense"]'): (state, changed_starts)},
                 [(SIGNATURE, '["dense"]', s) for s in dropped],

@@ -18,8 +18,8 @@ from tests.builders import make_rule, rule_obj, rules_text
 from velocity.cli import sample_rules_path
 from velocity.delta import small_tables
 from velocity.delta.rule_store import RuleStore
+from velocity.domain.rules import Control, ControlType, RuleState, StateChange, parse_rules
 from velocity.errors import InvalidRuleError, UnknownRuleError
-from velocity.rules import Control, ControlType, RuleState, StateChange, parse_rules
 
 pytestmark = pytest.mark.timeout(120)
 

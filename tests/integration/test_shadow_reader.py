@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.builders import alert_row, append_alerts, make_rule
+from velocity.analyst.reviews import DAY_MS
 from velocity.delta import reader
 from velocity.delta.names import ALERTS, RULES
 from velocity.delta.rule_store import RuleStore
-from velocity.reviews import DAY_MS
-from velocity.rules import RuleState
+from velocity.domain.rules import RuleState
 from velocity.settings import load_settings
 
 pytestmark = pytest.mark.timeout(120)

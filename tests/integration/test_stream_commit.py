@@ -9,12 +9,13 @@ from decimal import Decimal
 
 import pytest
 
-from velocity.buckets import BucketAggregate
+from tests.builders import key_changes
+from velocity.domain.buckets import BucketAggregate
+from velocity.domain.stream_batch import KeyState
 from velocity.redis import connection, mirror
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
-from velocity.stream_batch import KeyState
 
 pytestmark = pytest.mark.redis
 
@@ -41,7 +42,7 @@ def test_a_batch_past_luas_argument_slices_commits_whole_and_in_order(
             settings,
             0,
             123,
-            mirror.key_changes(settings.redis_keys, changed, dropped),
+            key_changes(settings.redis_keys, changed, dropped),
             accepted,
             [json.dumps(a) for a in alerts],
             60,
@@ -68,24 +69,23 @@ def test_a_batch_past_luas_argument_slices_commits_whole_and_in_order(
     assert mirror.committed_batch(client, settings) == 0
 
 
-def test_a_commit_checks_roll_ups_only_on_hashes_that_may_have_them(settings: Settings) -> None:
-    """A hash of at most QUIET_MAX_BUCKETS buckets that only grew cannot have roll-ups:
-    the commit skips its HLEN; a larger one is still checked (and a dense one keeps its
-    roll-ups, tests/integration/test_rollups.py)."""
+def test_a_dense_keys_changes_check_roll_ups_with_one_hlen(settings: Settings) -> None:
+    """A dense key's changes that only grew its hash, below ROLLUP_KEEP_FIELDS fields,
+    cost one HLEN and build no roll-ups (a dense one keeps its roll-ups,
+    tests/integration/test_rollups.py)."""
     client = connection.connect(settings)
     one = BucketAggregate.of_event("1", Decimal(1))
-    small = KeyState({60_000 * i: one for i in range(mirror.QUIET_MAX_BUCKETS)}, {})
-    larger = KeyState({60_000 * i: one for i in range(mirror.QUIET_MAX_BUCKETS + 1)}, {})
+    small = KeyState({60_000 * i: one for i in range(6)}, {})
     changed = {("sig", f'["s-{i}"]'): (small, [0]) for i in range(100)}
-    changed[("sig", '["larger"]')] = (larger, [0])
     client.config_resetstat()
     with state_lock(client, settings, "stream batch 0") as lease:
-        changes = mirror.key_changes(settings.redis_keys, changed)
+        changes = key_changes(settings.redis_keys, changed)
         commit = mirror.stream_commit(settings, 0, 1, changes, [], [], 3600, lease)
         mirror.send_stream_commit(client, settings, commit, lease)
     calls = client.info("commandstats")
-    assert calls["cmdstat_hlen"]["calls"] == 1  # the larger hash only
-    assert calls["cmdstat_hset"]["calls"] >= 101
+    assert calls["cmdstat_hlen"]["calls"] == 100
+    assert "cmdstat_hexists" not in calls
+    assert calls["cmdstat_hset"]["calls"] >= 100
     bucket_hash = settings.redis_keys.bucket_hash
     assert len(mirror.key_fields(client, bucket_hash("sig", '["s-0"]'))) == 1  # only the changed
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from tests.builders import generated_in_arrival_order
+from velocity.domain.rules import Rule, parse_rules
 from velocity.engine.cooldown import notify
 from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.engine.kernel import decide_history
@@ -24,7 +25,6 @@ from velocity.engine.records import alert_rows
 from velocity.generate import GenerateOptions
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW
 from velocity.spark.ingest import VERDICT_ARROW

@@ -29,10 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import event_line, rule_obj, rules_text
 from tests.conftest import FAST_JVM, free_metrics_port, poll_until
-from velocity import stream_control
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import DEFAULT_START_MS, GenerateOptions, generate_events
+from velocity.operating import stream_control
 from velocity.settings import Settings
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
@@ -412,7 +412,7 @@ def test_stream_stop_force_kills_a_stream_that_ignores_the_request(tmp_path: Pat
 LINGERING_STREAM = """
 import sys, time
 from pathlib import Path
-from velocity import stream_control
+from velocity.operating import stream_control
 
 data_dir, linger = Path(sys.argv[1]), float(sys.argv[2])
 status = stream_control.StreamStatus(data_dir, data_dir / "events", stream_control.now_ms())

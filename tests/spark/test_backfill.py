@@ -19,9 +19,9 @@ from tests.spark.streaming import run_available_now
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables
+from velocity.domain.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
-from velocity.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backfill import Backfill

@@ -11,17 +11,17 @@ import pytest
 from pyspark.sql import functions as F
 
 from tests.reference import reference_alerts
-from velocity.arrival import Arrivals, Verdict
-from velocity.buckets import BucketAggregate, bucket_start
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
+from velocity.domain.arrival import Arrivals, Verdict
+from velocity.domain.buckets import BucketAggregate, bucket_start
+from velocity.domain.rules import Rule, distinct_counted, key_text, parse_rules, rules_by_signature
+from velocity.domain.schema import Event, Rejection, is_blank, parse_event_line
+from velocity.domain.windows import format_aggregate
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import Rule, distinct_counted, key_text, parse_rules, rules_by_signature
-from velocity.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest, write_alerts_jsonl
 from velocity.spark.evaluate import alert_line_rows
-from velocity.windows import format_aggregate
 
 pytestmark = pytest.mark.spark
 
@@ -130,7 +130,7 @@ def all_rules() -> list[Rule]:
 
 def accepted_events(folder: Path) -> tuple[list[Event], list[tuple[str, Rejection]], int]:
     """First arrival of each transactionId, in arrival order, far-future events quarantined
-    (``velocity.arrival``); (events, (raw line, rejection)s, duplicates)."""
+    (``velocity.domain.arrival``); (events, (raw line, rejection)s, duplicates)."""
     arrivals = Arrivals((), None, Settings.model_fields["max_future_seconds"].default * 1000)
     events: list[Event] = []
     rejected: list[tuple[str, Rejection]] = []

@@ -26,16 +26,16 @@ from tests.integration.test_stream_crash import VELOCITY, kill_mid_batch
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
+from velocity.domain.rules import Rule, parse_rules
 from velocity.generate import GenerateOptions
-from velocity.health import stream_health
 from velocity.kafka.broker import kafka_down, kafka_up
 from velocity.kafka.topics import EventProducer, ensure_topics
-from velocity.rules import Rule, parse_rules
+from velocity.operating.health import stream_health
+from velocity.operating.stream_control import KafkaSource, StreamStatus, check_health
+from velocity.operating.stream_metrics import kafka_lag
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob
-from velocity.stream_control import KafkaSource, StreamStatus, check_health
-from velocity.stream_metrics import kafka_lag
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis, pytest.mark.kafka]
 
@@ -95,7 +95,7 @@ def topic_messages(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | N
 
 def run_kafka_available_now(job: StreamJob, settings: Settings) -> list[dict[str, Any]]:
     """The topic read to its end; returns each micro-batch's (start, end) offsets by
-    partition, its lag (``velocity.stream_metrics.kafka_lag`` of its progress) and its
+    partition, its lag (``velocity.operating.stream_metrics.kafka_lag`` of its progress) and its
     progress (as JSON), for the batches that had messages."""
     source = KafkaSource(settings.kafka_bootstrap, settings.kafka_events_topic)
     query = job.start(source, available_now=True)

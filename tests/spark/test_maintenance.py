@@ -15,9 +15,15 @@ from pyspark.sql import functions as F
 
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
+from velocity.domain.rules import (
+    Rule,
+    deciding_rules,
+    distinct_counted,
+    parse_rules,
+    rules_by_signature,
+)
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import Rule, deciding_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backtest import run_backtest

@@ -10,17 +10,17 @@ import pytest
 import redis
 
 from tests.builders import SPEC_ALERT_FIELDS
-from velocity.buckets import bucket_from_columns, bucket_start, merge_all, window_start
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
+from velocity.domain.buckets import bucket_from_columns, bucket_start, merge_all, window_start
+from velocity.domain.rules import Rule, parse_rules
+from velocity.domain.windows import aggregate_value, format_aggregate
 from velocity.generate import GenerateOptions, generate_events
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, parse_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
 from velocity.spark.stream import StreamJob
-from velocity.windows import aggregate_value, format_aggregate
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis]
 

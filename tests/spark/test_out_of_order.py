@@ -25,8 +25,8 @@ from tests.spark.test_backfill import complete_data as backtest_of
 from tests.spark.test_backfill import in_effect as records_in_effect
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
+from velocity.domain.rules import parse_rules
 from velocity.generate import GenerateOptions, generate_events
-from velocity.rules import parse_rules
 from velocity.settings import Settings
 from velocity.spark.backfill import Backfill
 from velocity.spark.stream import StreamJob

@@ -16,10 +16,10 @@ from velocity.cli import main, sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.delta.rule_store import RuleStore
+from velocity.domain.rules import deciding_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.generate import GenerateOptions, generate_events
 from velocity.quality import format_summary, run_quality_checks
 from velocity.quality.checks import QUALITY_RESULTS, write_results
-from velocity.rules import deciding_rules, distinct_counted, parse_rules, rules_by_signature
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     bucket_aggregates,

@@ -9,10 +9,10 @@ from deltalake import DeltaTable
 from pyspark.sql.types import StructField, StructType
 
 from velocity.cli import sample_rules_path
-from velocity.decimals import dumps_json
 from velocity.delta import tables
 from velocity.delta.rule_store import RuleStore
-from velocity.rules import RuleState, StateChange, parse_rules
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rules import RuleState, StateChange, parse_rules
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -17,7 +17,7 @@ from tests.spark.test_stream import backtest_pairs, first_arrivals, land
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
-from velocity.rules import Rule, RuleState, parse_rules
+from velocity.domain.rules import Rule, RuleState, parse_rules
 from velocity.settings import Settings
 from velocity.spark.backfill import Backfill
 from velocity.spark.backtest import run_backtest

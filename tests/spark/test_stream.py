@@ -18,16 +18,16 @@ from pyspark.sql import functions as F
 from tests.builders import generated_in_arrival_order
 from tests.spark.streaming import run_available_now
 from tests.unit.test_spawned_workers import kill_worker
-from velocity.arrival import Arrivals, Verdict
 from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.delta.write_behind import SPOOL_FLUSHER
+from velocity.domain.arrival import Arrivals, Verdict
+from velocity.domain.rules import Rule, RuleState, StateChange, parse_rules
+from velocity.domain.schema import Event, parse_event_line
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
 from velocity.redis import mirror
-from velocity.rules import Rule, RuleState, StateChange, parse_rules
-from velocity.schema import Event, parse_event_line
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob

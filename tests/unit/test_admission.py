@@ -11,7 +11,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity.arrival import Arrivals, Verdict
+from velocity.domain.arrival import Arrivals, Verdict
+from velocity.domain.schema import Event
+from velocity.domain.stream_batch import admit as stream_admit
 from velocity.engine.admission import (
     NO_TIME,
     VERDICT_NAMES,
@@ -19,8 +21,6 @@ from velocity.engine.admission import (
     admit,
     admit_batch,
 )
-from velocity.schema import Event
-from velocity.stream_batch import admit as stream_admit
 
 LIMIT = 1_000
 arrival = st.tuples(

@@ -14,7 +14,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity.alerts import record_of_stored
+from velocity.domain.alerts import record_of_stored
 from velocity.engine.records import alert_lines
 from velocity.spark.evaluate import _ALERT_ARROW as ALERT_ARROW  # tables.ALERT_SCHEMA's
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from velocity.alert_search import (
+from velocity.analyst.alert_search import (
     PAGE_MAX,
     AlertFilter,
     Cursor,
@@ -22,7 +22,7 @@ from velocity.alert_search import (
     parse_limit,
     parse_time,
 )
-from velocity.alerts import AlertKind
+from velocity.domain.alerts import AlertKind
 
 pytestmark = pytest.mark.timeout(60)
 

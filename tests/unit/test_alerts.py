@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, SPEC_ALERT_FIELDS, keyed_event, make_rule
-from velocity.alerts import AlertKind, alert_id, alert_record, amended, rule_key
-from velocity.windows import Decision
+from velocity.domain.alerts import AlertKind, alert_id, alert_record, amended, rule_key
+from velocity.domain.windows import Decision
 
 SPEC_FIELDS = SPEC_ALERT_FIELDS
 

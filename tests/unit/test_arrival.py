@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity.arrival import Arrivals, Verdict
-from velocity.schema import RejectReason
+from velocity.domain.arrival import Arrivals, Verdict
+from velocity.domain.schema import RejectReason
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity.backfill_runs import AirflowRun, RecordedRun, asked_text, backfill_runs
+from velocity.analyst.backfill_runs import AirflowRun, RecordedRun, asked_text, backfill_runs
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,9 +14,14 @@ from hypothesis import strategies as st
 
 from tests.builders import events, rule_sets
 from tests.unit.test_kernel import _ARROW, histories_of, keyed_rows
-from velocity.buckets import BucketAggregate, bucket_from_columns, bucket_start, bucket_width_ms
+from velocity.domain.buckets import (
+    BucketAggregate,
+    bucket_from_columns,
+    bucket_start,
+    bucket_width_ms,
+)
+from velocity.domain.rules import deciding_rules
 from velocity.engine.bucketing import bucket_rows
-from velocity.rules import deciding_rules
 
 Slot = tuple[str, str, int]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, bucket_seconds, event_times, keyed_event
 from tests.reference import floor_g
-from velocity.buckets import (
+from velocity.domain.buckets import (
     ALLOWED_BUCKET_SECONDS,
     EMPTY,
     BucketAggregate,
@@ -20,7 +20,7 @@ from velocity.buckets import (
     merge_all,
     window_start,
 )
-from velocity.windows import KeyedEvent
+from velocity.domain.windows import KeyedEvent
 
 # ---------------------------------------------------------------- widths and edges
 
@@ -278,7 +278,7 @@ _EVENT_FIELDS = st.one_of(
 
 @given(st.lists(_EVENT_FIELDS, max_size=40))
 def test_aggregate_of_events_is_merging_each_event(events) -> None:
-    from velocity.buckets import aggregate_of_events
+    from velocity.domain.buckets import aggregate_of_events
 
     merged = merge_all(BucketAggregate.of_event(value, number) for value, number in events)
     assert aggregate_of_events(events) == merged

@@ -1,7 +1,7 @@
-"""The analysts' queue (``velocity.case_queue``, pure): filters that name their bad field,
+"""The analysts' queue (``velocity.analyst.case_queue``, pure): filters that name their bad field,
 the cases not closed by default, pages that neither skip nor repeat a case, and the cases
 changed since a page was drawn; each rule's alerts a minute and share of payments
-(``velocity.rule_rates``)."""
+(``velocity.analyst.rule_rates``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from velocity.alert_search import InvalidFilterError
-from velocity.case_queue import (
+from velocity.analyst.alert_search import InvalidFilterError
+from velocity.analyst.case_queue import (
     QUEUE_PAGE_MAX,
     QUEUE_PAGE_SIZE,
     CaseCursor,
@@ -23,8 +23,8 @@ from velocity.case_queue import (
     queue_page,
     updated_since,
 )
-from velocity.cases import Case, CaseStatus, case_key_text
-from velocity.rule_rates import MINUTE_MS, minute_starts, rule_rates
+from velocity.analyst.cases import Case, CaseStatus, case_key_text
+from velocity.analyst.rule_rates import MINUTE_MS, minute_starts, rule_rates
 
 pytestmark = pytest.mark.timeout(60)
 

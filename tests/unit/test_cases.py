@@ -1,4 +1,4 @@
-"""Cases (SPEC §4a) as their events leave them (``velocity.cases``, pure)."""
+"""Cases (SPEC §4a) as their events leave them (``velocity.analyst.cases``, pure)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity.cases import (
+from velocity.analyst.cases import (
     CaseAlert,
     CaseBook,
     CaseEventKind,
@@ -20,7 +20,7 @@ from velocity.cases import (
     person_event,
     stream_case_events,
 )
-from velocity.reviews import Verdict
+from velocity.analyst.reviews import Verdict
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -99,7 +99,7 @@ def test_a_case_event_round_trips_as_a_row_and_the_id_is_deterministic() -> None
     events, case_of = stream_case_events([alert(1, P1), alert(2, P1, rule=7)], {}, 3, 50)
     again, again_of = stream_case_events([alert(2, P1, rule=7), alert(1, P1)], {}, 3, 50)
     assert case_of == again_of and events == again
-    from velocity.cases import CaseEvent
+    from velocity.analyst.cases import CaseEvent
 
     assert [CaseEvent.from_row(e.to_row()) for e in events] == events
     shown = fold_cases(events)[case_of["a-1"]].to_json(history=True)

@@ -17,7 +17,7 @@ texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_siz
 pairs = st.lists(st.tuples(st.integers(0, 10**13), texts), max_size=4)
 starts = st.lists(st.integers(0, 10**13), max_size=4)
 notified = st.lists(st.tuples(st.integers(1, 99).map(lambda r: f"n:{r}:1"), texts), max_size=3)
-changes = st.builds(KeyChange, texts, st.booleans(), pairs, pairs, starts, starts, pairs, notified)
+changes = st.builds(KeyChange, texts, pairs, pairs, starts, starts, pairs, notified)
 
 
 @settings(max_examples=200, deadline=None)
@@ -25,7 +25,6 @@ changes = st.builds(KeyChange, texts, st.booleans(), pairs, pairs, starts, start
 def test_a_keys_run_parses_back_to_its_change(change: KeyChange) -> None:
     assert KeyChange.parse(change.args()) == KeyChange(
         change.base,
-        change.quiet,
         list(change.sets),
         list(change.started),
         list(change.drops),
@@ -48,14 +47,14 @@ def test_a_whole_keys_run_parses_back_to_its_change(
     """A key's state whole, packed ("p" alone: three arguments; "q" with raw-events
     changes) or dense ("f"), parses back."""
     change = KeyChange(
-        base, False, removed=removed, appended=appended, whole=list(whole.items()),
+        base, removed=removed, appended=appended, whole=list(whole.items()),
         dense=dense, expire="1" if dense else expire,
     )  # fmt: skip
     args = change.args()
     if not dense and not (removed or appended):
         assert args == [f"{base}:buckets", f"p{expire}", change.args()[2]]
     assert KeyChange.parse(args) == KeyChange(
-        base, False, [], [], [], list(removed), list(appended), [], list(whole.items()), dense,
+        base, [], [], [], list(removed), list(appended), [], list(whole.items()), dense,
         change.expire,
     )  # fmt: skip
 

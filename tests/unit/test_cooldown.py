@@ -1,7 +1,7 @@
 """The columnar cooldown (``velocity.engine.cooldown.notify``) equals its definition, one
-alert at a time (``velocity.cooldown.notified_reference``): random alert sequences with
-ties in eventTime, cooldowns of 1 minute to a day, several rules and versions sharing a
-key, keys that alert in every batch, the state carried from batch to batch as the
+alert at a time (``velocity.domain.cooldown_reference.notified_reference``): random alert
+sequences with ties in eventTime, cooldowns of 1 minute to a day, several rules and versions
+sharing a key, keys that alert in every batch, the state carried from batch to batch as the
 stream carries it."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, make_rule
-from velocity.cooldown import CooledAlert, notified_reference
+from velocity.domain.cooldown_reference import CooledAlert, notified_reference
+from velocity.domain.rules import Rule, key_text, parse_rules
 from velocity.engine.cooldown import LAST_NOTIFIED, notify
 from velocity.engine.kernel import Decisions
 from velocity.errors import InvalidRuleError
-from velocity.rules import Rule, key_text, parse_rules
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import EDGE_FIELD_VALUES, event_line, event_objs, json_text
+from velocity.domain.schema import EVENT_FIELDS
 from velocity.engine import event_lines
 from velocity.engine.event_lines import line_verdicts
-from velocity.schema import EVENT_FIELDS
 from velocity.spark.ingest import VERDICT_ARROW
 
 DECLARED = [f.name for f in EVENT_FIELDS]

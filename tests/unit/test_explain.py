@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, event, events, make_rule, rule_sets
 from tests.reference import key_of, reference_alerts
-from velocity.explain import explain_alert
-from velocity.rules import Rule
-from velocity.schema import Event
-from velocity.windows import format_aggregate
+from velocity.analyst.explain import explain_alert
+from velocity.domain.rules import Rule
+from velocity.domain.schema import Event
+from velocity.domain.windows import format_aggregate
 
 
 def _alert(rule: Rule, trigger: Event, value: str, window_start: int) -> dict:
@@ -100,7 +100,7 @@ def test_an_alert_is_explained_only_by_its_own_rule_version() -> None:
 
 
 def test_a_suppressed_alert_names_the_notified_alert_that_suppressed_it() -> None:
-    from velocity.alerts import AlertKind, alert_id
+    from velocity.domain.alerts import AlertKind, alert_id
 
     rule = make_rule(
         groupingKeyNames=["payerId"],

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from tests.builders import events, keyed_histories, rule_sets
 from tests.unit.test_kernel import _ARROW
-from velocity.decimals import format_decimal
-from velocity.engine.fan_out import decimal_texts, keyed_rows
-from velocity.rules import RuleSignature, deciding_rules, key_text, rules_by_signature
-from velocity.schema import EVENT_FIELDS, Event, FieldKind
+from velocity.domain.decimals import format_decimal
+from velocity.domain.rules import RuleSignature, deciding_rules, key_text, rules_by_signature
+from velocity.domain.schema import EVENT_FIELDS, Event, FieldKind
+from velocity.engine.fan_out import keyed_rows
+from velocity.engine.texts import decimal_texts
 
 _EVENTS = pa.schema(
     [

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from velocity.arrival import Arrivals, Verdict
+from velocity.domain.arrival import Arrivals, Verdict
+from velocity.domain.schema import Event, Rejection, RejectReason, parse_event_line
 from velocity.errors import UsageError
 from velocity.generate import (
     DEFAULT_START_MS,
@@ -22,7 +23,6 @@ from velocity.generate import (
     run_tag,
     stream_events,
 )
-from velocity.schema import Event, Rejection, RejectReason, parse_event_line
 from velocity.settings import Settings
 
 TWO_MINUTES_MS = 120_000

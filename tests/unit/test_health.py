@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from velocity.health import LIVE_STATES, stream_health
+from velocity.operating.health import LIVE_STATES, stream_health
 
 NOW = 1_767_225_600_000
 STALE = 120_000
@@ -194,7 +194,7 @@ def test_stream_status_and_stop_import_no_spark() -> None:
     import sys
 
     code = (
-        "import sys, velocity.cli, velocity.stream_control; "
+        "import sys, velocity.cli, velocity.operating.stream_control; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))"
     )
     loaded = subprocess.run(

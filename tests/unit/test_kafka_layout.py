@@ -17,8 +17,13 @@ from velocity.kafka.broker import (
     render_config,
 )
 from velocity.kafka.topics import kafka_alerts_on, payer_key
+from velocity.operating.stream_control import (
+    KafkaSource,
+    StreamStatus,
+    read_status,
+    source_is_kafka,
+)
 from velocity.settings import load_settings
-from velocity.stream_control import KafkaSource, StreamStatus, read_status, source_is_kafka
 
 
 def settings_for(tmp_path: Path, bootstrap: str, **more: str):

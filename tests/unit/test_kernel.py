@@ -19,7 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, events, keyed_event, keyed_histories, make_rule, rule_sets
-from velocity.buckets import bucket_width_ms
+from velocity.domain.buckets import bucket_width_ms
+from velocity.domain.rules import Operator, Rule, deciding_rules, key_text, rules_by_signature
+from velocity.domain.schema import Event
+from velocity.domain.windows import KeyedEvent, evaluate_key_history, format_aggregate
 from velocity.engine.kernel import (
     Decisions,
     KeyTimeOrder,
@@ -33,9 +36,6 @@ from velocity.engine.kernel import (
     units_text,
     value_texts,
 )
-from velocity.rules import Operator, Rule, deciding_rules, key_text, rules_by_signature
-from velocity.schema import Event
-from velocity.windows import KeyedEvent, evaluate_key_history, format_aggregate
 
 Row = tuple[str, str, int, str, str | None, Decimal | None]
 Outcome = dict[tuple[int, int, str], tuple[str, int]]  # (rule, version, tx) -> (value, start)

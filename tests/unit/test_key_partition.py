@@ -17,7 +17,17 @@ from tests.builders import MINUTE_MS, bucket_seconds, events, rule_sets
 from tests.unit.test_kernel import keyed_row
 from tests.unit.test_micro_batch import keyed_table
 from tests.unit.test_stream_batch import arrival_batches
-from velocity.buckets import bucket_from_columns
+from velocity.domain.buckets import bucket_from_columns
+from velocity.domain.rules import RuleState, rules_by_signature
+from velocity.domain.stream_batch import (
+    RECENT_BUCKETS,
+    KeyState,
+    admit,
+    decide,
+    history_needed,
+    key_groups,
+)
+from velocity.domain.windows import KeyedEvent, format_aggregate
 from velocity.engine.key_partition import (
     _raw_changes,
     decide_key_partition,
@@ -35,17 +45,7 @@ from velocity.redis.keys import (
     parse_recent,
     recent_fragment,
 )
-from velocity.rules import RuleState, rules_by_signature
 from velocity.spark.stream_decide import bucket_changes
-from velocity.stream_batch import (
-    RECENT_BUCKETS,
-    KeyState,
-    admit,
-    decide,
-    history_needed,
-    key_groups,
-)
-from velocity.windows import KeyedEvent, format_aggregate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -276,7 +276,7 @@ def test_key_partition_equals_the_reference_over_its_own_hot_state(
 
 
 def test_stale_raw_events_are_not_trusted() -> None:
-    from velocity.buckets import BucketAggregate
+    from velocity.domain.buckets import BucketAggregate
 
     one = KeyedEvent(60_001, "tx-1")
     buckets = {60_000: BucketAggregate(2), 120_000: BucketAggregate(1)}

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from tests.builders import MINUTE_MS, bucket_seconds, events, rule_sets
 from tests.unit.test_kernel import _ARROW, keyed_row
 from tests.unit.test_stream_batch import arrival_batches
-from velocity.buckets import BucketAggregate, bucket_from_columns
+from velocity.domain.buckets import BucketAggregate, bucket_from_columns
+from velocity.domain.rules import RuleState, distinct_counted, rules_by_signature
+from velocity.domain.stream_batch import KeyState, admit, decide, history_needed, key_groups
+from velocity.domain.windows import format_aggregate
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.micro_batch import STORED_COLUMNS, decide_micro_batch
-from velocity.rules import RuleState, distinct_counted, rules_by_signature
-from velocity.stream_batch import KeyState, admit, decide, history_needed, key_groups
-from velocity.windows import format_aggregate
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,11 +11,7 @@ import pytest
 
 from tests.builders import make_rule
 from tests.reference import reference_alerts
-from velocity.delta.preview_reader import alert_schema
-from velocity.engine.event_lines import parsed_in_arrival_order
-from velocity.errors import UsageError
-from velocity.generate import GenerateOptions, generate_events
-from velocity.preview import (
+from velocity.analyst.preview import (
     HOUR_MS,
     KEYED_ARROW,
     Span,
@@ -29,9 +25,13 @@ from velocity.preview import (
     sample_positions,
     span_of,
 )
-from velocity.rules import Rule, RuleState
-from velocity.schema import Event, parse_event_line
-from velocity.windows import format_aggregate
+from velocity.delta.preview_reader import alert_schema
+from velocity.domain.rules import Rule, RuleState
+from velocity.domain.schema import Event, parse_event_line
+from velocity.domain.windows import format_aggregate
+from velocity.engine.event_lines import parsed_in_arrival_order
+from velocity.errors import UsageError
+from velocity.generate import GenerateOptions, generate_events
 
 pytestmark = pytest.mark.timeout(120)
 

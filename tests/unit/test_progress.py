@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from velocity.generate import GenerateOptions, generate_events
-from velocity.progress import Progress
+from velocity.operating.progress import Progress
 
 
 class Terminal(io.StringIO):

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 
 from tests.builders import make_rule
+from velocity.domain.rules import Operator
 from velocity.quality.alert_values import alert_violation, avg_may_satisfy, rule_terms
-from velocity.rules import Operator
 
 
 def check(

@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_kernel import _ARROW
-from velocity.buckets import BucketAggregate, merge_all
-from velocity.decimals import format_decimal
+from velocity.domain.buckets import BucketAggregate, merge_all
+from velocity.domain.decimals import format_decimal
+from velocity.domain.stream_batch import KeyState
+from velocity.domain.windows import KeyedEvent
 from velocity.engine.key_partition import STORED_SCHEMA
 from velocity.redis.hot_state import hot_state
 from velocity.redis.keys import (
@@ -31,8 +33,6 @@ from velocity.redis.keys import (
     recent_fragment,
     recent_fragment_texts,
 )
-from velocity.stream_batch import KeyState
-from velocity.windows import KeyedEvent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -244,3 +244,23 @@ def test_the_hot_state_read_column_by_column_is_what_was_written(states) -> None
         if state.buckets
     }
     assert got == expected
+
+
+def test_the_packed_and_dense_thresholds_are_the_same_in_python_and_lua() -> None:
+    """The stream (Python) decides when a key turns dense and back; the Functions (Lua)
+    build and drop roll-ups at the same edges: a drift would leave a dense key without
+    roll-ups, or a packed one with a hash."""
+    import re
+    from importlib import resources
+
+    from velocity.redis import mirror
+
+    lua = (resources.files("velocity") / "redis" / "velocity.lua").read_text(encoding="utf-8")
+
+    def lua_constant(name: str) -> int:
+        found = re.findall(rf"^local {name} = (\d+)$", lua, re.MULTILINE)
+        assert len(found) == 1, f"velocity.lua defines {name} {len(found)} times"
+        return int(found[0])
+
+    assert lua_constant("ROLLUP_MIN_BUCKETS") == mirror.DENSE_MIN_BUCKETS
+    assert lua_constant("ROLLUP_KEEP_FIELDS") == mirror.DENSE_KEEP_BUCKETS

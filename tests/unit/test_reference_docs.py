@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
+from tools import reference_docs
 
-from velocity import reference_docs
 from velocity.settings import PROJECT_ROOT, Settings
 
 REFERENCE = PROJECT_ROOT / "docs" / "reference"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from velocity.reviews import (
+from velocity.analyst.reviews import (
     NOTE_MAX,
     AlertRef,
     AlertVolume,

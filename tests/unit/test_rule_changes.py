@@ -1,13 +1,13 @@
-"""Rule versioning, planned without Spark (velocity.rule_changes)."""
+"""Rule versioning, planned without Spark (velocity.domain.rule_changes)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.builders import make_rule
+from velocity.domain.rule_changes import Promotion, RuleBook, outcome_lines, plan_changes
+from velocity.domain.rules import Control, ControlType, Rule, RuleState, StateChange
 from velocity.errors import UnknownRuleError
-from velocity.rule_changes import Promotion, RuleBook, outcome_lines, plan_changes
-from velocity.rules import Control, ControlType, Rule, RuleState, StateChange
 
 
 class Table:
@@ -64,7 +64,7 @@ def test_export_sees_the_entries_before_it() -> None:
 
 
 def test_rule_epochs_keep_the_latest_record_of_a_batch_in_batch_order() -> None:
-    from velocity.rule_changes import RuleEpochs, rule_versions, rule_versions_text
+    from velocity.domain.rule_changes import RuleEpochs, rule_versions, rule_versions_text
 
     rules = [make_rule(ruleId=4).with_version(3), make_rule(ruleId=1).with_version(1)]
     assert rule_versions(rules) == ((1, 1), (4, 3))

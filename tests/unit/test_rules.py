@@ -24,9 +24,8 @@ from tests.builders import (
     rule_objs,
     rules_text,
 )
-from velocity.decimals import dumps_json
-from velocity.errors import FieldProblem, InvalidRuleError, UsageError
-from velocity.rules import (
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rules import (
     MAX_WINDOW_MINUTES,
     Aggregator,
     Control,
@@ -43,6 +42,7 @@ from velocity.rules import (
     parse_rules,
     rules_by_signature,
 )
+from velocity.errors import FieldProblem, InvalidRuleError, UsageError
 
 
 def problems_of(obj: Any) -> list[FieldProblem]:

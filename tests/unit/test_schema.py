@@ -22,7 +22,7 @@ from tests.builders import (
     event_objs,
     json_text,
 )
-from velocity.schema import (
+from velocity.domain.schema import (
     EVENT_FIELDS,
     NUMERIC_FIELDS,
     RULE_FIELDS,

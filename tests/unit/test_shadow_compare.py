@@ -1,4 +1,4 @@
-"""A shadow candidate beside the rule in force (pure: velocity.shadow_compare): decisions in
+"""A shadow candidate beside the rule in force (pure: velocity.analyst.shadow_compare): decisions in
 effect, the figures per transaction, verdicts shared by both sides, the window."""
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, alert_row, decision_histories, make_rule
-from velocity.reviews import DAY_MS, Review, Verdict
-from velocity.rule_changes import RuleBook
-from velocity.rules import RuleState
-from velocity.shadow_compare import (
+from velocity.analyst.reviews import DAY_MS, Review, Verdict
+from velocity.analyst.shadow_compare import (
     DecisionRow,
     SideFigures,
     compare,
@@ -21,6 +19,8 @@ from velocity.shadow_compare import (
     in_effect,
     window_start,
 )
+from velocity.domain.rule_changes import RuleBook
+from velocity.domain.rules import RuleState
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from velocity.local_process import SpawnedWorkers
+from velocity.operating.local_process import SpawnedWorkers
 
 
 def kill_worker(pid: int) -> None:

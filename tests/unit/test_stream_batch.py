@@ -25,9 +25,9 @@ from tests.builders import (
     rule_sets,
 )
 from tests.reference import aggregate, fires, key_of, passes_filter, reference_alerts
-from velocity.rules import Rule, RuleState, rules_by_signature
-from velocity.schema import Event
-from velocity.stream_batch import (
+from velocity.domain.rules import Rule, RuleState, rules_by_signature
+from velocity.domain.schema import Event
+from velocity.domain.stream_batch import (
     BucketSlot,
     KeyState,
     SignatureKey,
@@ -37,7 +37,7 @@ from velocity.stream_batch import (
     key_groups,
     recent_history,
 )
-from velocity.windows import KeyedEvent
+from velocity.domain.windows import KeyedEvent
 
 pytestmark = pytest.mark.timeout(120)
 

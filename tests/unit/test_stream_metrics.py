@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from velocity.schema import RejectReason
-from velocity.stream_metrics import (
+from velocity.domain.schema import RejectReason
+from velocity.operating.stream_metrics import (
     BATCH_SECONDS_BUCKETS,
     BatchCounts,
     RecentArrivals,

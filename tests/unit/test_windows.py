@@ -30,7 +30,7 @@ from tests.builders import (
     rule_sets,
 )
 from tests.reference import AggregateValue, Pair, reference_alerts
-from velocity.buckets import (
+from velocity.domain.buckets import (
     EMPTY,
     BucketAggregate,
     bucket_start,
@@ -38,9 +38,9 @@ from velocity.buckets import (
     merge_all,
     window_start,
 )
-from velocity.rules import Aggregator, Operator, Rule, rules_by_signature
-from velocity.schema import Event
-from velocity.windows import (
+from velocity.domain.rules import Aggregator, Operator, Rule, rules_by_signature
+from velocity.domain.schema import Event
+from velocity.domain.windows import (
     AVG_DISPLAY_PLACES,
     KeyedEvent,
     aggregate_value,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from velocity.buckets import BucketAggregate
 from velocity.delta.write_behind import ARROW_SCHEMAS
+from velocity.domain.buckets import BucketAggregate
+from velocity.domain.schema import LateReason
 from velocity.engine.admission import AdmittedBatch
-from velocity.schema import LateReason
 
 
 def _table(name: str, columns: Mapping[str, Sequence[Any]]) -> pa.Table:

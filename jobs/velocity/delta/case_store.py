@@ -1,5 +1,5 @@
 """Cases in Delta (SPEC §4a), through delta-rs: the ``cases`` table (one row per case, when
-it opened) and the append-only ``case_events`` table (its whole life: ``velocity.cases``).
+it opened) and the append-only ``case_events`` table (its whole life: ``velocity.analyst.cases``).
 
 The stream's write-behind gathers each flushed group's alerts into cases
 (``gather_alerts``) before it appends them, so every alert row carries its ``caseId``;
@@ -25,8 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from velocity.alerts import AlertKind
-from velocity.cases import (
+from velocity.analyst.cases import (
     Case,
     CaseAlert,
     CaseBook,
@@ -39,6 +38,7 @@ from velocity.cases import (
     person_event,
     stream_case_events,
 )
+from velocity.analyst.reviews import AlertRef
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.small_tables import (
@@ -49,8 +49,8 @@ from velocity.delta.small_tables import (
     read_rows,
     rows_table,
 )
+from velocity.domain.alerts import AlertKind
 from velocity.errors import UsageError
-from velocity.reviews import AlertRef
 from velocity.settings import Settings
 
 CASE_EVENT_ARROW_SCHEMA = pa.schema(

@@ -24,13 +24,13 @@ from pyspark.sql.types import StructType
 from velocity.delta import small_tables, tables
 from velocity.delta.rule_store import RuleStore
 from velocity.delta.write_behind import Flushed, Spool, flush_spool_apart
+from velocity.domain.rule_changes import RuleEpochs, RuleVersion, rule_versions, rule_versions_text
+from velocity.domain.rules import Rule
 from velocity.errors import UsageError
+from velocity.operating.stream_control import checkpoint_dir
 from velocity.redis.mirror import horizon_seconds
-from velocity.rule_changes import RuleEpochs, RuleVersion, rule_versions, rule_versions_text
-from velocity.rules import Rule
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
-from velocity.stream_control import checkpoint_dir
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@ delta-rs and Arrow in this process (no Spark session: starting one alone costs m
 than the 30 s a preview of an hour at 1 000 events/s may take).
 
 What is read: the events table's data files whose eventTime statistics reach the span
-or the history its rules' widest window needs (``velocity.preview.read_from``), and of
+or the history its rules' widest window needs (``velocity.analyst.preview.read_from``), and of
 them only the rows in that range and the columns the rules' signatures use. The
-deciding is ``velocity.preview`` (pure).
+deciding is ``velocity.analyst.preview`` (pure).
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
-from velocity.delta.names import EVENTS, RULES
-from velocity.delta.rule_store import RuleStore
-from velocity.delta.small_tables import open_table
-from velocity.errors import UsageError
-from velocity.preview import (
+from velocity.analyst.preview import (
     DIFF_SHOWN,
     SAMPLE_SIZE,
     Preview,
@@ -33,9 +29,13 @@ from velocity.preview import (
     rule_previews,
     span_of,
 )
-from velocity.rules import Rule, RuleEntry
+from velocity.delta.names import EVENTS, RULES
+from velocity.delta.rule_store import RuleStore
+from velocity.delta.small_tables import open_table
+from velocity.domain.rules import Rule, RuleEntry
+from velocity.errors import UsageError
+from velocity.operating.timing import StepTimer
 from velocity.settings import Settings
-from velocity.timing import StepTimer
 
 # The most events a preview reads into memory (about 100 bytes each with the columns a
 # rule uses, several times that while deciding): beyond it, it refuses before reading.
@@ -152,7 +152,7 @@ def preview(
     now_ms: int | None = None,
     max_events: int = MAX_EVENTS,
 ) -> Preview:
-    """What the rules among ``entries`` (``velocity.rules.parse_rules``' output) would have
+    """What the rules among ``entries`` (``velocity.domain.rules.parse_rules``' output) would have
     fired over the last ``hours`` of the live events table, anchored on its newest
     accepted eventTime, each beside the version in force of its ruleId.
 

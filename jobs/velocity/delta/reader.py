@@ -19,30 +19,37 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from velocity.alert_search import AlertFilter, Cursor
-from velocity.alerts import AlertKind
-from velocity.backfill_runs import RecordedRun
-from velocity.decimals import format_decimal
-from velocity.delta.case_store import CaseStore
-from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
-from velocity.delta.review_store import ReviewStore
-from velocity.delta.rule_store import RuleStore
-from velocity.errors import UsageError
-from velocity.explain import Explanation, explain_alert
-from velocity.reviews import DAY_MS, WEEK_MS, AlertRef, AlertVolume, Review, VersionPrecision
-from velocity.reviews import precision_by_version as _precision_by_version
-from velocity.rule_changes import RuleBook
-from velocity.rule_rates import MINUTE_MS, RATE_MINUTES, RuleRate, minute_starts
-from velocity.rule_rates import rule_rates as _rule_rates
-from velocity.rules import Rule
-from velocity.schema import FIELDS_BY_NAME, RULE_FIELDS, Event, FieldKind, parse_event_line
-from velocity.settings import Settings
-from velocity.shadow_compare import (
+from velocity.analyst.alert_search import AlertFilter, Cursor
+from velocity.analyst.backfill_runs import RecordedRun
+from velocity.analyst.explain import Explanation, explain_alert
+from velocity.analyst.reviews import (
+    DAY_MS,
+    WEEK_MS,
+    AlertRef,
+    AlertVolume,
+    Review,
+    VersionPrecision,
+)
+from velocity.analyst.reviews import precision_by_version as _precision_by_version
+from velocity.analyst.rule_rates import MINUTE_MS, RATE_MINUTES, RuleRate, minute_starts
+from velocity.analyst.rule_rates import rule_rates as _rule_rates
+from velocity.analyst.shadow_compare import (
     DecisionRow,
     ShadowComparison,
     compare_candidates,
     window_start,
 )
+from velocity.delta.case_store import CaseStore
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
+from velocity.delta.review_store import ReviewStore
+from velocity.delta.rule_store import RuleStore
+from velocity.domain.alerts import AlertKind
+from velocity.domain.decimals import format_decimal
+from velocity.domain.rule_changes import RuleBook
+from velocity.domain.rules import Rule
+from velocity.domain.schema import FIELDS_BY_NAME, RULE_FIELDS, Event, FieldKind, parse_event_line
+from velocity.errors import UsageError
+from velocity.settings import Settings
 
 
 class NotWrittenYetError(UsageError):
@@ -237,7 +244,7 @@ def shadow_comparisons(
     reviews: Sequence[Review] | None = None,
 ) -> list[ShadowComparison]:
     """Each standing shadow candidate beside its rule in force over the last 24 h before
-    ``now_ms`` (``velocity.shadow_compare``); ``history`` (every rule version) and
+    ``now_ms`` (``velocity.analyst.shadow_compare``); ``history`` (every rule version) and
     ``reviews`` (every review): when the caller read them already."""
     store = RuleStore(settings.table_path(RULES))
     book = RuleBook.of(store.history() if history is None else history)

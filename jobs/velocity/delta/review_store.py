@@ -2,7 +2,7 @@
 
 Written and read with delta-rs, without a JVM: the page records a review in a fraction of
 a second. The table's one writer; rows are only ever appended (a new review of an alert
-is a new row, and the latest counts: ``velocity.reviews``), so it is the history of who
+is a new row, and the latest counts: ``velocity.analyst.reviews``), so it is the history of who
 concluded what, and when.
 
 Each review is checked whole before anything is read or written (``InvalidReviewError``
@@ -24,14 +24,14 @@ import pyarrow as pa
 from arro3.core import Table
 from deltalake import DeltaTable
 
-from velocity.delta.small_tables import append_planned, open_table, read_rows, rows_table
-from velocity.reviews import (
+from velocity.analyst.reviews import (
     AlertRef,
     Review,
     latest_reviews,
     make_review,
     review_time,
 )
+from velocity.delta.small_tables import append_planned, open_table, read_rows, rows_table
 
 # Nullable throughout, as the rules table: a table Spark would create reads the same.
 REVIEW_ARROW_SCHEMA = pa.schema(

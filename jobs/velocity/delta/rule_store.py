@@ -8,7 +8,7 @@ its version through Delta's log every micro-batch), and a table that Spark creat
 appended to here.
 
 Applying is all-or-nothing: every entry is checked against the latest versions first
-(``velocity.rule_changes.plan_changes``), then all new versions land in one commit.
+(``velocity.domain.rule_changes.plan_changes``), then all new versions land in one commit.
 Concurrent appliers: the commit is conditional on the table version the plan was read
 from (no commit retries); the loser re-reads, plans again and commits on top, so a
 (ruleId, version) pair is never written twice.
@@ -24,7 +24,6 @@ import pyarrow as pa
 from arro3.core import Table
 from deltalake import DeltaTable
 
-from velocity.decimals import dumps_json
 from velocity.delta.small_tables import (
     append_planned,
     create_if_missing,
@@ -32,7 +31,8 @@ from velocity.delta.small_tables import (
     read_rows,
     rows_table,
 )
-from velocity.rule_changes import (
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rule_changes import (
     ApplyResult,
     Change,
     Promotion,
@@ -40,7 +40,7 @@ from velocity.rule_changes import (
     plan_changes,
     stored_rule,
 )
-from velocity.rules import Rule, RuleState, StateChange
+from velocity.domain.rules import Rule, RuleState, StateChange
 
 # RULE_SCHEMA as Arrow. Nullable throughout, as Spark makes a table it creates from a
 # DataFrame: the table is the same whichever of the two created it.

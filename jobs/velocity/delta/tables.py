@@ -93,7 +93,7 @@ LATE_EVENT_SCHEMA = StructType(
         StructField("eventTime", LongType(), False),
         StructField("watermark", LongType(), False),
         StructField("stream_batch", LongType(), False),
-        # ``velocity.schema.LateReason``; null in a table of an older Velocity: late.
+        # ``velocity.domain.schema.LateReason``; null in a table of an older Velocity: late.
         StructField("reason", StringType(), True),
     ]
 )
@@ -167,7 +167,7 @@ PARSED_SCHEMA = StructType(
     ]
 )
 
-# The figures of one bucket (``velocity.buckets.BucketAggregate`` as columns).
+# The figures of one bucket (``velocity.domain.buckets.BucketAggregate`` as columns).
 _BUCKET_FIGURES = [
     StructField("event_count", LongType(), False),
     StructField("value_count", LongType(), False),

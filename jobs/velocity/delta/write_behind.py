@@ -43,7 +43,7 @@ from pyspark.sql.types import StructType
 
 from velocity.delta import tables
 from velocity.delta.case_store import CaseStore
-from velocity.local_process import SpawnedWorkers
+from velocity.operating.local_process import SpawnedWorkers
 from velocity.settings import Settings
 
 APP_ID = "velocity-stream"

@@ -1,6 +1,6 @@
 """Admission of valid events in arrival order, column by column (pure; SPEC §1).
 
-``admit`` gives the verdicts ``velocity.arrival.Arrivals`` gives event after event, with
+``admit`` gives the verdicts ``velocity.domain.arrival.Arrivals`` gives event after event, with
 no Python loop per event. Admission is sequential by nature (an event is too far ahead
 of the newest eventTime accepted *before it*, and a quarantined event claims neither
 its transactionId nor the newest eventTime), so it is solved as a fixed point:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from velocity.arrival import Arrivals, Verdict, future_rejection
+from velocity.domain.arrival import Arrivals, Verdict, future_rejection
 from velocity.engine.kernel import dictionary_codes
 
 ACCEPTED, DUPLICATE, FUTURE = np.int8(0), np.int8(1), np.int8(2)

@@ -12,7 +12,8 @@ not a Python loop per alert.
 
 A key's last notified alert before these decisions (``LAST_NOTIFIED``, the stream's hot
 state) moves where its chain starts; the newest notified alert per key is returned as
-the next state. The per-event reference is ``velocity.cooldown.notified_reference``.
+the next state. The per-event reference is
+``velocity.domain.cooldown_reference.notified_reference``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from velocity.domain.rules import Rule
 from velocity.engine.kernel import Decisions, KeyTimeOrder, dictionary_codes
-from velocity.rules import Rule
 
 # The last notified alert of a rule version and key: the cooldown's state.
 LAST_NOTIFIED = pa.schema(

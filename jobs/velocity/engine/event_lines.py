@@ -1,6 +1,6 @@
 """Lines of JSON text -> one verdict per line, a block of lines at a time (pure; SPEC §1).
 
-``velocity.schema.parse_event_line`` is the definition of a valid event and of every
+``velocity.domain.schema.parse_event_line`` is the definition of a valid event and of every
 quarantine reason; it costs about 10 µs a line in Python. ``line_verdicts`` gives the
 same verdicts column by column, with Arrow's JSON reader:
 
@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from velocity.decimals import EXACT
-from velocity.schema import (
+from velocity.domain.decimals import EXACT
+from velocity.domain.schema import (
     EVENT_FIELDS,
     FIELDS_BY_NAME,
     FieldKind,

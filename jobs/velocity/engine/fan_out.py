@@ -2,7 +2,7 @@
 
 ``keyed_rows`` gives, for every event and every signature whose filter the event passes
 and whose grouping fields it has, the row the kernel and the buckets take
-(``KEYED_COLUMNS``): the key as ``velocity.rules.key_text`` writes it, the aggregated
+(``KEYED_COLUMNS``): the key as ``velocity.domain.rules.key_text`` writes it, the aggregated
 field's canonical text and, for the amount, its number. No Python loop per event: a key
 value that JSON must escape (rare) is the only thing written one at a time.
 """
@@ -16,10 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.decimals import format_decimal, json_string
+from velocity.domain.decimals import json_string
+from velocity.domain.rules import RuleSignature
+from velocity.domain.schema import FIELDS_BY_NAME
 from velocity.engine.kernel import KEYED_COLUMNS
-from velocity.rules import RuleSignature
-from velocity.schema import FIELDS_BY_NAME
+from velocity.engine.texts import decimal_texts
 
 # What JSON escapes in a string (``json.encoder.ESCAPE``): such a key is written by
 # ``json_string`` itself.
@@ -27,51 +28,12 @@ _NEEDS_ESCAPE = r'[\x00-\x1f\\"]'
 
 
 def canonical_texts(events: pa.Table, field: str) -> pa.ChunkedArray:
-    """``field``'s canonical text per event (``velocity.schema.canonical_value``): the
+    """``field``'s canonical text per event (``velocity.domain.schema.canonical_value``): the
     column itself, but an amount (a decimal column) without trailing zeros."""
     column = events.column(field)
     if not FIELDS_BY_NAME[field].numeric:
         return column
     return decimal_texts(column)
-
-
-def decimal_texts(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
-    """Each decimal as ``format_decimal`` writes it (null stays null)."""
-    if isinstance(column, pa.Array):
-        column = pa.chunked_array([column])
-    text = pc.cast(column, pa.string())
-    # Arrow writes an amount below 10^-6 with an exponent ("1E-8", "0E-8"): those few
-    # are written by ``format_decimal`` itself.
-    exponent = pc.fill_null(pc.match_substring(text, "E"), False).to_numpy(zero_copy_only=False)
-    if exponent.any():
-        rows = np.flatnonzero(exponent)
-        plain = text.to_numpy(zero_copy_only=False).astype(object)
-        plain[rows] = [format_decimal(value) for value in column.take(pa.array(rows)).to_pylist()]
-        text = pa.chunked_array([pa.array(plain, pa.string())])
-    # Trailing zeros after the point go, and a bare point with them: "1.50000000" ->
-    # "1.5", "100.00000000" -> "100"; a text without a point stays as it is. (Trimmed, not
-    # by a regex: 0.2 µs a value where two regex replacements took 1.0; measured, the
-    # stream's fire-often rules write about 24 a payment.)
-    trimmed = pc.utf8_rtrim(pc.utf8_rtrim(text, "0"), ".")
-    return pc.if_else(pc.fill_null(pc.match_substring(text, "."), False), trimmed, text)
-
-
-def json_string_texts(texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Each text as a JSON string, exactly as ``json_string`` writes it, column by column:
-    a backslash or quote escaped in place; a text with a control character (rare: never in
-    a JSON text, a key name or a bucket start) through ``json_string`` itself; null stays
-    null."""
-    escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
-    quoted = pc.binary_join_element_wise('"', escaped, '"', "")
-    control = pc.fill_null(pc.match_substring_regex(texts, r"[\x00-\x1f]"), False)
-    control = control.to_numpy(zero_copy_only=False)
-    if not control.any():
-        return quoted
-    out = quoted.to_pylist()
-    originals = texts.to_pylist()
-    for row in np.flatnonzero(control).tolist():
-        out[row] = json_string(originals[row])
-    return pa.array(out, pa.string())
 
 
 def keyed_rows(

@@ -2,7 +2,7 @@
 
 ``decide_history`` takes the keyed events of any number of (signature, key)s as Arrow
 columns and returns every decision that fires over their complete history, exactly as
-the per-event reference (``velocity.windows.evaluate_key_history``) decides them, which
+the per-event reference (``velocity.domain.windows.evaluate_key_history``) decides them, which
 the property tests hold it to. No Python loop runs per event:
 
 - one ``lexsort`` by (signature, key, eventTime); a sortable composite of (key rank,
@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.rules import Aggregator, Operator, Rule
+from velocity.domain.rules import Aggregator, Operator, Rule
 
 # The amount's decimal places (``AMOUNT_TYPE``): numbers are kept as integer units of
 # 10^-AMOUNT_PLACES. AVG is shown with as many places (``AVG_DISPLAY_PLACES``).
@@ -639,7 +639,7 @@ def rounded_average(totals: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def value_texts(units: np.ndarray) -> pa.Array:
     """Integer units of 10^-8 as SPEC §4 text, by Arrow kernels: no exponent and no trailing
-    zeros, as ``velocity.decimals.format_decimal`` writes them (``0``, ``250000``,
+    zeros, as ``velocity.domain.decimals.format_decimal`` writes them (``0``, ``250000``,
     ``0.5``). Python integers beyond int64 go through ``units_text``."""
     if len(units) == 0:
         return pa.array([], pa.string())
@@ -660,7 +660,7 @@ def value_texts(units: np.ndarray) -> pa.Array:
 
 def units_text(units: np.ndarray) -> np.ndarray:
     """Integer units of 10^-8 as decimal text with no exponent and no trailing zeros, as
-    ``velocity.decimals.format_decimal`` writes them (``0``, ``250000``, ``0.5``)."""
+    ``velocity.domain.decimals.format_decimal`` writes them (``0``, ``250000``, ``0.5``)."""
     if len(units) == 0:
         return np.array([], dtype=str)
     if units.dtype != object and (units == INT64_MIN).any():

@@ -32,6 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from velocity.domain.rules import Rule
+from velocity.domain.stream_batch import RECENT_BUCKETS, BucketSlot, KeyState, SignatureKey
+from velocity.domain.windows import KeyedEvent
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.kernel import KEYED_COLUMNS, Decisions
 from velocity.engine.micro_batch import (
@@ -40,9 +43,6 @@ from velocity.engine.micro_batch import (
     decide_micro_batch,
     own_buckets_needing_history,
 )
-from velocity.rules import Rule
-from velocity.stream_batch import RECENT_BUCKETS, BucketSlot, KeyState, SignatureKey
-from velocity.windows import KeyedEvent
 
 _KEY = ("signature_id", "key")
 

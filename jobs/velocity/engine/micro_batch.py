@@ -4,7 +4,7 @@ What the stream does for a batch, as the kernel's input and output: the batch's 
 events (late ones marked not to decide), the stored buckets of their keys, and the raw
 earlier events of the own buckets that need them, in; the decisions, the batch's bucket
 deltas and the changed buckets' new absolute values out. It decides as
-``velocity.stream_batch.decide`` does (the property tests hold it to that), so that it
+``velocity.domain.stream_batch.decide`` does (the property tests hold it to that), so that it
 can run in the executors, a key-partition at a time.
 
 A stored bucket stands at its ``last_time``, the newest eventTime counted in it (at its
@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from velocity.domain.rules import Rule, distinct_counted
 from velocity.engine.bucketing import BUCKET_ROWS, bucket_rows, distinct_lists
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, Decisions, decide
-from velocity.rules import Rule, distinct_counted
 
 SLOT = ("signature_id", "key", "bucket_start")
 # Stored buckets: a slot, the newest eventTime counted in it (null: unknown), the figures.

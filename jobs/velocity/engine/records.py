@@ -1,6 +1,6 @@
 """The SPEC §4 alert rows of the kernel's decisions, built column by column (pure).
 
-The row of each decision equals ``velocity.alerts.alert_record`` of it (plus its
+The row of each decision equals ``velocity.domain.alerts.alert_record`` of it (plus its
 signature), with the per-rule fields filled once per rule and the key's JSON parsed
 once per distinct key.
 """
@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.alerts import ALERT_FIELDS, AlertKind, alert_ids
-from velocity.engine.fan_out import json_string_texts
+from velocity.domain.alerts import ALERT_FIELDS, AlertKind, alert_ids
+from velocity.domain.rules import Rule, RuleState
+from velocity.domain.schema import format_decimal
 from velocity.engine.kernel import Decisions, value_texts
-from velocity.rules import Rule, RuleState
-from velocity.schema import format_decimal
+from velocity.engine.texts import json_string_texts
 
 
 def alert_rows(
@@ -91,7 +91,7 @@ def _rule_rows(
 
 def _keys(texts: pa.ChunkedArray, rule: Rule, map_type: pa.DataType) -> pa.Array:
     """Each key's JSON text (values in the signature's field order) as the map of the
-    rule's grouping fields, in the rule's order (``velocity.alerts.rule_key``)."""
+    rule's grouping fields, in the rule's order (``velocity.domain.alerts.rule_key``)."""
     names = list(rule.grouping_keys)
     position = [rule.signature.grouping_keys.index(name) for name in names]
     encoded = texts.combine_chunks().dictionary_encode()
@@ -123,7 +123,7 @@ _INTEGERS = frozenset(
 
 
 def alert_lines(alerts: pa.Table) -> pa.Array:
-    """The SPEC §4 JSON line of each alert row (``velocity.alerts.record_of_stored`` as
+    """The SPEC §4 JSON line of each alert row (``velocity.domain.alerts.record_of_stored`` as
     compact JSON, non-ASCII left as UTF-8), made column by column by Arrow: 2-3 µs an
     alert where ``json.dumps`` of a record took 27."""
     if alerts.num_rows == 0:

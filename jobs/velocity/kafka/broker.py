@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from velocity.errors import UsageError, VelocityError
-from velocity.local_process import log_tail, pidfile_process, process_alive
+from velocity.operating.local_process import log_tail, pidfile_process, process_alive
 from velocity.settings import Settings, loopback_address
 
 _POLL_SECONDS = 0.2

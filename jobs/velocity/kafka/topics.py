@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from velocity.alerts import is_shadow
+from velocity.domain.alerts import is_shadow
+from velocity.domain.schema import canonical_value
 from velocity.errors import VelocityError
-from velocity.schema import canonical_value
 from velocity.settings import Settings
 
 

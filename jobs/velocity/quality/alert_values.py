@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 
-from velocity.decimals import format_decimal
-from velocity.rules import Aggregator, Operator, Rule
-from velocity.windows import AVG_DISPLAY_PLACES
+from velocity.domain.decimals import format_decimal
+from velocity.domain.rules import Aggregator, Operator, Rule
+from velocity.domain.windows import AVG_DISPLAY_PLACES
 
 # Half a unit in the last shown place of an AVG: the most its rounding can move it.
 _AVG_HALF_UNIT = Decimal(5).scaleb(-(AVG_DISPLAY_PLACES + 1))

@@ -22,11 +22,11 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 from velocity.delta import tables
 from velocity.delta.live import LiveTables, refuse_another_bucket_width
 from velocity.delta.tables import LIVE_SCHEMAS
+from velocity.domain.rules import Rule, RuleSignature, distinct_counted, rules_by_signature
+from velocity.domain.schema import EVENT_FIELDS, MAX_AMOUNT
 from velocity.quality.alert_values import alert_violation, rule_terms
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, RuleSignature, distinct_counted, rules_by_signature
-from velocity.schema import EVENT_FIELDS, MAX_AMOUNT
 from velocity.settings import Settings
 from velocity.spark.evaluate import BUCKET_FIGURES, bucket_aggregates, keyed_events, minute_buckets
 

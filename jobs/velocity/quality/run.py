@@ -20,10 +20,10 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from velocity.delta.rule_store import RuleStore
+from velocity.domain.rules import deciding_rules
 from velocity.errors import UsageError
 from velocity.quality import checks
 from velocity.quality.report import SUITE_NAMES, QualityReport, result_rows, suite_outcome
-from velocity.rules import deciding_rules
 from velocity.settings import Settings
 
 # Safe in a path and in the results table's replaceWhere predicate; allows Airflow run ids

@@ -14,9 +14,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
+from velocity.domain.schema import FIELDS_BY_NAME, RejectReason
 from velocity.quality.checks import REQUIRED_EVENT_COLUMNS
 from velocity.quality.report import SUITE_NAMES
-from velocity.schema import FIELDS_BY_NAME, RejectReason
 
 # GX must never phone home (usage statistics): there may be no network at all. Set before
 # GX is imported, which reads it.

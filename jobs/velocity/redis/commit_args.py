@@ -24,9 +24,9 @@ from velocity.redis.keys import NOTIFIED_FIELD, RAW_FIELD, one_chunk, packed_fie
 KEY_RUNS = pa.schema([pa.field("base", pa.string()), pa.field("args", pa.list_(pa.string()))])
 
 
-# A key's run kinds beside a dense key's changes ("0", "1": quiet or not): its state whole,
-# packed (with no raw-events change: "p"; else "q"; each with its expire) or dense ("f").
-PACKED_ONLY_RUN, PACKED_RUN, DENSE_RUN = "p", "q", "f"
+# A key's run kinds: a dense key's changes ("0"), or its state whole, packed (with no
+# raw-events change: "p"; else "q"; each with its expire) or dense ("f").
+DENSE_CHANGES_RUN, PACKED_ONLY_RUN, PACKED_RUN, DENSE_RUN = "0", "p", "q", "f"
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,13 @@ class KeyChange:
     and either its state ``whole`` (its fields: packed, or ``dense``: a hash with
     roll-ups from now on; ``expire``: "1" its newest bucket moved, so its TTL starts
     again, "2" it was dense, so its hash goes too, "0" neither)
-    or a dense key's changes: whether it is quiet (at most ``mirror.QUIET_MAX_BUCKETS``
-    buckets, so no roll-ups), the buckets set (start, value), the raw events of buckets
+    or a dense key's changes: the buckets set (start, value), the raw events of buckets
     new to the key (start, fragment: fields ``~<start>`` beside them), the buckets
     dropped, and its rules' last notified alerts (field ``n:<rule>:<version>``, value:
     SPEC §3 cooldown state). Either way, the raw events no longer kept (starts) and the
     raw events appended to (start, fragment)."""
 
     base: str
-    quiet: bool
     sets: Sequence[tuple[int, str]] = ()
     started: Sequence[tuple[int, str]] = ()
     drops: Sequence[int] = ()
@@ -57,7 +55,7 @@ class KeyChange:
     def args(self) -> list[str]:
         """The run (velocity.lua's apply_bucket_changes): ``state p<expire> value`` (a
         packed key, no raw-events change), else ``base q<expire> value``, ``base f
-        n_fields (field value)…`` or ``base quiet n_sets n_fields (start value)… (~start
+        n_fields (field value)…`` or ``base 0 n_sets n_fields (start value)… (~start
         fragment)… (n:rule:version last)… n_drops start…``, then ``n_removed start…
         n_appended (start fragment)…``."""
         if self.whole is not None and self.dense:
@@ -69,7 +67,7 @@ class KeyChange:
             out = [self.base, PACKED_RUN + self.expire, packed_text(self.whole)]
         else:
             fields = len(self.started) + len(self.notified)
-            out = [self.base, "1" if self.quiet else "0", str(len(self.sets)), str(fields)]
+            out = [self.base, DENSE_CHANGES_RUN, str(len(self.sets)), str(fields)]
             out.extend(text for start, value in self.sets for text in (str(start), value))
             out.extend(t for start, frag in self.started for t in (f"{RAW_FIELD}{start}", frag))
             out.extend(t for pair in self.notified for t in pair)
@@ -108,7 +106,7 @@ class KeyChange:
             if len(args) != 3:
                 raise ValueError(f"a packed key's run has {len(args) - 3} arguments too many")
             whole = list(packed_fields(args[2]).items())
-            return cls(base.removesuffix(":buckets"), False, [], [], [], [], [], [], whole,
+            return cls(base.removesuffix(":buckets"), [], [], [], [], [], [], whole,
                        expire=kind[1:])  # fmt: skip
         if kind[0] == PACKED_RUN:
             whole = list(packed_fields(args[2]).items())
@@ -116,18 +114,19 @@ class KeyChange:
             at = 3
         elif kind == DENSE_RUN:
             whole = _text_pairs(counted(2))
-        else:
+        elif kind == DENSE_CHANGES_RUN:
             n_sets, n_beside = int(args[2]), int(args[3])
             at = 4
             sets = take(n_sets, 2)
             beside = _text_pairs(take(n_beside, 2))
             drops = counted(1)
+        else:
+            raise ValueError(f"a key's run has the unknown kind {kind!r}")
         removed, appended = counted(1), counted(2)
         if at != len(args):
             raise ValueError(f"a key's run has {len(args) - at} arguments too many")
         return cls(
             base,
-            kind == "1",
             _pairs(sets),
             [(int(s.removeprefix(RAW_FIELD)), f) for s, f in beside if s.startswith(RAW_FIELD)],
             [int(s) for s in drops],

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.buckets import bucket_from_columns
+from velocity.domain.buckets import bucket_from_columns
+from velocity.domain.stream_batch import BucketSlot, KeyState, SignatureKey
+from velocity.domain.windows import KeyedEvent
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.engine.key_partition import STORED_SCHEMA
@@ -30,8 +32,6 @@ from velocity.redis.keys import (
     parse_notified_fields,
     parse_recent,
 )
-from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
-from velocity.windows import KeyedEvent
 
 # The raw events a key's hash holds of a bucket new to it (``~<start>``), unread.
 RAW_TEXTS = pa.schema([*(BUCKET_ROWS.field(name) for name in SLOT), pa.field("text", pa.string())])

@@ -46,11 +46,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.buckets import BucketAggregate, bucket_from_columns
-from velocity.decimals import format_decimal, json_string
-from velocity.engine.fan_out import decimal_texts, json_string_texts
-from velocity.rules import Rule, key_text
-from velocity.windows import KeyedEvent
+from velocity.domain.buckets import BucketAggregate, bucket_from_columns
+from velocity.domain.decimals import format_decimal, json_string
+from velocity.domain.rules import Rule, key_text
+from velocity.domain.windows import KeyedEvent
+from velocity.engine.texts import decimal_texts, json_string_texts
 
 # A field of a bucket hash holding a bucket's raw events while one batch has added to them.
 RAW_FIELD = "~"
@@ -80,7 +80,7 @@ class RedisKeys:
         return f"{self.prefix}:{{{signature_id}:{key}}}"
 
     def bucket_hash(self, signature_id: str, key: str) -> str:
-        """The hash of one (signature, key); ``key`` is ``velocity.rules.key_text``."""
+        """The hash of one (signature, key); ``key`` is ``velocity.domain.rules.key_text``."""
         return f"{self.key_base(signature_id, key)}:buckets"
 
     @staticmethod

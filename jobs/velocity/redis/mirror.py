@@ -16,14 +16,15 @@ import pyarrow.compute as pc
 import redis
 from redis.cluster import RedisCluster
 
-from velocity.buckets import BucketAggregate, bucket_from_columns
-from velocity.decimals import json_string
+from velocity.domain.buckets import BucketAggregate, bucket_from_columns
+from velocity.domain.decimals import json_string
+from velocity.domain.rules import Rule, RuleState
+from velocity.domain.stream_batch import BucketSlot, SignatureKey
 from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.errors import UnknownRuleError, VelocityError
 from velocity.redis import cluster
 from velocity.redis.commit_args import (
     BucketChanges,
-    KeyChange,
     PartitionCommit,
     StreamCommit,
     resp_command,
@@ -40,22 +41,15 @@ from velocity.redis.keys import (
     one_chunk,
     parse_bucket_value,
     read_keys_texts,
-    recent_fragment,
     rule_entry,
 )
 from velocity.redis.lease import Lease, StateLockLost
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, RuleState
 from velocity.settings import Settings
-from velocity.stream_batch import BucketSlot, KeyState, SignatureKey
 
 # Entries kept in the alert stream at most (approximately: MAXLEN ~).
 ALERT_STREAM_MAXLEN = 1_000_000
 _PIPELINE_CHUNK = 1000
-# A (signature, key) hash of at most this many buckets has no roll-ups: a hash with them
-# has 64 fields or more (velocity.lua's ROLLUP_KEEP_FIELDS), at most 9 a bucket (itself and
-# one block of each of the 8 sizes) plus the flag. The stream knows its keys' buckets.
-QUIET_MAX_BUCKETS = 6
 # A key's state is packed (one string) until it has this many buckets, then dense: a hash
 # with roll-ups (velocity.lua's ROLLUP_MIN_BUCKETS), until it has fewer than
 # DENSE_KEEP_BUCKETS (so a key at the edge does not change layout every batch).
@@ -478,42 +472,6 @@ def key_states_texts(
         "velocity_read_keys", 1, dense_names[0], json.dumps(dense_names, ensure_ascii=False)
     )
     return pc.replace_with_mask(texts, dense, read_keys_texts(cast(str, answer)).cast(pa.string()))
-
-
-def key_changes(
-    keys: RedisKeys,
-    changed: Mapping[SignatureKey, tuple[KeyState, Sequence[int]]],
-    dropped: Iterable[tuple[str, str, int]] = (),
-) -> BucketChanges:
-    """The changes that give each changed key's ``starts`` their value in its new state
-    (with its newest eventTime) and their raw events when it holds them, and remove the
-    ``dropped`` buckets."""
-    drops: dict[SignatureKey, list[int]] = {}
-    for sig, key, start in dropped:
-        drops.setdefault((sig, key), []).append(start)
-    out = []
-    for slot in [*changed, *(s for s in drops if s not in changed)]:
-        state, starts = changed.get(slot, (KeyState(), ()))
-        sets = [
-            (start, bucket_value(state.buckets[start], state.last_times.get(start)))
-            for start in starts
-            if start in state.buckets
-        ]
-        started = [
-            (start, recent_fragment(state.recent[start]))
-            for start in starts
-            if start in state.recent
-        ]
-        out.append(
-            KeyChange(
-                keys.key_base(*slot),
-                len(state.buckets) <= QUIET_MAX_BUCKETS and slot not in drops,
-                sets,
-                started,
-                drops.get(slot, ()),
-            )
-        )
-    return BucketChanges.of(out)
 
 
 def read_recent_texts(

@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from velocity.errors import UsageError, VelocityError
-from velocity.local_process import log_tail, pidfile_process, process_alive
+from velocity.operating.local_process import log_tail, pidfile_process, process_alive
 from velocity.settings import Settings, loopback_address
 
 MIN_VERSION = (7, 0, 0)  # Redis Functions, which the mirror relies on

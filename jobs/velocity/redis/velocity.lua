@@ -773,8 +773,8 @@ local PACKED = {q0 = "0", q1 = "1", q2 = "2"}
 --   state "p<moved>" value                        a packed key whole, one SET (set_packed)
 --   base "q<moved>" value                         the same, then its raw events' changes
 --   base "f" n_fields (field value)...            the key whole, dense from now on
---   base quiet n_sets n_fields (start value)... (field value)... n_drops start...
---                                                 a dense key's changes (quiet: "0"/"1")
+--   base "0" n_sets n_fields (start value)... (field value)... n_drops start...
+--                                                 a dense key's changes
 -- all but "p" followed by n_removed start... n_appended (start fragment)...: the raw events
 -- no longer kept (in their own strings) and those appended to. A packed key's TTL moves only
 -- with its newest bucket, else it keeps its own. A dense key's run holds its
@@ -847,12 +847,11 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
           redis.call("PEXPIRE", name, ttl_ms)
         end
       end
-      -- Roll-ups of a dense key's changes. One that only grew and is quiet (it has at most a
-      -- few buckets, so no roll-ups) needs nothing; one that only grew and has fewer than
+      -- Roll-ups of a dense key's changes. One that only grew and has fewer than
       -- ROLLUP_KEEP_FIELDS fields has none (one HLEN); the others are refreshed at the
       -- starts touched.
       local grew = n_drops == 0
-      if not whole and n_sets + n_drops > 0 and not (grew and kind == "1")
+      if not whole and n_sets + n_drops > 0
           and not (grew and redis.call("HLEN", hash) < ROLLUP_KEEP_FIELDS) then
         if redis.call("HEXISTS", hash, ROLLUP_FLAG) == 1 then
           local starts = {}

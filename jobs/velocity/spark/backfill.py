@@ -34,18 +34,20 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from velocity.alerts import AlertKind, amended, is_shadow, record_of_stored
-from velocity.buckets import bucket_start
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
+from velocity.domain.alerts import AlertKind, amended, is_shadow, record_of_stored
+from velocity.domain.buckets import bucket_start
+from velocity.domain.rule_changes import RuleEpochs
+from velocity.domain.rules import Rule, deciding_rules, distinct_counted, rules_by_signature
+from velocity.domain.schema import LateReason
 from velocity.errors import UsageError
 from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
-from velocity.progress import QUIET, Progress
+from velocity.operating.progress import QUIET, Progress
+from velocity.operating.stream_control import source_is_kafka
+from velocity.operating.timing import StepTimer
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rule_changes import RuleEpochs
-from velocity.rules import Rule, deciding_rules, distinct_counted, rules_by_signature
-from velocity.schema import LateReason
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     BUCKET_FIGURES,
@@ -57,8 +59,6 @@ from velocity.spark.evaluate import (
 )
 from velocity.spark.progress import SparkProgress
 from velocity.spark.redis_state import RedisState
-from velocity.stream_control import source_is_kafka
-from velocity.timing import StepTimer
 
 APP_ID = "velocity-backfill"
 _DECISION_KEYS = ["ruleId", "ruleVersion", "transactionId"]

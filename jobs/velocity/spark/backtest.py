@@ -26,8 +26,15 @@ from pyspark.sql.types import StructType
 from velocity.delta import tables
 from velocity.delta.live import created_schema
 from velocity.delta.tables import ALERT_SCHEMA, EVENT_SCHEMA, QUARANTINE_SCHEMA
-from velocity.progress import QUIET, Progress
-from velocity.rules import Rule, RuleState, deciding_rules, distinct_counted, rules_by_signature
+from velocity.domain.rules import (
+    Rule,
+    RuleState,
+    deciding_rules,
+    distinct_counted,
+    rules_by_signature,
+)
+from velocity.operating.progress import QUIET, Progress
+from velocity.operating.timing import StepTimer
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     ALERT_LINE,
@@ -39,7 +46,6 @@ from velocity.spark.evaluate import (
 )
 from velocity.spark.ingest import admitted_lines, split_admitted, staged_rejects
 from velocity.spark.progress import SparkProgress
-from velocity.timing import StepTimer
 
 
 @dataclass

@@ -25,12 +25,12 @@ from velocity.delta.tables import (
     BUCKET_SCHEMA,
     SUM_TYPE,
 )
+from velocity.domain.rules import Rule, RuleSignature
 from velocity.engine.bucketing import bucket_rows
 from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_lines, alert_rows
-from velocity.rules import Rule, RuleSignature
 
 KEYED_SCHEMA = StructType(
     [
@@ -65,7 +65,7 @@ _BUCKET_ARROW = to_arrow_schema(BUCKET_SCHEMA)
 def keyed_events(events: DataFrame, signatures: Iterable[RuleSignature]) -> DataFrame:
     """One row per (event, signature) whose filter the event passes and whose key it has
     (KEYED_SCHEMA), made by the columnar ``velocity.engine.fan_out`` in the executors in
-    one pass over the events; ``key`` is ``velocity.rules.key_text``'s text."""
+    one pass over the events; ``key`` is ``velocity.domain.rules.key_text``'s text."""
     signatures = list(signatures)
     if not signatures:
         return events.sparkSession.createDataFrame([], KEYED_SCHEMA)
@@ -107,7 +107,7 @@ def bucket_aggregates(
 ) -> DataFrame:
     """Buckets per (signature, key, bucket start), as ``BucketAggregate`` defines them
     (BUCKET_SCHEMA, g-wide rows), keeping distinct values for ``distinct_counted``
-    signatures only (``velocity.rules.distinct_counted``)."""
+    signatures only (``velocity.domain.rules.distinct_counted``)."""
     return partition_buckets(key_partitioned(keyed), width_ms, distinct_counted)
 
 

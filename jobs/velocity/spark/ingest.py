@@ -1,7 +1,7 @@
 """Lines of JSON text -> validated events, quarantined lines and dropped duplicates.
 
 Validation is the pure columnar parser (``velocity.engine.event_lines``, which leaves
-unusual lines to ``velocity.schema.parse_event_line``) and admission the pure columnar
+unusual lines to ``velocity.domain.schema.parse_event_line``) and admission the pure columnar
 ``velocity.engine.admission``, so the stream (in the driver, per micro-batch), the
 backtest (one pass in arrival order, ``admitted_lines``) and the tests share one
 definition of a bad event and of a duplicate.
@@ -24,8 +24,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from velocity.arrival import Verdict, future_rejection
 from velocity.delta.tables import EVENT_SCHEMA, PARSED_SCHEMA, QUARANTINE_SCHEMA
+from velocity.domain.arrival import Verdict, future_rejection
 from velocity.engine.admission import ACCEPTED, FUTURE, NO_TIME, VERDICT_NAMES, admit
 from velocity.engine.event_lines import line_verdicts
 

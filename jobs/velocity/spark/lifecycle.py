@@ -1,7 +1,7 @@
 """The stream's lifecycle on the Spark side: the listener that keeps the status file
 current from the query's events, and the loop that supervises the running query.
 
-The protocol itself (status file, stop requests, health) is ``velocity.stream_control``.
+The protocol itself (status file, stop requests, health) is ``velocity.operating.stream_control``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from pyspark.sql.streaming.listener import (
 )
 
 from velocity.errors import VelocityError
-from velocity.stream_control import (
+from velocity.operating.stream_control import (
     MAX_ERROR_CHARS,
     QUERY_NAME,
     StreamStatus,
     read_stop_request,
     remove_stop_request,
 )
-from velocity.stream_metrics import StreamMetrics
+from velocity.operating.stream_metrics import StreamMetrics
 
 log = logging.getLogger("velocity.lifecycle")
 

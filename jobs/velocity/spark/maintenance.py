@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
+from velocity.domain.rules import deciding_rules
 from velocity.errors import UsageError
 from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import deciding_rules
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, hour_buckets, minute_buckets
 from velocity.spark.redis_state import RedisState

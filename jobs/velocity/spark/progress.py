@@ -8,7 +8,7 @@ from types import TracebackType
 
 from pyspark.sql import SparkSession
 
-from velocity.progress import Progress
+from velocity.operating.progress import Progress
 
 
 def finished_share(spark: SparkSession) -> float | None:

@@ -18,11 +18,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from redis.cluster import RedisCluster
 
-from velocity.alerts import AlertKind
 from velocity.delta.live import LiveState, last_committed_batch
+from velocity.domain.alerts import AlertKind
+from velocity.domain.rules import Rule, deciding_rules, key_text
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.lock import state_lock
-from velocity.rules import Rule, deciding_rules, key_text
 
 
 class RedisState:

@@ -64,21 +64,25 @@ from pyspark.sql.streaming import StreamingQuery
 from velocity.delta import batch_rows, tables
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.delta.write_behind import SPOOL_FLUSHER, InputSpool
-from velocity.engine.admission import admit_batch
-from velocity.engine.event_lines import parsed_in_arrival_order
-from velocity.errors import UsageError
-from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
-from velocity.redis import connection, mirror
-from velocity.redis.commit_args import BucketChanges
-from velocity.redis.lease import Lease
-from velocity.redis.lock import state_lock
-from velocity.rules import (
+from velocity.domain.rules import (
     Rule,
     RuleSignature,
     deciding_rules,
     distinct_counted,
     rules_by_signature,
 )
+from velocity.domain.stream_batch import BucketSlot, collect_batch_garbage
+from velocity.engine.admission import admit_batch
+from velocity.engine.event_lines import parsed_in_arrival_order
+from velocity.errors import UsageError
+from velocity.kafka.topics import AlertPublisher, kafka_alerts_on
+from velocity.operating.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
+from velocity.operating.stream_metrics import BatchCounts, StreamMetrics, batch_counts
+from velocity.operating.timing import StepTimer
+from velocity.redis import connection, mirror
+from velocity.redis.commit_args import BucketChanges
+from velocity.redis.lease import Lease
+from velocity.redis.lock import state_lock
 from velocity.settings import Settings, local_mode_cores
 from velocity.spark.evaluate import bucket_aggregates, keyed_events
 from velocity.spark.ingest import VERDICT_ARROW, kafka_messages, with_line_source
@@ -91,10 +95,6 @@ from velocity.spark.stream_decide import (
     batch_keyed_rows,
     decide_batch,
 )
-from velocity.stream_batch import BucketSlot, collect_batch_garbage
-from velocity.stream_control import QUERY_NAME, EventSource, KafkaSource, checkpoint_dir
-from velocity.stream_metrics import BatchCounts, StreamMetrics, batch_counts
-from velocity.timing import StepTimer
 
 log = logging.getLogger("velocity.stream")
 APP_ID = "velocity-stream"

@@ -34,7 +34,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from velocity.decimals import dumps_json
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rule_changes import stored_rule
+from velocity.domain.rules import Rule, RuleSignature
+from velocity.domain.stream_batch import BucketSlot
 from velocity.engine.bucketing import BUCKET_ROWS
 from velocity.engine.cooldown import LAST_NOTIFIED, notify
 from velocity.engine.fan_out import keyed_rows
@@ -47,9 +50,10 @@ from velocity.engine.key_partition import (
 )
 from velocity.engine.micro_batch import SLOT, own_buckets_needing_history, with_bucket_start
 from velocity.engine.records import alert_lines, alert_rows
-from velocity.local_process import SpawnedWorkers
+from velocity.operating.local_process import SpawnedWorkers
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import (
+    DENSE_CHANGES_RUN,
     DENSE_RUN,
     KEY_RUNS,
     PACKED_ONLY_RUN,
@@ -68,11 +72,8 @@ from velocity.redis.keys import (
     one_chunk,
     recent_fragment_texts,
 )
-from velocity.rule_changes import stored_rule
-from velocity.rules import Rule, RuleSignature
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW, _KEYED_ARROW, bucket_table
-from velocity.stream_batch import BucketSlot
 
 _KEY = ("signature_id", "key")
 # A batch's alerts are published in this order (SPEC §4 records sorted by it).
@@ -493,7 +494,7 @@ def bucket_changes(
     (tailed,) = np.nonzero(~alone)
     first = pc.if_else(pa.array(alone), pc.binary_join_element_wise(base, ":buckets", ""), base)
     packed_kind = np.char.add(np.where(alone, PACKED_ONLY_RUN, PACKED_RUN), expire)
-    kind = np.where(changes_only, "0", np.where(turns_dense, DENSE_RUN, packed_kind))
+    kind = np.where(changes_only, DENSE_CHANGES_RUN, np.where(turns_dense, DENSE_RUN, packed_kind))
     runs = flat_runs(
         n,
         [

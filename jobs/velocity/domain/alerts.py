@@ -8,9 +8,9 @@ from enum import StrEnum
 from hashlib import sha1
 from typing import Any
 
-from velocity.rules import Rule, RuleState
-from velocity.schema import format_decimal
-from velocity.windows import Decision, format_aggregate
+from velocity.domain.rules import Rule, RuleState
+from velocity.domain.schema import format_decimal
+from velocity.domain.windows import Decision, format_aggregate
 
 # Fixed forever: changing it would give every replayed alert a new identity.
 _ALERT_NAMESPACE = uuid.UUID("6f1c7c52-3d0e-4f59-9a53-6b1f0d6ad0a1")

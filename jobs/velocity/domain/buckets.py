@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from velocity.decimals import exact_add
+from velocity.domain.decimals import exact_add
 
 ALLOWED_BUCKET_SECONDS: tuple[int, ...] = (1, 2, 5, 10, 15, 20, 30, 60)
 

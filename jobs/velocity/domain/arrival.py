@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from velocity.schema import Rejection, RejectReason
+from velocity.domain.schema import Rejection, RejectReason
 
 
 class Verdict(StrEnum):

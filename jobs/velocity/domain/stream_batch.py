@@ -34,8 +34,8 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from velocity.arrival import Arrivals, Verdict
-from velocity.buckets import (
+from velocity.domain.arrival import Arrivals, Verdict
+from velocity.domain.buckets import (
     EMPTY,
     BucketAggregate,
     aggregate_of_events,
@@ -43,9 +43,9 @@ from velocity.buckets import (
     merge_all,
     window_start,
 )
-from velocity.rules import Rule, RuleSignature, key_text, rules_by_signature
-from velocity.schema import FIELDS_BY_NAME, Event, Rejection
-from velocity.windows import Decision, KeyedEvent, RuleCheck, rule_check
+from velocity.domain.rules import Rule, RuleSignature, key_text, rules_by_signature
+from velocity.domain.schema import FIELDS_BY_NAME, Event, Rejection
+from velocity.domain.windows import Decision, KeyedEvent, RuleCheck, rule_check
 
 SignatureKey = tuple[str, str]  # (signature_id, key text)
 BucketSlot = tuple[str, str, int]  # (signature_id, key text, bucket start)
@@ -123,7 +123,7 @@ def admit(
     max_future_ms: int,
     clock_ms: int | None = None,
 ) -> Admitted:
-    """Admission in arrival order (``velocity.arrival``); late = older than the watermark
+    """Admission in arrival order (``velocity.domain.arrival``); late = older than the watermark
     of the earlier batches."""
     arrivals = Arrivals(seen_before, newest_before, max_future_ms, clock_ms)
     accepted: list[Event] = []

@@ -24,13 +24,13 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from velocity.decimals import decimal_places, json_string
-from velocity.errors import FieldProblem, InvalidRuleError
-from velocity.schema import (
+from velocity.domain.decimals import decimal_places, json_string
+from velocity.domain.schema import (
     NUMERIC_FIELDS,
     RULE_FIELDS,
     canonical_value,
 )
+from velocity.errors import FieldProblem, InvalidRuleError
 
 MAX_WINDOW_MINUTES = 527_040  # 366 days
 
@@ -188,7 +188,7 @@ class Rule:
     def to_json(self) -> dict[str, Any]:
         """The rule in canonical SPEC §2 form; ``parse_rules`` reads it back unchanged.
 
-        A non-integral limit is a Decimal: write it with ``velocity.decimals.dumps_json``.
+        A non-integral limit is a Decimal: write it with ``velocity.domain.decimals.dumps_json``.
         """
         out: dict[str, Any] = {
             "ruleId": self.rule_id,

@@ -13,7 +13,7 @@ controllable from outside the process (an Airflow task, an operator's shell):
   every ``stream_heartbeat_seconds`` while the process is alive and between batches),
   the last batch's figures and the backlog: a folder's files waiting, or a topic's
   consumer lag (``offsetsBehindLatest``: messages past the last batch's end offsets, all
-  partitions; ``maxOffsetsBehindLatest``: the most in one). ``velocity.health`` judges it.
+  partitions; ``maxOffsetsBehindLatest``: the most in one). ``velocity.operating.health`` judges it.
 - ``control/stop-stream``  a stop request (who asked, when), written by
   ``velocity stream-stop``. The stream polls for it every second, lets the micro-batch
   in flight finish, stops the query, removes the request, writes STOPPED. A request
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from velocity.errors import VelocityError
-from velocity.health import (
+from velocity.operating.health import (
     FAILED,
     LIVE_STATES,
     RUNNING,
@@ -49,9 +49,9 @@ from velocity.health import (
     Health,
     stream_health,
 )
-from velocity.local_process import process_alive
+from velocity.operating.local_process import process_alive
+from velocity.operating.stream_metrics import RecentArrivals, kafka_lag
 from velocity.settings import Settings
-from velocity.stream_metrics import RecentArrivals, kafka_lag
 
 log = logging.getLogger("velocity.lifecycle")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from velocity.alert_search import InvalidFilterError, KeyPart, parse_key_filter
-from velocity.cases import Case, CaseStatus
+from velocity.analyst.alert_search import InvalidFilterError, KeyPart, parse_key_filter
+from velocity.analyst.cases import Case, CaseStatus
 
 QUEUE_PAGE_SIZE = 50  # cases a page lists unless asked otherwise
 QUEUE_PAGE_MAX = 200  # and at most: the page's rows are capped by this

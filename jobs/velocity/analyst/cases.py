@@ -25,9 +25,9 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from velocity.decimals import format_decimal
+from velocity.analyst.reviews import NOTE_MAX, WHO_MAX, Verdict, parse_verdict
+from velocity.domain.decimals import format_decimal
 from velocity.errors import InvalidFieldError
-from velocity.reviews import NOTE_MAX, WHO_MAX, Verdict, parse_verdict
 
 _CASE_NAMESPACE = uuid.UUID("5f1d7c2e-9a43-4c1b-8e0f-6b2d3a9c4e71")
 STREAM_ACTOR = "velocity-stream"

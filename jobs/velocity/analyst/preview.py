@@ -3,7 +3,7 @@
 The preview decides candidate rules, and the versions in force of the same ruleIds,
 over a span of the live events table with the backtest's engine: the columnar fan-out
 (``velocity.engine.fan_out.keyed_rows``), the kernel (``velocity.engine.kernel``) and
-the alert rows and ids (``velocity.engine.records``, ``velocity.alerts``), here on Arrow
+the alert rows and ids (``velocity.engine.records``, ``velocity.domain.alerts``), here on Arrow
 in one process, where the backtest runs them in Spark tasks. Invariants:
 
 - the span is ``(end - H hours, end]``, ``end`` the newest accepted eventTime (the
@@ -35,17 +35,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from velocity.alerts import record_of_stored
-from velocity.buckets import bucket_start
-from velocity.decimals import dumps_json
+from velocity.analyst.explain import Explanation, explain_alert
+from velocity.domain.alerts import record_of_stored
+from velocity.domain.buckets import bucket_start
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rules import Rule, RuleSignature, RuleState, rule_summary
+from velocity.domain.schema import FIELDS_BY_NAME, Event
 from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import canonical_texts, keyed_rows
 from velocity.engine.kernel import Decisions, decide_history, value_texts
 from velocity.engine.records import alert_rows
 from velocity.errors import UsageError
-from velocity.explain import Explanation, explain_alert
-from velocity.rules import Rule, RuleSignature, RuleState, rule_summary
-from velocity.schema import FIELDS_BY_NAME, Event
 
 HOUR_MS = 3_600_000
 # Alerts shown with their explanation per rule, and transactions listed per kind of

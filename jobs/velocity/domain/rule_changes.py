@@ -15,9 +15,17 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from velocity.decimals import dumps_json
+from velocity.domain.decimals import dumps_json
+from velocity.domain.rules import (
+    Control,
+    ControlType,
+    Rule,
+    RuleEntry,
+    RuleState,
+    StateChange,
+    parse_rule,
+)
 from velocity.errors import UnknownRuleError, UsageError, VelocityError
-from velocity.rules import Control, ControlType, Rule, RuleEntry, RuleState, StateChange, parse_rule
 
 
 @dataclass(frozen=True)

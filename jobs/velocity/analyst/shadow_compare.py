@@ -19,11 +19,11 @@ Invariants:
 - The window starts at the later of 24 h before now and the candidate's apply time:
   before that the candidate decided nothing, and the rule in force's alerts would read as
   "only the rule in force".
-- A verdict is on a payment: the latest review (``velocity.reviews.latest_reviews``'s
+- A verdict is on a payment: the latest review (``velocity.analyst.reviews.latest_reviews``'s
   rule) of any raising alert of either side on a transaction counts for both sides' alerts
   on it. Analysts review the rule in force's alerts, which reach the case queue; the
   candidate's shadow alerts do not, and would otherwise stay unreviewed. Precision is
-  ``velocity.reviews.precision_of``: confirmed / (confirmed + false positives).
+  ``velocity.analyst.reviews.precision_of``: confirmed / (confirmed + false positives).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from velocity.alerts import AlertKind
-from velocity.reviews import DAY_MS, Review, Verdict, latest_reviews, precision_of
-from velocity.rule_changes import RuleBook
-from velocity.rules import Rule
+from velocity.analyst.reviews import DAY_MS, Review, Verdict, latest_reviews, precision_of
+from velocity.domain.alerts import AlertKind
+from velocity.domain.rule_changes import RuleBook
+from velocity.domain.rules import Rule
 
 Decision = tuple[int, int, str]  # (ruleId, ruleVersion, transactionId)
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from velocity.alerts import AlertKind, alert_id
-from velocity.buckets import BucketAggregate, aggregate_of_events
-from velocity.rules import Aggregator, Rule, key_text
-from velocity.schema import Event
-from velocity.stream_batch import key_groups
-from velocity.windows import KeyedEvent, aggregate_value, format_aggregate
+from velocity.domain.alerts import AlertKind, alert_id
+from velocity.domain.buckets import BucketAggregate, aggregate_of_events
+from velocity.domain.rules import Aggregator, Rule, key_text
+from velocity.domain.schema import Event
+from velocity.domain.stream_batch import key_groups
+from velocity.domain.windows import KeyedEvent, aggregate_value, format_aggregate
 
 # A window can hold months of a busy key's payments: show the newest (the alerted one
 # among them), count them all.

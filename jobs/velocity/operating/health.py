@@ -1,7 +1,7 @@
 """The streaming job's health, judged from its status file (pure: no Spark, Redis or Airflow).
 
 ``velocity stream`` keeps ``<data_dir>/status/stream.json`` current (see
-``velocity.stream_control``); this module turns one reading of it into a verdict.
+``velocity.operating.stream_control``); this module turns one reading of it into a verdict.
 The clock and the process check are parameters, so every rule is testable.
 
 Verdicts, in the order they are decided:

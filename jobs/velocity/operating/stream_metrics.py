@@ -40,7 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from velocity.schema import LateReason, RejectReason
+from velocity.domain.schema import LateReason, RejectReason
 
 # From a tiny batch's 50 ms to the minute a backlog's bounded batch may take.
 BATCH_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from velocity.alerts import AlertKind
+from velocity.domain.alerts import AlertKind
+from velocity.domain.schema import RULE_FIELDS, canonical_value
 from velocity.errors import InvalidFieldError
-from velocity.schema import RULE_FIELDS, canonical_value
 
 PAGE_SIZE = 50  # alerts a page lists unless asked otherwise
 PAGE_MAX = 500

@@ -20,7 +20,7 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any
 
-from velocity.decimals import decimal_places, format_decimal
+from velocity.domain.decimals import decimal_places, format_decimal
 
 
 class FieldKind(StrEnum):
@@ -87,7 +87,7 @@ class RejectReason(StrEnum):
     AMOUNT_PRECISION = "amount_precision"
     UNKNOWN_ENUM = "unknown_enum"
     TIME_OUT_OF_RANGE = "time_out_of_range"
-    FUTURE_EVENT_TIME = "future_event_time"  # set in arrival order (velocity.arrival)
+    FUTURE_EVENT_TIME = "future_event_time"  # set in arrival order (velocity.domain.arrival)
 
 
 class LateReason(StrEnum):

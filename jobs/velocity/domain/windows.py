@@ -23,9 +23,9 @@ from itertools import groupby
 from operator import attrgetter
 from typing import NamedTuple, Protocol
 
-from velocity.buckets import BucketAggregate, bucket_start, merge_all, window_start
-from velocity.decimals import EXACT, exact_add, exact_subtract, format_decimal
-from velocity.rules import Aggregator, Rule
+from velocity.domain.buckets import BucketAggregate, bucket_start, merge_all, window_start
+from velocity.domain.decimals import EXACT, exact_add, exact_subtract, format_decimal
+from velocity.domain.rules import Aggregator, Rule
 
 # AVG is compared exactly (as a fraction) and shown with this many decimal places.
 AVG_DISPLAY_PLACES = 8

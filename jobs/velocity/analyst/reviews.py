@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from velocity.alerts import AlertKind
+from velocity.domain.alerts import AlertKind
 from velocity.errors import InvalidFieldError
 
 NOTE_MAX = 2000  # characters: a paragraph or two; a case file belongs in a case system

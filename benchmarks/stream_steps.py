@@ -31,6 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import redis
 
+from velocity.domain.windows import horizon_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,7 +59,7 @@ def run(events_dir: Path, rules_file: Path) -> dict[str, float]:
     signatures = list(rules_by_signature(rules))
     spool = Spool(settings)
     gc.set_threshold(1_000_000, 1000, 1000)  # as the stream (StreamJob.start)
-    horizon_s = mirror.horizon_seconds(rules, settings)
+    horizon_s = horizon_seconds(rules, settings)
     spent: dict[str, float] = {}
     total = 0
 

@@ -26,9 +26,9 @@ from velocity.delta.rule_store import RuleStore
 from velocity.delta.write_behind import Flushed, Spool, flush_spool_apart
 from velocity.domain.rule_changes import RuleEpochs, RuleVersion, rule_versions, rule_versions_text
 from velocity.domain.rules import Rule
+from velocity.domain.windows import horizon_seconds
 from velocity.errors import UsageError
 from velocity.operating.stream_control import checkpoint_dir
-from velocity.redis.mirror import horizon_seconds
 from velocity.settings import Settings
 from velocity.spark.evaluate import minute_buckets
 

@@ -69,6 +69,23 @@ class WindowFigures(Protocol):
     def distinct_count(self) -> int: ...
 
 
+class StateWidths(Protocol):
+    """What the state's horizon depends on besides the rules (``velocity.settings.Settings``)."""
+
+    @property
+    def allowed_lateness_ms(self) -> int: ...
+    @property
+    def bucket_width_ms(self) -> int: ...
+
+
+def horizon_seconds(rules: Sequence[Rule], widths: StateWidths) -> int:
+    """How long a key's buckets matter after its last event, in whole seconds: the widest
+    active window plus the allowed lateness plus one bucket. Older buckets are evicted
+    (Delta) and expire (Redis)."""
+    widest = max((r.window_ms for r in rules), default=0)
+    return (widest + widths.allowed_lateness_ms + widths.bucket_width_ms) // 1000 + 1
+
+
 def aggregate_value(aggregate: WindowFigures, aggregator: Aggregator) -> AggregateValue | None:
     """The rule's aggregate of a window; None when it has no value (no numeric values)."""
     match aggregator:

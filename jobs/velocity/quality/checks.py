@@ -24,8 +24,9 @@ from velocity.delta.live import LiveTables, refuse_another_bucket_width
 from velocity.delta.tables import LIVE_SCHEMAS
 from velocity.domain.rules import Rule, RuleSignature, distinct_counted, rules_by_signature
 from velocity.domain.schema import EVENT_FIELDS, MAX_AMOUNT
+from velocity.domain.windows import horizon_seconds
 from velocity.quality.alert_values import alert_violation, rule_terms
-from velocity.redis import connection, mirror
+from velocity.redis import connection
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
 from velocity.spark.evaluate import BUCKET_FIGURES, bucket_aggregates, keyed_events, minute_buckets
@@ -242,7 +243,7 @@ def buckets_frame(snapshot: Snapshot, rules: Sequence[Rule], settings: Settings)
         # The stream evicts behind the newest eventTime it has decided, never beyond this.
         newest = events.agg(F.max("eventTime")).first()
         if newest is not None and newest[0] is not None:
-            horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
+            horizon_ms = horizon_seconds(rules, settings) * 1000
             horizon_start = int(newest[0]) - horizon_ms
     buckets = snapshot.read("buckets")
     # Every bucket would look wrong; say what is wrong once instead.

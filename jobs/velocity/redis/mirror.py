@@ -20,6 +20,7 @@ from velocity.domain.buckets import BucketAggregate, bucket_from_columns
 from velocity.domain.decimals import json_string
 from velocity.domain.rules import Rule, RuleState
 from velocity.domain.stream_batch import BucketSlot, SignatureKey
+from velocity.domain.windows import horizon_seconds
 from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.errors import UnknownRuleError, VelocityError
 from velocity.redis import cluster
@@ -60,13 +61,6 @@ DENSE_KEEP_BUCKETS = 64
 STATE_LAYOUT_FIELD, STATE_LAYOUT = "layout", "packed"
 # velocity_stream_commit's and velocity_partition_commit's answers (nothing written).
 FENCED, REPLAYED = cluster.FENCED, cluster.REPLAYED
-
-
-def horizon_seconds(rules: Sequence[Rule], settings: Settings) -> int:
-    """How long a (signature, key) hash lives after its last write: the widest active
-    window plus the allowed lateness plus one bucket."""
-    widest = max((r.window_ms for r in rules), default=0)
-    return (widest + settings.allowed_lateness_ms + settings.bucket_width_ms) // 1000 + 1
 
 
 def key_ttl_seconds(rules: Sequence[Rule], settings: Settings) -> int:

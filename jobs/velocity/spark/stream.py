@@ -72,6 +72,7 @@ from velocity.domain.rules import (
     rules_by_signature,
 )
 from velocity.domain.stream_batch import BucketSlot, collect_batch_garbage
+from velocity.domain.windows import horizon_seconds
 from velocity.engine.admission import admit_batch
 from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.errors import UsageError
@@ -314,7 +315,7 @@ class StreamJob:
         timer.mark("admit")
         cutoff = None
         if read.newest_event_time is not None and rules:
-            horizon_ms = mirror.horizon_seconds(rules, settings) * 1000
+            horizon_ms = horizon_seconds(rules, settings) * 1000
             cutoff = read.newest_event_time - horizon_ms
         bucket_ttl_ms = mirror.key_ttl_seconds(rules, settings) * 1000
         decided = self._decide(
@@ -352,7 +353,7 @@ class StreamJob:
             BucketChanges(),  # committed by the key-partitions
             admitted.accepted.column("transactionId").to_pylist(),
             alerts,
-            mirror.horizon_seconds(rules, settings),
+            horizon_seconds(rules, settings),
             lease,
             decided.shadow_published,
         )
@@ -567,7 +568,7 @@ class StreamJob:
         history = self.state.read("events").where(F.col("stream_batch") < batch_id)
         newest = history.agg(F.max("eventTime")).first()
         if newest is not None and newest[0] is not None:
-            horizon_ms = mirror.horizon_seconds(rules, self.settings) * 1000
+            horizon_ms = horizon_seconds(rules, self.settings) * 1000
             history = history.where(F.col("eventTime") >= int(newest[0]) - horizon_ms)
         self._forget_buckets([signature_id])
         counted = distinct_counted(rules)

@@ -227,3 +227,20 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
         Import("velocity.domain.probe", 3, "velocity.redis.keys"),
     ]
     assert not any(_allowed(i.module, i.target) for i in found)
+
+
+def test_the_module_map_shows_the_tree() -> None:
+    """docs/architecture/modules.md names every folder of jobs/velocity/ and every module
+    in it (a command group's module excepted: the map names their pattern)."""
+    text = (ROOT / "docs" / "architecture" / "modules.md").read_text(encoding="utf-8")
+    folders = {p.parent for p in PACKAGE.rglob("__init__.py")} - {PACKAGE}
+    missing = [f"{f.relative_to(PACKAGE)}/" for f in sorted(folders) if f"{f.name}/" not in text]
+    missing += [
+        str(p.relative_to(PACKAGE))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name not in {"__init__.py", "__main__.py"}
+        and p.parent.name != "commands"
+        and f"`{p.name}`" not in text
+        and f"{p.name}" not in text
+    ]
+    assert not missing, f"the module map does not name: {missing}"

@@ -56,7 +56,13 @@ def main() -> int:
 
     from velocity.delta import tables
     from velocity.delta.live import LiveTables
-    from velocity.domain.rules import Rule, deciding_rules, parse_rules, rules_by_signature
+    from velocity.domain.rules import (
+        Rule,
+        deciding_rules,
+        distinct_counted,
+        parse_rules,
+        rules_by_signature,
+    )
     from velocity.redis import connection
     from velocity.redis.lock import state_lock
     from velocity.redis.server import redis_down, redis_up
@@ -110,9 +116,16 @@ def main() -> int:
     write_buckets_as_the_stream_does()
     in_force = deciding_rules(job.rule_store.in_force())
     widest = max(r.window_ms for r in in_force)
+    counted = distinct_counted(in_force)
     spark.createDataFrame(
         [
-            (s.signature_id, json.dumps(s.to_json(), sort_keys=True), 0, widest)
+            (
+                s.signature_id,
+                json.dumps(s.to_json(), sort_keys=True),
+                0,
+                widest,
+                s.signature_id in counted,
+            )
             for s in rules_by_signature(in_force)
         ],
         tables.SIGNATURE_SCHEMA,

@@ -61,14 +61,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from velocity.delta import batch_rows, tables
+from velocity.delta import batch_rows
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.delta.write_behind import SPOOL_FLUSHER, InputSpool
 from velocity.domain.rules import (
     Rule,
     RuleSignature,
     deciding_rules,
-    distinct_counted,
     rules_by_signature,
 )
 from velocity.domain.stream_batch import BucketSlot, collect_batch_garbage
@@ -85,9 +84,10 @@ from velocity.redis.commit_args import BucketChanges
 from velocity.redis.lease import Lease
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings, local_mode_cores
-from velocity.spark.evaluate import bucket_aggregates, keyed_events
+from velocity.spark.evaluate import keyed_events
 from velocity.spark.ingest import VERDICT_ARROW, kafka_messages, with_line_source
 from velocity.spark.redis_state import RedisState
+from velocity.spark.signature_builds import SignatureBuilds
 from velocity.spark.stream_decide import (
     LOCAL_DECIDERS,
     BatchDecided,
@@ -162,6 +162,7 @@ class StreamJob:
         self.redis = connection.connect(settings)
         connection.load_functions(self.redis)
         self.mirror = RedisState(self.state, self.redis)
+        self.signatures = SignatureBuilds(spark, self.state, self.mirror)
         self._lock = SharedStateLock(self.redis, settings)
         self._rules: list[Rule] = []
         self._rules_version: int | None = None
@@ -489,7 +490,7 @@ class StreamJob:
             # replayed without being decided again, so the build must count its events.
             committed = mirror.committed_batch(self.redis, self.settings)
             through = batch_id if committed is None else max(batch_id, committed + 1)
-            self._sync_signatures(signatures, rules, through)
+            self.signatures.sync(signatures, rules, through)
             self._rules, self._rules_version = rules, version
         return self._rules
 
@@ -503,107 +504,6 @@ class StreamJob:
         else:
             self._rules_log.update_incremental()
         return int(self._rules_log.version())
-
-    def _sync_signatures(
-        self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int
-    ) -> None:
-        """Build newly active signatures from the raw events; forget inactive ones.
-
-        A signature is also rebuilt when the widest active window grows past the history
-        its buckets kept (eviction dropped the rest), so a wider rule sees its whole
-        window (SPEC §2).
-        """
-        spark = self.spark
-        widest = max((r.window_ms for r in rules), default=0)
-        counted = distinct_counted(rules)
-        new_data_dir = self.state.unwritten("signatures")
-        recorded = [] if new_data_dir else self.state.read("signatures").collect()
-        kept = {r["signature_id"]: r["kept_window_ms"] for r in recorded}
-        without_distinct = {r["signature_id"] for r in recorded if r["kept_distinct"] is False}
-        wanted = {s.signature_id: s for s in signatures}
-        gone = sorted(set(kept) - set(wanted))
-        if gone:
-            self._forget_buckets(gone)
-        short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
-        # A UNIQUE_COUNT rule now counts buckets built without their distinct values.
-        short |= set(wanted) & without_distinct & counted
-        build = sorted((set(wanted) - set(kept)) | short)
-        built = set(build)  # recorded with this widest window and distinct counting
-        if build:
-            # The build reads every earlier batch from Delta: flush what is spooled first.
-            self.state.flush_spool(batch_id - 1)
-            if self.state.unwritten("events") or (
-                self.state.read("events").where(F.col("stream_batch") < batch_id).isEmpty()
-            ):
-                # No history (a new data dir): nothing to count, so record them all at
-                # once (a build is five Spark jobs a signature, 2-3 s each on 2 cores).
-                if not (new_data_dir and self.state.unwritten("buckets")):
-                    self._forget_buckets(build)
-                self._record_signatures([wanted[s] for s in build], rules, widest, batch_id)
-                build = []
-        for signature_id in build:
-            self._build_signature(wanted[signature_id], rules, widest, batch_id)
-        # Eviction will keep only the narrower history from now on: remember it.
-        if any((kept[s] or 0) > widest for s in set(kept) - built):
-            spark.sql(
-                f"UPDATE delta.`{self.live.signatures}` SET kept_window_ms = {widest} "
-                f"WHERE kept_window_ms > {widest}"
-            )
-        # Buckets stop gathering distinct values once no rule counts them.
-        uncounted = sorted(set(wanted) - counted - without_distinct - built)
-        if uncounted:
-            ids = ", ".join(f"'{s}'" for s in uncounted)
-            spark.sql(
-                f"UPDATE delta.`{self.live.signatures}` SET kept_distinct = false "
-                f"WHERE signature_id IN ({ids})"
-            )
-
-    def _build_signature(
-        self, signature: RuleSignature, rules: list[Rule], widest: int, batch_id: int
-    ) -> None:
-        """(Re)build one signature's buckets from the raw events of the earlier batches
-        inside the horizon, refill its Redis hashes, then record it. Idempotent: a
-        half-done build (a crash between its steps) is started again from nothing."""
-        signature_id = signature.signature_id
-        history = self.state.read("events").where(F.col("stream_batch") < batch_id)
-        newest = history.agg(F.max("eventTime")).first()
-        if newest is not None and newest[0] is not None:
-            horizon_ms = horizon_seconds(rules, self.settings) * 1000
-            history = history.where(F.col("eventTime") >= int(newest[0]) - horizon_ms)
-        self._forget_buckets([signature_id])
-        counted = distinct_counted(rules)
-        deltas = bucket_aggregates(
-            keyed_events(history, [signature]), self.settings.bucket_width_ms, counted
-        )
-        deltas.write.format("delta").mode("append").save(str(self.live.buckets))
-        built_now = self.state.buckets_in_horizon(rules).where(
-            F.col("signature_id") == signature_id
-        )
-        self.mirror.write_buckets(built_now, rules)
-        self._record_signatures([signature], rules, widest, batch_id)
-
-    def _forget_buckets(self, signature_ids: list[str]) -> None:
-        """Delete the signatures' records and buckets (a build starts from nothing)."""
-        ids = ", ".join(f"'{s}'" for s in signature_ids)
-        for table in (self.live.signatures, self.live.buckets):
-            self.spark.sql(f"DELETE FROM delta.`{table}` WHERE signature_id IN ({ids})")
-
-    def _record_signatures(
-        self, signatures: list[RuleSignature], rules: list[Rule], widest: int, batch_id: int
-    ) -> None:
-        """Record the signatures as built through ``batch_id`` (one append)."""
-        counted = distinct_counted(rules)
-        records = [
-            (
-                s.signature_id,
-                json.dumps(s.to_json(), sort_keys=True),
-                batch_id,
-                widest,
-                s.signature_id in counted,
-            )
-            for s in signatures
-        ]
-        self.state.append_rows(tables.SIGNATURES, records)
 
     # --- write-behind ------------------------------------------------------------------
 

@@ -70,10 +70,10 @@ def main() -> int:
 
     from pyspark.sql import functions as F
 
-    from velocity.cli import sample_rules_path
     from velocity.delta import tables
     from velocity.delta.tables import AMOUNT_TYPE
     from velocity.domain.rules import Rule, parse_rules, rules_by_signature
+    from velocity.resources import sample_rules_path
     from velocity.settings import load_settings
     from velocity.spark.session import build_spark
     from velocity.spark.stream import StreamJob

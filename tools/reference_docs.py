@@ -1,10 +1,10 @@
 """The documentation site's reference pages, generated from the code that defines them.
 
 One source, so the pages never drift: the settings from ``velocity.settings.Settings``
-(name, default, meaning), the commands from ``velocity.cli.build_parser``, the metrics from
-the stream's own registry (``velocity.operating.stream_metrics.StreamMetrics``). A unit test
-(``tests/unit/test_reference_docs.py``) fails when the committed pages differ from what
-this module makes now.
+(name, default, meaning), the commands from ``velocity.cli.main.build_parser``, the
+metrics from the stream's own registry (``velocity.operating.stream_metrics.StreamMetrics``).
+A unit test (``tests/unit/test_reference_docs.py``) fails when the committed pages differ
+from what this module makes now.
 
     python -m tools.reference_docs --write docs/reference   # what `make docs` runs
     python -m tools.reference_docs --check docs/reference   # exit 1 naming stale pages
@@ -175,7 +175,7 @@ def _command_sections(parser: argparse.ArgumentParser, help_text: str, depth: in
 
 
 def cli_page() -> str:
-    from velocity.cli import build_parser
+    from velocity.cli.main import build_parser
 
     parser = build_parser()
     lines = [

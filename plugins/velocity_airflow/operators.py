@@ -20,14 +20,15 @@ if TYPE_CHECKING:
 
 
 def _cli_path() -> str:
-    """jobs/velocity/cli.py of the installed velocity package, found without importing it."""
+    """jobs/velocity/cli/__main__.py of the installed velocity package (the `velocity`
+    command as a script file), found without importing the CLI."""
     spec = importlib.util.find_spec("velocity.cli")
     if spec is None or spec.origin is None:
         raise VelocityError(
             f"velocity is not installed in {sys.executable}; run `make setup` and start "
             "Airflow from the project's .venv (infra/airflow.sh does)"
         )
-    return spec.origin
+    return str(Path(spec.origin).with_name("__main__.py"))
 
 
 class VelocitySparkSubmitOperator(SparkSubmitOperator):

@@ -345,9 +345,10 @@ def spark_job(
         "VELOCITY_SPARK_MASTER": master,
         "PYSPARK_PYTHON": python,
         "PYSPARK_DRIVER_PYTHON": python,
-        # spark-submit runs cli.py as a script, so Python would put jobs/velocity/ first
-        # on sys.path, where velocity's own delta/ and redis/ packages shadow the
-        # delta-spark and redis libraries. PYTHONSAFEPATH (3.11+) leaves it off.
+        # spark-submit runs cli/__main__.py as a script, so Python would put its folder
+        # (jobs/velocity/cli/) first on sys.path, where the CLI's own modules (main,
+        # shared, commands) would pass for top-level ones. PYTHONSAFEPATH (3.11+) leaves
+        # it off: the script imports the installed velocity package like any caller.
         "PYTHONSAFEPATH": "1",
     }
     if spark_master_on_loopback(master):

@@ -48,7 +48,7 @@ def test_spark_submit_command_local(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         jars,
         "--name",
         "velocity-compact",
-        str(ROOT / "jobs" / "velocity" / "cli.py"),
+        str(ROOT / "jobs" / "velocity" / "cli" / "__main__.py"),
         "maintain",
         "compact",
     ]
@@ -89,7 +89,8 @@ def test_spark_submit_command_cluster_master_from_the_connection(
         "--master",
         "spark://spark-master:7077",
     ]
-    assert command[-3:] == [str(ROOT / "jobs" / "velocity" / "cli.py"), "backfill", "--late"]
+    cli = ROOT / "jobs" / "velocity" / "cli" / "__main__.py"
+    assert command[-3:] == [str(cli), "backfill", "--late"]
     assert "spark.executor.memory=2g" in command
     assert operator.env_vars["VELOCITY_SPARK_MASTER"] == "spark://spark-master:7077"
     assert operator.env_vars["PYSPARK_PYTHON"] == "/opt/velocity/bin/python"

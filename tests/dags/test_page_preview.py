@@ -11,12 +11,12 @@ import pytest
 from benchmarks.preview import write_live_events
 from tests.builders import make_rule
 
-from velocity.cli import sample_rules_path
 from velocity.delta.names import RULES
 from velocity.delta.preview_reader import preview
 from velocity.delta.rule_store import RuleStore
 from velocity.domain.rules import parse_rules
 from velocity.generate import GenerateOptions, generate_events
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity_airflow.page_html import PageData, render_page
 

@@ -245,13 +245,13 @@ def test_spark_job_tells_velocity_the_master_spark_submit_uses() -> None:
         ["maintain", "compact"],
         master="local[2]",
         python="/venv/bin/python",
-        cli_path="/src/velocity/cli.py",
+        cli_path="/src/velocity/cli/__main__.py",
         settings_env={"VELOCITY_DATA_DIR": "/d"},
         jars=["/j/delta-spark.jar", "/j/delta-storage.jar"],
         driver_memory="1g",
         log4j_config="/l/log4j2.properties",
     )
-    assert job.application == "/src/velocity/cli.py"
+    assert job.application == "/src/velocity/cli/__main__.py"
     assert job.application_args == ["maintain", "compact"]
     assert job.env_vars == {
         "VELOCITY_DATA_DIR": "/d",
@@ -318,7 +318,7 @@ PLANNED_COMMANDS = [
 def test_every_planned_command_is_one_velocity_accepts(args: list[str]) -> None:
     """The DAGs' command lines against the real CLI parser: a renamed flag fails here, not
     at 3 a.m. in a scheduled run."""
-    from velocity.cli import build_parser
+    from velocity.cli.main import build_parser
 
     parsed = build_parser().parse_args(args)
     assert callable(parsed.run)

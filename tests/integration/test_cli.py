@@ -13,8 +13,8 @@ import pytest
 
 from tests.builders import SPEC_ALERT_FIELDS
 from tests.conftest import FAST_JVM, free_port_pair
-from velocity.cli import sample_rules_path
 from velocity.kafka.topics import cluster_id_of
+from velocity.resources import sample_rules_path
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
 

@@ -11,11 +11,11 @@ import pytest
 from benchmarks.preview import write_live_events
 
 from tests.integration.test_cli import run
-from velocity.cli import sample_rules_path
 from velocity.delta.preview_reader import preview
 from velocity.domain.rules import parse_rules
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
+from velocity.resources import sample_rules_path
 from velocity.settings import load_settings
 
 pytestmark = pytest.mark.timeout(300)

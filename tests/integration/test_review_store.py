@@ -186,7 +186,7 @@ def test_velocity_reviews_export_latest_or_all_without_a_jvm(
     _record(store, settings, "a1", "CONFIRMED_FRAUD", now_ms=NOW + 20)
     probe = (
         "import sys\n"
-        "from velocity.cli import main\n"
+        "from velocity.cli.main import main\n"
         "codes = [main(['reviews', 'export', '--out', sys.argv[1]]),\n"
         "         main(['reviews', 'export', '--all', '--out', sys.argv[2]])]\n"
         "heavy = sorted(m for m in ('pyspark', 'pandas', 'py4j') if m in sys.modules)\n"

@@ -15,11 +15,11 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.builders import make_rule, rule_obj, rules_text
-from velocity.cli import sample_rules_path
 from velocity.delta import small_tables
 from velocity.delta.rule_store import RuleStore
 from velocity.domain.rules import Control, ControlType, RuleState, StateChange, parse_rules
 from velocity.errors import InvalidRuleError, UnknownRuleError
+from velocity.resources import sample_rules_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -167,7 +167,7 @@ def test_a_rule_change_from_the_cli_starts_no_jvm(tmp_path: Path) -> None:
     """`velocity rules` imports neither pyspark nor pandas: it answers in well under 2 s."""
     probe = (
         "import sys\n"
-        "from velocity.cli import main\n"
+        "from velocity.cli.main import main\n"
         "codes = [main(['rules', 'apply', sys.argv[1]]), main(['rules', 'pause', '4']),\n"
         "         main(['rules', 'activate', '4']), main(['rules', 'list'])]\n"
         "heavy = sorted(m for m in ('pyspark', 'pandas', 'py4j') if m in sys.modules)\n"

@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from tests.conftest import FAST_JVM
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.domain.rules import Rule, parse_rules
 from velocity.generate import GenerateOptions, generate_events
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest
 from velocity.spark.evaluate import minute_buckets

@@ -16,12 +16,12 @@ from pyspark.sql import functions as F
 
 from tests.builders import generated_in_arrival_order
 from tests.spark.streaming import run_available_now
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveState, LiveTables
 from velocity.domain.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark import maintenance
 from velocity.spark.backfill import Backfill

@@ -11,7 +11,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from tests.reference import reference_alerts
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.domain.arrival import Arrivals, Verdict
 from velocity.domain.buckets import BucketAggregate, bucket_start
@@ -19,6 +18,7 @@ from velocity.domain.rules import Rule, distinct_counted, key_text, parse_rules,
 from velocity.domain.schema import Event, Rejection, is_blank, parse_event_line
 from velocity.domain.windows import format_aggregate
 from velocity.generate import GenerateOptions, generate_events
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.backtest import backtest_root, run_backtest, write_alerts_jsonl
 from velocity.spark.evaluate import alert_line_rows

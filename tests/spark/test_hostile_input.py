@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.spark.streaming import run_available_now
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.domain.arrival import Arrivals, Verdict
 from velocity.domain.rules import parse_rules
 from velocity.domain.schema import Event, is_blank, parse_event_line
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.stream import StreamJob
 

@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.builders import generated_in_arrival_order
 from tests.conftest import FAST_JVM, free_port_pair, poll_until
 from tests.integration.test_stream_crash import VELOCITY, kill_mid_batch
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.domain.rules import Rule, parse_rules
@@ -33,6 +32,7 @@ from velocity.kafka.topics import EventProducer, ensure_topics
 from velocity.operating.health import stream_health
 from velocity.operating.stream_control import KafkaSource, StreamStatus, check_health
 from velocity.operating.stream_metrics import kafka_lag
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob

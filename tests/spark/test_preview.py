@@ -13,13 +13,13 @@ from benchmarks.preview import write_live_events
 
 from tests.spark.test_backtest import EXTRA_RULES
 from velocity.analyst.preview import decide_span, event_fields, read_from, span_of
-from velocity.cli import sample_rules_path
 from velocity.delta.names import EVENTS, RULES
 from velocity.delta.preview_reader import alert_schema, newest_event_time, preview, read_events
 from velocity.delta.rule_store import RuleStore
 from velocity.delta.small_tables import open_table
 from velocity.domain.rules import Rule, parse_rules
 from velocity.generate import GenerateOptions, generate_events
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 

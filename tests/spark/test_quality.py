@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from velocity.cli import main, sample_rules_path
+from velocity.cli.main import main
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.delta.rule_store import RuleStore
@@ -20,6 +20,7 @@ from velocity.domain.rules import deciding_rules, distinct_counted, parse_rules,
 from velocity.generate import GenerateOptions, generate_events
 from velocity.quality import format_summary, run_quality_checks
 from velocity.quality.checks import QUALITY_RESULTS, write_results
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.evaluate import (
     bucket_aggregates,

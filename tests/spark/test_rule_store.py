@@ -8,11 +8,11 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql.types import StructField, StructType
 
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.rule_store import RuleStore
 from velocity.domain.decimals import dumps_json
 from velocity.domain.rules import RuleState, StateChange, parse_rules
+from velocity.resources import sample_rules_path
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -14,10 +14,10 @@ from pyspark.sql import functions as F
 from tests.spark.streaming import run_available_now
 from tests.spark.test_kafka import alert_ids_on_topic, on_topics
 from tests.spark.test_stream import backtest_pairs, first_arrivals, land
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.domain.rules import Rule, RuleState, parse_rules
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.backfill import Backfill
 from velocity.spark.backtest import run_backtest

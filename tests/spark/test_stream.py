@@ -18,7 +18,6 @@ from pyspark.sql import functions as F
 from tests.builders import generated_in_arrival_order
 from tests.spark.streaming import run_available_now
 from tests.unit.test_spawned_workers import kill_worker
-from velocity.cli import sample_rules_path
 from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.delta.write_behind import SPOOL_FLUSHER
@@ -28,6 +27,7 @@ from velocity.domain.schema import Event, parse_event_line
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
 from velocity.redis import mirror
+from velocity.resources import sample_rules_path
 from velocity.settings import Settings
 from velocity.spark.backtest import run_backtest
 from velocity.spark.stream import StreamJob

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.builders import rule_sets
-from velocity.cli import sample_rules_path
 from velocity.domain.rules import Rule, parse_rules
+from velocity.resources import sample_rules_path
 from velocity.spark.stream_decide import (
     OUTCOME_COMPRESSION,
     RecordedPlan,

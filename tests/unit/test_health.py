@@ -194,7 +194,8 @@ def test_stream_status_and_stop_import_no_spark() -> None:
     import sys
 
     code = (
-        "import sys, velocity.cli, velocity.operating.stream_control; "
+        "import sys, velocity.cli.main, velocity.cli.commands.stream, "
+        "velocity.operating.stream_control; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))"
     )
     loaded = subprocess.run(

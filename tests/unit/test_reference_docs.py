@@ -39,7 +39,7 @@ def test_a_stale_page_is_named_and_write_makes_it_current(tmp_path: Path) -> Non
 
 
 def test_every_setting_command_and_metric_is_on_its_page() -> None:
-    from velocity.cli import build_parser
+    from velocity.cli.main import build_parser
 
     pages = reference_docs.generated_pages()
     for name, field in Settings.model_fields.items():

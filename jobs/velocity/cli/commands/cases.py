@@ -1,0 +1,86 @@
+"""`velocity cases …`: list, show, assign, close and reopen cases (the alerts of a case key,
+worked as one)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from velocity.cli.shared import EXIT_OK, settings_from
+from velocity.domain.decimals import dumps_json
+from velocity.settings import Settings
+
+
+def _case_store(settings: Settings) -> Any:
+    from velocity.delta.case_store import CaseStore
+
+    return CaseStore(settings)
+
+
+def _case_line(case: Any) -> str:
+    rules = " ".join(f"r{rule}×{n}" for rule, n in sorted(case.rule_counts.items()))
+    key = ",".join(f"{k}={v}" for k, v in case.key.items())
+    who = f" {case.assignee}" if case.assignee else ""
+    verdict = f" {case.verdict.words}" if case.verdict else ""
+    return (
+        f"{case.case_id}  {case.status.value}{who}{verdict}  {key}  {case.alerts} alerts "
+        f"({rules})  amount {case.amount}  latest alert {case.latest_alert_at}"
+    )
+
+
+def list_cases(args: argparse.Namespace) -> int:
+    from velocity.analyst.cases import CaseStatus
+
+    status = None if args.status is None else CaseStatus(args.status.lower())
+    for case in _case_store(settings_from(args)).listed(status):
+        print(dumps_json(case.to_json()) if args.json else _case_line(case))
+    return EXIT_OK
+
+
+def show(args: argparse.Namespace) -> int:
+    from velocity.domain.alerts import record_of_stored
+
+    store = _case_store(settings_from(args))
+    case = store.case(args.case_id)
+    alerts = [record_of_stored(r) for r in store.alerts(args.case_id).to_pylist()]
+    if args.json:
+        print(dumps_json({**case.to_json(history=True), "alertRecords": alerts}))
+        return EXIT_OK
+    print(_case_line(case))
+    for alert in alerts:
+        flag = " (suppressed)" if alert.get("suppressed") else ""
+        print(
+            f"  alert {alert['alertId']} rule {alert['ruleId']} v{alert['ruleVersion']} "
+            f"tx {alert['transactionId']} {alert['aggregatorFunctionType']} "
+            f"{alert['aggregateValue']} {alert['limitOperatorType']} {alert['limit']}{flag}"
+        )
+    for event in case.history:
+        detail = event.assignee or (event.verdict.words if event.verdict else "") or ""
+        alerts_part = f" {event.alerts} alerts" if event.alerts else ""
+        print(f"  {event.at} {event.event.value} by {event.who}{alerts_part} {detail}".rstrip())
+    return EXIT_OK
+
+
+def _who(args: argparse.Namespace) -> str:
+    return str(args.who or os.environ.get("USER") or "cli")
+
+
+def assign(args: argparse.Namespace) -> int:
+    case = _case_store(settings_from(args)).assign(args.case_id, args.assignee, _who(args))
+    print(_case_line(case))
+    return EXIT_OK
+
+
+def close(args: argparse.Namespace) -> int:
+    store = _case_store(settings_from(args))
+    case = store.close(args.case_id, args.verdict, args.note, _who(args))
+    print(_case_line(case))
+    print(f"{case.alerts} alerts reviewed as {case.verdict.words}")
+    return EXIT_OK
+
+
+def reopen(args: argparse.Namespace) -> int:
+    case = _case_store(settings_from(args)).reopen(args.case_id, _who(args))
+    print(_case_line(case))
+    return EXIT_OK

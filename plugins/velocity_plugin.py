@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from velocity_airflow.page import URL_PREFIX, app
+from velocity_airflow.page.app import URL_PREFIX, app
 
 
 class VelocityPlugin(AirflowPlugin):

@@ -16,7 +16,7 @@ from velocity.analyst.alert_search import Cursor, parse_filter
 from velocity.analyst.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
 from velocity.domain.rules import RuleState
 from velocity.settings import Settings
-from velocity_airflow.page_html import Flash, PageData, render_page
+from velocity_airflow.page.home_html import Flash, PageData, render_page
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,19 +107,19 @@ def test_a_section_that_cannot_be_read_says_why_and_the_rest_still_shows() -> No
 
 def test_a_command_outcome_is_its_output_or_its_errors_without_jvm_chatter() -> None:
     from velocity_airflow.hooks import CommandResult
-    from velocity_airflow.page import _command_outcome
+    from velocity_airflow.page.rules import command_outcome
 
     jvm = "Picked up JAVA_TOOL_OPTIONS: -XX:+UseSerialGC\nWARNING: Using incubator modules\n"
     ok = CommandResult(["rules"], 0, "ruleId 4: version 2 PAUSE\n", jvm, None)
-    assert _command_outcome(ok) == (True, "ruleId 4: version 2 PAUSE")
+    assert command_outcome(ok) == (True, "ruleId 4: version 2 PAUSE")
     failed = CommandResult(["rules"], 2, "", jvm + "error: ruleId 9 is not in force\n", None)
-    assert _command_outcome(failed) == (False, "error: ruleId 9 is not in force")
+    assert command_outcome(failed) == (False, "error: ruleId 9 is not in force")
 
 
 def test_without_a_login_a_person_is_sent_to_sign_in_and_a_script_gets_401() -> None:
     from fastapi.testclient import TestClient
 
-    from velocity_airflow.page import app
+    from velocity_airflow.page.app import app
 
     client = TestClient(app)
     page = client.get("/", headers={"accept": "text/html"}, follow_redirects=False)
@@ -132,7 +132,7 @@ def test_without_a_login_a_person_is_sent_to_sign_in_and_a_script_gets_401() -> 
 def test_the_api_schema_needs_a_login_and_there_are_no_docs_pages() -> None:
     from fastapi.testclient import TestClient
 
-    from velocity_airflow.page import app
+    from velocity_airflow.page.app import app
 
     client = TestClient(app)
     for unserved in ("/docs", "/redoc", "/openapi.json"):
@@ -142,7 +142,7 @@ def test_the_api_schema_needs_a_login_and_there_are_no_docs_pages() -> None:
 
 
 def test_a_change_outcome_survives_the_redirect_sealed_and_only_so() -> None:
-    from velocity_airflow.flash import MAX_BYTES, seal, unseal
+    from velocity_airflow.page.flash import MAX_BYTES, seal, unseal
 
     key, other = b"k" * 32, b"o" * 32
     said = Flash(False, "invalid rules, nothing applied:\n  ruleId: ≥ 1 — «é»")
@@ -178,23 +178,23 @@ def test_the_page_applies_a_change_in_process_in_the_words_of_the_cli(
 ) -> None:
     from velocity.domain.rules import RuleState, StateChange
     from velocity.settings import load_settings
-    from velocity_airflow import page
+    from velocity_airflow.page import access, rules
 
     settings = load_settings(data_dir=tmp_path / "data")
-    monkeypatch.setattr(page, "_settings", lambda: settings)
-    assert page._apply_rules([make_rule(ruleId=1), make_rule(ruleId=2)]) == (
+    monkeypatch.setattr(access, "settings", lambda: settings)
+    assert rules.apply_rules([make_rule(ruleId=1), make_rule(ruleId=2)]) == (
         True,
         "ruleId 1: version 1 ACTIVE\nruleId 2: version 1 ACTIVE",
     )
-    assert page._apply_rules([StateChange(2, RuleState.PAUSE)]) == (
+    assert rules.apply_rules([StateChange(2, RuleState.PAUSE)]) == (
         True,
         "ruleId 2: version 2 PAUSE",
     )
-    assert page._apply_rules([StateChange(2, RuleState.PAUSE)]) == (
+    assert rules.apply_rules([StateChange(2, RuleState.PAUSE)]) == (
         True,
         "ruleId 2 is PAUSE already: nothing to apply",
     )
-    ok, text = page._apply_rules([StateChange(9, RuleState.DELETE)])
+    ok, text = rules.apply_rules([StateChange(9, RuleState.DELETE)])
     assert not ok and text.startswith("error: ruleId 9 is not in force")
 
 
@@ -248,7 +248,7 @@ def test_precision_per_rule_version_and_a_version_without_verdicts() -> None:
 def test_without_a_login_nobody_reviews() -> None:
     from fastapi.testclient import TestClient
 
-    from velocity_airflow.page import app
+    from velocity_airflow.page.app import app
 
     client = TestClient(app)
     assert client.post("/alerts/a-1/review", data={"verdict": "FALSE_POSITIVE"}).status_code == 401
@@ -266,25 +266,25 @@ def test_the_page_records_a_review_from_the_alerts_table_and_refuses_a_bad_one(
     from velocity.delta.reader import review_store
     from velocity.errors import UsageError
     from velocity.settings import load_settings
-    from velocity_airflow import page
+    from velocity_airflow.page import alerts
 
     # No Redis here: an alert the table lacks is looked for on a stream that cannot be read.
     settings = load_settings(data_dir=tmp_path / "data", redis_url="redis://127.0.0.1:1/0")
     append_alerts(settings.table_path(ALERTS), [alert_row("a-1", (3, 2), 1_767_225_600_000)])
-    review = page._record_review(settings, Analyst(), "a-1", "confirmed fraud", " stolen card ")
+    review = alerts.record_review(settings, Analyst(), "a-1", "confirmed fraud", " stolen card ")
     assert (review.rule_id, review.rule_version, review.who, review.note) == (
         3,
         2,
         "ana",
         "stolen card",
     )
-    assert page._reviewed(review) == "alert a-1: confirmed fraud (ruleId 3 v2), recorded by ana"
+    assert alerts.reviewed(review) == "alert a-1: confirmed fraud (ruleId 3 v2), recorded by ana"
     for alert_id, verdict, field in [
         ("a-1", "fraud?", "verdict"),
         ("a-9", "NEEDS_REVIEW", "alertId"),
     ]:
         with pytest.raises(UsageError, match=f"field '{field}'"):
-            page._record_review(settings, Analyst(), alert_id, verdict, "")
+            alerts.record_review(settings, Analyst(), alert_id, verdict, "")
     assert [r.alert_id for r in review_store(settings).all()] == ["a-1"]
 
 
@@ -392,10 +392,10 @@ def _alerts_settings(data_settings: Settings, monkeypatch: pytest.MonkeyPatch) -
     """Rules 1 and 2 (version 1) in the rules table, and the page reading these settings."""
     from velocity.delta.names import RULES
     from velocity.delta.rule_store import RuleStore
-    from velocity_airflow import page
+    from velocity_airflow.page import access
 
     RuleStore(data_settings.table_path(RULES)).apply([make_rule(ruleId=1), make_rule(ruleId=2)])
-    monkeypatch.setattr(page, "_settings", lambda: data_settings)
+    monkeypatch.setattr(access, "settings", lambda: data_settings)
     return data_settings
 
 
@@ -406,7 +406,7 @@ def test_pages_of_alerts_come_from_the_table_and_the_stream_each_alert_once(
     """12 alerts in the alerts table; the newest 3 only on the alert stream (not written to
     Delta yet) and the newest of the table's on both: paging lists all 15, once each."""
     from velocity.delta.names import ALERTS
-    from velocity_airflow import page
+    from velocity_airflow.page import alerts
 
     settings = _alerts_settings(data_settings, monkeypatch)
     start = int(time.time() * 1000) - 60_000
@@ -421,7 +421,7 @@ def test_pages_of_alerts_come_from_the_table_and_the_stream_each_alert_once(
     listed, before, pages = [], None, 0
     while pages < 10:
         params = {"limit": "5", **({"before": before.text()} if before else {})}
-        found, error = page.search_alerts(settings, page.alert_search(params, {1, 2}))
+        found, error = alerts.search_alerts(settings, alerts.alert_search(params, {1, 2}))
         assert error is None
         listed += [a["alertId"] for a in found.alerts]
         pages += 1
@@ -430,14 +430,14 @@ def test_pages_of_alerts_come_from_the_table_and_the_stream_each_alert_once(
             break
     assert listed == ["r-14", "r-13", "r-12"] + [f"d-{n:02d}" for n in range(11, -1, -1)]
     assert pages == 3
-    only = page.alert_search({"rule": "2", "kind": "correction"}, {1, 2})
-    assert [a["alertId"] for a in page.search_alerts(settings, only)[0].alerts] == ["d-03"]
-    by_key = page.alert_search({"key": "p-1", "tx": "tx-r-13"}, {1, 2})
-    assert [a["alertId"] for a in page.search_alerts(settings, by_key)[0].alerts] == ["r-13"]
+    only = alerts.alert_search({"rule": "2", "kind": "correction"}, {1, 2})
+    assert [a["alertId"] for a in alerts.search_alerts(settings, only)[0].alerts] == ["d-03"]
+    by_key = alerts.alert_search({"key": "p-1", "tx": "tx-r-13"}, {1, 2})
+    assert [a["alertId"] for a in alerts.search_alerts(settings, by_key)[0].alerts] == ["r-13"]
 
     # Redis down: the table's alerts are still listed, and the page says what is missing.
     down = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
-    found, error = page.search_alerts(down, page.alert_search({"limit": "3"}, None))
+    found, error = alerts.search_alerts(down, alerts.alert_search({"limit": "3"}, None))
     assert [a["alertId"] for a in found.alerts] == ["d-11", "d-10", "d-09"]
     assert error is not None and error.startswith("cannot read the alert stream in Redis")
 
@@ -449,14 +449,15 @@ def test_the_live_feed_sends_the_rows_of_new_alerts_that_pass_the_filter(
     from fastapi.testclient import TestClient
 
     from velocity.redis import alert_feed, mirror
-    from velocity_airflow import page
+    from velocity_airflow.page import access, live
+    from velocity_airflow.page.app import app
 
     settings = _alerts_settings(data_settings, monkeypatch)
-    monkeypatch.setattr(page, "_LIVE_SECONDS", 1.5)
-    monkeypatch.setattr(page, "_can_edit", lambda user: True)
-    page.app.dependency_overrides[page._user] = Analyst
+    monkeypatch.setattr(live, "_LIVE_SECONDS", 1.5)
+    monkeypatch.setattr(access, "can_edit", lambda user: True)
+    app.dependency_overrides[access.current_user] = Analyst
     try:
-        client = TestClient(page.app)
+        client = TestClient(app)
         after = alert_feed.last_entry_id(mirror.connect(settings), settings.alert_stream)
         now = int(time.time() * 1000)
         _publish(settings, [alert_row("one", (1, 1), now), alert_row("two", (2, 1), now)])
@@ -489,7 +490,7 @@ def test_the_live_feed_sends_the_rows_of_new_alerts_that_pass_the_filter(
         bad = client.get("/api/alerts", params={"from": "yesterday"})
         assert bad.status_code == 400 and "field 'from'" in bad.text
     finally:
-        page.app.dependency_overrides.clear()
+        app.dependency_overrides.clear()
 
 
 def test_backfill_runs_show_their_figures_state_and_airflow_link() -> None:
@@ -640,23 +641,24 @@ def test_the_page_adds_compares_promotes_and_discards_a_candidate(
 
     from velocity.delta.names import ALERTS
     from velocity.domain.rule_changes import rules_file_text
-    from velocity_airflow import flash, page
+    from velocity_airflow.page import access, common, flash
+    from velocity_airflow.page.app import app
 
     settings = _alerts_settings(data_settings, monkeypatch)
-    monkeypatch.setattr(page, "_can_edit", lambda user: True)
-    changer = page.Editor.__metadata__[0].dependency  # the editor's check: passed here
-    page.app.dependency_overrides.update({page._user: Analyst, changer: Analyst})
+    monkeypatch.setattr(access, "can_edit", lambda user: True)
+    changer = access.Editor.__metadata__[0].dependency  # the editor's check: passed here
+    app.dependency_overrides.update({access.current_user: Analyst, changer: Analyst})
 
     def said(reply: Any) -> str:
         assert reply.status_code == 303, reply.text
         # Starlette quotes a value with "=" in it, as cookies may be.
         sealed = reply.cookies[flash.COOKIE].strip('"')
-        shown = flash.unseal(sealed, page._flash_key())
+        shown = flash.unseal(sealed, common.flash_key())
         assert shown is not None
         return shown.text
 
     try:
-        client = TestClient(page.app, follow_redirects=False)
+        client = TestClient(app, follow_redirects=False)
         candidate = rules_file_text([make_rule(ruleId=1, limit=150000).to_json()])
         added = client.post("/rules", data={"rules_json": candidate, "intent": "shadow"})
         assert said(added) == "ruleId 1: version 2 SHADOW"
@@ -700,4 +702,4 @@ def test_the_page_adds_compares_promotes_and_discards_a_candidate(
         )
         assert control.status_code == 422 and "a shadow candidate is a whole rule" in control.text
     finally:
-        page.app.dependency_overrides.clear()
+        app.dependency_overrides.clear()

@@ -18,7 +18,7 @@ from velocity.domain.rules import parse_rules
 from velocity.generate import GenerateOptions, generate_events
 from velocity.resources import sample_rules_path
 from velocity.settings import Settings
-from velocity_airflow.page_html import PageData, render_page
+from velocity_airflow.page.home_html import PageData, render_page
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -176,22 +176,23 @@ def test_the_page_previews_a_candidate_in_process_and_saves_nothing(
     from fastapi.testclient import TestClient
 
     from velocity.settings import load_settings
-    from velocity_airflow import page
+    from velocity_airflow.page import access, home
+    from velocity_airflow.page.app import app
 
     settings: Settings = load_settings(data_dir=events_dir, redis_url="redis://127.0.0.1:1/0")
     store = RuleStore(settings.table_path(RULES))
     if not store.in_force():
         store.apply(parse_rules(sample_rules_path().read_text()))
     before = store.history()
-    monkeypatch.setattr(page, "_settings", lambda: settings)
-    monkeypatch.setattr(page, "_can_edit", lambda user: False)
-    monkeypatch.setattr(page, "_backfill_runs", lambda settings, user: [])
+    monkeypatch.setattr(access, "settings", lambda: settings)
+    monkeypatch.setattr(access, "can_edit", lambda user: False)
+    monkeypatch.setattr(home, "backfill_runs", lambda settings, user: [])
 
     class Viewer:
         def get_name(self) -> str:
             return "vic"
 
-    page.app.dependency_overrides[page._user] = Viewer
+    app.dependency_overrides[access.current_user] = Viewer
     candidate = json.dumps(
         {
             "ruleId": 4, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
@@ -203,7 +204,7 @@ def test_the_page_previews_a_candidate_in_process_and_saves_nothing(
     [rule] = expected["rules"]
     assert rule["inForce"]["limit"] == 5 and rule["diff"]["added"] > 0
     try:
-        client = TestClient(page.app)
+        client = TestClient(app)
         shown = client.post("/preview", data={"rules_json": candidate, "hours": "1"})
         assert shown.status_code == 200, shown.text
         html = shown.text
@@ -237,7 +238,7 @@ def test_the_page_previews_a_candidate_in_process_and_saves_nothing(
         assert hours_bad.status_code == 422 and "field &#x27;hours&#x27;" in hours_bad.text
         api_bad = client.post("/api/preview", json={"rules": candidate, "hours": 0})
         assert api_bad.status_code == 400 and "hours must be a positive" in api_bad.text
-        assert "/api/preview" in page.app.openapi()["paths"]
+        assert "/api/preview" in app.openapi()["paths"]
     finally:
-        page.app.dependency_overrides.clear()
+        app.dependency_overrides.clear()
     assert store.history() == before, "nothing saved"

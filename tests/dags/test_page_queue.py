@@ -19,8 +19,8 @@ from velocity.analyst.cases import Case, CaseEvent, CaseEventKind, CaseStatus, c
 from velocity.analyst.reviews import Verdict
 from velocity.analyst.rule_rates import rule_rates
 from velocity.settings import Settings
-from velocity_airflow import queue_html
-from velocity_airflow.page_html import PageData, lookup_html, render_case, render_page
+from velocity_airflow.page import cases_html
+from velocity_airflow.page.home_html import PageData, lookup_html, render_case, render_page
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,9 +52,9 @@ def _case(**fields: Any) -> Case:
     return replace(base, **fields)
 
 
-def _view(can_edit: bool = True, params: dict[str, str] | None = None) -> queue_html.QueueView:
+def _view(can_edit: bool = True, params: dict[str, str] | None = None) -> cases_html.QueueView:
     params = PARAMS if params is None else params
-    return queue_html.QueueView(
+    return cases_html.QueueView(
         base="/velocity",
         can_edit=can_edit,
         user="ana",
@@ -69,11 +69,11 @@ def _view(can_edit: bool = True, params: dict[str, str] | None = None) -> queue_
 
 
 def _queue(cases: list[Case], **view: Any) -> str:
-    return queue_html.queue_section(CasePage(cases, None, len(cases)), _view(**view))
+    return cases_html.queue_section(CasePage(cases, None, len(cases)), _view(**view))
 
 
 def test_a_case_row_reads_as_people_read_it() -> None:
-    row = queue_html.queue_row(_case(), _view())
+    row = cases_html.queue_row(_case(), _view())
     assert 'data-testid="queue-row" data-case-id="c-1" data-status="open"' in row
     # The key, never wrapped inside its value; escaped.
     assert '<span class="kv">payerId=p&lt;1&gt;</span>' in row and "p<1>" not in row
@@ -89,7 +89,7 @@ def test_a_case_row_reads_as_people_read_it() -> None:
     assert 'data-testid="case-select"' in row and 'form="bulk-close"' in row
     # Its link keeps the page's URL (filters of both tables), less an open explanation.
     assert 'href="/velocity/cases/c-1?rule=4&amp;case_status=all"' in row
-    closed = queue_html.queue_row(
+    closed = cases_html.queue_row(
         _case(status=CaseStatus.CLOSED, verdict=Verdict.FALSE_POSITIVE, assignee="<bo>"), _view()
     )
     assert '<td class="status-closed">closed (false positive)</td>' in closed
@@ -115,7 +115,7 @@ def test_the_queue_keeps_the_page_s_url_in_every_form_and_link() -> None:
     assert 'data-rows="/velocity/cases/rows?rule=4&amp;case_status=all"' in table
     assert 'data-testid="queue-notice" hidden' in html and 'data-testid="queue-show"' in html
     assert "up to 30 s after it is on the alert stream" in html
-    paged = queue_html.queue_section(
+    paged = cases_html.queue_section(
         CasePage([_case()], CaseCursor(NOW - 20_000, "c-1"), 60), _view()
     )
     older = paged.split(' data-testid="queue-older"')[0].rsplit('href="', 1)[1]
@@ -131,11 +131,11 @@ def test_a_viewer_sees_the_queue_but_cannot_close_anything() -> None:
 def test_an_empty_queue_and_a_filter_that_cannot_be_read() -> None:
     assert 'data-testid="no-cases"' in _queue([])
     view = _view(params={})
-    html = queue_html.queue_section(None, view, "field 'case_status': 'pending' is not a status")
+    html = cases_html.queue_section(None, view, "field 'case_status': 'pending' is not a status")
     assert 'data-testid="queue-filter-error"' in html and "&#x27;pending&#x27;" in html
 
 
-def _case_view(**fields: Any) -> queue_html.CaseView:
+def _case_view(**fields: Any) -> cases_html.CaseView:
     history = [
         CaseEvent("c-1", "k", CaseEventKind.OPENED, NOW - 185_000, "velocity-stream", alerts=3),
         CaseEvent("c-1", "k", CaseEventKind.ASSIGNED, NOW - 60_000, "ana", assignee="bo"),
@@ -148,7 +148,7 @@ def _case_view(**fields: Any) -> queue_html.CaseView:
         {"transactionId": "tx-a-1", "eventTime": NOW - 185_005, "beneficiaryId": "b<2>",
          "paymentType": "CRD", "paymentAmount": "1234.50000000"},
     ]  # fmt: skip
-    view = queue_html.CaseView(
+    view = cases_html.CaseView(
         case=_case(history=history, assignee="bo", status=CaseStatus.ASSIGNED),
         queue=_view(),
         alerts=alerts,
@@ -261,7 +261,7 @@ def test_a_backfill_is_started_from_the_page_s_own_form() -> None:
 
 def test_the_backfill_form_becomes_the_dag_s_conf_or_names_its_field() -> None:
     from velocity.errors import UsageError
-    from velocity_airflow.page import backfill_conf
+    from velocity_airflow.page.backfills import backfill_conf
 
     conf = backfill_conf(["7", "5", " "], "2026-01-01 10:05", "2026-01-01 11:00")
     assert conf == {
@@ -283,11 +283,12 @@ def test_the_backfill_form_becomes_the_dag_s_conf_or_names_its_field() -> None:
 def test_a_click_is_timed_from_the_browser_to_the_server_once() -> None:
     from fastapi.testclient import TestClient
 
-    from velocity_airflow import page
+    from velocity_airflow.page import access
+    from velocity_airflow.page.app import app
 
-    page.app.dependency_overrides[page._user] = Analyst
+    app.dependency_overrides[access.current_user] = Analyst
     try:
-        client = TestClient(page.app, follow_redirects=False)
+        client = TestClient(app, follow_redirects=False)
         clicked = int(time.time() * 1000) - 250
         cookie = {"cookie": f"other=1; velocity_click=k1x.{clicked}.pause-4"}
         client.post("/rules/4/pause", headers=cookie)  # refused (no login): still timed
@@ -299,7 +300,7 @@ def test_a_click_is_timed_from_the_browser_to_the_server_once() -> None:
         assert 250 <= noted["delayMs"] < 10_000
         assert noted["receivedAt"] - noted["clickedAt"] == pytest.approx(noted["delayMs"], abs=1)
     finally:
-        page.app.dependency_overrides.clear()
+        app.dependency_overrides.clear()
 
 
 # --- the routes over real Delta tables ------------------------------------------------
@@ -316,7 +317,7 @@ def _cases_settings(data_settings: Settings, monkeypatch: pytest.MonkeyPatch) ->
     from velocity.delta.names import ALERTS, EVENTS, RULES
     from velocity.delta.rule_store import RuleStore
     from velocity.delta.write_behind import ARROW_SCHEMAS
-    from velocity_airflow import page
+    from velocity_airflow.page import access
 
     RuleStore(data_settings.table_path(RULES)).apply([make_rule(ruleId=4), make_rule(ruleId=5)])
     alerts = [("a1", 4, "t1", "p1"), ("a2", 5, "t1", "p1"), ("a3", 4, "t2", "p1")]
@@ -357,8 +358,8 @@ def _cases_settings(data_settings: Settings, monkeypatch: pytest.MonkeyPatch) ->
     )
     write_deltalake(str(data_settings.table_path(ALERTS)), gathered)
     write_deltalake(str(data_settings.table_path(EVENTS)), events)
-    monkeypatch.setattr(page, "_settings", lambda: data_settings)
-    monkeypatch.setattr(page, "_can_edit", lambda user: True)
+    monkeypatch.setattr(access, "settings", lambda: data_settings)
+    monkeypatch.setattr(access, "can_edit", lambda user: True)
     return data_settings
 
 
@@ -375,21 +376,22 @@ def test_an_analyst_works_the_queue_in_process(
 
     from velocity.delta.case_store import CaseStore
     from velocity.delta.reader import review_store
-    from velocity_airflow import flash, page
+    from velocity_airflow.page import access, common, flash, live
+    from velocity_airflow.page.app import app
 
     settings = _cases_settings(data_settings, monkeypatch)
-    monkeypatch.setattr(page, "_LIVE_SECONDS", 1.5)
-    reviewer = page.Reviewer.__metadata__[0].dependency
-    page.app.dependency_overrides.update({page._user: Analyst, reviewer: Analyst})
+    monkeypatch.setattr(live, "_LIVE_SECONDS", 1.5)
+    reviewer = access.Reviewer.__metadata__[0].dependency
+    app.dependency_overrides.update({access.current_user: Analyst, reviewer: Analyst})
 
     def said(reply: Any) -> tuple[str, str]:
         assert reply.status_code == 303, reply.text
-        shown = flash.unseal(reply.cookies[flash.COOKIE].strip('"'), page._flash_key())
+        shown = flash.unseal(reply.cookies[flash.COOKIE].strip('"'), common.flash_key())
         assert shown is not None
         return reply.headers["location"], shown.text
 
     try:
-        client = TestClient(page.app, follow_redirects=False)
+        client = TestClient(app, follow_redirects=False)
         html = client.get("/", params={"rule": "4"}).text
         assert html.count('<tr data-testid="queue-row"') == 2
         by_key = {c.key["payerId"]: c for c in CaseStore(settings).cases().values()}
@@ -477,13 +479,13 @@ def test_an_analyst_works_the_queue_in_process(
         refused = client.get("/api/page/live", params={"rule": "4"})
         assert refused.status_code == 400 and "'after'" in refused.text
     finally:
-        page.app.dependency_overrides.clear()
+        app.dependency_overrides.clear()
 
 
 def test_the_case_routes_need_a_login() -> None:
     from fastapi.testclient import TestClient
 
-    from velocity_airflow.page import app
+    from velocity_airflow.page.app import app
 
     client = TestClient(app)
     for path in ("/cases/c-1", "/cases/rows", "/alerts/rows", "/api/cases", "/api/clicks"):

@@ -10,7 +10,7 @@ from typing import Any
 
 from velocity.analyst.backfill_runs import BackfillRunView
 from velocity.domain.rules import Rule, rule_summary
-from velocity_airflow.values_html import time_ago, time_text
+from velocity_airflow.page.values_html import time_ago, time_text
 
 # The DAG the form starts a run of (Airflow's own trigger form for it stays).
 BACKFILL_DAG_ID = "backfill_alerts"

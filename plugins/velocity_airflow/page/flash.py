@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import json
 
-from velocity_airflow.page_html import Flash
+from velocity_airflow.page.home_html import Flash
 
 COOKIE = "velocity_flash"
 # A cookie holds about 4 KB: the message's UTF-8 bytes, base64'd and signed, stay well below.

@@ -33,8 +33,8 @@ from velocity.analyst.case_queue import (
 from velocity.analyst.cases import Case, CaseEvent, CaseEventKind
 from velocity.analyst.reviews import NOTE_MAX, Review, Verdict
 from velocity.domain.rules import Rule, rule_summary
-from velocity_airflow.alerts_html import time_text
-from velocity_airflow.values_html import (
+from velocity_airflow.page.alerts_html import time_text
+from velocity_airflow.page.values_html import (
     hidden_inputs,
     key_html,
     number_text,

@@ -13,8 +13,8 @@ from html import escape
 
 from velocity.analyst.shadow_compare import ShadowComparison, SideFigures
 from velocity.domain.rules import Rule, rule_summary
-from velocity_airflow import alerts_html
-from velocity_airflow.review_html import percent_text
+from velocity_airflow.page import alerts_html
+from velocity_airflow.page.review_html import percent_text
 
 STYLE = """
 .state-SHADOW { color: #6b46c1; font-weight: 600; }

@@ -22,8 +22,8 @@ from velocity.analyst.alert_search import FILTER_FIELDS, AlertFilter, Cursor
 from velocity.analyst.reviews import Review
 from velocity.domain.alerts import AlertKind
 from velocity.domain.rules import Rule, rule_summary
-from velocity_airflow import review_html
-from velocity_airflow.values_html import hidden_inputs, key_html, time_ago, time_text
+from velocity_airflow.page import review_html
+from velocity_airflow.page.values_html import hidden_inputs, key_html, time_ago, time_text
 
 __all__ = ["AlertsView", "alert_row", "alert_rows", "alerts_section", "time_text"]
 

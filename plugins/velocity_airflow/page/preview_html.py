@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 
 from velocity.analyst.alert_search import key_text
-from velocity_airflow.alerts_html import time_text
+from velocity_airflow.page.alerts_html import time_text
 
 STYLE = """
 .bar { display: inline-block; height: .7em; background: #805ad5; vertical-align: middle; }

@@ -1,6 +1,6 @@
 """The Velocity page in the Airflow UI, rendered from plain data (pure: no Airflow, no I/O).
 
-``velocity_airflow.page`` gathers the data (rules, alerts, health, lookups) and hands it to
+``velocity_airflow.page.home`` gathers the data (rules, alerts, health, lookups) and hands it to
 ``render_page``; everything shown is escaped here. Forms post back to the page's own app;
 the Airflow UI shows it in a sandboxed iframe that blocks ``confirm()``, so a delete is
 confirmed by a second button inside a ``<details>`` instead.
@@ -25,16 +25,16 @@ from velocity.analyst.reviews import Review, VersionPrecision
 from velocity.analyst.rule_rates import RATE_MINUTES, WARN_SHARE, RuleRate
 from velocity.analyst.shadow_compare import ShadowComparison
 from velocity.domain.rules import Rule, RuleState, rule_summary
-from velocity_airflow import (
+from velocity_airflow.page import (
     alerts_html,
-    backfill_html,
+    backfills_html,
+    cases_html,
     preview_html,
-    queue_html,
     review_html,
     shadow_html,
     values_html,
 )
-from velocity_airflow.values_html import key_html, number_text, time_text
+from velocity_airflow.page.values_html import key_html, number_text, time_text
 
 # How many alerts a page lists, newest first.
 ALERTS_SHOWN = PAGE_SIZE
@@ -122,7 +122,7 @@ document.addEventListener("submit", function (event) {
 # Each click on a link or button (and each keyboard move that posts) leaves its moment
 # (the browser's clock: performance.timeOrigin + the event's timeStamp) in a short-lived
 # cookie, which the next request to the page's app carries: the server notes how long
-# after the click it received the request (``velocity_airflow.page``'s ClickTiming).
+# after the click it received the request (``velocity_airflow.page.clicks``' ClickTiming).
 _CLICK_SCRIPT = """
 (function () {
   function mark(what, event) {
@@ -290,7 +290,7 @@ class PageData:
     params: Mapping[str, str] = field(default_factory=dict)
     now_ms: int = 0  # when drawn (times read "3 min ago" from it); 0: shown as UTC times
     # The queue of cases (its view carries the filter, the page and what every link keeps).
-    queue: queue_html.QueueView | None = None
+    queue: cases_html.QueueView | None = None
     queue_page: CasePage | None = None
     queue_error: str | None = None
     # Each rule's alerts a minute over the last minutes, by ruleId.
@@ -593,7 +593,7 @@ def document(title: str, body: str, live: str = "") -> str:
         alerts_html.STYLE,
         shadow_html.STYLE,
         preview_html.STYLE,
-        queue_html.STYLE,
+        cases_html.STYLE,
         values_html.STYLE,
     )
     head_scripts = f"{_PROGRESS_SCRIPT}{_CLICK_SCRIPT}{values_html.AGO_SCRIPT}"
@@ -602,7 +602,7 @@ def document(title: str, body: str, live: str = "") -> str:
         f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
         f"<style>{''.join(styles)}</style><script>{head_scripts}</script></head>"
         f"<body{live_attr}>{body}"
-        f"<script>{queue_html.QUEUE_SCRIPT}{_LIVE_SCRIPT}</script></body></html>"
+        f"<script>{cases_html.QUEUE_SCRIPT}{_LIVE_SCRIPT}</script></body></html>"
     )
 
 
@@ -627,15 +627,15 @@ _NAV = (
 def _queue(data: PageData) -> str:
     if data.queue is None:
         return _error(data.queue_error or "the queue was not read")
-    return queue_html.queue_section(data.queue_page, data.queue, data.queue_error)
+    return cases_html.queue_section(data.queue_page, data.queue, data.queue_error)
 
 
 def _backfills(data: PageData) -> str:
     form = ""
     if data.can_edit:
-        back = queue_html.back_field(data.params)
-        form = backfill_html.backfill_form(data.rules, data.backfill_form, data.base, back)
-    table = backfill_html.backfill_table(data.backfills, data.backfills_error, data.now_ms)
+        back = cases_html.back_field(data.params)
+        form = backfills_html.backfill_form(data.rules, data.backfill_form, data.base, back)
+    table = backfills_html.backfill_table(data.backfills, data.backfills_error, data.now_ms)
     return f"{form}{table}"
 
 
@@ -675,11 +675,11 @@ def render_page(data: PageData) -> str:
     return document("Velocity", body, live_url(data))
 
 
-def render_case(view: queue_html.CaseView, flash: Flash | None = None) -> str:
+def render_case(view: cases_html.CaseView, flash: Flash | None = None) -> str:
     """A case's page."""
     shown = ""
     if flash is not None:
         kind = "ok" if flash.ok else "bad"
         shown = f'<div class="flash {kind}" data-testid="flash">{escape(flash.text)}</div>'
-    body = f"{_PROGRESS}{shown}{queue_html.case_section(view)}"
+    body = f"{_PROGRESS}{shown}{cases_html.case_section(view)}"
     return document(f"Velocity: case {key_text(view.case.key)}", body)

@@ -246,13 +246,15 @@ def test_the_hot_state_read_column_by_column_is_what_was_written(states) -> None
     assert got == expected
 
 
-def test_the_packed_and_dense_thresholds_are_the_same_in_python_and_lua() -> None:
+def test_the_thresholds_and_bounds_are_the_same_in_python_and_lua() -> None:
     """The stream (Python) decides when a key turns dense and back; the Functions (Lua)
     build and drop roll-ups at the same edges: a drift would leave a dense key without
     roll-ups, or a packed one with a hash."""
     import re
     from importlib import resources
 
+    from velocity.domain.buckets import ALLOWED_BUCKET_SECONDS
+    from velocity.domain.rules import MAX_WINDOW_MINUTES
     from velocity.redis import mirror
 
     lua = (resources.files("velocity") / "redis" / "velocity.lua").read_text(encoding="utf-8")
@@ -264,3 +266,9 @@ def test_the_packed_and_dense_thresholds_are_the_same_in_python_and_lua() -> Non
 
     assert lua_constant("ROLLUP_MIN_BUCKETS") == mirror.DENSE_MIN_BUCKETS
     assert lua_constant("ROLLUP_KEEP_FIELDS") == mirror.DENSE_KEEP_BUCKETS
+    # The window read's bounds: a rule's widest window and the data dir's bucket widths.
+    assert lua_constant("MAX_WINDOW_MS") == MAX_WINDOW_MINUTES * 60_000
+    [widths] = re.findall(r"^local BUCKET_WIDTHS_MS = \{(.*?)\}$", lua, re.MULTILINE | re.DOTALL)
+    assert sorted(int(w) for w in re.findall(r"\[(\d+)\] = true", widths)) == [
+        s * 1000 for s in ALLOWED_BUCKET_SECONDS
+    ]

@@ -458,14 +458,50 @@ local function cover(lo, hi, width, sizes)
   return names
 end
 
+-- What a window read may be asked, so that no call's work grows with its arguments: a rule's
+-- aggregators, windows up to a rule's widest (velocity/domain/rules.py's
+-- MAX_WINDOW_MINUTES, 366 days), the bucket widths a data dir may have (ALLOWED_BUCKET_SECONDS)
+-- and a time of at most 16 digits. A 366-day window over 1 s buckets covers about 530
+-- roll-up blocks and buckets: a few milliseconds.
+local WINDOW_AGGREGATORS = {COUNT = true, SUM = true, AVG = true, MIN = true, MAX = true,
+                            UNIQUE_COUNT = true}
+local MAX_WINDOW_MS = 31622400000
+local BUCKET_WIDTHS_MS = {[1000] = true, [2000] = true, [5000] = true, [10000] = true,
+                          [15000] = true, [20000] = true, [30000] = true, [60000] = true}
+
+-- A whole number of at most 16 digits, or nil.
+local function whole_ms(text)
+  if type(text) ~= "string" or not string.match(text, "^%d+$") or #text > 16 then return nil end
+  return tonumber(text)
+end
+
 -- FCALL velocity_window 1 <bucket hash> <aggregator> <window ms> <bucket ms> [at ms]
 -- The aggregate of the buckets whose start lies in [floor_g(T - W), T], T = at or now.
+-- Bad arguments get an error reply naming the argument; nothing is read.
 local function velocity_window(keys, args)
-  local aggregator = string.upper(args[1])
-  local window_ms = tonumber(args[2])
-  local bucket_ms = tonumber(args[3])
-  local at = tonumber(args[4] or "")
-  if at == nil then
+  local aggregator = string.upper(args[1] or "")
+  if not WINDOW_AGGREGATORS[aggregator] then
+    return redis.error_reply("ERR velocity_window: aggregator '" .. tostring(args[1])
+        .. "' is not one of COUNT, SUM, AVG, MIN, MAX, UNIQUE_COUNT")
+  end
+  local window_ms = whole_ms(args[2])
+  if window_ms == nil or window_ms < 1 or window_ms > MAX_WINDOW_MS then
+    return redis.error_reply("ERR velocity_window: window ms '" .. tostring(args[2])
+        .. "' is not a whole number of 1 .. " .. MAX_WINDOW_MS .. " (366 days)")
+  end
+  local bucket_ms = whole_ms(args[3])
+  if not BUCKET_WIDTHS_MS[bucket_ms] then
+    return redis.error_reply("ERR velocity_window: bucket ms '" .. tostring(args[3])
+        .. "' is not one of 1000, 2000, 5000, 10000, 15000, 20000, 30000, 60000")
+  end
+  local at = nil
+  if args[4] ~= nil then
+    at = whole_ms(args[4])
+    if at == nil then
+      return redis.error_reply("ERR velocity_window: at ms '" .. tostring(args[4])
+          .. "' is not a whole number of epoch milliseconds")
+    end
+  else
     local now = redis.call("TIME")
     at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   end
@@ -475,6 +511,12 @@ local function velocity_window(keys, args)
   local layout, text = key_layout(keys[1])
   local hash, layout_width, sizes = dense_of(keys[1]), nil, nil
   if layout == "dense" then layout_width, sizes = rollup_layout(hash) end
+  if layout_width and layout_width ~= bucket_ms then
+    -- Read at another width, a key's roll-ups would not apply and its whole hash would be
+    -- read: the caller names the data dir's width.
+    return redis.error_reply("ERR velocity_window: bucket ms " .. bucket_ms
+        .. " is not this key's bucket width, " .. layout_width)
+  end
   if last < lower or layout == nil then
     -- no bucket: the key has none, or none can start in the window (only a negative
     -- window; rules have W > 0)

@@ -1,0 +1,87 @@
+"""A window read's work is bounded whatever its caller sends (SPEC §5a: every function the
+read-only user may call): arguments a rule could never have get an error reply naming
+the argument, and the widest window a rule may have, over a day of 1 s buckets, reads
+through the roll-ups."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import redis
+
+from tests.integration.test_rollups import T0, G, random_bucket, rows
+from velocity.domain.buckets import merge_all
+from velocity.domain.rules import MAX_WINDOW_MINUTES, Aggregator
+from velocity.domain.windows import aggregate_value, format_aggregate
+from velocity.redis import connection, mirror
+from velocity.settings import Settings
+
+pytestmark = pytest.mark.redis
+
+WIDEST_MS = MAX_WINDOW_MINUTES * 60_000
+
+
+def dense_key(settings: Settings, seconds: int) -> tuple[str, dict]:
+    """A dense key holding ``seconds`` g = 1 s buckets, with its roll-ups."""
+    rng = random.Random(5)
+    client = connection.connect(settings)
+    name = settings.redis_keys.bucket_hash("sig", '["day"]')
+    buckets = {T0 + i * G: random_bucket(rng) for i in range(seconds)}
+    mirror.write_bucket_rows(client, settings.redis_keys, rows('["day"]', buckets), G, 86_400)
+    assert client.hexists(settings.redis_keys.dense_hash_of(name), "rollups")
+    return name, buckets
+
+
+def window(client: redis.Redis, name: str, *args: str) -> dict:
+    return json.loads(client.fcall_ro("velocity_window", 1, name, *args))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("SUM", "1000000000000000", "1000"), "window ms '1000000000000000'"),
+        (("SUM", "0", "1000"), "window ms '0'"),
+        (("SUM", "-5", "1000"), "window ms '-5'"),
+        (("SUM", "60000.5", "1000"), "window ms '60000.5'"),
+        (("SUM", str(WIDEST_MS + 1), "1000"), f"window ms '{WIDEST_MS + 1}'"),
+        (("MEDIAN", "60000", "1000"), "aggregator 'MEDIAN'"),
+        (("SUM", "60000", "7"), "bucket ms '7'"),
+        (("SUM", "60000", "1000", "soon"), "at ms 'soon'"),
+        (("SUM", "60000", "1000", "1" * 17), f"at ms '{'1' * 17}'"),
+        (("SUM", "60000", "60000"), "bucket ms 60000 is not this key's bucket width, 1000"),
+    ],
+)
+def test_arguments_no_rule_could_have_are_refused_naming_them(
+    settings: Settings, args: tuple[str, ...], named: str
+) -> None:
+    name, _ = dense_key(settings, 200)
+    client = connection.connect(settings)
+    with pytest.raises(redis.ResponseError) as refused:
+        window(client, name, *args)
+    assert named in str(refused.value)
+    assert "velocity_window" in str(refused.value)
+
+
+def test_the_widest_window_over_a_day_of_seconds_reads_through_the_rollups(
+    settings: Settings,
+) -> None:
+    name, buckets = dense_key(settings, 86_400)
+    client = connection.connect(settings)
+    at = T0 + 86_400 * G
+    client.config_resetstat()
+    # Merged pairwise: one bucket at a time copies the growing distinct set 86 400 times.
+    level = list(buckets.values())
+    while len(level) > 1:
+        level = [merge_all(level[i : i + 2]) for i in range(0, len(level), 2)]
+    (merged,) = level
+    for aggregator in Aggregator:
+        got = window(client, name, aggregator.value, str(WIDEST_MS), str(G), str(at))
+        value = aggregate_value(merged, aggregator)
+        assert got["aggregateValue"] == (None if value is None else format_aggregate(value))
+        assert got["eventCount"] == merged.count
+    # Each read is one HMGET of the covering blocks, never the whole hash.
+    calls = client.info("commandstats")
+    assert calls["cmdstat_hmget"]["calls"] == len(Aggregator)
+    assert "cmdstat_hgetall" not in calls

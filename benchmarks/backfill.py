@@ -15,17 +15,24 @@ corrections to emit). Then it times, in one Spark session:
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import figures as figures_file
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from velocity.domain.rules import Rule
 
 ROOT = Path(__file__).resolve().parents[1]
 VELOCITY = str(Path(sys.executable).parent / "velocity")
-REDIS_URL = "redis://:velocity-bench@127.0.0.1:6393/0"
+REDIS_PORT = 6393
 
 
 def _generate(events_dir: Path, events: int, keys: int) -> None:
@@ -44,25 +51,56 @@ def _generate(events_dir: Path, events: int, keys: int) -> None:
     print(f"generated {events} events in {time.monotonic() - started:.1f} s", flush=True)
 
 
-def main() -> int:
+def live_events(events: DataFrame) -> DataFrame:
+    """The backtest's events table as the live events table holds them (one stream batch)."""
+    from pyspark.sql import functions as F
+
+    return events.withColumn("stream_batch", F.lit(0).cast("long"))
+
+
+def kept_alerts(alerts: DataFrame) -> DataFrame:
+    """The backtest's alerts less every 50th one: the corrections the backfill must emit."""
+    from pyspark.sql import functions as F
+
+    return alerts.where(F.abs(F.hash("alertId")) % 50 != 0)
+
+
+def signature_rows(spark: SparkSession, in_force: list[Rule]) -> DataFrame:
+    """The signatures table's rows as the stream records them after its first batch, by
+    the stream's own maker (``signature_records``)."""
+    from velocity.delta import tables
+    from velocity.domain.rules import rules_by_signature
+    from velocity.spark.signature_builds import signature_records
+
+    widest = max(r.window_ms for r in in_force)
+    records = signature_records(list(rules_by_signature(in_force)), in_force, widest, 0)
+    return spark.createDataFrame(records, tables.SIGNATURE_SCHEMA)
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000, help="events in the day")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct payers")
     parser.add_argument("--commits", type=int, default=96, help="bucket commits to simulate")
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-backfill"))
-    args = parser.parse_args()
+    parser.add_argument("--redis-port", type=int, default=REDIS_PORT, help="its own Redis")
+    figures_file.add_option(parser)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    run(parser().parse_args(argv))
+    return 0
+
+
+def run(args: argparse.Namespace, spark: Any = None) -> dict[str, Any]:
+    """The benchmark; its figures. ``spark``: a session to use (a caller's, shared by
+    several benchmarks in one process, and left running); else one of its own."""
     from pyspark.sql import functions as F
 
     from velocity.delta import tables
     from velocity.delta.live import LiveTables
-    from velocity.domain.rules import (
-        Rule,
-        deciding_rules,
-        distinct_counted,
-        parse_rules,
-        rules_by_signature,
-    )
+    from velocity.domain.rules import Rule, deciding_rules, parse_rules
     from velocity.redis import connection
     from velocity.redis.lock import state_lock
     from velocity.redis.server import redis_down, redis_up
@@ -77,11 +115,14 @@ def main() -> int:
     events_dir = work / f"events-{args.events}-{args.keys}"
     _generate(events_dir, args.events, args.keys)
     data_dir = work / "data"
-    settings = load_settings(data_dir=data_dir, redis_url=REDIS_URL)
+    redis_url = f"redis://:velocity-bench@127.0.0.1:{args.redis_port}/0"
+    settings = load_settings(data_dir=data_dir, redis_url=redis_url)
     redis_down(settings)  # a previous run's server keeps its files in the data dir
     shutil.rmtree(data_dir, ignore_errors=True)
     redis_up(settings)
-    spark = build_spark(settings, "velocity-bench-backfill")
+    own_session = spark is None
+    if own_session:
+        spark = build_spark(settings, "velocity-bench-backfill")
 
     sample = parse_rules((ROOT / "jobs/velocity/resources/sample_rules.json").read_text())
     rules = [r.with_version(1) for r in sample if isinstance(r, Rule)]
@@ -95,9 +136,9 @@ def main() -> int:
     live = LiveTables.of(settings)
     done = backtest_root(settings)
     events = tables.read_table(spark, done / tables.EVENTS)
-    tables.overwrite_table(events.withColumn("stream_batch", F.lit(0).cast("long")), live.events)
+    tables.overwrite_table(live_events(events), live.events)
     alerts = tables.read_table(spark, done / tables.ALERTS)
-    kept = alerts.where(F.abs(F.hash("alertId")) % 50 != 0)
+    kept = kept_alerts(alerts)
     tables.overwrite_table(kept, live.alerts)
     buckets = tables.read_table(spark, done / tables.BUCKETS)
     first, last = buckets.agg(F.min("bucket_start"), F.max("bucket_start")).first()
@@ -115,21 +156,9 @@ def main() -> int:
 
     write_buckets_as_the_stream_does()
     in_force = deciding_rules(job.rule_store.in_force())
-    widest = max(r.window_ms for r in in_force)
-    counted = distinct_counted(in_force)
-    spark.createDataFrame(
-        [
-            (
-                s.signature_id,
-                json.dumps(s.to_json(), sort_keys=True),
-                0,
-                widest,
-                s.signature_id in counted,
-            )
-            for s in rules_by_signature(in_force)
-        ],
-        tables.SIGNATURE_SCHEMA,
-    ).write.format("delta").mode("append").save(str(live.signatures))
+    signature_rows(spark, in_force).write.format("delta").mode("append").save(
+        str(live.signatures)
+    )
     day = events.agg(F.min("eventTime"), F.max("eventTime")).first()
 
     backfill = Backfill(spark, settings)
@@ -179,9 +208,30 @@ def main() -> int:
         f"{optimized.bytes_before:,} -> {optimized.bytes_after:,}",
         flush=True,
     )
-    spark.stop()
+    if own_session:
+        spark.stop()
     redis_down(settings)
-    return 0
+    figures: dict[str, Any] = {
+        "events": args.events,
+        "events_evaluated": summary.events_evaluated,
+        "backfill_seconds": round(seconds, 2),
+        "events_per_s": round(summary.events_evaluated / seconds),
+        "corrections": summary.corrections,
+        "retractions": summary.retractions,
+        "buckets_rebuilt": summary.buckets_rebuilt,
+        "lock_seconds": round(summary.lock_seconds, 2),
+        "longest_commit_wait_s": round(max(waits, default=0.0), 2),
+        "step_seconds": {k: round(v, 2) for k, v in summary.step_seconds.items()},
+        "compaction_seconds": round(compaction.seconds, 2),
+        "bucket_rows_before": compaction.rows_before,
+        "bucket_rows_after": compaction.rows_after,
+        "files_before": compaction.files_before,
+        "files_after": compaction.files_after,
+        "optimize_files_before": optimized.files_before,
+        "optimize_files_after": optimized.files_after,
+    }
+    figures_file.write(args.figures, figures)
+    return figures
 
 
 if __name__ == "__main__":

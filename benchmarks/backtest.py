@@ -22,7 +22,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from benchmarks import figures as figures_file
 from benchmarks.stream import process_tree, rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +123,32 @@ def _report(wall: float, summary: dict) -> None:
     )
 
 
+def run_figures(master: str | None, size: int, wall: float, summary: dict) -> dict[str, Any]:
+    """One run's figures, as ``_report`` prints them."""
+    lines = summary["lines"]
+    return {
+        "master": master or "default",
+        "events": size,
+        "lines": lines,
+        "accepted": summary["accepted"],
+        "quarantined": summary["quarantined"],
+        "rules": len(summary["alerts_by_rule"]),
+        "alerts": summary["alerts"],
+        "end_to_end_seconds": round(wall, 2),
+        "end_to_end_events_per_s": round(lines / wall),
+        "backtest_seconds": round(summary["seconds"], 2),
+        "events_per_s_excluding_startup": round(lines / summary["seconds"]),
+        "step_seconds": {k: round(v, 2) for k, v in summary["step_seconds"].items()},
+        "peak_rss_mb": round(summary["peak_rss_mb"]),
+        "peak_rss_python_mb": round(summary["peak_rss_python_mb"]),
+        **(
+            {"buckets": summary["buckets"], "bucket_bytes": summary["bucket_bytes"]}
+            if summary.get("kept_state")
+            else {}
+        ),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -135,6 +163,9 @@ def main() -> int:
     parser.add_argument("--bucket-seconds", type=int, default=60)
     parser.add_argument("--runs", type=int, default=1, help="runs per size; the median counts")
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench"))
+    parser.add_argument(
+        "--events-dir", help="where the generated events are cached (default: --work-dir)"
+    )
     parser.add_argument(
         "--rules",
         type=Path,
@@ -160,6 +191,7 @@ def main() -> int:
         help="Spark master (VELOCITY_SPARK_MASTER) to run on; repeat to compare masters "
         "side by side, e.g. --master local[2] --master spark://127.0.0.1:7077",
     )
+    figures_file.add_option(parser)
     args = parser.parse_args()
 
     work = Path(args.work_dir)
@@ -169,7 +201,7 @@ def main() -> int:
     results: dict[tuple[str | None, int], tuple[float, dict]] = {}
     before: dict[int, tuple[float, dict]] = {}
     for size in sizes:
-        events_dir = _events(work, size, args.keys, args.rate)
+        events_dir = _events(Path(args.events_dir or work), size, args.keys, args.rate)
         for master in masters:
             runs: dict[Path | None, list[tuple[float, dict]]] = {d: [] for d in designs}
             for run in range(args.runs):
@@ -193,6 +225,10 @@ def main() -> int:
             results[master, size] = median[None]
             if args.before and master == masters[0]:
                 before[size] = median[args.before]
+    figures: dict[str, Any] = {
+        "rules": str(args.rules),
+        "runs": [run_figures(m, n, *results[m, n]) for m in masters for n in sizes],
+    }
     print(f"\nrules: {args.rules}")
     for master in masters:
         if master:
@@ -204,6 +240,11 @@ def main() -> int:
             (small_wall, small) = results[master, sizes[0]]
             (big_wall, big) = results[master, sizes[1]]
             extra = big["lines"] - small["lines"]
+            marginal = figures.setdefault("marginal_events_per_s", {})
+            marginal[master or "default"] = {
+                "end_to_end": round(extra / (big_wall - small_wall)),
+                "excluding_startup": round(extra / (big["seconds"] - small["seconds"])),
+            }
             print()
             print(
                 f"marginal {sizes[0]:,} -> {sizes[1]:,}: "
@@ -212,6 +253,7 @@ def main() -> int:
             )
     for size, (wall, summary) in before.items():
         now_wall, now = results[masters[0], size]
+        figures.setdefault("before", []).append(run_figures(masters[0], size, wall, summary))
         print(f"\n== before ({args.before}), {size:,} events")
         _report(wall, summary)
         print(
@@ -225,7 +267,11 @@ def main() -> int:
         for master in masters[1:]:
             for size in sizes:
                 ratio = results[first, size][0] / results[master, size][0]
+                figures.setdefault("throughput_ratios", []).append(
+                    {"master": master, "against": first, "events": size, "ratio": round(ratio, 3)}
+                )
                 print(f"{size:,} events: {master} is {ratio:.2f}x the throughput of {first}")
+    figures_file.write(args.figures, figures)
     return 0
 
 

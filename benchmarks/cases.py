@@ -18,6 +18,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable, write_deltalake
 
+from benchmarks import figures as figures_file
 from velocity.analyst.cases import (
     CaseAlert,
     OpenCases,
@@ -47,12 +48,13 @@ def _flush(store: CaseStore, index: OpenCases, group: int, alerts: int, payers: 
     write_deltalake(str(store.events_path), _event_rows(events), mode="append")
 
 
-def _timed(what: str, run) -> float:  # type: ignore[no-untyped-def]
+def _timed(what: str, run) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """(seconds, cases found)."""
     started = time.perf_counter()
     found = run()
     seconds = time.perf_counter() - started
     print(f"  {what:<44} {seconds:8.3f} s  ({len(found):,} cases)")
-    return seconds
+    return seconds, len(found)
 
 
 def main() -> None:
@@ -60,6 +62,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=300)
     parser.add_argument("--alerts", type=int, default=2_000)
     parser.add_argument("--payers", type=int, default=150_000)
+    figures_file.add_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         store = CaseStore(Settings(data_dir=Path(work)))
@@ -71,14 +74,27 @@ def main() -> None:
             f"case_events: {args.groups} files, {args.groups * args.alerts:,} alerts "
             f"over {args.payers:,} payers"
         )
-        whole = _timed(
+        whole, whole_cases = _timed(
             "whole fold (every look, before)",
             lambda: fold_cases(_events(DeltaTable(str(store.events_path)))),
         )
-        _timed("CaseStore.cases(), first look", store.cases)
+        first, first_cases = _timed("CaseStore.cases(), first look", store.cases)
         _flush(store, index, args.groups, args.alerts, args.payers)
-        again = _timed("CaseStore.cases(), after one more flush", store.cases)
+        again, again_cases = _timed("CaseStore.cases(), after one more flush", store.cases)
         print(f"  a look after a flush: {whole / again:,.0f}x faster than the whole fold")
+    figures_file.write(
+        args.figures,
+        {
+            "alerts": args.groups * args.alerts,
+            "whole_fold_seconds": round(whole, 4),
+            "whole_fold_cases": whole_cases,
+            "first_look_seconds": round(first, 4),
+            "first_look_cases": first_cases,
+            "look_after_flush_seconds": round(again, 4),
+            "look_after_flush_cases": again_cases,
+            "speed_up": round(whole / again, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

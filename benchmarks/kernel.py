@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from benchmarks import figures as figures_file
 from velocity.domain.rules import (
     RuleSignature,
     deciding_rules,
@@ -100,6 +101,7 @@ def main() -> int:
     parser.add_argument("--rules", type=Path, default=SAMPLE_RULES)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--reference", type=int, default=0, help="events for the reference")
+    figures_file.add_option(parser)
     args = parser.parse_args()
 
     rules = deciding_rules(parse_rules(args.rules.read_text()))  # type: ignore[arg-type]
@@ -148,6 +150,7 @@ def main() -> int:
             "same_decision_count": kernel_count == reference_count,
         }
     print(json.dumps(figures))
+    figures_file.write(args.figures, figures)
     return 0
 
 

@@ -26,7 +26,11 @@ import statistics
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
+
+from benchmarks import figures as figures_file
 
 ROOT = Path(__file__).resolve().parents[1]
 LUA = "jobs/velocity/redis/velocity.lua"
@@ -49,9 +53,13 @@ def timings(call: object, runs: int) -> tuple[float, float]:
 
 
 def bucket_text(i: int) -> str:
-    """One event of a decimal amount, and one of 50 distinct values."""
-    amount = f'"{i % 997}.{i % 89:02d}"'
-    return f'[1,1,{amount},{amount},{amount},["m{i % 50}"]]'
+    """One event of a decimal amount, and one of 50 distinct values, in the stream's own
+    layout (``velocity.redis.keys.bucket_value``: decimals trimmed)."""
+    from velocity.domain.buckets import BucketAggregate
+    from velocity.redis.keys import bucket_value
+
+    amount = Decimal(f"{i % 997}.{i % 89:02d}")
+    return bucket_value(BucketAggregate(1, 1, amount, amount, amount, frozenset({f"m{i % 50}"})))
 
 
 def main() -> None:
@@ -61,10 +69,13 @@ def main() -> None:
     parser.add_argument(
         "--before", default="ee2a6d2", help="git revision of the old function (before roll-ups)"
     )
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "data" / "bench-lookup")
+    figures_file.add_option(parser)
     args = parser.parse_args()
     import redis
 
-    work = ROOT / "data" / "bench-lookup"
+    work = args.work_dir
+    figures: dict[str, Any] = {"before": args.before, "lookups": []}
     env = {
         **os.environ,
         "VELOCITY_DATA_DIR": str(work),
@@ -87,7 +98,8 @@ def main() -> None:
         )
         rng = random.Random(1)
         p50, p99 = timings(client.ping, args.runs)  # the floor: a round trip doing nothing
-        print(json.dumps({"call": "PING", "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}))
+        figures["ping"] = {"call": "PING", "p50_ms": round(p50, 3), "p99_ms": round(p99, 3)}
+        print(json.dumps(figures["ping"]))
         end = 1_767_225_600_000 + 40 * DAY
         for width, horizon, windows in CASES:
             plain, rolled = f"bench:{{plain-{width}}}:buckets", f"bench:{{rolled-{width}}}:buckets"
@@ -120,20 +132,19 @@ def main() -> None:
                             ),
                             args.runs if window < DAY or label == "now" else 20,
                         )
-                        print(
-                            json.dumps(
-                                {
-                                    "g_s": width // 1000,
-                                    "buckets": len(starts),
-                                    "window_min": window // 60_000,
-                                    "aggregator": aggregator,
-                                    "function": label,
-                                    "p50_ms": round(p50, 3),
-                                    "p99_ms": round(p99, 3),
-                                }
-                            ),
-                            flush=True,
+                        figures["lookups"].append(
+                            {
+                                "g_s": width // 1000,
+                                "buckets": len(starts),
+                                "window_min": window // 60_000,
+                                "aggregator": aggregator,
+                                "function": label,
+                                "p50_ms": round(p50, 3),
+                                "p99_ms": round(p99, 3),
+                            }
                         )
+                        print(json.dumps(figures["lookups"][-1]), flush=True)
+        figures_file.write(args.figures, figures)
     finally:
         subprocess.run([*velocity, "down"], env=env, check=False, stdout=subprocess.DEVNULL)
 

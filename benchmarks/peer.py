@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from benchmarks import figures as figures_file
 from benchmarks.backtest import SAMPLE_RULES, _backtest, _events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,7 @@ def main() -> int:
         default=str(ROOT / "data" / "bench"),
         help="where the generated events are cached (make bench's folder: one file for both)",
     )
+    figures_file.add_option(parser)
     args = parser.parse_args()
     if not PEER_JAR.exists():
         print(f"{PEER_JAR} is missing: build it with `make bench-peer`", file=sys.stderr)
@@ -209,6 +211,21 @@ def main() -> int:
         f"{'velocity alerts':>17}{'flink alerts':>14}  identical"
     )
     failed = False
+    figures_file.write(
+        args.figures,
+        {
+            "events": args.events,
+            "mode": args.mode,
+            "parallelism": args.parallelism,
+            "rules": [
+                {"rules": name, "velocity_seconds": round(v_wall, 2),
+                 "peer_seconds": round(p_wall, 2), "ratio": round(v_wall / p_wall, 3),
+                 "velocity_alerts": v_count, "peer_alerts": p_count,
+                 "identical": c.identical, "flags_identical": c.flags_identical}
+                for name, v_wall, p_wall, v_count, p_count, c in results
+            ],
+        },
+    )  # fmt: skip
     for name, velocity_wall, peer_wall, velocity_count, peer_count, comparison in results:
         same = "yes" if comparison.identical else "NO"
         flags = "" if comparison.flags_identical else " (cooldown flags differ)"

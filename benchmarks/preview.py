@@ -49,6 +49,18 @@ LONG_RULE = [
 ]  # fmt: skip
 
 
+def raw_lines(raws: pa.Array, path: Path, block: int) -> pa.Table:
+    """A micro-batch's lines as the stream's text source gives them to the parser (``raw``,
+    ``source_file``, ``source_block``: ``tables.PARSED_SCHEMA``'s first fields)."""
+    return pa.table(
+        {
+            "raw": raws,
+            "source_file": pa.repeat(pa.scalar(str(path)), len(raws)),
+            "source_block": pa.repeat(pa.scalar(block, pa.int64()), len(raws)),
+        }
+    )
+
+
 def write_live_events(
     files: Sequence[Path], table_path: Path, rows_per_commit: int, first_batch: int = 0
 ) -> int:
@@ -68,13 +80,7 @@ def write_live_events(
         raws = pa.array(path.read_text(encoding="utf-8").splitlines(), pa.string())
         for begin in range(0, len(raws), rows_per_commit):
             chunk = raws.slice(begin, rows_per_commit)
-            lines = pa.table(
-                {
-                    "raw": chunk,
-                    "source_file": pa.repeat(pa.scalar(str(path)), len(chunk)),
-                    "source_block": pa.repeat(pa.scalar(begin, pa.int64()), len(chunk)),
-                }
-            )
+            lines = raw_lines(chunk, path, begin)
             parsed = parsed_in_arrival_order(lines, VERDICT_ARROW)
             accepted = parsed.filter(parsed.column("accepted"))
             if accepted.num_rows != len(chunk):

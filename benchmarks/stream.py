@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import figures as figures_file
 from benchmarks.charts import latency_histogram
 from velocity.kafka.topics import TopicWriter
 
@@ -813,6 +814,7 @@ def main() -> int:
         help="the benchmark's own Redis (its cluster +1000, the stream's metrics +2000, the "
         "Kafka broker +3000)",
     )
+    figures_file.add_option(parser)
     args = parser.parse_args()
     if args.redis != "single" and (args.source != "folder" or args.design != "new"):
         parser.error("--redis cluster|both runs this checkout's stream on a folder only")
@@ -876,6 +878,8 @@ def main() -> int:
         }
         names = [label for label, _ in latencies]
         print(f"{names[0]} / {names[1]}: {json.dumps(ratio)}")
+    figures = {"events": data.events, "expected_alerts": len(data.expected), "runs": results}
+    figures_file.write(args.figures, figures)
     return 0
 
 

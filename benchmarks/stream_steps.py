@@ -26,11 +26,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
 
+from benchmarks import figures as figures_file
+from benchmarks.preview import raw_lines
 from velocity.domain.windows import horizon_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,13 +76,7 @@ def run(events_dir: Path, rules_file: Path) -> dict[str, float]:
     for batch_id, path in enumerate(sorted(events_dir.glob("*.jsonl"))):
         raws = pa.array(path.read_text().splitlines(), pa.string())
         t = time.perf_counter()
-        taken = pa.table(
-            {
-                "raw": raws,
-                "source_file": pa.repeat(pa.scalar(str(path)), len(raws)),
-                "source_block": pa.repeat(pa.scalar(0), len(raws)),
-            }
-        )
+        taken = raw_lines(raws, path, 0)
         lines = parsed_in_arrival_order(taken, VERDICT_ARROW)
         count = lines.num_rows
         t = mark("parse", t)
@@ -163,8 +160,10 @@ def main() -> None:
         help="the rules file (default: the sample rules)",
     )
     parser.add_argument("--inner", help=argparse.SUPPRESS)  # one measured run (subprocess)
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "data" / "bench-stream-steps")
+    figures_file.add_option(parser)
     args = parser.parse_args()
-    work = ROOT / "data" / "bench-stream-steps"
+    work = args.work_dir.resolve()
     redis_url = f"redis://:velocity-bench@127.0.0.1:{args.port}/0"
     env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
     if args.inner:
@@ -191,6 +190,10 @@ def main() -> None:
     subprocess.run([*velocity, "up"], env=env, check=True, stdout=subprocess.DEVNULL)
     client = redis.Redis.from_url(redis_url)
     totals: dict[str, list[float]] = {name: [] for name in trees}
+    figures: dict[str, Any] = {
+        "events": args.batch * args.batches, "batches": args.batches, "keys": args.keys,
+        "rules": str(args.rules), "runs": [],
+    }  # fmt: skip
     try:
         for _ in range(args.rounds):
             for name, tree in sorted(trees.items()):  # "before" first, then "now"
@@ -201,20 +204,24 @@ def main() -> None:
                 client.config_resetstat()  # Lua time of this run only
                 inner = subprocess.run(
                     [sys.executable, "-m", "benchmarks.stream_steps", "--inner", "freeze",
-                     "--port", str(args.port), "--rules", str(Path(args.rules).resolve())],
+                     "--port", str(args.port), "--rules", str(Path(args.rules).resolve()),
+                     "--work-dir", str(work)],
                     env={**env, "PYTHONPATH": f"{tree / 'jobs'}:{ROOT}"}, cwd=ROOT,
                     check=True, capture_output=True, text=True,
                 )  # fmt: skip
                 result = json.loads(inner.stdout.splitlines()[-1])
                 totals[name].append(result["total"])
+                figures["runs"].append({"design": name, "us_per_event": result})
                 print(json.dumps({"design": name, "µs_per_event": result}, ensure_ascii=False))
         if args.before:
             before, now = min(totals["before"]), min(totals["now"])
+            figures["before_over_now"] = round(before / now, 3)
             print(
                 f"before ({args.before}) / now: {before / now:.2f}× "
                 f"(best of {args.rounds}: {before} vs {now} µs an event; "
                 f"{args.batches} batches of {args.batch}, {args.keys} payers)"
             )
+        figures_file.write(args.figures, figures)
     finally:
         subprocess.run([*velocity, "down"], env=env, check=False, stdout=subprocess.DEVNULL)
         if args.before:

@@ -19,21 +19,40 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from benchmarks import figures as figures_file
 
 ROOT = Path(__file__).resolve().parents[1]
 VELOCITY = str(Path(sys.executable).parent / "velocity")
+# The event lines as Spark's own window() reads them (a test holds it to the event fields).
+EVENT_LINE_SCHEMA = (
+    "transactionId string, eventTime long, payerId string, beneficiaryId string, "
+    "paymentAmount string, paymentType string, ip string, deviceId string, action string"
+)
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=4_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--rate", type=float, default=10.0, help="events per second of event time")
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-window"))
-    args = parser.parse_args()
+    parser.add_argument("--port", type=int, default=6393, help="the benchmark's own Redis")
+    figures_file.add_option(parser)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    run(parser().parse_args(argv))
+    return 0
+
+
+def run(args: argparse.Namespace, spark: Any = None) -> dict[str, Any]:
+    """The benchmark; its figures. ``spark``: a session to use (a caller's, shared by
+    several benchmarks in one process; its settings are put back, it is left running)."""
     work = Path(args.work_dir)
-    redis_url = "redis://:velocity-bench@127.0.0.1:6393/0"
+    redis_url = f"redis://:velocity-bench@127.0.0.1:{args.port}/0"
     env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
     subprocess.run([VELOCITY, "down"], check=False, env=env, stdout=subprocess.DEVNULL)
     shutil.rmtree(work, ignore_errors=True)
@@ -66,7 +85,18 @@ def main() -> int:
         stdout=subprocess.DEVNULL,
     )
     subprocess.run([VELOCITY, "up"], check=True, env=env, stdout=subprocess.DEVNULL)
+    environ = dict(os.environ)
     os.environ.update({k: v for k, v in env.items() if k.startswith("VELOCITY_")})
+    try:
+        return _compare(args, work, events, env, spark)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _compare(
+    args: argparse.Namespace, work: Path, events: Path, env: dict[str, str], spark: Any
+) -> dict[str, Any]:
 
     from pyspark.sql import functions as F
 
@@ -79,7 +109,9 @@ def main() -> int:
     from velocity.spark.stream import StreamJob
 
     settings = load_settings()
-    spark = build_spark(settings, "velocity-window-compare")
+    own_session = spark is None
+    if own_session:
+        spark = build_spark(settings, "velocity-window-compare")
     spark.conf.set(
         "spark.sql.streaming.stateStore.providerClass",
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -98,15 +130,11 @@ def main() -> int:
         flush=True,
     )
 
-    schema = (
-        "transactionId string, eventTime long, payerId string, beneficiaryId string, "
-        "paymentAmount string, paymentType string, ip string, deviceId string, action string"
-    )
     parsed = (
         spark.readStream.option("maxFilesPerTrigger", 1)
         .format("text")
         .load(str(events))
-        .select(F.from_json("value", schema).alias("e"))
+        .select(F.from_json("value", EVENT_LINE_SCHEMA).alias("e"))
         .select("e.*")
         .withColumn("ts", F.timestamp_millis("eventTime"))
         .withColumn("amount", F.col("paymentAmount").cast(AMOUNT_TYPE))
@@ -164,7 +192,24 @@ def main() -> int:
         f"state rows ratio spark/velocity: {state_rows / max(bucket_rows, 1):.0f}"
     )
     subprocess.run([VELOCITY, "down"], check=False, env=env, stdout=subprocess.DEVNULL)
-    return 0
+    if not own_session:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    figures = {
+        "events": n,
+        "keys": args.keys,
+        "velocity_seconds": round(velocity_seconds, 2),
+        "velocity_events_per_s": round(n / velocity_seconds),
+        "bucket_rows": bucket_rows,
+        "bucket_bytes": bucket_bytes,
+        "spark_seconds": round(spark_seconds, 2),
+        "spark_events_per_s": round(n / spark_seconds),
+        "state_rows": state_rows,
+        "state_bytes": state_bytes,
+        "throughput_ratio": round(spark_seconds / velocity_seconds, 3),
+        "state_rows_ratio": round(state_rows / max(bucket_rows, 1), 1),
+    }
+    figures_file.write(args.figures, figures)
+    return figures
 
 
 if __name__ == "__main__":

@@ -40,28 +40,28 @@ lint: setup ## ruff and mypy
 	@$(VENV)/ruff check jobs tests plugins dags benchmarks examples tools
 	@$(VENV)/mypy
 
-bench: setup ## backtest throughput for 1M events and 8 rules; RULES=file, BEFORE=checkout, KEEP_STATE=1 (Delta bytes per bucket)
-	@$(VENV)/python -m benchmarks.backtest $(if $(RULES),--rules $(RULES)) $(if $(BEFORE),--before $(BEFORE)) $(if $(KEEP_STATE),--keep-state)
+bench: setup ## backtest throughput for 1M events and 8 rules; RULES=file, BEFORE=checkout, KEEP_STATE=1 (Delta bytes per bucket); ARGS= (every bench*: more options, e.g. a size)
+	@$(VENV)/python -m benchmarks.backtest $(if $(RULES),--rules $(RULES)) $(if $(BEFORE),--before $(BEFORE)) $(if $(KEEP_STATE),--keep-state) $(ARGS)
 
 bench-cooldown: setup ## alerts vs notified alerts per hour, sample and fire-often rules, 10-minute cooldown (150 events/s, 3,000 payers)
-	$(VENV)/python -m benchmarks.cooldown
+	$(VENV)/python -m benchmarks.cooldown $(ARGS)
 
 bench-cases: setup ## the case queue's read of 600k alerts' cases: the whole fold against the incremental one
-	@$(VENV)/python -m benchmarks.cases
+	@$(VENV)/python -m benchmarks.cases $(ARGS)
 
 bench-kernel: setup ## the decision kernel alone on 1M synthetic events (sample and fire-often rules), and the reference
-	@$(VENV)/python -m benchmarks.kernel --reference 100000 && \
-		$(VENV)/python -m benchmarks.kernel --rules benchmarks/rules/fire_often.json --reference 100000
+	@$(VENV)/python -m benchmarks.kernel --reference 100000 $(ARGS) && \
+		$(VENV)/python -m benchmarks.kernel --rules benchmarks/rules/fire_often.json --reference 100000 $(ARGS)
 
 bench-peer: setup ## velocity backtest against its Flink 2.3 peer (benchmarks/peers/flink) on the same 1M events, sample and fire-often rules: seconds, ratio, identical alerts; EVENTS=n, RULES=sample|fire-often|file, RUNS=n
 	@mvn -q -B -f benchmarks/peers/flink/pom.xml -Dmaven.repo.local=$(CURDIR)/.cache/m2 package
 	@$(VENV)/python -m benchmarks.peer $(if $(EVENTS),--events $(EVENTS)) $(if $(RULES),--rules $(RULES)) \
-		$(if $(RUNS),--runs $(RUNS))
+		$(if $(RUNS),--runs $(RUNS)) $(ARGS)
 
 bench-cluster: setup ## backtest throughput on local[2] vs the two-worker standalone cluster, same events
 	@bash infra/cluster.sh up
 	@$(VENV)/python -m benchmarks.backtest --baseline-events 0 \
-		--master 'local[2]' --master spark://127.0.0.1:$${VELOCITY_CLUSTER_PORT:-7077}; \
+		--master 'local[2]' --master spark://127.0.0.1:$${VELOCITY_CLUSTER_PORT:-7077} $(ARGS); \
 		status=$$?; bash infra/cluster.sh down; exit $$status
 
 cluster: setup ## start a Spark standalone cluster on 127.0.0.1:7077 (master + 2 one-core workers)
@@ -75,7 +75,7 @@ bench-stream: setup ## stream latency (alert in Redis - landed/produced), throug
 		$(VENV)/python -m benchmarks.stream --rate $(RATE) --seconds $(or $(SECONDS),300) \
 			--keys $(or $(KEYS),100000) --design $(or $(DESIGN),new) --source $(or $(SOURCE),folder) \
 			--redis $(or $(REDIS),single) $(if $(RULES),--rules $(RULES)) \
-			$(if $(LAG_SECONDS),--lag-partition-seconds $(LAG_SECONDS)); \
+			$(if $(LAG_SECONDS),--lag-partition-seconds $(LAG_SECONDS)) $(ARGS); \
 	elif [ -n "$(SOURCE)" ]; then \
 		$(VENV)/python -m benchmarks.stream --rate 1000 --seconds 60 --keys 100000 --source $(SOURCE) \
 			$(if $(LAG_SECONDS),--lag-partition-seconds $(LAG_SECONDS)) && \
@@ -88,13 +88,13 @@ bench-stream: setup ## stream latency (alert in Redis - landed/produced), throug
 	fi
 
 bench-stream-steps: setup ## per-event cost of each stream step without Spark (real Redis)
-	@$(VENV)/python -m benchmarks.stream_steps
+	@$(VENV)/python -m benchmarks.stream_steps $(ARGS)
 
 bench-lookup: setup ## Redis window lookup latency, dense keys at g = 1 s and 60 s; before/now
-	@$(VENV)/python -m benchmarks.lookup
+	@$(VENV)/python -m benchmarks.lookup $(ARGS)
 
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
-	@$(VENV)/python -m benchmarks.window_compare
+	@$(VENV)/python -m benchmarks.window_compare $(ARGS)
 
 airflow: setup ## start Redis and Airflow standalone (UI on 127.0.0.1:8790) with the DAGs
 	@$(VENV)/velocity up
@@ -104,7 +104,10 @@ airflow-down: ## stop Airflow standalone
 	@bash infra/airflow.sh down
 
 bench-backfill: setup ## backfill replay of a day of 1M events; compaction time and files
-	@$(VENV)/python -m benchmarks.backfill --events $(or $(EVENTS),1000000)
+	@$(VENV)/python -m benchmarks.backfill --events $(or $(EVENTS),1000000) $(ARGS)
+
+bench-smoke: setup ## every bench* target at a tiny size, its figures checked for shape (not speed); a table of target, seconds, verdict
+	@$(VENV)/python -m benchmarks.smoke
 
 down: ## stop the local Redis and Kafka broker
 	@$(VENV)/velocity down
@@ -112,4 +115,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-kernel bench-peer bench-stream bench-window bench-backfill down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-window bench-backfill bench-smoke down clean airflow airflow-down

@@ -165,7 +165,12 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work_dir.resolve()
     redis_url = f"redis://:velocity-bench@127.0.0.1:{args.port}/0"
-    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "data"), "VELOCITY_REDIS_URL": redis_url}
+    env = {
+        **os.environ,
+        "VELOCITY_DATA_DIR": str(work / "data"),
+        "VELOCITY_REDIS_URL": redis_url,
+        "VELOCITY_KAFKA_BOOTSTRAP": "",  # `velocity up` starts no broker: nothing reads one
+    }
     if args.inner:
         # --inner: its value is a run's name
         print(json.dumps(run(work / "events", Path(args.rules))))

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,8 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from velocity.operating.local_process import free_loopback_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -263,19 +264,9 @@ def check_backfill(figures: Mapping[str, Any]) -> list[str]:
 
 
 def free_port(offsets: tuple[int, ...] = (0,)) -> int:
-    """A loopback port P below the ephemeral range with P + each offset free."""
-    import random
-
-    for _ in range(200):
-        port = random.randrange(12_000, 30_000)
-        try:
-            for offset in offsets:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free loopback ports")
+    """A loopback port P with P + each offset free, from the smoke's own range (none of the
+    test suite's: the smoke runs inside it; tests/conftest.py lists the ranges)."""
+    return free_loopback_port(offsets, low=2_000, high=6_000)
 
 
 class Runner:

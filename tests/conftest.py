@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from velocity.operating.local_process import free_loopback_port
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
 
 # No per-example deadline: on a shared two-core machine a scheduler stall would fail a
@@ -73,37 +74,20 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     redis_down(settings)
 
 
-def free_ports_from(offsets: tuple[int, ...], low: int, high: int) -> int:
-    """A first port P, drawn from [low, high), such that P + each offset is free on loopback.
-
-    Below Linux's ephemeral range (32768 up): a service binds its ports seconds after this
-    check (a JVM starts first), and an outgoing connection of any test would otherwise take
-    one of them as its local port meanwhile. Each kind of service draws from a range of its
-    own: the Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
-    22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000, streams'
-    metrics 10 000-12 000."""
-    import random
-
-    for _ in range(100):
-        first = random.randrange(low, high)
-        try:
-            for offset in offsets:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", first + offset))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError(f"no free loopback ports at offsets {offsets} in [{low}, {high})")
+# Each kind of service draws its ports from a range of its own (free_loopback_port): the
+# Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
+# 22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000, streams'
+# metrics 10 000-12 000; the benchmark smoke 2 000-6 000 (benchmarks/smoke.py).
 
 
 def free_port_pair() -> int:
     """A free loopback port whose next port is free too (the broker's controller)."""
-    return free_ports_from((0, 1), low=23_000, high=30_000)
+    return free_loopback_port((0, 1), low=23_000, high=30_000)
 
 
 def free_metrics_port() -> int:
     """A port for a stream's metrics server (VELOCITY_METRICS_PORT)."""
-    return free_ports_from((0,), low=10_000, high=12_000)
+    return free_loopback_port((0,), low=10_000, high=12_000)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -119,7 +103,7 @@ def _no_metrics_server() -> Iterator[None]:
 def free_airflow_port() -> int:
     """A port for `infra/airflow.sh` (VELOCITY_AIRFLOW_PORT): its api-server takes it, the log
     servers and the scheduler's health check the next three, all free."""
-    return free_ports_from((0, 1, 2, 3), low=12_000, high=20_000)
+    return free_loopback_port((0, 1, 2, 3), low=12_000, high=20_000)
 
 
 @pytest.fixture(scope="session")
@@ -215,7 +199,7 @@ class SparkCluster:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     """`infra/cluster.sh up` on free loopback ports, once per run; `down` at the end."""
-    master = free_ports_from((0, 1), low=22_000, high=23_000)  # the master and its UI
+    master = free_loopback_port((0, 1), low=22_000, high=23_000)  # the master and its UI
     cluster = SparkCluster(
         {
             **os.environ,
@@ -238,7 +222,7 @@ REDIS_CLUSTER_SH = PROJECT_ROOT / "infra" / "redis-cluster.sh"
 def free_cluster_ports() -> int:
     """A first port such that it, the next two and their cluster-bus ports (+10 000) are
     free on loopback."""
-    return free_ports_from((0, 1, 2, 10_000, 10_001, 10_002), low=20_000, high=22_000)
+    return free_loopback_port((0, 1, 2, 10_000, 10_001, 10_002), low=20_000, high=22_000)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ import importlib
 import logging
 import multiprocessing
 import os
+import random
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -132,3 +134,20 @@ class SpawnedWorkers:
 def _imported(module: str) -> int:
     importlib.import_module(module)
     return os.getpid()
+
+
+def free_loopback_port(offsets: tuple[int, ...], low: int, high: int) -> int:
+    """A first port P, drawn from [low, high), such that P + each offset is free on
+    loopback. Callers draw from ranges below Linux's ephemeral one (32768 up), each kind of
+    service a range of its own: a service binds its ports seconds after this check (a JVM
+    starts first), and an outgoing connection would otherwise take one meanwhile."""
+    for _ in range(100):
+        first = random.randrange(low, high)
+        try:
+            for offset in offsets:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no free loopback ports at offsets {offsets} in [{low}, {high})")

@@ -47,6 +47,22 @@ class RuleState(StrEnum):
     DISCARD = "DISCARD"
 
 
+class Outcome(StrEnum):
+    """What a firing of the rule asks of the payment (SPEC §2 ``outcome``), weakest first."""
+
+    ALERT = "ALERT"
+    REVIEW = "REVIEW"
+    BLOCK = "BLOCK"
+
+    @property
+    def strength(self) -> int:
+        """0 for ALERT, 1 for REVIEW, 2 for BLOCK: a case or a check takes the strongest."""
+        return _OUTCOME_ORDER.index(self)
+
+
+_OUTCOME_ORDER: tuple[Outcome, ...] = (Outcome.ALERT, Outcome.REVIEW, Outcome.BLOCK)
+
+
 class Aggregator(StrEnum):
     SUM = "SUM"
     COUNT = "COUNT"
@@ -165,6 +181,7 @@ class Rule:
     filter: Filter = ()
     version: int = 0
     cooldown_minutes: int = 0  # SPEC §3 cooldown: 0 notifies every alert
+    outcome: Outcome = Outcome.ALERT
 
     @property
     def window_ms(self) -> int:
@@ -209,6 +226,8 @@ class Rule:
             }
         if self.cooldown_minutes:
             out["cooldownMinutes"] = self.cooldown_minutes
+        if self.outcome is not Outcome.ALERT:
+            out["outcome"] = self.outcome.value
         return out
 
 
@@ -225,6 +244,8 @@ def rule_summary(rule: Rule) -> str:
         text += f" where {kept}"
     if rule.cooldown_minutes:
         text += f", cooldown {rule.cooldown_minutes} min"
+    if rule.outcome is not Outcome.ALERT:
+        text += f", {rule.outcome.value}"
     return text
 
 
@@ -262,6 +283,7 @@ _ALL_RULE_FIELDS = frozenset(
         "windowMinutes",
         "filter",
         "cooldownMinutes",
+        "outcome",
         "controlType",
     }
 )
@@ -455,6 +477,9 @@ def parse_rule(
     window = _window_minutes(checker, obj.get("windowMinutes"))
     rule_filter = _filter(checker, obj.get("filter"))
     cooldown = _cooldown_minutes(checker, obj.get("cooldownMinutes"))
+    outcome = (
+        Outcome.ALERT if obj.get("outcome") is None else _enum(checker, obj, "outcome", Outcome)
+    )
     if checker.problems:
         return None, checker.problems
     # Every None above added a problem, so none is left here.
@@ -470,6 +495,7 @@ def parse_rule(
             window_minutes=window,  # type: ignore[arg-type]
             filter=rule_filter,
             cooldown_minutes=cooldown,
+            outcome=outcome,
         ),
         [],
     )

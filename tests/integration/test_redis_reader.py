@@ -61,3 +61,40 @@ def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
     assert owner.get(bucket) == state
+
+
+def test_the_reader_checks_a_payment_and_cannot_run_the_streams_reads(redis_url: str) -> None:
+    """The pre-authorization check is the reader's (FCALL_RO); the stream's reads, whose
+    work grows with their arguments, are not: FCALL_RO refuses a Function without
+    no-writes."""
+    owner = redis.Redis.from_url(redis_url, decode_responses=True)
+    connection.load_functions(owner)
+    keys = RedisKeys("velocity:test", "/srv/velocity")
+    bucket = keys.bucket_hash("feedc0de", '["p-1"]')
+    owner.set(bucket, '1767225600000\t[2,2,"30.5","10","20.5",[]]\n')
+    rule = (
+        '{"ruleId":901,"ruleVersion":2,"outcome":"BLOCK","signatureId":"feedc0de",'
+        '"groupingKeyNames":["payerId"],"filter":[],"aggregateFieldName":"paymentAmount",'
+        '"aggregatorFunctionType":"SUM","limitOperatorType":">","limit":"40",'
+        '"windowMs":600000,"bucketMs":60000,"cooldownMs":0}'
+    )
+    owner.hset(keys.check_rules, mapping={"901": rule})
+    parts = urlsplit(redis_url)
+    reader = redis.Redis(
+        host=parts.hostname,
+        port=parts.port,
+        username=READER_USER,
+        password=Settings.model_fields["redis_reader_password"].default,
+        decode_responses=True,
+    )
+    payment = ["transactionId", "tx-1", "eventTime", "1767225630000", "payerId", "p-1",
+               "beneficiaryId", "b-1", "paymentAmount", "10", "paymentType", "CRD"]  # fmt: skip
+    answer = reader.fcall_ro("velocity_check", 1, keys.check_rules, *payment)
+    assert '"decision":"BLOCK"' in str(answer) and '"aggregateValue":"40.5"' in str(answer)
+    for function, args in (
+        ("velocity_read_keys", [bucket, f'["{bucket}"]']),
+        ("velocity_stream_read", [keys.stream_progress, keys.buckets_epoch, keys.mirror_marker,
+                                  '{"s":[],"sp":"x","sh":1000}']),
+    ):  # fmt: skip
+        with pytest.raises(redis.ResponseError, match="write flag"):
+            reader.fcall_ro(function, 1 if len(args) == 2 else 3, *args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import redis
@@ -85,3 +86,65 @@ def test_the_widest_window_over_a_day_of_seconds_reads_through_the_rollups(
     calls = client.info("commandstats")
     assert calls["cmdstat_hmget"]["calls"] == len(Aggregator)
     assert "cmdstat_hgetall" not in calls
+
+    # A check with a rule of the widest window for each aggregator on the key: one HMGET of
+    # the roll-ups a rule, and one HGETALL, of the rules.
+    rules = {
+        str(i): json.dumps(
+            {"ruleId": i, "ruleVersion": 1, "outcome": "ALERT", "signatureId": "sig",
+             "groupingKeyNames": ["payerId"], "filter": [], "aggregateFieldName": "paymentAmount",
+             "aggregatorFunctionType": aggregator.value, "limitOperatorType": ">", "limit": "0",
+             "windowMs": WIDEST_MS, "bucketMs": G, "cooldownMs": 0}
+        )
+        for i, aggregator in enumerate(Aggregator, start=1)
+    }  # fmt: skip
+    client.hset(settings.redis_keys.check_rules, mapping=rules)
+    client.config_resetstat()
+    answer = json.loads(check(client, settings, *PAYMENT, "eventTime", str(at), "payerId", "day"))
+    assert len(answer["rules"]) == len(Aggregator)
+    counted = next(r for r in answer["rules"] if r["ruleId"] == 2)  # COUNT
+    assert counted["aggregateValue"] == str(merged.count + 1)
+    calls = client.info("commandstats")
+    assert calls["cmdstat_hmget"]["calls"] == len(Aggregator)
+    assert calls["cmdstat_hgetall"]["calls"] == 1
+
+
+# A payment's fields but its eventTime and payerId, as velocity_check's arguments.
+PAYMENT = ("transactionId", "tx-1", "beneficiaryId", "b-1", "paymentAmount", "10.5",
+           "paymentType", "CRD")  # fmt: skip
+
+
+def check(client: redis.Redis, settings: Settings, *args: str) -> str:
+    return client.fcall_ro("velocity_check", 1, settings.redis_keys.check_rules, *args)  # type: ignore[arg-type, return-value]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"payerId": None}, "payerId is required"),
+        ({"payerId": "  "}, "payerId is required"),
+        ({"eventTime": "soon"}, "eventTime 'soon' is not a whole number"),
+        ({"eventTime": "1" * 17}, "eventTime '11111111111111111' is not a whole number"),
+        ({"paymentAmount": "1e3"}, "paymentAmount '1e3' is not a plain decimal"),
+        ({"paymentAmount": "-5"}, "paymentAmount '-5' is not a plain decimal"),
+        ({"paymentAmount": "1.123456789"}, "paymentAmount '1.123456789' has more than 8"),
+        ({"paymentAmount": "1" * 19}, "is outside 0 <= amount < 10^18"),
+        ({"paymentType": "XYZ"}, "paymentType 'XYZ' is not one of CRD, CSH"),
+        ({"ip": "x" * 1025}, "ip is longer than 1024 bytes"),
+        ({f"extra{i}": "1" for i in range(30)}, "arguments name more than 32 fields"),
+    ],
+)
+def test_a_malformed_payment_is_refused_naming_the_field(
+    settings: Settings, change: dict[str, str | None], named: str
+) -> None:
+    client = connection.connect(settings)
+    fields = dict(zip(PAYMENT[::2], PAYMENT[1::2], strict=True))
+    fields |= {"eventTime": "1767225600000", "payerId": "p-1"}
+    fields |= change
+    args = [part for name, value in fields.items() if value is not None for part in (name, value)]
+    with pytest.raises(redis.ResponseError, match="velocity_check: .*" + re.escape(named)):
+        check(client, settings, *args)
+    for args in (["payerId"], ["payerId", "p", "payerId", "q"]):
+        with pytest.raises(redis.ResponseError, match=r"velocity_check: (arguments|payerId)"):
+            check(client, settings, *args)
+    assert client.dbsize() == 0  # nothing recorded

@@ -272,3 +272,31 @@ def test_the_thresholds_and_bounds_are_the_same_in_python_and_lua() -> None:
     assert sorted(int(w) for w in re.findall(r"\[(\d+)\] = true", widths)) == [
         s * 1000 for s in ALLOWED_BUCKET_SECONDS
     ]
+
+
+def test_the_check_reads_an_event_as_the_schema_declares_it() -> None:
+    """velocity_check validates a payment in Lua: its fields, required ones, payment types,
+    amount bounds and the rules hash's progress field are the schema's and the layout's."""
+    import re
+    from importlib import resources
+
+    from velocity.domain.schema import AMOUNT_DECIMAL_PLACES, EVENT_FIELDS, FIELDS_BY_NAME
+    from velocity.redis.keys import CHECK_PROGRESS_FIELD
+
+    lua = (resources.files("velocity") / "redis" / "velocity.lua").read_text(encoding="utf-8")
+
+    def lua_table(name: str) -> str:
+        [body] = re.findall(rf"^local {name} = \{{(.*?)\}}$", lua, re.MULTILINE | re.DOTALL)
+        return body
+
+    assert re.findall(r'"(\w+)"', lua_table("CHECK_REQUIRED")) == [
+        f.name for f in EVENT_FIELDS if f.required
+    ]
+    assert sorted(re.findall(r"(\w+) = true", lua_table("CHECK_DECLARED"))) == sorted(
+        f.name for f in EVENT_FIELDS
+    )
+    assert sorted(re.findall(r"(\w+) = true", lua_table("PAYMENT_TYPES"))) == sorted(
+        FIELDS_BY_NAME["paymentType"].allowed
+    )
+    assert f"local AMOUNT_MAX_PLACES = {AMOUNT_DECIMAL_PLACES}\n" in lua
+    assert f'local CHECK_PROGRESS_FIELD = "{CHECK_PROGRESS_FIELD}"\n' in lua

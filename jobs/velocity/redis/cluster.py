@@ -84,7 +84,7 @@ def read_stream_state(
 
     def progress_read() -> dict[str, Any]:
         return json.loads(
-            client.fcall_ro(  # type: ignore[arg-type]
+            client.fcall(  # type: ignore[arg-type]
                 "velocity_cluster_read_progress",
                 2,
                 keys.stream_progress,
@@ -101,7 +101,7 @@ def read_stream_state(
         reply = progress_read()
     texts: dict[str, str] = {}
     for group in by_master(client, names).values():
-        answer = client.fcall_ro(
+        answer = client.fcall(
             "velocity_read_keys", 1, group[0], json.dumps(group, ensure_ascii=False)
         )
         texts.update(zip(group, cast(str, answer).split(KEY_SEPARATOR), strict=True))

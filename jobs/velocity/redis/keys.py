@@ -20,6 +20,9 @@ dirs share one Redis without touching each other's keys:
   to a bucket, they are its state's field ``~<bucket start>`` instead.
 - ``P:rule:<ruleId>`` — hash describing a rule in force: what a client needs to name the
   bucket hash and call ``velocity_window``.
+- ``P:rules`` — hash of the ACTIVE rules in force as the pre-authorization check
+  (``velocity_check``) reads them: field = ruleId, value = ``check_rule``'s JSON; field
+  ``~progress`` = the name of the stream's progress hash (the check's ``stateAsOf``).
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
 - ``P:alerts:shadow`` — the SHADOW rules' alerts (the alert stream's name plus ``:shadow``).
 - ``P:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the last
@@ -112,6 +115,11 @@ class RedisKeys:
 
     def rule_entry(self, rule_id: int) -> str:
         return f"{self.prefix}:rule:{rule_id}"
+
+    @property
+    def check_rules(self) -> str:
+        """The rules the pre-authorization check evaluates (``velocity_check``'s key)."""
+        return f"{self.prefix}:rules"
 
     @property
     def rule_entries(self) -> str:
@@ -228,6 +236,36 @@ def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
         "limitOperatorType": rule.operator.value,
         "limit": format_decimal(rule.limit),
     }
+
+
+# The field of ``P:rules`` naming the stream's progress hash (velocity.lua's
+# CHECK_PROGRESS_FIELD).
+CHECK_PROGRESS_FIELD = "~progress"
+
+
+def check_rule(rule: Rule, bucket_ms: int) -> str:
+    """A rule as ``velocity_check`` reads it (a field of ``P:rules``): its signature's
+    grouping keys (sorted, as keys are named), filter and field, and its decision."""
+    signature = rule.signature
+    return json.dumps(
+        {
+            "ruleId": rule.rule_id,
+            "ruleVersion": rule.version,
+            "outcome": rule.outcome.value,
+            "signatureId": signature.signature_id,
+            "groupingKeyNames": list(signature.grouping_keys),
+            "filter": [[name, list(values)] for name, values in signature.filter],
+            "aggregateFieldName": signature.aggregate_field,
+            "aggregatorFunctionType": rule.aggregator.value,
+            "limitOperatorType": rule.operator.value,
+            "limit": format_decimal(rule.limit),
+            "windowMs": rule.window_ms,
+            "bucketMs": bucket_ms,
+            "cooldownMs": rule.cooldown_ms,
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
 
 
 # A text JSON must escape: the few such values go through the Python encoder.

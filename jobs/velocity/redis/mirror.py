@@ -33,10 +33,12 @@ from velocity.redis.commit_args import (
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.hot_state import HotState, hot_state
 from velocity.redis.keys import (
+    CHECK_PROGRESS_FIELD,
     DENSE_TEXT,
     HASH_MARK,
     RedisKeys,
     bucket_value,
+    check_rule,
     key_field_rows,
     notified_field_texts,
     one_chunk,
@@ -225,14 +227,14 @@ def batch_alerts(client: redis.Redis, stream: str, batch_id: int) -> list[str]:
 def publish_rules(
     client: redis.Redis, keys: RedisKeys, rules: Sequence[Rule], bucket_ms: int
 ) -> None:
-    """Make ``<prefix>:rule:<id>`` describe exactly the given ACTIVE rules (others are
-    removed), in one MULTI/EXEC: a lookup never sees a rule between its DEL and its HSET.
-    A SHADOW candidate gets no entry: its ruleId's entry is the rule in force's."""
-    wanted = {
-        keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms)
-        for r in rules
-        if r.state is RuleState.ACTIVE
-    }
+    """Make ``<prefix>:rule:<id>`` and ``<prefix>:rules`` (the check's) describe exactly the
+    given ACTIVE rules (others are removed), in one MULTI/EXEC: a lookup or a check never
+    sees a rule between its DEL and its HSET. A SHADOW candidate gets no entry: its ruleId's
+    entry is the rule in force's."""
+    active = [r for r in rules if r.state is RuleState.ACTIVE]
+    wanted = {keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms) for r in active}
+    checked = {str(r.rule_id): check_rule(r, bucket_ms) for r in active}
+    checked[CHECK_PROGRESS_FIELD] = keys.stream_progress
     present = set(client.scan_iter(match=keys.rule_entries, count=1000))
     # A cluster has no MULTI across slots: there a lookup may see a rule in between.
     pipe = client.pipeline(transaction=not is_cluster(client))
@@ -241,6 +243,8 @@ def publish_rules(
     for name, entry in wanted.items():
         pipe.delete(name)
         pipe.hset(name, mapping=entry)
+    pipe.delete(keys.check_rules)
+    pipe.hset(keys.check_rules, mapping=checked)
     pipe.execute()
 
 
@@ -298,7 +302,7 @@ def bucket_hashes(client: redis.Redis, keys: RedisKeys) -> Iterator[tuple[str, S
 def key_fields(client: redis.Redis, name: str) -> dict[str, str]:
     """The fields of one (signature, key)'s state whatever its layout (packed or dense),
     roll-ups left out: its buckets, raw events and last notified alerts."""
-    text = client.fcall_ro("velocity_read_keys", 1, name, json.dumps([name]))
+    text = client.fcall("velocity_read_keys", 1, name, json.dumps([name]))
     rows = key_field_rows(read_keys_texts(cast(str, text)), pa.array([name], pa.string()))
     pairs = zip(rows.column("field").to_pylist(), rows.column("value").to_pylist(), strict=True)
     return {field: value for field, value in pairs if field != HASH_MARK}
@@ -420,7 +424,7 @@ def read_stream_state(
             f'"sp":{json_string(keys.seen_prefix)},"sh":{settings.dedup_horizon_seconds * 1000}}}'
         )
         pipe = client.pipeline(transaction=False)
-        pipe.fcall_ro(
+        pipe.fcall(
             "velocity_stream_read",
             3,
             keys.stream_progress,
@@ -462,7 +466,7 @@ def key_states_texts(
     if not pc.any(dense).as_py():
         return texts
     dense_names = names.filter(dense).to_pylist()
-    answer = client.fcall_ro(
+    answer = client.fcall(
         "velocity_read_keys", 1, dense_names[0], json.dumps(dense_names, ensure_ascii=False)
     )
     return pc.replace_with_mask(texts, dense, read_keys_texts(cast(str, answer)).cast(pa.string()))

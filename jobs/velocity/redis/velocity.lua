@@ -475,6 +475,113 @@ local function whole_ms(text)
   return tonumber(text)
 end
 
+-- The bucket values of the key state `name` whose start lies in [lower, at], from its
+-- `state` ({layout, text} as key_layout gives them; nil: read them), a dense hash's
+-- roll-ups where it has them: a list, or nil and an error message.
+local function window_values(name, lower, at, bucket_ms, state)
+  local last = floor_to(at, bucket_ms)
+  local values = {}
+  local layout, text
+  if state then layout, text = state.layout, state.text else layout, text = key_layout(name) end
+  local hash, layout_width, sizes = dense_of(name), nil, nil
+  if layout == "dense" then layout_width, sizes = rollup_layout(hash) end
+  if layout_width and layout_width ~= bucket_ms then
+    -- Read at another width, a key's roll-ups would not apply and its whole hash would be
+    -- read: the caller names the data dir's width.
+    return nil, "bucket ms " .. bucket_ms .. " is not this key's bucket width, " .. layout_width
+  end
+  if last < lower or layout == nil then
+    -- no bucket: the key has none, or none can start in the window (only a negative
+    -- window; rules have W > 0)
+  elseif layout == "packed" then
+    for field, value in string.gmatch(text, PACKED_LINE) do
+      if is_bucket(field) then
+        local start = tonumber(field)
+        if start >= lower and start <= at then values[#values + 1] = value end
+      end
+    end
+  elseif layout_width == bucket_ms then
+    values = redis.call("HMGET", hash, unpack(cover(lower, last, bucket_ms, sizes)))
+  elseif (last - lower) / bucket_ms < ROLLUP_MIN_BUCKETS then
+    local names = {}
+    for start = lower, last, bucket_ms do names[#names + 1] = ms_text(start) end
+    values = redis.call("HMGET", hash, unpack(names))
+  else -- a dense hash without roll-ups at this width: read whole
+    local fields = redis.call("HGETALL", hash)
+    for i = 1, #fields, 2 do
+      if is_bucket(fields[i]) then
+        local start = tonumber(fields[i])
+        if start >= lower and start <= at then values[#values + 1] = fields[i + 1] end
+      end
+    end
+  end
+  return values
+end
+
+-- What `aggregator` needs of bucket values (HMGET's false for a missing one is skipped):
+-- {count, value_count, sum, extreme, distinct (a set), distinct_count}. Each aggregator
+-- reads only its part of each value (a lookup's time is these loops).
+local function window_figures(values, aggregator)
+  local count, value_count, sum, extreme, distinct, distinct_count = 0, 0, sum_new(), nil, {}, 0
+  if aggregator == "SUM" or aggregator == "AVG" then
+    for _, text in ipairs(values) do
+      if text then
+        local c, vc, int, frac = string.match(text, SUM_PART)
+        count, value_count = count + c, value_count + vc
+        if int ~= "" then sum_add_parts(sum, int, frac) end
+      end
+    end
+  elseif aggregator == "MIN" or aggregator == "MAX" then
+    local is_min = aggregator == "MIN"
+    for _, text in ipairs(values) do
+      if text then
+        local c, v = string.match(text, is_min and MIN_PART or MAX_PART)
+        count = count + c
+        if v ~= "" and (extreme == nil or (is_min and dec_less(v, extreme))
+                        or (not is_min and dec_less(extreme, v))) then
+          extreme = v
+        end
+      end
+    end
+  elseif aggregator == "UNIQUE_COUNT" then
+    for _, text in ipairs(values) do
+      if text then
+        local b = cjson.decode(text)
+        count = count + b[1]
+        for _, v in ipairs(b[6]) do
+          if not distinct[v] then
+            distinct[v] = true
+            distinct_count = distinct_count + 1
+          end
+        end
+      end
+    end
+  else
+    for _, text in ipairs(values) do
+      if text then count = count + string.match(text, COUNT_PART) end
+    end
+  end
+  return {count = count, value_count = value_count, sum = sum, extreme = extreme,
+          distinct = distinct, distinct_count = distinct_count}
+end
+
+-- The aggregate of `figures` as a decimal string, or nil when it has none (AVG rounded
+-- half-even to 8 places, as velocity/domain/windows.py's format_aggregate).
+local function aggregate_text(figures, aggregator)
+  if aggregator == "COUNT" then
+    return ms_text(figures.count)
+  elseif aggregator == "UNIQUE_COUNT" then
+    return ms_text(figures.distinct_count)
+  elseif aggregator == "SUM" then
+    return sum_total(figures.sum)
+  elseif aggregator == "MIN" or aggregator == "MAX" then
+    return figures.extreme and normalize(split(figures.extreme)) or nil
+  elseif figures.sum.any and figures.value_count > 0 then
+    return dec_div(sum_total(figures.sum), figures.value_count, 8)
+  end
+  return nil
+end
+
 -- FCALL velocity_window 1 <bucket hash> <aggregator> <window ms> <bucket ms> [at ms]
 -- The aggregate of the buckets whose start lies in [floor_g(T - W), T], T = at or now.
 -- Bad arguments get an error reply naming the argument; nothing is read.
@@ -506,99 +613,287 @@ local function velocity_window(keys, args)
     at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   end
   local lower = floor_to(at - window_ms, bucket_ms)
-  local last = floor_to(at, bucket_ms)
-  local values = {}
-  local layout, text = key_layout(keys[1])
-  local hash, layout_width, sizes = dense_of(keys[1]), nil, nil
-  if layout == "dense" then layout_width, sizes = rollup_layout(hash) end
-  if layout_width and layout_width ~= bucket_ms then
-    -- Read at another width, a key's roll-ups would not apply and its whole hash would be
-    -- read: the caller names the data dir's width.
-    return redis.error_reply("ERR velocity_window: bucket ms " .. bucket_ms
-        .. " is not this key's bucket width, " .. layout_width)
-  end
-  if last < lower or layout == nil then
-    -- no bucket: the key has none, or none can start in the window (only a negative
-    -- window; rules have W > 0)
-  elseif layout == "packed" then
-    for field, value in string.gmatch(text, PACKED_LINE) do
-      if is_bucket(field) then
-        local start = tonumber(field)
-        if start >= lower and start <= at then values[#values + 1] = value end
-      end
-    end
-  elseif layout_width == bucket_ms then
-    values = redis.call("HMGET", hash, unpack(cover(lower, last, bucket_ms, sizes)))
-  elseif (last - lower) / bucket_ms < ROLLUP_MIN_BUCKETS then
-    local names = {}
-    for start = lower, last, bucket_ms do names[#names + 1] = ms_text(start) end
-    values = redis.call("HMGET", hash, unpack(names))
-  else -- a dense hash without roll-ups at this width: read whole
-    local fields = redis.call("HGETALL", hash)
-    for i = 1, #fields, 2 do
-      if is_bucket(fields[i]) then
-        local start = tonumber(fields[i])
-        if start >= lower and start <= at then values[#values + 1] = fields[i + 1] end
-      end
-    end
-  end
-  -- Each aggregator reads only its part of each value (a lookup's time is these loops).
-  local count, value_count, sum, extreme, distinct_count = 0, 0, sum_new(), nil, 0
-  if aggregator == "SUM" or aggregator == "AVG" then
-    for _, text in ipairs(values) do
-      if text then
-        local c, vc, int, frac = string.match(text, SUM_PART)
-        count, value_count = count + c, value_count + vc
-        if int ~= "" then sum_add_parts(sum, int, frac) end
-      end
-    end
-  elseif aggregator == "MIN" or aggregator == "MAX" then
-    local is_min = aggregator == "MIN"
-    for _, text in ipairs(values) do
-      if text then
-        local c, v = string.match(text, is_min and MIN_PART or MAX_PART)
-        count = count + c
-        if v ~= "" and (extreme == nil or (is_min and dec_less(v, extreme))
-                        or (not is_min and dec_less(extreme, v))) then
-          extreme = v
-        end
-      end
-    end
-  elseif aggregator == "UNIQUE_COUNT" then
-    local distinct = {}
-    for _, text in ipairs(values) do
-      if text then
-        local b = cjson.decode(text)
-        count = count + b[1]
-        for _, v in ipairs(b[6]) do
-          if not distinct[v] then
-            distinct[v] = true
-            distinct_count = distinct_count + 1
-          end
-        end
-      end
-    end
-  else
-    for _, text in ipairs(values) do
-      if text then count = count + string.match(text, COUNT_PART) end
-    end
-  end
-  local value = cjson.null
-  if aggregator == "COUNT" then
-    value = ms_text(count)
-  elseif aggregator == "UNIQUE_COUNT" then
-    value = ms_text(distinct_count)
-  elseif aggregator == "SUM" and sum.any then
-    value = sum_total(sum)
-  elseif (aggregator == "MIN" or aggregator == "MAX") and extreme then
-    value = normalize(split(extreme))
-  elseif aggregator == "AVG" and sum.any and value_count > 0 then
-    value = dec_div(sum_total(sum), value_count, 8)
-  end
+  local values, problem = window_values(keys[1], lower, at, bucket_ms)
+  if not values then return redis.error_reply("ERR velocity_window: " .. problem) end
+  local figures = window_figures(values, aggregator)
+  local value = aggregate_text(figures, aggregator)
   -- By hand: cjson.encode is a fifth of a short lookup's time.
-  return '{"aggregateValue":' .. (value == cjson.null and "null" or ('"' .. value .. '"'))
+  return '{"aggregateValue":' .. (value and ('"' .. value .. '"') or "null")
       .. ',"windowStart":' .. ms_text(lower) .. ',"windowEnd":' .. ms_text(at)
-      .. ',"eventCount":' .. ms_text(count) .. "}"
+      .. ',"eventCount":' .. ms_text(figures.count) .. "}"
+end
+
+-- The pre-authorization check (SPEC §5a). The rules it evaluates are the hash
+-- "<prefix>:rules" (velocity/redis/keys.py's check_rule), written with the rule entries
+-- whenever the rules in force change: field = ruleId, value = the rule as the check reads
+-- it; field CHECK_PROGRESS_FIELD = the name of the stream's progress hash.
+local CHECK_PROGRESS_FIELD = "~progress"
+-- An event's fields (velocity/domain/schema.py's EVENT_FIELDS): those a check requires, and
+-- the declared ones rules may read. Anything else is accepted and ignored, as the stream
+-- ignores it.
+local CHECK_REQUIRED = {"transactionId", "eventTime", "payerId", "beneficiaryId",
+                        "paymentAmount", "paymentType"}
+local CHECK_DECLARED = {transactionId = true, eventTime = true, payerId = true,
+                        beneficiaryId = true, paymentAmount = true, paymentType = true,
+                        ip = true, deviceId = true, action = true}
+local PAYMENT_TYPES = {CSH = true, CRD = true}
+-- So that no call's work grows with its arguments: at most this many fields, each value at
+-- most this long (a key's name is made of them).
+local CHECK_MAX_FIELDS = 32
+local CHECK_MAX_VALUE_BYTES = 1024
+local AMOUNT_MAX_PLACES = 8
+local AMOUNT_MAX_WHOLE_DIGITS = 18 -- amounts are below 10^18
+local OUTCOME_STRENGTH = {ALERT = 0, REVIEW = 1, BLOCK = 2}
+local DECISIONS = {[0] = "ALLOW", [1] = "REVIEW", [2] = "BLOCK"}
+
+-- `text` as a JSON string exactly as Python's json.dumps(text, ensure_ascii=False) writes
+-- it (cjson would escape "/"): a key's name is made of its values so.
+local JSON_ESCAPES = {['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+                      ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
+local function json_string(text)
+  return '"' .. string.gsub(text, '[%c"\\]', function(c)
+    if c == "\127" then return c end -- DEL is no control character to JSON
+    return JSON_ESCAPES[c] or string.format("\\u%04x", string.byte(c))
+  end) .. '"'
+end
+
+local function check_error(field, reason)
+  return redis.error_reply("ERR velocity_check: " .. field .. " " .. reason)
+end
+
+-- The payment from `args` (field value ...): a table of canonical values (the amount
+-- normalized), or nil and an error reply naming the field.
+local function check_event(args)
+  if #args % 2 == 1 then
+    return nil, check_error("arguments", "must be field value pairs; got an odd number")
+  end
+  if #args > 2 * CHECK_MAX_FIELDS then
+    return nil, check_error("arguments", "name more than " .. CHECK_MAX_FIELDS .. " fields")
+  end
+  local event = {}
+  for i = 1, #args, 2 do
+    local name, value = args[i], args[i + 1]
+    if event[name] ~= nil then return nil, check_error(name, "is given twice") end
+    if #value > CHECK_MAX_VALUE_BYTES then
+      return nil, check_error(name, "is longer than " .. CHECK_MAX_VALUE_BYTES .. " bytes")
+    end
+    -- Blank counts as missing (SPEC §1), as the stream reads it.
+    if string.find(value, "^%s*$") == nil then event[name] = value end
+  end
+  for _, name in ipairs(CHECK_REQUIRED) do
+    if event[name] == nil then return nil, check_error(name, "is required") end
+  end
+  for name in pairs(event) do
+    if not CHECK_DECLARED[name] then event[name] = nil end
+  end
+  local t = whole_ms(event.eventTime)
+  if t == nil then
+    return nil, check_error("eventTime", "'" .. event.eventTime
+        .. "' is not a whole number of epoch milliseconds (at most 16 digits)")
+  end
+  event.time = t
+  local sign, int, frac = string.match(event.paymentAmount, "^%s*([+]?)(%d*)%.?(%d*)%s*$")
+  if int == nil or (int == "" and frac == "") then
+    return nil, check_error("paymentAmount", "'" .. event.paymentAmount
+        .. "' is not a plain decimal number like 120.50")
+  end
+  frac = string.gsub(frac, "0+$", "")
+  if #frac > AMOUNT_MAX_PLACES then
+    return nil, check_error("paymentAmount", "'" .. event.paymentAmount
+        .. "' has more than " .. AMOUNT_MAX_PLACES .. " decimal places")
+  end
+  local amount = normalize(int == "" and "0" or int, frac)
+  if #string.match(amount, "^%d+") > AMOUNT_MAX_WHOLE_DIGITS then
+    return nil, check_error("paymentAmount", "'" .. event.paymentAmount
+        .. "' is outside 0 <= amount < 10^18")
+  end
+  event.paymentAmount = amount
+  if not PAYMENT_TYPES[event.paymentType] then
+    return nil, check_error("paymentType", "'" .. event.paymentType .. "' is not one of CRD, CSH")
+  end
+  return event
+end
+
+-- a × n for a non-negative decimal string and a whole number n >= 1 (below 10^14).
+local function dec_mul(a, n)
+  local int, frac = split(a)
+  local digits, out, carry = int .. frac, {}, 0
+  for k = #digits, 1, -1 do
+    local d = (string.byte(digits, k) - 48) * n + carry
+    out[k] = d % 10
+    carry = (d - d % 10) / 10
+  end
+  local text = table.concat(out)
+  if carry > 0 then text = string.format("%d", carry) .. text end
+  return normalize(string.sub(text, 1, #text - #frac), string.sub(text, #text - #frac + 1))
+end
+
+-- -1, 0 or 1 as value <, =, > limit: value a non-negative decimal string, limit any
+-- decimal string (a limit may be negative).
+local function limit_cmp(value, limit)
+  if string.sub(limit, 1, 1) == "-" then return 1 end -- format_decimal writes no "-0"
+  return dec_cmp(value, limit)
+end
+
+local OPERATORS = {
+  ["="] = function(c) return c == 0 end, ["!="] = function(c) return c ~= 0 end,
+  [">="] = function(c) return c >= 0 end, ["<="] = function(c) return c <= 0 end,
+  [">"] = function(c) return c > 0 end, ["<"] = function(c) return c < 0 end,
+}
+
+-- A rule of "<prefix>:rules" decoded, with its filter as sets; kept per text while the
+-- library is loaded (rules change rarely; the cache is dropped when it grows large).
+local check_rules, check_rules_count = {}, 0
+
+local function check_rule(text)
+  local rule = check_rules[text]
+  if rule then return rule end
+  rule = cjson.decode(text)
+  rule.filter_sets = {}
+  for _, pair in ipairs(rule.filter) do
+    local set = {}
+    for _, v in ipairs(pair[2]) do set[v] = true end
+    rule.filter_sets[#rule.filter_sets + 1] = {pair[1], set}
+  end
+  if check_rules_count >= 10000 then check_rules, check_rules_count = {}, 0 end
+  check_rules[text], check_rules_count = rule, check_rules_count + 1
+  return rule
+end
+
+-- The window figures of `rule` for the payment `event` as the next event of its key: the
+-- key state's buckets in [floor_g(t - W), t] plus the payment itself.
+local function payment_window(rule, event, state)
+  local lower = floor_to(event.time - rule.windowMs, rule.bucketMs)
+  local values, problem = window_values(state.name, lower, event.time, rule.bucketMs, state)
+  if not values then return nil, lower, problem end
+  local aggregator = rule.aggregatorFunctionType
+  local figures = window_figures(values, aggregator)
+  figures.count = figures.count + 1
+  local field = rule.aggregateFieldName
+  local value = field ~= cjson.null and field and event[field] or nil
+  if aggregator ~= "COUNT" and value ~= nil then
+    figures.value_count = figures.value_count + 1
+    if aggregator == "SUM" or aggregator == "AVG" then
+      sum_add(figures.sum, value)
+    elseif aggregator == "MIN" then
+      if figures.extreme == nil or dec_less(value, figures.extreme) then figures.extreme = value end
+    elseif aggregator == "MAX" then
+      if figures.extreme == nil or dec_less(figures.extreme, value) then figures.extreme = value end
+    elseif not figures.distinct[value] then
+      figures.distinct[value] = true
+      figures.distinct_count = figures.distinct_count + 1
+    end
+  end
+  return figures, lower
+end
+
+-- Whether `figures` fire `rule`, and the aggregate as text (nil: none). AVG is judged as
+-- total OP limit × count, exactly, as velocity/domain/windows.py's fired_value.
+local function check_fires(rule, figures)
+  local aggregator, holds = rule.aggregatorFunctionType, OPERATORS[rule.limitOperatorType]
+  local value = aggregate_text(figures, aggregator)
+  if value == nil then return false, nil end
+  if aggregator == "AVG" then
+    local limit = rule.limit
+    local total = sum_total(figures.sum)
+    if string.sub(limit, 1, 1) == "-" then return holds(1), value end
+    return holds(dec_cmp(total, dec_mul(limit, figures.value_count))), value
+  end
+  return holds(limit_cmp(value, rule.limit)), value
+end
+
+-- The state of one (signature, key), read once per call: its layout, text, and a packed
+-- key's fields.
+local function check_state(name)
+  local layout, text = key_layout(name)
+  return {name = name, layout = layout, text = text}
+end
+
+-- Whether a firing of `rule` at `event` would be notified (SPEC §3 cooldown) as the next
+-- alert of its key: the key's last notified alert of the rule version is none, or at least
+-- the cooldown before it.
+local function check_notified(rule, event, state)
+  local field, last = "n:" .. ms_text(rule.ruleId) .. ":" .. ms_text(rule.ruleVersion), nil
+  if state.layout == "packed" then
+    last = packed_fields(state.text)[field]
+  elseif state.layout == "dense" then
+    last = redis.call("HGET", dense_of(state.name), field)
+  end
+  if not last then return true end
+  local last_time = tonumber(string.match(last, "^%[(%d+),"))
+  return event.time >= last_time + rule.cooldownMs
+end
+
+-- FCALL_RO velocity_check 1 <prefix>:rules <field> <value> [<field> <value> ...]
+-- Which ACTIVE rules in force the payment would fire now (SPEC §5a): each rule whose filter
+-- it passes, evaluated as the stream would decide it as the next event of its key, from the
+-- buckets Redis holds plus the payment; nothing is written. Values as canonical strings
+-- (the amount a plain decimal). A bad field gets an error reply naming it.
+-- reply: {"decision", "rules": [{ruleId, ruleVersion, outcome, key, fired, aggregateValue,
+--   limitOperatorType, limit, windowStart, windowEnd[, notified]}], "stateAsOf"}
+local function velocity_check(keys, args)
+  local event, problem = check_event(args)
+  if not event then return problem end
+  local prefix = string.sub(keys[1], 1, -7)
+  local entries = redis.call("HGETALL", keys[1])
+  local progress_name, texts = nil, {}
+  for i = 1, #entries, 2 do
+    if entries[i] == CHECK_PROGRESS_FIELD then
+      progress_name = entries[i + 1]
+    else
+      texts[#texts + 1] = entries[i + 1]
+    end
+  end
+  local rules = {}
+  for _, text in ipairs(texts) do rules[#rules + 1] = check_rule(text) end
+  table.sort(rules, function(a, b) return a.ruleId < b.ruleId end)
+  local states, decided, strongest = {}, {}, 0
+  for _, rule in ipairs(rules) do
+    local passes = true
+    for _, pair in ipairs(rule.filter_sets) do
+      local v = event[pair[1]]
+      if v == nil or not pair[2][v] then passes = false break end
+    end
+    local key_values, key_texts = {}, {}
+    for k, name in ipairs(rule.groupingKeyNames) do
+      if event[name] == nil then passes = false break end
+      key_values[k] = json_string(event[name])
+      key_texts[k] = json_string(name) .. ":" .. key_values[k]
+    end
+    if passes then
+      local name = prefix .. ":{" .. rule.signatureId .. ":[" .. table.concat(key_values, ",")
+          .. "]}:buckets"
+      local state = states[name]
+      if not state then
+        state = check_state(name)
+        states[name] = state
+      end
+      local figures, lower, trouble = payment_window(rule, event, state)
+      if not figures then return redis.error_reply("ERR velocity_check: " .. trouble) end
+      local fired, value = check_fires(rule, figures)
+      local line = '{"ruleId":' .. ms_text(rule.ruleId) .. ',"ruleVersion":'
+          .. ms_text(rule.ruleVersion) .. ',"outcome":"' .. rule.outcome .. '","key":{'
+          .. table.concat(key_texts, ",") .. '},"fired":' .. tostring(fired)
+          .. ',"aggregateValue":' .. (value and ('"' .. value .. '"') or "null")
+          .. ',"limitOperatorType":"' .. rule.limitOperatorType .. '","limit":"' .. rule.limit
+          .. '","windowStart":' .. ms_text(lower) .. ',"windowEnd":' .. ms_text(event.time)
+      if rule.cooldownMs > 0 and fired then
+        line = line .. ',"notified":' .. tostring(check_notified(rule, event, state))
+      end
+      decided[#decided + 1] = line .. "}"
+      if fired and OUTCOME_STRENGTH[rule.outcome] > strongest then
+        strongest = OUTCOME_STRENGTH[rule.outcome]
+      end
+    end
+  end
+  local newest, at, batch = "null", "null", "null"
+  if progress_name then
+    local p = redis.call("HMGET", progress_name, "newest", "at", "batch")
+    newest, at, batch = p[1] or "null", p[2] or "null", p[3] or "null"
+  end
+  return '{"decision":"' .. DECISIONS[strongest] .. '","rules":[' .. table.concat(decided, ",")
+      .. '],"stateAsOf":{"eventTime":' .. newest .. ',"committedAt":' .. at
+      .. ',"batch":' .. batch .. "}}"
 end
 
 -- FCALL velocity_evict 1 <bucket hash> <cutoff ms>
@@ -762,7 +1057,7 @@ local function now_ms()
   return tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
 end
 
--- FCALL_RO velocity_stream_read 3 <progress hash> <buckets epoch> <mirror marker> <request json>
+-- FCALL velocity_stream_read 3 <progress hash> <buckets epoch> <mirror marker> <request json>
 -- The read half of a micro-batch, in one call: the stream's progress (last committed
 -- batch, newest eventTime), the buckets epoch, the mirror marker and which of the named
 -- transactionIds were accepted within the horizon. (The keys' states: an MGET beside it.)
@@ -1046,7 +1341,7 @@ local function velocity_cluster_done(keys, args)
   return 0
 end
 
--- FCALL_RO velocity_cluster_read_progress 2 <progress hash> <pending hash> <seen prefix>
+-- FCALL velocity_cluster_read_progress 2 <progress hash> <pending hash> <seen prefix>
 --   <de-duplication horizon ms> <transactionIds json>
 -- reply = {"p": {field: value}, "b": pending batch or "", "s": [1-based indices seen]}
 local function velocity_cluster_read_progress(keys, args)
@@ -1060,7 +1355,7 @@ local function velocity_cluster_read_progress(keys, args)
   })
 end
 
--- FCALL_RO velocity_read_keys 1 <one of the keys> <key names json>
+-- FCALL velocity_read_keys 1 <one of the keys> <key names json>
 -- The named keys' fields, all on this master (of a Redis Cluster, or the one server), as
 -- read_keys' text.
 local function velocity_read_keys(keys, args)
@@ -1090,14 +1385,18 @@ end
 
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
+redis.register_function{function_name = "velocity_check", callback = velocity_check,
+                        flags = {"no-writes"}}
 redis.register_function("velocity_evict", velocity_evict)
 redis.register_function("velocity_pack", velocity_pack)
 redis.register_function("velocity_put_buckets", velocity_put_buckets)
 redis.register_function("velocity_publish_backfill", velocity_publish_backfill)
 redis.register_function("velocity_unlock", velocity_unlock)
 redis.register_function("velocity_renew", velocity_renew)
-redis.register_function{function_name = "velocity_stream_read", callback = velocity_stream_read,
-                        flags = {"no-writes"}}
+-- The stream's reads take as many transactionIds or keys as a batch has: their work grows
+-- with their arguments, so they are not flagged no-writes, and the read-only user, who may
+-- only FCALL_RO, cannot call them (SPEC §5a: no call of that user holds Redis for long).
+redis.register_function("velocity_stream_read", velocity_stream_read)
 redis.register_function("velocity_stream_commit", velocity_stream_commit)
 redis.register_function("velocity_batch_plan", velocity_batch_plan)
 redis.register_function("velocity_partition_commit", velocity_partition_commit)
@@ -1106,8 +1405,6 @@ redis.register_function("velocity_cluster_publish", velocity_cluster_publish)
 redis.register_function{function_name = "velocity_cluster_apply", callback = velocity_cluster_apply,
                         flags = {"allow-cross-slot-keys"}}
 redis.register_function("velocity_cluster_done", velocity_cluster_done)
-redis.register_function{function_name = "velocity_cluster_read_progress",
-                        callback = velocity_cluster_read_progress, flags = {"no-writes"}}
-redis.register_function{function_name = "velocity_read_keys",
-                        callback = velocity_read_keys,
-                        flags = {"no-writes", "allow-cross-slot-keys"}}
+redis.register_function("velocity_cluster_read_progress", velocity_cluster_read_progress)
+redis.register_function{function_name = "velocity_read_keys", callback = velocity_read_keys,
+                        flags = {"allow-cross-slot-keys"}}

@@ -1,0 +1,77 @@
+"""The pre-authorization check (SPEC §5a) from Python: which ACTIVE rules in force a payment
+would fire now, in one call of the Redis Function ``velocity_check``.
+
+What callers rely on:
+- ``check_payment`` validates the payment exactly as the stream does (SPEC §1, ``velocity.
+  domain.schema``): a malformed one raises ``InvalidFieldError`` naming the field, and Redis
+  is not called. Otherwise one round trip, read-only (``FCALL_RO``, so the read-only user may
+  make it, and a replica may answer it); nothing is recorded.
+- The answer is the Function's JSON as a dict: ``decision`` (ALLOW, REVIEW or BLOCK),
+  ``rules`` (each evaluated rule: ruleId, ruleVersion, outcome, key, fired, aggregateValue,
+  limitOperatorType, limit, windowStart, windowEnd, and ``notified`` for a firing rule with
+  a cooldown) and ``stateAsOf`` (the stream's newest eventTime, the time and number of its
+  last committed micro-batch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+import redis
+
+from velocity.domain.schema import (
+    EVENT_FIELDS,
+    FIELDS_BY_NAME,
+    Event,
+    Rejection,
+    parse_event_object,
+)
+from velocity.errors import InvalidFieldError, UsageError
+from velocity.redis.keys import RedisKeys
+
+CHECK_FUNCTION = "velocity_check"
+
+
+def payment_arguments(event: Event) -> list[str]:
+    """The payment as ``velocity_check``'s arguments: field, canonical value, … for every
+    declared field it has."""
+    args: list[str] = []
+    for spec in EVENT_FIELDS:
+        value = event.value(spec.name)
+        if value is not None:
+            args += [spec.name, value]
+    return args
+
+
+def valid_payment(payment: object) -> Event:
+    """The payment validated as the stream validates an event; ``InvalidFieldError`` names
+    the first bad field."""
+    parsed = parse_event_object(payment)
+    if isinstance(parsed, Rejection):
+        raise InvalidFieldError(_field_of(parsed), parsed.message, "; nothing checked")
+    return parsed
+
+
+def _field_of(rejection: Rejection) -> str:
+    """The field a rejection's message names first (messages start with it), else
+    ``(payment)`` for the payment as a whole."""
+    first = rejection.message.split(" ", 1)[0]
+    return first if first in FIELDS_BY_NAME else "(payment)"
+
+
+def check_payment(
+    client: redis.Redis, keys: RedisKeys, payment: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Which rules in force ``payment`` (a decoded SPEC §1 event) would fire now."""
+    event = valid_payment(payment)
+    try:
+        reply = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *payment_arguments(event))
+    except redis.ResponseError as exc:
+        message = str(exc)
+        if "velocity_check:" in message:
+            raise UsageError(message.split("velocity_check:", 1)[1].strip()) from exc
+        raise
+    answer: dict[str, Any] = json.loads(cast(str, reply))
+    return answer

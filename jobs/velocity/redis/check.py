@@ -28,7 +28,7 @@ from velocity.domain.schema import (
     Rejection,
     parse_event_object,
 )
-from velocity.errors import InvalidFieldError, UsageError
+from velocity.errors import InvalidFieldError
 from velocity.redis.keys import RedisKeys
 
 CHECK_FUNCTION = "velocity_check"
@@ -70,8 +70,10 @@ def check_payment(
         reply = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *payment_arguments(event))
     except redis.ResponseError as exc:
         message = str(exc)
-        if "velocity_check:" in message:
-            raise UsageError(message.split("velocity_check:", 1)[1].strip()) from exc
-        raise
+        if "velocity_check:" not in message:
+            raise
+        # The Function names the field first: "velocity_check: <field> <reason>".
+        field, _, reason = message.split("velocity_check:", 1)[1].strip().partition(" ")
+        raise InvalidFieldError(field, reason, "; nothing checked") from exc
     answer: dict[str, Any] = json.loads(cast(str, reply))
     return answer

@@ -92,6 +92,16 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         VELOCITY_BUCKET_SECONDS="7",
     )
     assert bad_setting.returncode == 2 and "bucket_seconds" in bad_setting.stderr
+    # A malformed payment is named and nothing is checked (no Redis is reached).
+    payment = tmp_path / "payment.json"
+    fields = {"transactionId": "t", "eventTime": 1, "payerId": "p", "beneficiaryId": "b"}
+    payment.write_text(json.dumps(fields | {"paymentAmount": -3, "paymentType": "CRD"}))
+    for bad in (
+        run("check", str(payment), data_dir=tmp_path),
+        run("check", "-", data_dir=tmp_path),
+    ):
+        assert bad.returncode == 2, bad.stderr
+    assert "paymentAmount" in run("check", str(payment), data_dir=tmp_path).stderr
 
 
 @pytest.mark.spark

@@ -178,10 +178,20 @@ def test_the_tour_runs_as_written(spark: object, data_settings: Settings, tmp_pa
     shown = _bash([ACTIVATE, *tour.after_demo], reader_home, env)
     assert '"payerId":"p-tour"' in shown and "1 alerts seen" in shown, shown
     assert "signatureId" in shown and "groupingKeyNames" in shown, shown
-    windows = [json.loads(line) for line in shown.splitlines() if '"aggregateValue"' in line]
+    lines = shown.splitlines()
+    windows = [json.loads(line) for line in lines if line.startswith('{"aggregateValue"')]
+    windows += [json.loads(line) for line in lines if line.startswith('{"ruleId"')]
     assert len(windows) == 2, shown  # FCALL_RO velocity_window, then velocity lookup
     assert windows[0]["aggregateValue"] == windows[1]["aggregateValue"] in {"60000", "25"}, shown
     assert windows[1]["ruleId"] == 9, shown
+    # 5. The check of one more payment of the payer, by `velocity check` and FCALL_RO.
+    checks = [json.loads(line) for line in lines if line.startswith('{"decision"')]
+    assert len(checks) == 2 and checks[0]["rules"] == checks[1]["rules"], shown
+    tour_rule = next(r for r in checks[0]["rules"] if r["ruleId"] == 9)
+    fired = windows[0]["aggregateValue"] == "60000"  # p-tour's window, else p-other's
+    assert tour_rule["fired"] is fired and tour_rule["outcome"] == "REVIEW", shown
+    assert checks[0]["decision"] == ("REVIEW" if fired else "ALLOW"), shown
+    assert checks[0]["stateAsOf"]["batch"] == 0, shown
 
     for block in tour.python:
         done = subprocess.run(

@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_watch,
         _add_alerts,
         _add_lookup,
+        _add_check,
         _add_explain,
         _add_mirror,
         _add_backfill,
@@ -293,6 +294,14 @@ def _add_alerts(sub: _Commands) -> None:
     alerts.add_argument("--out", required=True)
     alerts.add_argument("--kind", choices=["ALERT", "CORRECTION", "RETRACTION"], type=str.upper)
     alerts.set_defaults(run=LazyHandler("alerts", "export_alerts"))
+
+
+def _add_check(sub: _Commands) -> None:
+    check = sub.add_parser(
+        "check", help="which rules in force one payment would fire now (read from Redis)"
+    )
+    check.add_argument("file", nargs="?", help="one JSON event; standard input when absent or -")
+    check.set_defaults(run=LazyHandler("check", "check"))
 
 
 def _add_lookup(sub: _Commands) -> None:

@@ -73,3 +73,15 @@ if [ ! -f "$broker/.complete" ]; then
     -DincludeScope=runtime -DoutputDirectory="$broker/libs" -Dmaven.repo.local="$m2" >&2
   touch "$broker/.complete"
 fi
+
+# The docs' Java examples' client (Jedis), run as written by the docs' tests.
+jedis_version="$(sed -n 's:.*<jedis.version>\(.*\)</jedis.version>.*:\1:p' "$root/infra/examples/pom.xml")"
+examples="$root/.cache/examples/$jedis_version"
+if [ ! -f "$examples/.complete" ]; then
+  need_mvn
+  echo "fetching Jedis $jedis_version for the docs' Java examples into $examples" >&2
+  rm -rf "$examples"
+  mvn -q -B -f "$root/infra/examples/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$examples" -Dmaven.repo.local="$m2" >&2
+  touch "$examples/.complete"
+fi

@@ -148,3 +148,17 @@ def test_a_malformed_payment_is_refused_naming_the_field(
         with pytest.raises(redis.ResponseError, match=r"velocity_check: (arguments|payerId)"):
             check(client, settings, *args)
     assert client.dbsize() == 0  # nothing recorded
+
+
+def test_a_check_without_published_rules_is_unavailable_not_allowed(settings: Settings) -> None:
+    """After a Redis loss the check has nothing to check against: an error, never ALLOW."""
+    client = connection.connect(settings)
+    with pytest.raises(redis.ResponseError, match=r"velocity_check unavailable: .* holds no rules"):
+        check(client, settings, *PAYMENT, "eventTime", "1767225600000", "payerId", "p-1")
+    mirror.publish_rules(client, settings.redis_keys, [], settings.bucket_width_ms)
+    answer = json.loads(check(client, settings, *PAYMENT, "eventTime", "1", "payerId", "p-1"))
+    assert answer == {
+        "decision": "ALLOW",
+        "rules": [],
+        "stateAsOf": {"eventTime": None, "committedAt": None, "batch": None},
+    }

@@ -6,6 +6,8 @@ What callers rely on:
   domain.schema``): a malformed one raises ``InvalidFieldError`` naming the field, and Redis
   is not called. Otherwise one round trip, read-only (``FCALL_RO``, so the read-only user may
   make it, and a replica may answer it); nothing is recorded.
+- ``CheckUnavailableError`` when Redis holds no rules at all (emptied, the stream not
+  started since): never a silent ALLOW.
 - The answer is the Function's JSON as a dict: ``decision`` (ALLOW, REVIEW or BLOCK),
   ``rules`` (each evaluated rule: ruleId, ruleVersion, outcome, key, fired, aggregateValue,
   limitOperatorType, limit, windowStart, windowEnd, and ``notified`` for a firing rule with
@@ -28,10 +30,15 @@ from velocity.domain.schema import (
     Rejection,
     parse_event_object,
 )
-from velocity.errors import InvalidFieldError
+from velocity.errors import InvalidFieldError, VelocityError
 from velocity.redis.keys import RedisKeys
 
 CHECK_FUNCTION = "velocity_check"
+
+
+class CheckUnavailableError(VelocityError):
+    """Redis holds no rules to check against (emptied, or the stream not started since):
+    the answer would be no answer, not ALLOW."""
 
 
 def payment_arguments(event: Event) -> list[str]:
@@ -70,6 +77,8 @@ def check_payment(
         reply = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *payment_arguments(event))
     except redis.ResponseError as exc:
         message = str(exc)
+        if "velocity_check unavailable:" in message:
+            raise CheckUnavailableError(message.split("unavailable:", 1)[1].strip()) from exc
         if "velocity_check:" not in message:
             raise
         # The Function names the field first: "velocity_check: <field> <reason>".

@@ -836,6 +836,13 @@ local function velocity_check(keys, args)
   if not event then return problem end
   local prefix = string.sub(keys[1], 1, -7)
   local entries = redis.call("HGETALL", keys[1])
+  if #entries == 0 then
+    -- Not "no rule fired": the rules are not there (Redis emptied, the stream not started
+    -- since, or another prefix). The stream writes the hash even with no rule in force.
+    return redis.error_reply("ERR velocity_check unavailable: " .. keys[1] .. " holds no "
+        .. "rules: the stream has not published them since Redis was emptied, or the prefix "
+        .. "is not a data dir's")
+  end
   local progress_name, texts = nil, {}
   for i = 1, #entries, 2 do
     if entries[i] == CHECK_PROGRESS_FIELD then

@@ -501,6 +501,7 @@ SPEC_ALERT_FIELDS = {
     "windowStart",
     "windowEnd",
     "decisionTime",
+    "outcome",
 }
 
 

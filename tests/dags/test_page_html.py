@@ -14,7 +14,7 @@ from tests.builders import alert_row, append_alerts, make_rule
 
 from velocity.analyst.alert_search import Cursor, parse_filter
 from velocity.analyst.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
-from velocity.domain.rules import RuleState
+from velocity.domain.rules import Outcome, RuleState
 from velocity.settings import Settings
 from velocity_airflow.page.home_html import Flash, PageData, render_page
 
@@ -61,12 +61,21 @@ def test_an_editor_may_pause_an_active_rule_and_activate_a_paused_one() -> None:
     assert html.count('/delete"') == 2
     assert 'data-testid="apply-rule"' in html
     assert "SUM(paymentAmount) &gt; 200000 over 1440 min by payerId, beneficiaryId" in html
+    # Each rule's outcome, set from its row.
+    assert 'data-testid="outcome-1">ALERT</span>' in html
+    cell = html.split('data-testid="outcome-1"')[1].split("</td>")[0]
+    assert 'action="/velocity/rules/1/outcome"' in cell
+    assert '<option value="ALERT" selected>ALERT</option><option value="REVIEW">' in cell
+    blocking = _page(rules=[replace(RULES[0], outcome=Outcome.BLOCK)])
+    assert 'data-testid="outcome-1">BLOCK</span>' in blocking
+    assert '<option value="BLOCK" selected>BLOCK</option>' in blocking
 
 
 def test_a_viewer_sees_the_rules_but_no_way_to_change_them() -> None:
     html = _page(can_edit=False, user="vic")
     assert 'data-testid="rule-1"' in html and 'data-testid="rule-2"' in html
     assert "/rules/" not in html
+    assert 'data-testid="outcome-1">ALERT</span>' in html and "outcome-choice" not in html
     assert 'data-testid="apply-rule"' not in html
     assert "vic (read-only)" in html
 
@@ -697,6 +706,16 @@ def test_the_page_adds_compares_promotes_and_discards_a_candidate(
             "error: ruleId 1 has no shadow candidate to discard"
         )
         assert client.post("/rules/1/forget").status_code == 404
+        # The outcome, set beside the rule like any change of it: a new version.
+        set_block = client.post("/rules/1/outcome", data={"outcome": "block"})
+        assert said(set_block) == "ruleId 1: version 6 ACTIVE"
+        rules = client.get("/api/rules").json()
+        assert [(r["ruleId"], r["version"], r["outcome"]) for r in rules] == [
+            (1, 6, "BLOCK"), (2, 1, "ALERT"),
+        ]  # fmt: skip
+        assert 'data-testid="outcome-1">BLOCK</span>' in client.get("/").text
+        refused = said(client.post("/rules/1/outcome", data={"outcome": "deny"}))
+        assert refused.startswith("error: field 'outcome': 'deny' is not one of ALERT, REVIEW")
         control = client.post(
             "/rules", data={"rules_json": '{"ruleId": 1, "ruleState": "PAUSE"}', "intent": "shadow"}
         )

@@ -18,6 +18,7 @@ from velocity.analyst.case_queue import CaseCursor, CasePage, parse_case_query
 from velocity.analyst.cases import Case, CaseEvent, CaseEventKind, CaseStatus, case_key_text
 from velocity.analyst.reviews import Verdict
 from velocity.analyst.rule_rates import rule_rates
+from velocity.domain.rules import Outcome
 from velocity.settings import Settings
 from velocity_airflow.page import cases_html
 from velocity_airflow.page.home_html import PageData, lookup_html, render_case, render_page
@@ -122,6 +123,24 @@ def test_the_queue_keeps_the_page_s_url_in_every_form_and_link() -> None:
     assert older == f'/velocity/?rule=4&amp;case_status=all&amp;case_before={NOW - 20_000}_c-1"'
 
 
+def test_each_case_shows_its_strongest_outcome_and_the_queue_filters_and_sorts_by_it() -> None:
+    row = cases_html.queue_row(_case(outcome=Outcome.BLOCK), _view())
+    assert 'data-outcome="BLOCK"' in row
+    assert '<span class="outcome outcome-BLOCK" data-testid="case-outcome">BLOCK</span>' in row
+    params = {"case_outcome": "review", "case_sort": "outcome", "rule": "4"}
+    html = _queue([_case(outcome=Outcome.REVIEW)], params=params)
+    form = html.split('data-testid="queue-filter"')[1].split("</form>")[0]
+    assert '<option value="REVIEW" selected>REVIEW</option>' in form
+    assert '<option value="outcome" selected>strongest outcome first</option>' in form
+    assert 'name="case_sort" value' not in form, "the form's own choice, not a hidden copy"
+    assert "1 case matching the filter, strongest outcome first." in html
+    # The next page keeps the order, its boundary the outcome's.
+    older = CaseCursor(NOW - 20_000, "c-1", Outcome.REVIEW)
+    paged = cases_html.queue_section(CasePage([_case()], older, 60), _view(params=params))
+    assert f"case_sort=outcome&amp;rule=4&amp;case_before=REVIEW_{NOW - 20_000}_c-1" in paged
+    assert "newest activity first." in _queue([_case()])
+
+
 def test_a_viewer_sees_the_queue_but_cannot_close_anything() -> None:
     html = _queue([_case()], can_edit=False)
     assert 'data-testid="queue-row"' in html
@@ -141,7 +160,7 @@ def _case_view(**fields: Any) -> cases_html.CaseView:
         CaseEvent("c-1", "k", CaseEventKind.ASSIGNED, NOW - 60_000, "ana", assignee="bo"),
     ]
     alerts = [
-        {**alert_row("a-1", (4, 1), NOW - 185_000), "key": {"payerId": "p<1>"}},
+        {**alert_row("a-1", (4, 1), NOW - 185_000), "key": {"payerId": "p<1>"}, "outcome": "BLOCK"},
         {**alert_row("a-2", (4, 1), NOW - 20_000), "key": {"payerId": "p<1>"}, "suppressed": True},
     ]
     payments = [
@@ -149,7 +168,9 @@ def _case_view(**fields: Any) -> cases_html.CaseView:
          "paymentType": "CRD", "paymentAmount": "1234.50000000"},
     ]  # fmt: skip
     view = cases_html.CaseView(
-        case=_case(history=history, assignee="bo", status=CaseStatus.ASSIGNED),
+        case=_case(
+            history=history, assignee="bo", status=CaseStatus.ASSIGNED, outcome=Outcome.BLOCK
+        ),
         queue=_view(),
         alerts=alerts,
         payments=payments,
@@ -167,6 +188,13 @@ def test_a_case_opens_to_its_alerts_payments_and_history() -> None:
     assert alerts.index('data-alert-id="a-2"') < alerts.index('data-alert-id="a-1"'), "newest first"
     assert 'data-alert-id="a-2" data-rule="4" data-suppressed=1' in alerts
     assert 'data-testid="suppressed-badge"' in alerts
+    # The case's strongest outcome among its facts, and each alert's own.
+    facts = html.split('data-testid="case-facts"')[1].split("</table>")[0]
+    assert 'data-testid="case-outcome">BLOCK</span>' in facts
+    first = alerts.split('data-alert-id="a-1"')[1].split("</tr>")[0]
+    assert 'data-testid="outcome">BLOCK</span>' in first
+    second = alerts.split('data-alert-id="a-2"')[1].split("</tr>")[0]
+    assert 'data-testid="outcome">ALERT</span>' in second, "a row without one: ALERT"
     # Each alert explained on this page, with the queue's URL kept.
     assert 'href="/velocity/cases/c-1?rule=4&amp;case_status=all&amp;alert=a-1#explanation"' in html
     payment = html.split('data-testid="case-payment"')[1].split("</tr>")[0]
@@ -319,14 +347,16 @@ def _cases_settings(data_settings: Settings, monkeypatch: pytest.MonkeyPatch) ->
     from velocity.delta.write_behind import ARROW_SCHEMAS
     from velocity_airflow.page import access
 
-    RuleStore(data_settings.table_path(RULES)).apply([make_rule(ruleId=4), make_rule(ruleId=5)])
+    RuleStore(data_settings.table_path(RULES)).apply(
+        [make_rule(ruleId=4), make_rule(ruleId=5, outcome="BLOCK")]
+    )
     alerts = [("a1", 4, "t1", "p1"), ("a2", 5, "t1", "p1"), ("a3", 4, "t2", "p1")]
     alerts.append(("a4", 4, "t3", "p2"))
     now = int(time.time() * 1000)
     rows = [
         {**alert_row(a, (rule, 1), now + i, transaction_id=tx), "key": [("payerId", payer)],
          "shadow": False, "suppressed": a == "a3", "suppressedBy": "t1" if a == "a3" else None,
-         "caseId": None}
+         "caseId": None, "outcome": "BLOCK" if rule == 5 else "ALERT"}
         for i, (a, rule, tx, payer) in enumerate(alerts)
     ]  # fmt: skip
     payers = {tx: payer for _, _, tx, payer in alerts}
@@ -401,6 +431,14 @@ def test_an_analyst_works_the_queue_in_process(
         assert 'data-testid="case-amount">201' in row, "t1 once, though it fired two rules"
         rates = html.split('data-testid="rates-4"')[1].split("</td>")[0]
         assert "⚠ fires on 100% of payments (3 of 3)" in rates
+        # p1's rule 5 alert is BLOCK: so is its case, first when sorted by outcome.
+        assert (p1.outcome.value, by_key["p2"].outcome.value) == ("BLOCK", "ALERT")
+        assert 'data-outcome="BLOCK"' in row
+        blocked = client.get("/api/cases", params={"case_outcome": "BLOCK"}).json()
+        assert [c["caseKey"] for c in blocked["cases"]] == [{"payerId": "p1"}]
+        assert blocked["cases"][0]["outcome"] == "BLOCK"
+        by_outcome = client.get("/api/cases", params={"case_sort": "outcome"}).json()["cases"]
+        assert [c["caseKey"]["payerId"] for c in by_outcome] == ["p1", "p2"]
 
         shown = client.get(f"/cases/{p1.case_id}", params={"rule": "4"}).text
         assert shown.count('data-testid="case-alert"') == 3

@@ -32,8 +32,10 @@ ALERT_ARROW = to_arrow_schema(tables.ALERT_SCHEMA)
 
 def group(alerts: list[tuple[str, int, str, str]]) -> tuple[pa.Table, pa.Table]:
     """A flushed group: (alertId, ruleId, transactionId, payerId) alerts and their events."""
+    # Rule 5's alerts are BLOCK; the others have none (a row of an older Velocity: ALERT).
     rows = [
         {**alert_row(a, (rule, 1), NOW + i, transaction_id=tx), "caseId": None}
+        | ({"outcome": "BLOCK"} if rule == 5 else {})
         for i, (a, rule, tx, _) in enumerate(alerts)
     ]
     payers = {tx: payer for _, _, tx, payer in alerts}
@@ -82,6 +84,12 @@ def test_alerts_gather_into_cases_that_people_assign_and_close(tmp_path: Path) -
     assert p1["caseId"] == case_ids["a1"] and p1["status"] == "open"
     assert (p1["alerts"], p1["alertsByRule"], p1["amount"]) == (3, {"4": 2, "5": 1}, "201")
     assert p1["openedAt"] == NOW and p1["latestAlertAt"] == NOW + 2
+    # p1's strongest outcome is its rule 5 alert's; p2 has only ALERTs.
+    assert (p1["outcome"], by_key['{"payerId": "p2"}']["outcome"]) == ("BLOCK", "ALERT")
+    by_outcome = cases(settings.data_dir, "list", "--sort", "outcome")
+    assert by_outcome.stdout.splitlines()[0].startswith(f"{p1['caseId']}  BLOCK  open")
+    only_alert = cases(settings.data_dir, "list", "--outcome", "alert", "--json")
+    assert [json.loads(x)["caseKey"] for x in only_alert.stdout.splitlines()] == [{"payerId": "p2"}]
 
     assigned = cases(settings.data_dir, "assign", p1["caseId"], "bo", "--who", "ana")
     assert assigned.returncode == 0 and " assigned bo " in assigned.stdout
@@ -111,6 +119,9 @@ def test_alerts_gather_into_cases_that_people_assign_and_close(tmp_path: Path) -
     assert [h["event"] for h in case["history"]] == ["opened", "assigned", "closed"]
     assert case["status"] == "closed" and case["verdict"] == "CONFIRMED_FRAUD"
     assert sorted(a["alertId"] for a in case["alertRecords"]) == ["a1", "a2", "a3"]
+    assert {a["alertId"]: a["outcome"] for a in case["alertRecords"]} == {
+        "a1": "ALERT", "a2": "BLOCK", "a3": "ALERT",
+    }  # fmt: skip
 
     # The key's next alert opens a new case; p2's joins its open one.
     later, later_events = group([("a5", 7, "t5", "p1"), ("a6", 4, "t6", "p2")])
@@ -151,3 +162,35 @@ def test_alerts_that_land_after_their_case_was_closed_are_reviewed_with_its_verd
         ("a1", "FALSE_POSITIVE", "ana", "known merchant"),
         ("a2", "FALSE_POSITIVE", "ana", "known merchant"),
     ]
+
+
+def test_a_case_events_table_of_an_older_velocity_gains_the_outcome_column(
+    tmp_path: Path,
+) -> None:
+    """A data dir made before cases had outcomes: its case_events table lacks the column.
+    The next flush adds it (delta-rs, one commit) and writes the outcome; the older events
+    read as ALERT, which their alerts were."""
+    from deltalake import DeltaTable
+
+    from velocity.delta.case_store import CASE_EVENT_ARROW_SCHEMA
+
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    older = pa.schema([f for f in CASE_EVENT_ARROW_SCHEMA if f.name != "outcome"])
+    first, first_events = group([("a1", 4, "t1", "p1")])
+    gathered = store.gather_alerts(first, first_events, 1)
+    rows = pa.Table.from_pylist(
+        [{k: v for k, v in e.to_row().items() if k != "outcome"} for e in store.events()], older
+    )
+    path = str(settings.table_path(CASE_EVENTS))
+    write_deltalake(path, rows, mode="overwrite", schema_mode="overwrite")
+    assert "outcome" not in DeltaTable(path).schema().to_arrow().names
+    (case,) = store.cases().values()
+    assert case.outcome.value == "ALERT" and case.case_id == gathered["caseId"][0].as_py()
+
+    later, later_events = group([("a2", 5, "t2", "p1")])
+    joined = store.gather_alerts(later, later_events, 2)
+    assert joined["caseId"].to_pylist() == [case.case_id]
+    assert "outcome" in DeltaTable(path).schema().to_arrow().names
+    (case,) = store.cases().values()
+    assert (case.alerts, case.outcome.value) == (2, "BLOCK")

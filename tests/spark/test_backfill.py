@@ -84,6 +84,10 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
     entries = job.redis.xrange(data_settings.alert_stream)
     published = [json.loads(f["alert"]) for _, f in entries if f.get("backfill") == "1"]
     assert sorted(a["alertId"] for a in published) == sorted(a["alertId"] for a in amendments)
+    # Each amendment carries the outcome of the rule version it amends (SPEC §4).
+    outcomes = {1: "REVIEW", 6: "BLOCK"}  # the sample rules'; the others' are ALERT
+    for amendment in [*amendments, *published]:
+        assert amendment["outcome"] == outcomes.get(amendment["ruleId"], "ALERT"), amendment
 
     # Covered: nothing pending, and a rerun of the same range amends nothing.
     assert backfill.pending_late_range() is None

@@ -197,6 +197,8 @@ def test_backtest_equals_reference(
     assert len(alerts) == len(got), "one alert per (rule, event)"
     assert got == expected.fired
     fired_rules = {rule_id for rule_id, _ in got}
+    outcomes = {rule.rule_id: rule.outcome.value for rule in rules}
+    assert {outcomes[rule_id] for rule_id in fired_rules} == {"ALERT", "REVIEW", "BLOCK"}
     assert fired_rules >= {r["ruleId"] for r in EXTRA_RULES}, "every extra rule must fire"
     for alert in alerts:
         pair = (alert["ruleId"], alert["transactionId"])
@@ -204,6 +206,7 @@ def test_backtest_equals_reference(
         assert alert["windowStart"] == expected.window_starts[pair]
         assert alert["windowEnd"] == alert["eventTime"]
         assert alert["ruleVersion"] == 1 and alert["kind"] == "ALERT"
+        assert alert["outcome"] == outcomes[alert["ruleId"]], "its rule's (SPEC §4)"
 
     assert (summary.accepted, summary.quarantined, summary.duplicates) == (
         len(events),

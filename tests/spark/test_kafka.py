@@ -41,6 +41,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.redis, pytest.mark.kafka]
 
 SAMPLE = parse_rules(sample_rules_path().read_text())
 RULES = [r.with_version(1) for r in SAMPLE if isinstance(r, Rule)]
+OUTCOMES = {r.rule_id: r.outcome.value for r in RULES}
 
 
 def on_topics(settings: Settings, bootstrap: str, partitions: int = 4, **more: Any) -> Settings:
@@ -126,6 +127,7 @@ def alert_ids_on_topic(settings: Settings) -> list[str]:
         assert value is not None and key is not None
         record = json.loads(value)
         assert key.decode() == record["alertId"]
+        assert record["outcome"] == OUTCOMES[record["ruleId"]], "its rule's (SPEC §4)"
         ids.append(record["alertId"])
     return ids
 

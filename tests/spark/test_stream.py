@@ -187,14 +187,23 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
     suppressed = {pair for pair, (*_, by) in streamed.items() if by is not None}
     assert suppressed and {rule for rule, _ in suppressed} <= {4, 5, 7}
     client = redis.Redis.from_url(data_settings.redis_url, decode_responses=True)
-    published = {
-        (record["ruleId"], record["transactionId"])
-        for _, fields in client.xrange(data_settings.alert_stream)
-        for record in [json.loads(fields["alert"])]
-    }
+    records = [
+        json.loads(fields["alert"]) for _, fields in client.xrange(data_settings.alert_stream)
+    ]
+    published = {(record["ruleId"], record["transactionId"]) for record in records}
     assert published == set(streamed) - suppressed
+    # Each alert carries its rule version's outcome (SPEC §4): on the stream and in the
+    # table (the sample's rule 1 is REVIEW, rule 6 BLOCK, the others ALERT).
+    outcomes = {r.rule_id: r.outcome.value for r in sample if isinstance(r, Rule)}
+    assert {r["outcome"] for r in records if r["ruleId"] in (1, 6)} == {"REVIEW", "BLOCK"}
+    assert all(record["outcome"] == outcomes[record["ruleId"]] for record in records)
+    stored = tables.read_table(spark, live.alerts).select("ruleId", "outcome").distinct()
+    assert {(r["ruleId"], r["outcome"]) for r in stored.collect()} == {
+        (rule, outcomes[rule]) for rule, _ in streamed
+    }
     # The write-behind gathered every alert into its payer's case (SPEC §4a): one open
     # case per alerting payer, holding all its alerts, notified and suppressed.
+    from velocity.analyst.case_queue import CaseSort
     from velocity.delta.case_store import CaseStore
 
     alert_rows = tables.read_table(spark, live.alerts)
@@ -210,6 +219,15 @@ def test_stream_equals_backtest_and_a_rerun_adds_nothing(
     assert {c.case_id for c in listed} == set(case_of_payer.values())
     assert sum(c.alerts for c in listed) == len(payers) == len(streamed)
     assert {c.status.value for c in listed} == {"open"}
+    # Each case's outcome is the strongest of its alerts' (BLOCK > REVIEW > ALERT).
+    strongest = {"ALERT": 0, "REVIEW": 1, "BLOCK": 2}
+    case_rules = {c.case_id: set(c.rule_counts) for c in listed}
+    for case in listed:
+        expected = max((outcomes[r] for r in case_rules[case.case_id]), key=strongest.get)
+        assert case.outcome.value == expected, case.case_id
+    assert {c.outcome.value for c in listed} >= {"BLOCK", "ALERT"}
+    first = CaseStore(data_settings).listed(sort=CaseSort.OUTCOME)[0]
+    assert first.outcome.value == "BLOCK"
 
     counts = {
         name: tables.read_table(spark, getattr(live, name)).count()

@@ -2,7 +2,8 @@
 
 Arbitrary text where an event supplies it (transactionIds, a key's names and values, a
 suppressor): quotes, backslashes, control characters and non-ASCII; shadow and
-suppressed flags set, unset and null; tables in several chunks and sliced.
+suppressed flags set, unset and null; outcomes set and null (an older row's: ALERT);
+tables in several chunks and sliced.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def alert_row(draw: st.DrawFn) -> dict[str, Any]:
         "suppressed": draw(flag),
         "suppressedBy": draw(st.none() | event_text),
         "caseId": None,
+        # null: a row of a Velocity before outcome existed (read as ALERT)
+        "outcome": draw(st.sampled_from(["ALERT", "REVIEW", "BLOCK", None])),
     }
 
 
@@ -94,3 +97,13 @@ def test_text_that_json_must_escape_is_escaped() -> None:
 
 def test_no_rows_no_lines() -> None:
     assert alert_lines(ALERT_ARROW.empty_table()).to_pylist() == []
+
+
+def test_alerts_without_the_outcome_column_say_alert() -> None:
+    row = {**dict.fromkeys(ALERT_ARROW.names, "x"), "key": [], "shadow": None}
+    row.update(dict.fromkeys(["ruleId", "ruleVersion", "eventTime", "windowStart"], 1))
+    row.update(dict.fromkeys(["windowEnd", "decisionTime"], 1), suppressed=None)
+    older = pa.Table.from_pylist([row], ALERT_ARROW).drop_columns(["outcome"])
+    (line,) = alert_lines(older).to_pylist()
+    assert json.loads(line)["outcome"] == "ALERT"
+    assert line == expected_line({k: v for k, v in row.items() if k != "outcome"})

@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.builders import BASE_TIME, SPEC_ALERT_FIELDS, keyed_event, make_rule
-from velocity.domain.alerts import AlertKind, alert_id, alert_record, amended, rule_key
+from velocity.domain.alerts import (
+    AlertKind,
+    alert_id,
+    alert_record,
+    amended,
+    record_of_stored,
+    rule_key,
+)
 from velocity.domain.windows import Decision
 
 SPEC_FIELDS = SPEC_ALERT_FIELDS
@@ -59,9 +66,9 @@ def test_alert_id_is_distinct_across_rule_version_transaction_and_kind(
     assert alert_id(*other) != alert_id(1, 3, "tx-9", AlertKind.ALERT)
 
 
-def _decision(value: Decimal | Fraction = Decimal("250000.00")) -> Decision:
+def _decision(value: Decimal | Fraction = Decimal("250000.00"), **rule_fields: object) -> Decision:
     rule = make_rule(
-        ruleId=1, groupingKeyNames=["payerId", "beneficiaryId"], limit=200000
+        ruleId=1, groupingKeyNames=["payerId", "beneficiaryId"], limit=200000, **rule_fields
     ).with_version(3)
     event = keyed_event(BASE_TIME, "tx-9", number=value if isinstance(value, Decimal) else 1)
     return Decision(rule, event, value, BASE_TIME - 1440 * 60_000)
@@ -87,6 +94,7 @@ def test_record_has_every_spec_field(kind: AlertKind) -> None:
         "windowStart": BASE_TIME - 1440 * 60_000,
         "windowEnd": BASE_TIME,
         "decisionTime": BASE_TIME + 312,
+        "outcome": "ALERT",
     }
 
 
@@ -163,3 +171,21 @@ def test_an_amendment_is_never_an_alert() -> None:
     fired = alert_record(_decision(), {"payerId": "25"}, decision_time=0)
     with pytest.raises(ValueError, match="CORRECTION or RETRACTION"):
         amended(fired, AlertKind.ALERT, 0, "run")
+
+
+@pytest.mark.parametrize("outcome", ["REVIEW", "BLOCK"])
+def test_the_rule_version_s_outcome_is_carried_by_its_alerts_and_their_amendments(
+    outcome: str,
+) -> None:
+    fired = alert_record(_decision(outcome=outcome.lower()), {"payerId": "25"}, 0)
+    assert fired["outcome"] == outcome
+    for kind in (AlertKind.CORRECTION, AlertKind.RETRACTION):
+        assert amended(fired, kind, 9, "run")["outcome"] == outcome
+    assert record_of_stored({**fired, "signature_id": "s"})["outcome"] == outcome
+
+
+def test_a_stored_row_of_an_older_velocity_reads_as_alert() -> None:
+    fired = alert_record(_decision(outcome="BLOCK"), {"payerId": "25"}, 0)
+    for older in ({**fired, "outcome": None}, {k: v for k, v in fired.items() if k != "outcome"}):
+        assert record_of_stored(older)["outcome"] == "ALERT"
+        assert amended(older, AlertKind.RETRACTION, 9, "run")["outcome"] == "ALERT"

@@ -17,6 +17,7 @@ from velocity.analyst.case_queue import (
     QUEUE_PAGE_SIZE,
     CaseCursor,
     CaseQuery,
+    CaseSort,
     parse_case_cursor,
     parse_case_filter,
     parse_case_query,
@@ -25,6 +26,7 @@ from velocity.analyst.case_queue import (
 )
 from velocity.analyst.cases import Case, CaseStatus, case_key_text
 from velocity.analyst.rule_rates import MINUTE_MS, minute_starts, rule_rates
+from velocity.domain.rules import Outcome
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,6 +40,7 @@ def case(
     assignee: str | None = None,
     payer: str | None = None,
     activity: int | None = None,
+    outcome: Outcome = Outcome.ALERT,
 ) -> Case:
     return Case(
         case_id=f"c-{n:03d}",
@@ -50,6 +53,7 @@ def case(
         alerts=sum((rules or {4: 1}).values()),
         rule_counts=dict(rules or {4: 1}),
         amount=Decimal("10.5"),
+        outcome=outcome,
     )
 
 
@@ -103,6 +107,11 @@ def test_a_key_is_matched_whole_as_the_page_shows_it() -> None:
         ({"case_key": "color=red"}, "case_key", "'color' is not a field rules use"),
         ({"case_before": "yesterday"}, "case_before", "is not a page boundary"),
         ({"case_limit": str(QUEUE_PAGE_MAX + 1)}, "case_limit", "from 1 to 200"),
+        ({"case_outcome": "deny"}, "case_outcome", "use one of ALERT, REVIEW, BLOCK"),
+        ({"case_sort": "oldest"}, "case_sort", "use one of newest, outcome"),
+        # A boundary of the other order: pages of one order never mix with the other's.
+        ({"case_sort": "outcome", "case_before": f"{NOW}_c-1"}, "case_before", "<outcome>_"),
+        ({"case_before": f"BLOCK_{NOW}_c-1"}, "case_before", "is not a page boundary"),
     ],
 )
 def test_a_field_that_cannot_be_read_is_named(
@@ -142,6 +151,53 @@ def test_paging_lists_each_matching_case_once_ties_included(
         (c for c in cases if c.status is not CaseStatus.CLOSED),
         key=lambda c: (c.latest_activity_at, c.case_id),
         reverse=True,
+    )
+    assert listed == [c.case_id for c in expected]
+
+
+def test_the_queue_filters_by_the_strongest_outcome_and_puts_a_block_case_first() -> None:
+    cases = [case(n, activity=NOW + n) for n in range(1, 8)]  # a pile of ALERT cases
+    cases += [
+        case(8, outcome=Outcome.BLOCK, activity=NOW - 50),  # the oldest activity of all
+        case(9, outcome=Outcome.REVIEW, activity=NOW - 40),
+        case(10, outcome=Outcome.REVIEW, activity=NOW - 30),
+        case(11, CaseStatus.CLOSED, outcome=Outcome.BLOCK),
+    ]
+
+    def shown(**params: str) -> list[str]:
+        return [c.case_id for c in queue_page(cases, parse_case_query(params, None)).cases]
+
+    assert shown(case_outcome="block") == ["c-008"], "the closed one is not in the queue"
+    assert shown(case_outcome="REVIEW", case_status="all") == ["c-010", "c-009"]
+    by_outcome = shown(case_sort="outcome")
+    assert by_outcome[:4] == ["c-008", "c-010", "c-009", "c-007"]
+    assert shown()[:1] == ["c-007"] and shown()[-1] == "c-008", "newest activity first"
+    query = parse_case_query({"case_sort": "outcome", "case_limit": "2"}, None)
+    page = queue_page(cases, query)
+    assert page.older is not None and page.older.text() == f"REVIEW_{NOW - 30}_c-010"
+    assert parse_case_cursor(page.older.text(), CaseSort.OUTCOME) == page.older
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from(list(Outcome))), min_size=1, max_size=30),
+    st.integers(1, 7),
+)
+def test_paging_by_outcome_lists_each_case_once_strongest_first(
+    drawn: list[tuple[int, Outcome]], limit: int
+) -> None:
+    cases = [case(n, activity=NOW + at, outcome=o) for n, (at, o) in enumerate(drawn)]
+    query = parse_case_query({"case_sort": "outcome", "case_limit": str(limit)}, None)
+    listed: list[str] = []
+    while True:
+        page = queue_page(cases, query)
+        listed += [c.case_id for c in page.cases]
+        if page.older is None:
+            break
+        text = page.older.text()
+        query = parse_case_query({"case_sort": "outcome", "case_before": text}, None)
+        query = CaseQuery(query.filter, query.before, limit, query.sort)
+    expected = sorted(
+        cases, key=lambda c: (c.outcome.strength, c.latest_activity_at, c.case_id), reverse=True
     )
     assert listed == [c.case_id for c in expected]
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from velocity.analyst.cases import (
     CaseAlert,
     CaseBook,
+    CaseEvent,
     CaseEventKind,
     CaseStatus,
     InvalidCaseActionError,
@@ -21,14 +22,22 @@ from velocity.analyst.cases import (
     stream_case_events,
 )
 from velocity.analyst.reviews import Verdict
+from velocity.domain.rules import Outcome
 
 pytestmark = pytest.mark.timeout(60)
 
 P1, P2 = case_key_text("payerId", "p1"), case_key_text("payerId", "p2")
 
 
-def alert(n: int, key: str, rule: int = 4, tx: str | None = None, amount: str = "10") -> CaseAlert:
-    return CaseAlert(f"a-{n}", rule, tx or f"tx-{n}", 1_000 + n, key, Decimal(amount))
+def alert(
+    n: int,
+    key: str,
+    rule: int = 4,
+    tx: str | None = None,
+    amount: str = "10",
+    outcome: Outcome = Outcome.ALERT,
+) -> CaseAlert:
+    return CaseAlert(f"a-{n}", rule, tx or f"tx-{n}", 1_000 + n, key, Decimal(amount), outcome)
 
 
 def open_cases(events, keys):  # type: ignore[no-untyped-def]
@@ -75,6 +84,28 @@ def test_an_alert_after_the_close_opens_a_new_case_and_a_reopened_one_is_joined_
     assert folded[case.case_id].status is CaseStatus.ASSIGNED  # back to its assignee
     # Two open cases of one key: alerts join the newest.
     assert open_cases([*history, *after, reopened], [P1]) == {P1: after_of["a-2"]}
+
+
+def test_a_case_s_outcome_is_the_strongest_of_its_alerts_and_a_row_keeps_it() -> None:
+    first, case_of = stream_case_events(
+        [alert(1, P1, outcome=Outcome.REVIEW), alert(2, P1), alert(3, P2)], {}, 0, 50
+    )
+    assert [e.outcome for e in first] == [Outcome.REVIEW, Outcome.ALERT]
+    cases = fold_cases(first)
+    assert cases[case_of["a-1"]].outcome is Outcome.REVIEW
+    assert cases[case_of["a-3"]].to_json()["outcome"] == "ALERT"
+    later, _ = stream_case_events(
+        [alert(4, P1, outcome=Outcome.BLOCK)], open_cases(first, [P1]), 1, 60
+    )
+    weaker, _ = stream_case_events([alert(5, P1)], open_cases(first, [P1]), 2, 70)
+    # The strongest stays, whatever joins after it; and the events survive their rows.
+    rows = [CaseEvent.from_row(e.to_row()) for e in [*first, *later, *weaker]]
+    assert rows == [*first, *later, *weaker]
+    assert fold_cases(rows)[case_of["a-1"]].outcome is Outcome.BLOCK
+    # A person's event, or a row of an older Velocity, has none: its alerts were ALERT.
+    older = {**first[1].to_row(), "outcome": None}
+    assert CaseEvent.from_row(older).outcome is None
+    assert fold_cases([CaseEvent.from_row(older)])[case_of["a-3"]].outcome is Outcome.ALERT
 
 
 def test_people_changes_are_checked_whole() -> None:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.builders import make_rule
-from velocity.domain.rule_changes import Promotion, RuleBook, outcome_lines, plan_changes
-from velocity.domain.rules import Control, ControlType, Rule, RuleState, StateChange
-from velocity.errors import UnknownRuleError
+from velocity.domain.rule_changes import (
+    Promotion,
+    RuleBook,
+    outcome_change,
+    outcome_lines,
+    plan_changes,
+)
+from velocity.domain.rules import Control, ControlType, Outcome, Rule, RuleState, StateChange
+from velocity.errors import InvalidFieldError, UnknownRuleError
 
 
 class Table:
@@ -53,6 +59,26 @@ def test_pause_delete_and_recreate_continue_the_versions() -> None:
         plan_changes(latest.book, [StateChange(2, RuleState.PAUSE)])
     _, changes = apply(latest, make_rule(ruleId=2))
     assert changes == [(2, 3)]
+
+
+def test_the_page_s_outcome_change_is_a_new_version_that_keeps_the_rest_of_the_rule() -> None:
+    latest, _ = apply({}, make_rule(ruleId=1, windowMinutes=7))
+    latest, _ = apply(latest, StateChange(1, RuleState.PAUSE))
+    latest, changes = apply(latest, outcome_change(1, " block "))
+    assert changes == [(1, 3)]
+    assert latest[1] == make_rule(ruleId=1, windowMinutes=7, outcome="BLOCK").with_version(
+        3
+    ).with_state(RuleState.PAUSE), "state and body kept, only the outcome set"
+    again = [outcome_change(1, "BLOCK")]
+    assert outcome_lines(plan_changes(latest.book, again)[1], again) == [
+        "ruleId 1's outcome is BLOCK already: nothing to apply"
+    ]
+    assert outcome_change(1, "review").outcome is Outcome.REVIEW
+    for wrong in ("DENY", "", None):
+        with pytest.raises(InvalidFieldError, match=r"field 'outcome': .* ALERT, REVIEW, BLOCK"):
+            outcome_change(1, wrong)
+    with pytest.raises(UnknownRuleError, match="ruleId 2 is not in force"):
+        plan_changes(latest.book, [outcome_change(2, "REVIEW")])
 
 
 def test_export_sees_the_entries_before_it() -> None:

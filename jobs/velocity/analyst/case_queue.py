@@ -5,6 +5,9 @@ Invariants:
 
 - Order: newest activity first by (latestActivityAt, caseId), a total order, so a page
   boundary (``CaseCursor``) is exact: the next page holds the matching cases below it.
+  Sorted by outcome (``case_sort=outcome``), the strongest outcome comes first (a BLOCK
+  case before every REVIEW and ALERT case), newest activity first within one; the
+  boundary then carries the outcome too, and stays exact.
 - A filter is refused whole (``InvalidFilterError``) naming the URL field at fault; every
   field given must hold, an empty field does not filter, and an empty status means the
   cases not closed (open or assigned): what the queue is for.
@@ -16,15 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from velocity.analyst.alert_search import InvalidFilterError, KeyPart, parse_key_filter
 from velocity.analyst.cases import Case, CaseStatus
+from velocity.domain.rules import Outcome
 
 QUEUE_PAGE_SIZE = 50  # cases a page lists unless asked otherwise
 QUEUE_PAGE_MAX = 200  # and at most: the page's rows are capped by this
 # The queue's fields in a URL (the page's other forms carry them along).
-CASE_FILTER_FIELDS = ("case_rule", "case_status", "case_assignee", "case_key")
-CASE_PAGE_FIELDS = ("case_before", "case_limit")
+CASE_FILTER_FIELDS = ("case_rule", "case_status", "case_assignee", "case_key", "case_outcome")
+# How the page is cut and ordered (a changed filter starts again from the first page).
+CASE_PAGE_FIELDS = ("case_before", "case_limit", "case_sort")
 # What the status field may say, and the statuses each takes.
 STATUS_CHOICES: Mapping[str, frozenset[CaseStatus]] = {
     "": frozenset({CaseStatus.OPEN, CaseStatus.ASSIGNED}),
@@ -37,6 +43,13 @@ STATUS_CHOICES: Mapping[str, frozenset[CaseStatus]] = {
 UNASSIGNED = "none"
 
 
+class CaseSort(StrEnum):
+    """The queue's order (URL field ``case_sort``; empty: NEWEST)."""
+
+    NEWEST = "newest"  # newest activity first
+    OUTCOME = "outcome"  # strongest outcome first (BLOCK, REVIEW, ALERT), then newest
+
+
 @dataclass(frozen=True)
 class CaseFilter:
     """Which cases a person asked for; the default takes every case not closed."""
@@ -45,6 +58,7 @@ class CaseFilter:
     statuses: frozenset[CaseStatus] = STATUS_CHOICES[""]
     assignee: str | None = None  # a name (any case), or UNASSIGNED
     key: tuple[KeyPart, ...] = ()
+    outcome: Outcome | None = None  # the cases whose strongest outcome is this one
     # The fields as written (stripped), for the form and the links that keep the filter.
     text: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -52,6 +66,8 @@ class CaseFilter:
         if case.status not in self.statuses:
             return False
         if self.rule_id is not None and not case.rule_counts.get(self.rule_id):
+            return False
+        if self.outcome is not None and case.outcome is not self.outcome:
             return False
         if self.assignee is not None:
             if self.assignee == UNASSIGNED:
@@ -69,8 +85,8 @@ class CaseFilter:
 
 def parse_case_filter(params: Mapping[str, str], rule_ids: Collection[int] | None) -> CaseFilter:
     """The filter of URL parameters ``case_rule``, ``case_status``, ``case_assignee``,
-    ``case_key`` (others are ignored); ``rule_ids``: the ruleIds that ever existed (None:
-    not checked)."""
+    ``case_key``, ``case_outcome`` (others are ignored); ``rule_ids``: the ruleIds that
+    ever existed (None: not checked)."""
     text = {name: str(params.get(name) or "").strip() for name in CASE_FILTER_FIELDS}
     rule_id = None
     rule_text = text["case_rule"]
@@ -100,33 +116,80 @@ def parse_case_filter(params: Mapping[str, str], rule_ids: Collection[int] | Non
         statuses=STATUS_CHOICES[status_text],
         assignee=text["case_assignee"] or None,
         key=key,
+        outcome=parse_outcome_choice(text["case_outcome"], "case_outcome"),
         text={k: v for k, v in text.items() if v},
     )
 
 
-@dataclass(frozen=True, order=True)
+def parse_outcome_choice(text: str, field_name: str) -> Outcome | None:
+    """An outcome as written in a filter (any case; empty: None, every outcome)."""
+    if not text:
+        return None
+    try:
+        return Outcome(text.upper())
+    except ValueError:
+        choices = ", ".join(o.value for o in Outcome)
+        raise InvalidFilterError(
+            field_name,
+            f"{text!r} is not an outcome; use one of {choices}, or leave it empty for every "
+            "outcome",
+        ) from None
+
+
+def parse_case_sort(text: str | None) -> CaseSort:
+    """The queue's order as written (any case; empty: newest activity first)."""
+    if not text:
+        return CaseSort.NEWEST
+    try:
+        return CaseSort(text.lower())
+    except ValueError:
+        choices = ", ".join(s.value for s in CaseSort)
+        raise InvalidFilterError(
+            "case_sort", f"{text!r} is not an order; use one of {choices}"
+        ) from None
+
+
+@dataclass(frozen=True)
 class CaseCursor:
-    """A page boundary: the (latestActivityAt, caseId) of the last case listed."""
+    """A page boundary: the (latestActivityAt, caseId) of the last case listed, and its
+    outcome when the queue is sorted by outcome (None: by newest activity)."""
 
     activity: int
     case_id: str
+    outcome: Outcome | None = None
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        """The order of the queue, descending: the later, the nearer the top."""
+        strength = -1 if self.outcome is None else self.outcome.strength
+        return (strength, self.activity, self.case_id)
 
     def text(self) -> str:
-        return f"{self.activity}_{self.case_id}"
+        moment = f"{self.activity}_{self.case_id}"
+        return moment if self.outcome is None else f"{self.outcome.value}_{moment}"
 
     @classmethod
-    def of(cls, case: Case) -> CaseCursor:
-        return cls(case.latest_activity_at, case.case_id)
+    def of(cls, case: Case, sort: CaseSort = CaseSort.NEWEST) -> CaseCursor:
+        outcome = case.outcome if sort is CaseSort.OUTCOME else None
+        return cls(case.latest_activity_at, case.case_id, outcome)
 
 
-def parse_case_cursor(text: str) -> CaseCursor:
-    """A cursor as ``CaseCursor.text`` writes it (``<latestActivityAt>_<caseId>``)."""
-    moment, sep, case_id = text.strip().partition("_")
-    if not (sep and case_id and moment.isascii() and moment.isdigit()):
-        raise InvalidFilterError(
-            "case_before", f"{text!r} is not a page boundary (<latestActivityAt>_<caseId>)"
-        )
-    return CaseCursor(int(moment), case_id)
+def parse_case_cursor(text: str, sort: CaseSort = CaseSort.NEWEST) -> CaseCursor:
+    """A cursor as ``CaseCursor.text`` writes it for ``sort``: ``<latestActivityAt>_<caseId>``,
+    sorted by outcome ``<outcome>_<latestActivityAt>_<caseId>``."""
+    rest = text.strip()
+    outcome = None
+    if sort is CaseSort.OUTCOME:
+        word, _, rest = rest.partition("_")
+        outcome = next((o for o in Outcome if o.value == word), None)
+    moment, sep, case_id = rest.partition("_")
+    shape = "<latestActivityAt>_<caseId>"
+    if sort is CaseSort.OUTCOME:
+        shape = f"<outcome>_{shape}"
+    readable = sep and case_id and moment.isascii() and moment.isdigit()
+    if not readable or (sort is CaseSort.OUTCOME and outcome is None):
+        raise InvalidFilterError("case_before", f"{text!r} is not a page boundary ({shape})")
+    return CaseCursor(int(moment), case_id, outcome)
 
 
 def parse_case_limit(text: str | None) -> int:
@@ -142,19 +205,23 @@ def parse_case_limit(text: str | None) -> int:
 
 @dataclass(frozen=True)
 class CaseQuery:
-    """A page of the queue as asked for: the filter, the boundary and the page size."""
+    """A page of the queue as asked for: the filter, the boundary, the page size and the
+    order."""
 
     filter: CaseFilter = field(default_factory=CaseFilter)
     before: CaseCursor | None = None
     limit: int = QUEUE_PAGE_SIZE
+    sort: CaseSort = CaseSort.NEWEST
 
 
 def parse_case_query(params: Mapping[str, str], rule_ids: Collection[int] | None) -> CaseQuery:
     before = str(params.get("case_before") or "").strip()
+    sort = parse_case_sort(str(params.get("case_sort") or "").strip() or None)
     return CaseQuery(
         parse_case_filter(params, rule_ids),
-        parse_case_cursor(before) if before else None,
+        parse_case_cursor(before, sort) if before else None,
         parse_case_limit(str(params.get("case_limit") or "").strip() or None),
+        sort,
     )
 
 
@@ -169,13 +236,17 @@ class CasePage:
 
 
 def queue_page(cases: Iterable[Case], query: CaseQuery) -> CasePage:
-    """The ``query.limit`` cases of newest activity that pass the filter and lie below the
-    boundary."""
+    """The first ``query.limit`` cases in the query's order (newest activity first, or
+    strongest outcome first) that pass the filter and lie below the boundary."""
     chosen = [c for c in cases if query.filter.matches(c)]
-    below = [c for c in chosen if query.before is None or CaseCursor.of(c) < query.before]
-    below.sort(key=CaseCursor.of, reverse=True)
+
+    def place(c: Case) -> tuple[int, int, str]:
+        return CaseCursor.of(c, query.sort).key
+
+    below = [c for c in chosen if query.before is None or place(c) < query.before.key]
+    below.sort(key=place, reverse=True)
     shown = below[: query.limit]
-    older = CaseCursor.of(shown[-1]) if shown and len(below) > query.limit else None
+    older = CaseCursor.of(shown[-1], query.sort) if shown and len(below) > query.limit else None
     return CasePage(shown, older, len(chosen))
 
 
@@ -187,4 +258,4 @@ def newest_activity(cases: Iterable[Case]) -> int:
 def updated_since(cases: Iterable[Case], case_filter: CaseFilter, since_ms: int) -> list[str]:
     """The caseIds that pass ``case_filter`` and changed after ``since_ms``, newest first."""
     changed = [c for c in cases if c.latest_activity_at > since_ms and case_filter.matches(c)]
-    return [c.case_id for c in sorted(changed, key=CaseCursor.of, reverse=True)]
+    return [c.case_id for c in sorted(changed, key=lambda c: CaseCursor.of(c).key, reverse=True)]

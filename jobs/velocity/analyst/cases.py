@@ -12,6 +12,8 @@ note) and ``reopened`` by people. What a case is now is the fold of its events
 - A case's id is deterministic in its key and its first alert, so a flush redone after a
   crash opens the same case.
 - A payment that fired several rules counts once in the case's amount.
+- A case's outcome is the strongest of its alerts' (BLOCK > REVIEW > ALERT): each stream
+  event records the strongest of the alerts it brought, and the fold keeps the strongest.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from velocity.analyst.reviews import NOTE_MAX, WHO_MAX, Verdict, parse_verdict
 from velocity.domain.decimals import format_decimal
+from velocity.domain.rules import Outcome
 from velocity.errors import InvalidFieldError
 
 _CASE_NAMESPACE = uuid.UUID("5f1d7c2e-9a43-4c1b-8e0f-6b2d3a9c4e71")
@@ -72,6 +75,9 @@ class CaseEvent:
     first_alert_at: int | None = None  # decisionTime of the first of these alerts
     latest_alert_at: int | None = None
     batch: int | None = None  # the write-behind group's last batch (None: a person's)
+    # The strongest outcome of the alerts it opened or joined with (None: a person's, or
+    # an event recorded before outcome existed, whose alerts were all ALERT).
+    outcome: Outcome | None = None
 
     def to_row(self) -> dict[str, Any]:
         return {
@@ -89,6 +95,7 @@ class CaseEvent:
             "firstAlertAt": self.first_alert_at,
             "latestAlertAt": self.latest_alert_at,
             "batch": self.batch,
+            "outcome": None if self.outcome is None else self.outcome.value,
         }
 
     @classmethod
@@ -109,6 +116,7 @@ class CaseEvent:
             first_alert_at=row.get("firstAlertAt"),
             latest_alert_at=row.get("latestAlertAt"),
             batch=row.get("batch"),
+            outcome=None if row.get("outcome") is None else Outcome(row["outcome"]),
         )
 
 
@@ -127,6 +135,7 @@ class Case:
     rule_counts: dict[int, int] = field(default_factory=dict)
     amount: Decimal = Decimal(0)
     verdict: Verdict | None = None
+    outcome: Outcome = Outcome.ALERT  # the strongest of its alerts' outcomes
     history: list[CaseEvent] = field(default_factory=list)
 
     @property
@@ -146,6 +155,7 @@ class Case:
             "latestAlertAt": self.latest_alert_at,
             "latestActivityAt": self.latest_activity_at,
             "verdict": None if self.verdict is None else self.verdict.value,
+            "outcome": self.outcome.value,
         }
         if history:
             out["history"] = [
@@ -153,6 +163,11 @@ class Case:
                 for e in self.history
             ]
         return out
+
+
+def strongest(outcomes: Iterable[Outcome]) -> Outcome:
+    """The strongest of ``outcomes`` (BLOCK > REVIEW > ALERT); ALERT of none."""
+    return max(outcomes, key=lambda o: o.strength, default=Outcome.ALERT)
 
 
 def case_key_text(field_name: str, value: str) -> str:
@@ -204,6 +219,7 @@ class CaseBook:
                     case.rule_counts[rule] = case.rule_counts.get(rule, 0) + n
                 case.amount += e.amount
                 case.latest_alert_at = max(case.latest_alert_at, e.latest_alert_at or e.at)
+                case.outcome = strongest((case.outcome, e.outcome or Outcome.ALERT))
             case CaseEventKind.ASSIGNED:
                 case.assignee = e.assignee
                 if case.status is not CaseStatus.CLOSED:
@@ -279,6 +295,7 @@ class CaseAlert:
     decision_time: int
     case_key: str
     amount: Decimal | None
+    outcome: Outcome = Outcome.ALERT  # its rule version's
 
 
 def stream_case_events(
@@ -312,6 +329,7 @@ def stream_case_events(
                 first_alert_at=mine[0].decision_time,
                 latest_alert_at=mine[-1].decision_time,
                 batch=batch,
+                outcome=strongest(a.outcome for a in mine),
             )
         )
     return events, case_of

@@ -143,8 +143,23 @@ def _add_cases(sub: _Commands) -> None:
     """`velocity cases list|show|assign|close|reopen`."""
     cases = sub.add_parser("cases", help="cases: the alerts of a case key, worked as one")
     cases_sub = cases.add_subparsers(dest="cases_command", required=True, parser_class=_Parser)
-    cases_list = cases_sub.add_parser("list", help="the cases, newest activity first")
+    cases_list = cases_sub.add_parser(
+        "list", help="the cases, newest activity first (or strongest outcome first)"
+    )
     cases_list.add_argument("--status", choices=["open", "assigned", "closed"], type=str.lower)
+    cases_list.add_argument(
+        "--outcome",
+        choices=["ALERT", "REVIEW", "BLOCK"],
+        type=str.upper,
+        help="only the cases whose strongest outcome is this one",
+    )
+    cases_list.add_argument(
+        "--sort",
+        choices=["newest", "outcome"],
+        default="newest",
+        type=str.lower,
+        help="newest activity first, or strongest outcome first (BLOCK, REVIEW, ALERT)",
+    )
     cases_list.add_argument("--json", action="store_true", help="one JSON object a line")
     cases_list.set_defaults(run=LazyHandler("cases", "list_cases"))
     cases_show = cases_sub.add_parser("show", help="a case: its alerts and its history")

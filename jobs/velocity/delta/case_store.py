@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from velocity.analyst.case_queue import CaseCursor, CaseSort
 from velocity.analyst.cases import (
     Case,
     CaseAlert,
@@ -49,7 +50,8 @@ from velocity.delta.small_tables import (
     read_rows,
     rows_table,
 )
-from velocity.domain.alerts import AlertKind
+from velocity.domain.alerts import AlertKind, stored_outcome
+from velocity.domain.rules import Outcome
 from velocity.errors import UsageError
 from velocity.settings import Settings
 
@@ -69,6 +71,9 @@ CASE_EVENT_ARROW_SCHEMA = pa.schema(
         pa.field("firstAlertAt", pa.int64()),
         pa.field("latestAlertAt", pa.int64()),
         pa.field("batch", pa.int64()),  # the write-behind group's last batch; null: a person's
+        # The strongest outcome of the alerts the event brought (ALERT, REVIEW, BLOCK);
+        # null for a person's event and in a table of an older Velocity.
+        pa.field("outcome", pa.string()),
     ]
 )
 CASE_ARROW_SCHEMA = pa.schema(
@@ -101,10 +106,20 @@ class CaseStore:
         with _FOLDS_LOCK:
             return dict(_folded(table, CaseBook).cases)
 
-    def listed(self, status: CaseStatus | None = None) -> list[Case]:
-        """The cases, newest activity first; only those of ``status`` when given."""
-        chosen = [c for c in self.cases().values() if status is None or c.status is status]
-        return sorted(chosen, key=lambda c: (c.latest_activity_at, c.case_id), reverse=True)
+    def listed(
+        self,
+        status: CaseStatus | None = None,
+        outcome: Outcome | None = None,
+        sort: CaseSort = CaseSort.NEWEST,
+    ) -> list[Case]:
+        """The cases, newest activity first (or strongest outcome first: ``sort``); only
+        those of ``status`` and of strongest outcome ``outcome`` when given."""
+        chosen = [
+            c
+            for c in self.cases().values()
+            if (status is None or c.status is status) and (outcome is None or c.outcome is outcome)
+        ]
+        return sorted(chosen, key=lambda c: CaseCursor.of(c, sort).key, reverse=True)
 
     def case(self, case_id: str) -> Case:
         found = self.cases().get(case_id)
@@ -302,8 +317,9 @@ def _case_alerts(alerts: pa.Table, events: pa.Table, field: str) -> list[CaseAle
         )
     }
     out = []
-    wanted = ["alertId", "kind", "ruleId", "transactionId", "decisionTime"]
-    for row in alerts.select(wanted).to_pylist():
+    wanted = ["alertId", "kind", "ruleId", "transactionId", "decisionTime", "outcome"]
+    present = [c for c in wanted if c in alerts.column_names]
+    for row in alerts.select(present).to_pylist():
         value, amount = payments.get(row["transactionId"], (None, None))
         if row["kind"] != AlertKind.ALERT.value or value is None:
             continue
@@ -315,6 +331,7 @@ def _case_alerts(alerts: pa.Table, events: pa.Table, field: str) -> list[CaseAle
                 decision_time=int(row["decisionTime"]),
                 case_key=case_key_text(field, str(value)),
                 amount=None if amount is None else Decimal(amount),
+                outcome=Outcome(stored_outcome(row)),
             )
         )
     return out

@@ -43,7 +43,7 @@ from velocity.delta.case_store import CaseStore
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
-from velocity.domain.alerts import AlertKind
+from velocity.domain.alerts import AlertKind, stored_outcome
 from velocity.domain.decimals import format_decimal
 from velocity.domain.rule_changes import RuleBook
 from velocity.domain.rules import Rule
@@ -78,6 +78,7 @@ def _alert_record(row: Mapping[str, Any]) -> dict[str, Any]:
     suppressed one)."""
     flags = ("signature_id", "shadow", "suppressed", "suppressedBy")
     record = {k: v for k, v in row.items() if k not in flags}
+    record["outcome"] = stored_outcome(row)  # a row of an older Velocity has none: ALERT
     if row.get("shadow"):
         record["shadow"] = True
     if row.get("suppressed"):  # SPEC §3 cooldown: recorded, not published
@@ -265,7 +266,7 @@ def shadow_comparisons(
 _RECORD_COLUMNS = [
     "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
     "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
-    "windowEnd", "decisionTime", "shadow",
+    "windowEnd", "decisionTime", "outcome", "shadow",
 ]  # fmt: skip
 # The first decisionTime span searched below a page's boundary; each next one is 8 times
 # wider, until the page is full or the span reaches the table's oldest alert.

@@ -8,6 +8,7 @@ the table's current version and commits them only on that version
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 from arro3.core import Array, DataType, Table
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Schema, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from pyarrow import fs as pafs
 
@@ -40,10 +41,12 @@ def open_table(path: Path) -> DeltaTable | None:
 
 def create_if_missing(path: Path, schema: pa.Schema) -> DeltaTable:
     """The table, created empty unless it is there (safe to call repeatedly, and
-    concurrently: of two creators one commits version 0, the other opens it)."""
+    concurrently: of two creators one commits version 0, the other opens it). A table made
+    by an earlier Velocity gets the nullable columns of ``schema`` it lacks, so a data dir
+    survives an upgrade that adds one (as ``case_events.outcome`` was)."""
     table = open_table(path)
     if table is not None:
-        return table
+        return _with_columns(table, path, schema)
     try:
         return DeltaTable.create(str(path), schema, mode="ignore")
     except DeltaError:
@@ -51,6 +54,20 @@ def create_if_missing(path: Path, schema: pa.Schema) -> DeltaTable:
         if table is None:
             raise
         return table
+
+
+def _with_columns(table: DeltaTable, path: Path, schema: pa.Schema) -> DeltaTable:
+    present = {f.name for f in table.schema().fields}
+    missing = [f for f in schema if f.name not in present and f.nullable]
+    if not missing:
+        return table
+    # Another writer may have added them first: then read what it committed.
+    with contextlib.suppress(DeltaError):
+        table.alter.add_columns(Schema.from_arrow(pa.schema(missing)).fields)
+    reopened = open_table(path)
+    if reopened is None:
+        raise VelocityError(f"{path} vanished while its columns were added")
+    return reopened
 
 
 def rows_table(schema: pa.Schema, columns: Mapping[str, Sequence[Any]]) -> Table:
@@ -70,7 +87,11 @@ def read_rows(table: DeltaTable, columns: Sequence[str]) -> list[dict[str, Any]]
     that does is read by delta-rs itself.
     """
     if table.protocol().min_reader_version > 1:
-        rows: list[dict[str, Any]] = table.to_pyarrow_table(columns=list(columns)).to_pylist()
+        # A column the table lacks (one added since it was made) is left out, as a data
+        # file without it leaves it out below.
+        present = {f.name for f in table.schema().fields}
+        wanted = [c for c in columns if c in present]
+        rows: list[dict[str, Any]] = table.to_pyarrow_table(columns=wanted).to_pylist()
         return rows
     return read_files(table, table.file_uris(), columns)
 

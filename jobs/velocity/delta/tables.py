@@ -228,6 +228,9 @@ ALERT_SCHEMA = StructType(
         # The case the stream's write-behind gathered it into (SPEC §4a); null for a
         # backfill's amendment and in older tables.
         StructField("caseId", StringType(), True),
+        # The rule version's outcome (SPEC §4: ALERT, REVIEW or BLOCK); null in a table of
+        # an older Velocity, whose rules were all ALERT (``alerts.stored_outcome``).
+        StructField("outcome", StringType(), True),
     ]
 )
 

@@ -8,7 +8,7 @@ from enum import StrEnum
 from hashlib import sha1
 from typing import Any
 
-from velocity.domain.rules import Rule, RuleState
+from velocity.domain.rules import Outcome, Rule, RuleState
 from velocity.domain.schema import format_decimal
 from velocity.domain.windows import Decision, format_aggregate
 
@@ -84,6 +84,7 @@ def alert_record(
         "windowStart": decision.window_start,
         "windowEnd": decision.event.event_time,
         "decisionTime": decision_time,
+        "outcome": rule.outcome.value,
     }
     if rule.state is RuleState.SHADOW:
         record["shadow"] = True
@@ -93,8 +94,14 @@ def alert_record(
 ALERT_FIELDS: tuple[str, ...] = (
     "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "key", "eventTime",
     "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit",
-    "windowStart", "windowEnd", "decisionTime",
+    "windowStart", "windowEnd", "decisionTime", "outcome",
 )  # fmt: skip
+
+
+def stored_outcome(row: Mapping[str, Any]) -> str:
+    """The ``outcome`` of a stored alert row or record: its rule version's (SPEC §4); a
+    row of a Velocity before outcome existed has none, and every rule then was ALERT."""
+    return str(row.get("outcome") or Outcome.ALERT.value)
 
 
 def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,8 +109,9 @@ def record_of_stored(row: Mapping[str, Any]) -> dict[str, Any]:
     a shadow rule's says so (``"shadow": true``), a rule in force's has no such field; a
     suppressed one says so and names its suppressor (``"suppressedBy"``: the notified
     alert's transactionId)."""
-    record = {name: row[name] for name in ALERT_FIELDS}
+    record = {name: row[name] for name in ALERT_FIELDS if name != "outcome"}
     record["key"] = dict(row["key"])
+    record["outcome"] = stored_outcome(row)
     if row.get("shadow"):
         record["shadow"] = True
     if row.get("suppressed"):
@@ -134,8 +142,9 @@ def amended(
     """
     if kind is AlertKind.ALERT:
         raise ValueError("a backfill amends with CORRECTION or RETRACTION, not ALERT")
-    out = {name: record[name] for name in ALERT_FIELDS}
+    out = {name: record[name] for name in ALERT_FIELDS if name != "outcome"}
     out["key"] = dict(record["key"])
+    out["outcome"] = stored_outcome(record)  # the amended version's, as its alert said
     if is_shadow(record):
         out["shadow"] = True
     out["kind"] = kind.value

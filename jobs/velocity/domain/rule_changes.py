@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -19,13 +19,14 @@ from velocity.domain.decimals import dumps_json
 from velocity.domain.rules import (
     Control,
     ControlType,
+    Outcome,
     Rule,
     RuleEntry,
     RuleState,
     StateChange,
     parse_rule,
 )
-from velocity.errors import UnknownRuleError, UsageError, VelocityError
+from velocity.errors import InvalidFieldError, UnknownRuleError, UsageError, VelocityError
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,28 @@ class Promotion:
     rule_id: int
 
 
-Change = RuleEntry | Promotion
+@dataclass(frozen=True)
+class OutcomeChange:
+    """The page's outcome of a rule: a new version of the rule in force, the same but for
+    its outcome (planned from the version in force when it applies, so a change made
+    meanwhile is kept)."""
+
+    rule_id: int
+    outcome: Outcome
+
+
+def outcome_change(rule_id: int, text: object) -> OutcomeChange:
+    """An ``OutcomeChange`` of ``text`` (ALERT, REVIEW or BLOCK, any case), refused with
+    the field named otherwise."""
+    word = text.strip().upper() if isinstance(text, str) else ""
+    chosen = next((o for o in Outcome if o.value == word), None)
+    if chosen is None:
+        choices = ", ".join(o.value for o in Outcome)
+        raise InvalidFieldError("outcome", f"{text!r} is not one of {choices}", "; nothing applied")
+    return OutcomeChange(rule_id, chosen)
+
+
+Change = RuleEntry | Promotion | OutcomeChange
 
 
 @dataclass
@@ -204,6 +226,14 @@ def plan_changes(book: RuleBook, entries: Sequence[Change]) -> tuple[list[Rule],
                     f"{entry.state.value}; `velocity rules list` shows the rules in force"
                 )
             put(in_force[entry.rule_id].with_state(entry.state))
+        elif isinstance(entry, OutcomeChange):
+            standing = book.standing()
+            if entry.rule_id not in standing:
+                raise UnknownRuleError(
+                    f"ruleId {entry.rule_id} is not in force, so its outcome cannot be set; "
+                    "`velocity rules list` shows the rules in force"
+                )
+            put(replace(standing[entry.rule_id], outcome=entry.outcome))
         elif isinstance(entry, Control):
             if entry.control_type is ControlType.DELETE_RULES_ALL:
                 for rule in sorted(book.standing().values(), key=lambda r: r.rule_id):
@@ -238,6 +268,10 @@ def outcome_lines(result: ApplyResult, entries: Sequence[Change]) -> list[str]:
         only = entries[0] if len(entries) == 1 else None
         if isinstance(only, StateChange):
             lines.append(f"ruleId {only.rule_id} is {only.state.value} already: nothing to apply")
+        elif isinstance(only, OutcomeChange):
+            lines.append(
+                f"ruleId {only.rule_id}'s outcome is {only.outcome.value} already: nothing to apply"
+            )
         else:
             lines.append("nothing to apply")
     return lines

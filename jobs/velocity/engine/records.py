@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from velocity.domain.alerts import ALERT_FIELDS, AlertKind, alert_ids
-from velocity.domain.rules import Rule, RuleState
+from velocity.domain.rules import Outcome, Rule, RuleState
 from velocity.domain.schema import format_decimal
 from velocity.engine.kernel import Decisions, value_texts
 from velocity.engine.texts import json_string_texts
@@ -85,6 +85,7 @@ def _rule_rows(
         "suppressed": suppressed_by.is_valid(),
         "suppressedBy": suppressed_by,
         "caseId": pa.nulls(n, pa.string()),  # the write-behind gathers it into a case
+        "outcome": constant(rule.outcome.value, "outcome"),
     }
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
@@ -130,6 +131,10 @@ def alert_lines(alerts: pa.Table) -> pa.Array:
         return pa.array([], pa.string())
     parts: list[str | pa.Array] = []
     for index, name in enumerate(ALERT_FIELDS):
+        if name == "outcome":
+            text = _outcome_texts(alerts)
+            parts += [f',"{name}":"', text, '"']
+            continue
         column = alerts.column(name).combine_chunks()
         if name == "key":
             text = _json_objects(column)
@@ -153,6 +158,14 @@ def alert_lines(alerts: pa.Table) -> pa.Array:
         "}",
     ]
     return pc.binary_join_element_wise(*parts, "")
+
+
+def _outcome_texts(alerts: pa.Table) -> pa.Array:
+    """Each row's outcome (``velocity.domain.alerts.stored_outcome``): ALERT where the
+    column is null or missing (rows of a Velocity before outcome existed)."""
+    if "outcome" not in alerts.column_names:
+        return pa.repeat(pa.scalar(Outcome.ALERT.value), alerts.num_rows)
+    return pc.fill_null(alerts.column("outcome").combine_chunks(), Outcome.ALERT.value)
 
 
 def _json_texts(values: pa.Array) -> pa.Array:

@@ -195,7 +195,7 @@ def decide_batch(
         if done["missing"]:
             continue
         alerts_ipc, texts_ipc, deltas_ipc, *rest = unpacked(done["outcome"])
-        alerts.append(_from_ipc(alerts_ipc))
+        alerts.append(_conformed(_from_ipc(alerts_ipc)))
         texts.append(_from_ipc(texts_ipc).column(0).combine_chunks())
         deltas.append(_from_ipc(deltas_ipc))
         # An outcome recorded by a Velocity before out-of-order marking has three parts.
@@ -217,6 +217,20 @@ def decide_batch(
     out.published = ordered.filter(pc.and_(notified, pc.invert(shadow))).to_pylist()
     out.shadow_published = ordered.filter(pc.and_(notified, shadow)).to_pylist()
     return out
+
+
+def _conformed(alerts: pa.Table) -> pa.Table:
+    """Alert rows as ``_ALERT_ARROW`` has them: a partition's outcome recorded by a
+    Velocity before a column was added (``outcome``) has nulls there."""
+    if alerts.schema.names == _ALERT_ARROW.names:
+        return alerts
+    columns = [
+        alerts.column(f.name)
+        if f.name in alerts.column_names
+        else pa.nulls(alerts.num_rows, f.type)
+        for f in _ALERT_ARROW
+    ]
+    return pa.Table.from_arrays(columns, schema=_ALERT_ARROW)
 
 
 # Small batches' key-partitions (``decide_batch``), beside the driver: as Spark's

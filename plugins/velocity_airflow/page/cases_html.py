@@ -1,9 +1,10 @@
 """The Velocity page's queue of cases and a case's own page (pure HTML from plain data;
 everything shown is escaped).
 
-The queue: one compact row per case (its key, its rules as badges with their alert
-counts, the sum of its payments, its first and latest alert, assignee, status), newest
-activity first, filtered and paged on the server (``velocity.analyst.case_queue``). Every link
+The queue: one compact row per case (its strongest outcome, its key, its rules as badges
+with their alert counts, the sum of its payments, its first and latest alert, assignee,
+status), newest activity first or strongest outcome first, filtered and paged on the
+server (``velocity.analyst.case_queue``). Every link
 and form keeps the page's URL parameters, so a filter, a page or the alerts' filter
 survive every action. An editor selects cases to close them together, and works the
 queue from the keyboard (``QUEUE_SCRIPT``): j/k move, x selects, o (or Enter) opens, c
@@ -29,10 +30,11 @@ from velocity.analyst.case_queue import (
     UNASSIGNED,
     CasePage,
     CaseQuery,
+    CaseSort,
 )
 from velocity.analyst.cases import Case, CaseEvent, CaseEventKind
 from velocity.analyst.reviews import NOTE_MAX, Review, Verdict
-from velocity.domain.rules import Rule, rule_summary
+from velocity.domain.rules import Outcome, Rule, rule_summary
 from velocity_airflow.page.alerts_html import time_text
 from velocity_airflow.page.values_html import (
     hidden_inputs,
@@ -121,6 +123,12 @@ def rule_badges(counts: Mapping[int, int], view: QueueView) -> str:
     )
 
 
+def outcome_badge(outcome: object, test_id: str = "outcome") -> str:
+    """An outcome (ALERT, REVIEW, BLOCK) as the page marks it."""
+    word = escape(str(outcome))
+    return f'<span class="outcome outcome-{word}" data-testid="{test_id}">{word}</span>'
+
+
 def _status(case: Case) -> str:
     verdict = f" ({case.verdict.words})" if case.verdict is not None else ""
     return f'<td class="status-{case.status.value}">{case.status.value}{escape(verdict)}</td>'
@@ -138,8 +146,9 @@ def queue_row(case: Case, view: QueueView) -> str:
     assignee = escape(case.assignee) if case.assignee else '<span class="muted">—</span>'
     return (
         f'<tr data-testid="queue-row" data-case-id="{escape(case.case_id)}" '
-        f'data-status="{case.status.value}" data-activity="{case.latest_activity_at}">'
-        f"{select}"
+        f'data-status="{case.status.value}" data-activity="{case.latest_activity_at}" '
+        f'data-outcome="{case.outcome.value}">'
+        f"{select}<td>{outcome_badge(case.outcome.value, 'case-outcome')}</td>"
         f'<td><a href="{escape(view.case_link(case.case_id))}" data-testid="case-link">'
         f"{key_html(case.key)}</a></td>"
         f'<td class="rules">{rule_badges(case.rule_counts, view)}</td>'
@@ -153,7 +162,7 @@ def queue_row(case: Case, view: QueueView) -> str:
 
 def queue_rows(cases: Sequence[Case], view: QueueView) -> str:
     if not cases:
-        width = 9 if view.can_edit else 8
+        width = 10 if view.can_edit else 9
         return (
             f'<tr data-testid="no-cases"><td colspan="{width}" class="muted">No cases match.'
             "</td></tr>"
@@ -175,6 +184,18 @@ def _filter_form(view: QueueView) -> str:
         for value in STATUS_CHOICES
     ]
 
+    chosen_outcome = text.get("case_outcome", "").upper()
+    outcomes = ['<option value="">every outcome</option>'] + [
+        f'<option value="{o.value}"{" selected" if chosen_outcome == o.value else ""}>'
+        f"{o.value}</option>"
+        for o in Outcome
+    ]
+    sort = view.query.sort
+    sorts = "".join(
+        f'<option value="{value.value}"{" selected" if sort is value else ""}>{words}</option>'
+        for value, words in _SORT_WORDS.items()
+    )
+
     def box(name: str, label: str, size: int, placeholder: str) -> str:
         return (
             f'<label>{label} <input name="{name}" size="{size}" placeholder="{placeholder}" '
@@ -193,12 +214,23 @@ def _filter_form(view: QueueView) -> str:
         "</select></label>"
         f'<label>Status <select name="case_status" data-testid="queue-case_status">'
         f"{''.join(statuses)}</select></label>"
+        f'<label>Outcome <select name="case_outcome" data-testid="queue-case_outcome">'
+        f"{''.join(outcomes)}</select></label>"
         f"{box('case_assignee', 'Assignee', 12, f'a name, or {UNASSIGNED}')}"
         f"{box('case_key', 'Key', 24, 'payerId=p-4041 or a value')}"
+        f'<label>Order <select name="case_sort" data-testid="queue-case_sort">{sorts}'
+        "</select></label>"
         '<button type="submit" data-testid="queue-filter-submit">Show</button> '
         f'<a href="{escape(clear)}" data-testid="queue-filter-clear">clear</a> · '
         f'<a href="{escape(mine)}" data-testid="queue-mine">mine</a></form>'
     )
+
+
+# The queue's orders as the form offers them.
+_SORT_WORDS = {
+    CaseSort.NEWEST: "newest activity first",
+    CaseSort.OUTCOME: "strongest outcome first",
+}
 
 
 def _verdict_options(chosen: Verdict | None = None) -> str:
@@ -236,11 +268,11 @@ def queue_section(page: CasePage | None, view: QueueView, error: str | None = No
     if page is None:
         return form
     condition = " matching the filter" if view.query.filter.query() else " not closed"
-    where = " (older activity than the previous page)" if view.query.before is not None else ""
+    where = " (below the previous page)" if view.query.before is not None else ""
     cases = "1 case" if page.matching == 1 else f"{page.matching} cases"
     caption = (
         f'<p class="muted" data-testid="queue-caption">{cases}{condition}, '
-        f"newest activity first{where}. An alert joins its case when the stream writes it "
+        f"{_SORT_WORDS[view.query.sort]}{where}. An alert joins its case when the stream writes it "
         f"to Delta, up to {view.write_behind_seconds:g} s after it is on the alert stream "
         "(write_behind_seconds); changes show below on request, never under the cursor.</p>"
     )
@@ -253,7 +285,8 @@ def queue_section(page: CasePage | None, view: QueueView, error: str | None = No
     if select_head:
         select_head += 'aria-label="select every case shown"></th>'
     head = (
-        f"<thead><tr>{select_head}<th>case</th><th>rules (alerts)</th>"
+        f'<thead><tr>{select_head}<th title="the strongest outcome of its alerts">outcome</th>'
+        "<th>case</th><th>rules (alerts)</th>"
         '<th class="figure">payments</th><th class="figure">alerts</th><th>first alert</th>'
         "<th>latest alert</th><th>assignee</th><th>status</th></tr></thead>"
     )
@@ -352,6 +385,7 @@ def _alert_rows(view: CaseView) -> str:
             f"{' data-suppressed=1' if alert.get('suppressed') else ''}>"
             f"<td>{time_ago(alert.get('decisionTime'), queue.now_ms)}</td>"
             f"<td>{escape(str(alert.get('kind')))}{suppressed}</td>"
+            f"<td>{outcome_badge(alert.get('outcome') or Outcome.ALERT.value)}</td>"
             f"<td>{escape(str(alert.get('ruleId')))} v{escape(str(alert.get('ruleVersion')))}"
             f'<span class="rule-text">{escape(rule_summary(rule) if rule else "")}</span></td>'
             f"<td>{key_html(key, order) if isinstance(key, Mapping) else escape(str(key))}</td>"
@@ -365,7 +399,8 @@ def _alert_rows(view: CaseView) -> str:
     more = len(view.alerts) - len(shown)
     more_text = f'<p class="muted">… and {more} older alerts not listed.</p>' if more > 0 else ""
     return (
-        '<table data-testid="case-alerts"><thead><tr><th>decided</th><th>kind</th><th>rule</th>'
+        '<table data-testid="case-alerts"><thead><tr><th>decided</th><th>kind</th>'
+        "<th>outcome</th><th>rule</th>"
         "<th>key</th><th>aggregate</th><th>transaction</th><th>event time (UTC)</th><th></th>"
         f"<th>review</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{more_text}"
     )
@@ -444,6 +479,8 @@ def case_section(view: CaseView) -> str:
     facts = (
         '<table class="facts" data-testid="case-facts">'
         f"<tr><th>status</th>{_status(case)}</tr>"
+        f'<tr><th title="the strongest outcome of its alerts">outcome</th>'
+        f"<td>{outcome_badge(case.outcome.value, 'case-outcome')}</td></tr>"
         f"<tr><th>assignee</th><td>{escape(case.assignee or '—')}</td></tr>"
         f"<tr><th>first alert</th><td>{time_ago(case.opened_at, queue.now_ms)}</td></tr>"
         f"<tr><th>latest alert</th><td>{time_ago(case.latest_alert_at, queue.now_ms)}</td></tr>"

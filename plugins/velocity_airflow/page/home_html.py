@@ -24,7 +24,7 @@ from velocity.analyst.case_queue import CasePage
 from velocity.analyst.reviews import Review, VersionPrecision
 from velocity.analyst.rule_rates import RATE_MINUTES, WARN_SHARE, RuleRate
 from velocity.analyst.shadow_compare import ShadowComparison
-from velocity.domain.rules import Rule, RuleState, rule_summary
+from velocity.domain.rules import Outcome, Rule, RuleState, rule_summary
 from velocity_airflow.page import (
     alerts_html,
     backfills_html,
@@ -66,6 +66,9 @@ textarea { width: 100%; font-family: monospace; }
 .bars i { display: inline-block; width: 3px; min-height: 1px; }
 .bars i.n { background: #3182ce; } .bars i.s { background: #d69e2e; }
 label.choice { display: inline-block; margin-right: .8rem; font-size: .85rem; }
+.outcome { font-size: .8rem; font-weight: 600; margin-right: .3rem; }
+.outcome-ALERT { color: #4a5568; } .outcome-REVIEW { color: #b7791f; }
+.outcome-BLOCK { color: #c53030; }
 p.nav { margin: .2rem 0 .6rem; }
 """
 
@@ -351,12 +354,36 @@ def _rule_actions(rule: Rule, base: str) -> str:
     return toggle + delete
 
 
+def outcome_cell(rule: Rule, data: PageData) -> str:
+    """A rule's outcome (SPEC §2: what a firing asks of the payment); for an editor, set
+    here as a new version of the rule, like any change of it."""
+    shown = (
+        f'<span class="outcome outcome-{rule.outcome.value}" '
+        f'data-testid="outcome-{rule.rule_id}">{rule.outcome.value}</span>'
+    )
+    if not data.can_edit or rule.state is RuleState.SHADOW:
+        return f"<td>{shown}</td>"
+    choices = "".join(
+        f'<option value="{o.value}"{" selected" if o is rule.outcome else ""}>{o.value}</option>'
+        for o in Outcome
+    )
+    progress = f"Setting the outcome of ruleId {rule.rule_id}…"
+    return (
+        f'<td>{shown}<form class="inline" method="post" '
+        f'action="{data.base}/rules/{rule.rule_id}/outcome" data-progress="{escape(progress)}">'
+        f'<select name="outcome" aria-label="outcome" '
+        f'data-testid="outcome-choice-{rule.rule_id}">{choices}</select>'
+        f'<button type="submit" data-testid="outcome-set-{rule.rule_id}">Set</button>'
+        "</form></td>"
+    )
+
+
 def _rules(data: PageData) -> str:
     if data.rules_error:
         return _error(data.rules_error)
     if not data.rules:
         return '<p class="muted">No rules in force.</p>'
-    head = "<tr><th>ruleId</th><th>version</th><th>state</th><th>rule</th>"
+    head = "<tr><th>ruleId</th><th>version</th><th>state</th><th>rule</th><th>outcome</th>"
     head += f"<th>alerts a minute, last {RATE_MINUTES} min</th>"
     head += "<th>actions</th></tr>" if data.can_edit else "</tr>"
     rows = []
@@ -373,7 +400,7 @@ def _rules(data: PageData) -> str:
         rows.append(
             f'<tr data-testid="rule-{rule.rule_id}"><td>{rule.rule_id}</td><td>{rule.version}</td>'
             f'<td class="state-{rule.state.value}">{rule.state.value}</td>'
-            f"<td>{escape(rule_summary(rule))}{beside}</td>"
+            f"<td>{escape(rule_summary(rule))}{beside}</td>{outcome_cell(rule, data)}"
             f"{rates_cell((data.rule_rates or {}).get(rule.rule_id), data)}{actions}</tr>"
         )
     caption = (

@@ -81,6 +81,23 @@ def _shadow_rules(
     return common.back(*apply_rules(candidates), back)
 
 
+@changes.post("/rules/{rule_id}/outcome")
+def change_rule_outcome(
+    rule_id: int, outcome: Annotated[str, Form()] = "", back: Annotated[str, Form()] = ""
+) -> RedirectResponse:
+    """Set the outcome (ALERT, REVIEW or BLOCK) of the rule in force: a new version, the
+    same but for its outcome, as a rules file with that outcome would make. (Before the
+    generic action route, which would take ``outcome`` for an action.)"""
+    from velocity.domain.rule_changes import outcome_change
+    from velocity.errors import UsageError
+
+    try:
+        change = outcome_change(rule_id, outcome)
+    except UsageError as exc:
+        return common.back(False, f"error: {exc}", back)
+    return common.back(*apply_rules([change]), back)
+
+
 @changes.post("/rules/{rule_id}/{action}")
 def change_rule_state(
     rule_id: int, action: str, back: Annotated[str, Form()] = ""
@@ -132,10 +149,14 @@ def add_rules(
 def rules_json() -> Response:
     """The rules in force and the SHADOW candidates beside them (a candidate shares its
     ruleId with the rule it would replace: ``ruleState`` tells them apart), by (ruleId,
-    version), each with its version."""
+    version), each with its version and outcome."""
     from velocity.delta.reader import rules_in_force
     from velocity.domain.decimals import dumps_json
 
     # dumps_json keeps a decimal limit exact (a float would round it).
-    rules = [{"version": r.version, **r.to_json()} for r in rules_in_force(access.settings())]
+    # Each with its outcome, ALERT too (to_json leaves out the default).
+    rules = [
+        {"version": r.version, **r.to_json(), "outcome": r.outcome.value}
+        for r in rules_in_force(access.settings())
+    ]
     return Response(dumps_json(rules), media_type="application/json")

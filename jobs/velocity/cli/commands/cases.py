@@ -24,16 +24,21 @@ def _case_line(case: Any) -> str:
     who = f" {case.assignee}" if case.assignee else ""
     verdict = f" {case.verdict.words}" if case.verdict else ""
     return (
-        f"{case.case_id}  {case.status.value}{who}{verdict}  {key}  {case.alerts} alerts "
-        f"({rules})  amount {case.amount}  latest alert {case.latest_alert_at}"
+        f"{case.case_id}  {case.outcome.value}  {case.status.value}{who}{verdict}  {key}  "
+        f"{case.alerts} alerts ({rules})  amount {case.amount}  latest alert "
+        f"{case.latest_alert_at}"
     )
 
 
 def list_cases(args: argparse.Namespace) -> int:
+    from velocity.analyst.case_queue import CaseSort
     from velocity.analyst.cases import CaseStatus
+    from velocity.domain.rules import Outcome
 
     status = None if args.status is None else CaseStatus(args.status.lower())
-    for case in _case_store(settings_from(args)).listed(status):
+    outcome = None if args.outcome is None else Outcome(args.outcome)
+    listed = _case_store(settings_from(args)).listed(status, outcome, CaseSort(args.sort))
+    for case in listed:
         print(dumps_json(case.to_json()) if args.json else _case_line(case))
     return EXIT_OK
 
@@ -51,8 +56,9 @@ def show(args: argparse.Namespace) -> int:
     for alert in alerts:
         flag = " (suppressed)" if alert.get("suppressed") else ""
         print(
-            f"  alert {alert['alertId']} rule {alert['ruleId']} v{alert['ruleVersion']} "
-            f"tx {alert['transactionId']} {alert['aggregatorFunctionType']} "
+            f"  alert {alert['alertId']} {alert['outcome']} rule {alert['ruleId']} "
+            f"v{alert['ruleVersion']} tx {alert['transactionId']} "
+            f"{alert['aggregatorFunctionType']} "
             f"{alert['aggregateValue']} {alert['limitOperatorType']} {alert['limit']}{flag}"
         )
     for event in case.history:

@@ -103,7 +103,9 @@ def _print_rules(rules: Sequence[Rule]) -> None:
     if not rules:
         print("no rules in force")
     for rule in rules:
-        print(dumps_json({"version": rule.version, **rule.to_json()}))
+        # The outcome always (to_json leaves out the default, ALERT): a reader sees it.
+        listed = {"version": rule.version, **rule.to_json(), "outcome": rule.outcome.value}
+        print(dumps_json(listed))
 
 
 def apply(args: argparse.Namespace) -> int:

@@ -141,25 +141,16 @@ def stream_step(
     return out.alerts
 
 
-@pytest.mark.parametrize(("seed", "bucket_seconds"), [(1, 1), (2, 1), (3, 20), (4, 60)])
-def test_the_check_of_each_event_equals_the_streams_decision_of_it(
-    redis_url: str, tmp_path: Path, seed: int, bucket_seconds: int
-) -> None:
-    rng = random.Random(seed)
-    client = redis.Redis.from_url(redis_url)
-    client.flushall()
-    connection.load_functions(client)
-    settings = load_settings(
-        data_dir=tmp_path / "data", redis_url=redis_url, bucket_seconds=bucket_seconds
-    )
-    width = settings.bucket_width_ms
-    rules = random_rules(rng, 8)
-    events = random_events(rng, 240, width)
+def checks_equal_the_streams_decisions(
+    settings: Settings, rules: list[Rule], events: list[dict[str, object]]
+) -> tuple[int, int]:
+    """Before each event is committed by the stream, its check equals the stream's decision
+    of it; (rules evaluated, rules fired) over all events."""
     table = accepted(events)
     assert table.num_rows == len(events)
     client = connection.connect(settings)
     keys = settings.redis_keys
-    mirror.publish_rules(client, keys, rules, width)
+    mirror.publish_rules(client, keys, rules, settings.bucket_width_ms)
     outcome_of = {r.rule_id: r.outcome.value for r in rules}
     compared = fired = 0
     with state_lock(client, settings, "check test") as lease:
@@ -176,8 +167,26 @@ def test_the_check_of_each_event_equals_the_streams_decision_of_it(
             assert answer["decision"] == {"ALERT": "ALLOW"}.get(strongest, strongest)
             compared += len(answer["rules"])
             fired += len(expected)
+    return compared, fired
+
+
+@pytest.mark.parametrize(("seed", "bucket_seconds"), [(1, 1), (2, 1), (3, 20), (4, 60)])
+def test_the_check_of_each_event_equals_the_streams_decision_of_it(
+    redis_url: str, tmp_path: Path, seed: int, bucket_seconds: int
+) -> None:
+    rng = random.Random(seed)
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    connection.load_functions(client)
+    settings = load_settings(
+        data_dir=tmp_path / "data", redis_url=redis_url, bucket_seconds=bucket_seconds
+    )
+    rules = random_rules(rng, 8)
+    events = random_events(rng, 240, settings.bucket_width_ms)
+    compared, fired = checks_equal_the_streams_decisions(settings, rules, events)
     assert fired > 20 and compared - fired > 20, (fired, compared)
     if bucket_seconds == 1:  # wider buckets are evicted before a key holds 128
+        keys = settings.redis_keys
         assert list(client.scan_iter(f"{keys.prefix}:*:dense")), "some key went dense"
 
 

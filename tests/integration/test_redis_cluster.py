@@ -6,6 +6,7 @@ finished by whoever comes next after a crash between its two halves."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -14,6 +15,11 @@ import pytest
 from redis.cluster import RedisCluster
 
 from tests.builders import asked_keys, key_changes
+from tests.integration.test_check_decides_as_stream import (
+    checks_equal_the_streams_decisions,
+    random_events,
+    random_rules,
+)
 from tests.integration.test_partition_commit import partition_commit
 from velocity.domain.buckets import BucketAggregate
 from velocity.domain.stream_batch import KeyState
@@ -263,3 +269,18 @@ def test_the_reader_reads_the_cluster_and_cannot_change_anything(
     finally:
         reader.close()
     assert owner.get(names[0]) == '60000\t[2,2,"30.5","10","20.5",[]]\n'
+
+
+def test_a_check_on_the_cluster_decides_as_the_stream_there(settings: Settings) -> None:
+    """One call on each master, merged: the same answer as one Redis (both equal the
+    stream's decision of the payment), the rules' keys spread over the three masters."""
+    rng = random.Random(7)
+    rules = random_rules(rng, 8)
+    events = random_events(rng, 60, settings.bucket_width_ms)
+    compared, fired = checks_equal_the_streams_decisions(settings, rules, events)
+    assert fired > 5 and compared - fired > 5, (fired, compared)
+    client = connection.connect(settings)
+    assert isinstance(client, RedisCluster)
+    copies = cluster.rules_copies(client, settings.redis_keys)
+    assert len({client.keyslot(c.name) for c in copies.values()}) == 3
+    assert all(client.get_node_from_key(c.name).name == m for m, c in copies.items())

@@ -8,6 +8,7 @@ What callers rely on:
   make it, and a replica may answer it); nothing is recorded.
 - ``CheckUnavailableError`` when Redis holds no rules at all (emptied, the stream not
   started since): never a silent ALLOW.
+- On a Redis Cluster, one call on each master, sent together; the answer is the same.
 - The answer is the Function's JSON as a dict: ``decision`` (ALLOW, REVIEW or BLOCK),
   ``rules`` (each evaluated rule: ruleId, ruleVersion, outcome, key, fired, aggregateValue,
   limitOperatorType, limit, windowStart, windowEnd, and ``notified`` for a firing rule with
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from velocity.domain.schema import (
     EVENT_FIELDS,
@@ -31,9 +33,15 @@ from velocity.domain.schema import (
     parse_event_object,
 )
 from velocity.errors import InvalidFieldError, VelocityError
+from velocity.redis.cluster import rules_copies
+from velocity.redis.connection import is_cluster
 from velocity.redis.keys import RedisKeys
 
 CHECK_FUNCTION = "velocity_check"
+# The field of a check's arguments naming the slots a cluster master serves (velocity.lua's
+# CHECK_SLOTS_FIELD).
+CHECK_SLOTS_FIELD = "~slots"
+DECISIONS = ("ALLOW", "REVIEW", "BLOCK")  # weakest first
 
 
 class CheckUnavailableError(VelocityError):
@@ -73,8 +81,11 @@ def check_payment(
 ) -> dict[str, Any]:
     """Which rules in force ``payment`` (a decoded SPEC §1 event) would fire now."""
     event = valid_payment(payment)
+    arguments = payment_arguments(event)
     try:
-        reply = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *payment_arguments(event))
+        if is_cluster(client):
+            return _cluster_check(cast(RedisCluster, client), keys, arguments)
+        reply = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *arguments)
     except redis.ResponseError as exc:
         message = str(exc)
         if "velocity_check unavailable:" in message:
@@ -86,3 +97,22 @@ def check_payment(
         raise InvalidFieldError(field, reason, "; nothing checked") from exc
     answer: dict[str, Any] = json.loads(cast(str, reply))
     return answer
+
+
+def _cluster_check(client: RedisCluster, keys: RedisKeys, arguments: list[str]) -> dict[str, Any]:
+    """On a Redis Cluster: one call on every master, sent together (a pipeline writes to
+    each master before it reads any answer), each evaluating the rules whose keys it serves
+    from its own copy of the rules; the answers merged as one master's would be."""
+    copies = rules_copies(client, keys)
+    pipe = client.pipeline(transaction=False)
+    for copy in copies.values():
+        pipe.fcall_ro(CHECK_FUNCTION, 1, copy.name, *arguments, CHECK_SLOTS_FIELD, copy.slot_ranges)
+    answers = [json.loads(reply) for reply in pipe.execute(raise_on_error=True)]
+    rules = sorted((r for a in answers for r in a["rules"]), key=lambda r: r["ruleId"])
+    decisions = [a["decision"] for a in answers]
+    progress = [a["stateAsOf"] for a in answers if a["stateAsOf"]["batch"] is not None]
+    return {
+        "decision": max(decisions, key=DECISIONS.index),
+        "rules": rules,
+        "stateAsOf": progress[0] if progress else answers[0]["stateAsOf"],
+    }

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS as REDIS_CLUSTER_SLOTS
+from redis.crc import key_slot
 
 from velocity.redis.commit_args import BucketChanges, PartitionCommit, StreamCommit
 from velocity.redis.keys import KEY_SEPARATOR, RedisKeys, data_dir_tag
@@ -68,6 +71,45 @@ def by_master(client: RedisCluster, names: Sequence[str]) -> dict[str, list[str]
     for name in names:
         groups.setdefault(client.get_node_from_key(name).name, []).append(name)
     return groups
+
+
+@dataclass(frozen=True)
+class RulesCopy:
+    """Where one master keeps its copy of the check's rules, and which slots it serves: a
+    check there evaluates the rules whose keys those slots hold (velocity.lua's
+    velocity_check)."""
+
+    name: str  # "<prefix>:rules:{r<n>}", n the least whose slot the master serves
+    slot_ranges: str  # "lo-hi,lo-hi"
+
+
+_COPIES: dict[tuple[int, str], dict[str, RulesCopy]] = {}
+
+
+def rules_copies(client: RedisCluster, keys: RedisKeys) -> dict[str, RulesCopy]:
+    """Each master's copy of the check's rules, by master name, from the client's slot map
+    (the writer and every checker derive the same names from the same map). Kept while the
+    client's slot map is the same object (redis-py makes a new one when it reloads it)."""
+    cache_key = (id(client.nodes_manager.slots_cache), keys.prefix)
+    if cache_key not in _COPIES:
+        _COPIES.clear()
+        _COPIES[cache_key] = _rules_copies(client, keys)
+    return _COPIES[cache_key]
+
+
+def _rules_copies(client: RedisCluster, keys: RedisKeys) -> dict[str, RulesCopy]:
+    served: dict[str, list[int]] = {}
+    for slot in range(REDIS_CLUSTER_SLOTS):
+        served.setdefault(client.nodes_manager.get_node_from_slot(slot).name, []).append(slot)
+    copies = {}
+    for master, slots in served.items():
+        owned = set(slots)
+        n = next(n for n in range(100_000) if key_slot(f"r{n}".encode()) in owned)
+        starts = [s for s in slots if s - 1 not in owned]
+        ends = [s for s in slots if s + 1 not in owned]
+        ranges = [f"{lo}-{hi}" for lo, hi in zip(starts, ends, strict=True)]
+        copies[master] = RulesCopy(keys.check_rules_copy(f"r{n}"), ",".join(ranges))
+    return copies
 
 
 def read_stream_state(

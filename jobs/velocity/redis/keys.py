@@ -22,7 +22,8 @@ dirs share one Redis without touching each other's keys:
   bucket hash and call ``velocity_window``.
 - ``P:rules`` — hash of the ACTIVE rules in force as the pre-authorization check
   (``velocity_check``) reads them: field = ruleId, value = ``check_rule``'s JSON; field
-  ``~progress`` = the name of the stream's progress hash (the check's ``stateAsOf``).
+  ``~progress`` = the name of the stream's progress hash (the check's ``stateAsOf``). On a
+  Redis Cluster each master also holds a copy, ``P:rules:{r<n>}`` (``cluster.rules_copies``).
 - ``P:alerts`` — the alert stream (unless ``VELOCITY_REDIS_ALERT_STREAM`` names another).
 - ``P:alerts:shadow`` — the SHADOW rules' alerts (the alert stream's name plus ``:shadow``).
 - ``P:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the last
@@ -120,6 +121,15 @@ class RedisKeys:
     def check_rules(self) -> str:
         """The rules the pre-authorization check evaluates (``velocity_check``'s key)."""
         return f"{self.prefix}:rules"
+
+    def check_rules_copy(self, tag: str) -> str:
+        """A Redis Cluster master's copy of ``check_rules`` (the check reads its own master's)."""
+        return f"{self.prefix}:rules:{{{tag}}}"
+
+    @property
+    def check_rules_copies(self) -> str:
+        """SCAN pattern of every master's copy of ``check_rules``."""
+        return f"{self.prefix}:rules:{{*}}"
 
     @property
     def rule_entries(self) -> str:

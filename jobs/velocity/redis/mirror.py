@@ -243,8 +243,20 @@ def publish_rules(
     for name, entry in wanted.items():
         pipe.delete(name)
         pipe.hset(name, mapping=entry)
-    pipe.delete(keys.check_rules)
-    pipe.hset(keys.check_rules, mapping=checked)
+    copies = [keys.check_rules]
+    if is_cluster(client):
+        # Each master reads the rules of a check from its own copy.
+        wanted_copies = {
+            c.name for c in cluster.rules_copies(cast(RedisCluster, client), keys).values()
+        }
+        for stale in (
+            set(client.scan_iter(match=keys.check_rules_copies, count=1000)) - wanted_copies
+        ):
+            pipe.delete(stale)
+        copies += sorted(wanted_copies)
+    for name in copies:
+        pipe.delete(name)
+        pipe.hset(name, mapping=checked)
     pipe.execute()
 
 

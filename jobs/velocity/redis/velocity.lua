@@ -824,7 +824,68 @@ local function check_notified(rule, event, state)
   return event.time >= last_time + rule.cooldownMs
 end
 
+-- Redis Cluster's key slot of a name: CRC16 (XMODEM) of its hash tag (the text between the
+-- first "{" and the next "}", when not empty), modulo 16384; as the server computes it.
+-- Built at the first call: a library's loading code may not use the bit library.
+local CRC16_TABLE = nil
+
+local function crc16_table()
+  local crcs = {}
+  for i = 0, 255 do
+    local crc = bit.lshift(i, 8)
+    for _ = 1, 8 do
+      if bit.band(crc, 0x8000) ~= 0 then
+        crc = bit.bxor(bit.lshift(crc, 1), 0x1021)
+      else
+        crc = bit.lshift(crc, 1)
+      end
+    end
+    crcs[i] = bit.band(crc, 0xFFFF)
+  end
+  return crcs
+end
+
+local function key_slot(name)
+  CRC16_TABLE = CRC16_TABLE or crc16_table()
+  local open = string.find(name, "{", 1, true)
+  if open then
+    local close = string.find(name, "}", open + 1, true)
+    if close and close > open + 1 then name = string.sub(name, open + 1, close - 1) end
+  end
+  local crc = 0
+  for k = 1, #name do
+    local index = bit.band(bit.bxor(bit.rshift(crc, 8), string.byte(name, k)), 0xFF)
+    crc = bit.band(bit.bxor(bit.lshift(crc, 8), CRC16_TABLE[index]), 0xFFFF)
+  end
+  return crc % 16384
+end
+
+-- The slot ranges "lo-hi,lo-hi,…" a master serves (CHECK_SLOTS_FIELD's value): a list of
+-- {lo, hi}, or nil when malformed. At most 64 ranges.
+local CHECK_SLOTS_FIELD = "~slots"
+local function slot_ranges(text)
+  local ranges = {}
+  for lo, hi in string.gmatch(text, "(%d+)%-(%d+)") do
+    ranges[#ranges + 1] = {tonumber(lo), tonumber(hi)}
+    if #ranges > 64 then return nil end
+  end
+  if #ranges == 0 then return nil end
+  return ranges
+end
+
+local function is_local(name, ranges)
+  if not ranges then return true end
+  local slot = key_slot(name)
+  for _, range in ipairs(ranges) do
+    if slot >= range[1] and slot <= range[2] then return true end
+  end
+  return false
+end
+
 -- FCALL_RO velocity_check 1 <prefix>:rules <field> <value> [<field> <value> ...]
+-- (on a Redis Cluster: 1 <prefix>:rules:{<tag>} — the copy on the master called — and a
+-- pair CHECK_SLOTS_FIELD "<the master's slot ranges>" among the payment's; see
+-- velocity/redis/check.py)
 -- Which ACTIVE rules in force the payment would fire now (SPEC §5a): each rule whose filter
 -- it passes, evaluated as the stream would decide it as the next event of its key, from the
 -- buckets Redis holds plus the payment; nothing is written. Values as canonical strings
@@ -832,9 +893,23 @@ end
 -- reply: {"decision", "rules": [{ruleId, ruleVersion, outcome, key, fired, aggregateValue,
 --   limitOperatorType, limit, windowStart, windowEnd[, notified]}], "stateAsOf"}
 local function velocity_check(keys, args)
+  -- On a Redis Cluster each master evaluates the rules whose key it serves: the caller
+  -- names its slots (a field CHECK_SLOTS_FIELD among the payment's) and merges the answers.
+  local ranges, slots_at = nil, nil
+  for i = 1, #args - 1, 2 do
+    if args[i] == CHECK_SLOTS_FIELD then slots_at = i end
+  end
+  if slots_at then
+    ranges = slot_ranges(args[slots_at + 1])
+    if not ranges then return check_error(CHECK_SLOTS_FIELD, "is not slot ranges lo-hi,lo-hi") end
+    table.remove(args, slots_at + 1)
+    table.remove(args, slots_at)
+  end
   local event, problem = check_event(args)
   if not event then return problem end
-  local prefix = string.sub(keys[1], 1, -7)
+  -- "<prefix>:rules", or on a Redis Cluster a master's copy "<prefix>:rules:{<tag>}"
+  local prefix = string.match(keys[1], "^(.*):rules$") or string.match(keys[1], "^(.*):rules:{[^}]*}$")
+  if not prefix then return check_error("key", "'" .. keys[1] .. "' is not <prefix>:rules") end
   local entries = redis.call("HGETALL", keys[1])
   if #entries == 0 then
     -- Not "no rule fired": the rules are not there (Redis emptied, the stream not started
@@ -867,9 +942,9 @@ local function velocity_check(keys, args)
       key_values[k] = json_string(event[name])
       key_texts[k] = json_string(name) .. ":" .. key_values[k]
     end
-    if passes then
-      local name = prefix .. ":{" .. rule.signatureId .. ":[" .. table.concat(key_values, ",")
-          .. "]}:buckets"
+    local name = passes and (prefix .. ":{" .. rule.signatureId .. ":["
+        .. table.concat(key_values, ",") .. "]}:buckets")
+    if passes and is_local(name, ranges) then
       local state = states[name]
       if not state then
         state = check_state(name)
@@ -894,7 +969,7 @@ local function velocity_check(keys, args)
     end
   end
   local newest, at, batch = "null", "null", "null"
-  if progress_name then
+  if progress_name and is_local(progress_name, ranges) then
     local p = redis.call("HMGET", progress_name, "newest", "at", "batch")
     newest, at, batch = p[1] or "null", p[2] or "null", p[3] or "null"
   end
@@ -1393,7 +1468,7 @@ end
 redis.register_function{function_name = "velocity_window", callback = velocity_window,
                         flags = {"no-writes"}}
 redis.register_function{function_name = "velocity_check", callback = velocity_check,
-                        flags = {"no-writes"}}
+                        flags = {"no-writes", "allow-cross-slot-keys"}}
 redis.register_function("velocity_evict", velocity_evict)
 redis.register_function("velocity_pack", velocity_pack)
 redis.register_function("velocity_put_buckets", velocity_put_buckets)

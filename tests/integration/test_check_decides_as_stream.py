@@ -182,9 +182,10 @@ def test_the_check_of_each_event_equals_the_streams_decision_of_it(
         data_dir=tmp_path / "data", redis_url=redis_url, bucket_seconds=bucket_seconds
     )
     rules = random_rules(rng, 8)
-    events = random_events(rng, 240, settings.bucket_width_ms)
+    # 240 events take a key past 128 one-second buckets (dense); fewer do at wider widths.
+    events = random_events(rng, 240 if bucket_seconds == 1 else 120, settings.bucket_width_ms)
     compared, fired = checks_equal_the_streams_decisions(settings, rules, events)
-    assert fired > 20 and compared - fired > 20, (fired, compared)
+    assert fired > 10 and compared - fired > 10, (fired, compared)
     if bucket_seconds == 1:  # wider buckets are evicted before a key holds 128
         keys = settings.redis_keys
         assert list(client.scan_iter(f"{keys.prefix}:*:dense")), "some key went dense"

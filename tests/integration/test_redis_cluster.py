@@ -276,7 +276,7 @@ def test_a_check_on_the_cluster_decides_as_the_stream_there(settings: Settings) 
     stream's decision of the payment), the rules' keys spread over the three masters."""
     rng = random.Random(7)
     rules = random_rules(rng, 8)
-    events = random_events(rng, 60, settings.bucket_width_ms)
+    events = random_events(rng, 40, settings.bucket_width_ms)
     compared, fired = checks_equal_the_streams_decisions(settings, rules, events)
     assert fired > 5 and compared - fired > 5, (fired, compared)
     client = connection.connect(settings)

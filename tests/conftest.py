@@ -77,7 +77,8 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # Each kind of service draws its ports from a range of its own (free_loopback_port): the
 # Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
 # 22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000, streams'
-# metrics 10 000-12 000; the benchmark smoke 2 000-6 000 (benchmarks/smoke.py).
+# metrics 10 000-12 000, check services 7 000-8 000; the benchmark smoke 2 000-6 000
+# (benchmarks/smoke.py).
 
 
 def free_port_pair() -> int:
@@ -94,10 +95,17 @@ def free_metrics_port() -> int:
 def _no_metrics_server() -> Iterator[None]:
     """Streams that tests start (in this process or as `velocity stream`) serve no metrics
     unless the test gives them a port: two at once, or one beside a developer's own stream,
-    would otherwise both want the default port and the second would refuse to start."""
+    would otherwise both want the default port and the second would refuse to start. The
+    same for the check service `velocity up` starts (VELOCITY_CHECK_PORT)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VELOCITY_METRICS_PORT", "0")
+        patch.setenv("VELOCITY_CHECK_PORT", "0")
         yield
+
+
+def free_check_port() -> int:
+    """A port for a check service (VELOCITY_CHECK_PORT)."""
+    return free_loopback_port((0,), low=7_000, high=8_000)
 
 
 def free_airflow_port() -> int:

@@ -215,8 +215,21 @@ def _documented_metrics() -> list[tuple[str, str, str, list[str]]]:
     metrics.batch_done(0, 0.1, counts, redis_commit_seconds=0.01)
     kafka_progress = {"sources": [{"latestOffset": {"t": {"0": 1}}, "endOffset": {"t": {"0": 1}}}]}
     metrics.source_progress(kafka_progress, backlog_files=0)
+    return _families(metrics.registry)
+
+
+def _check_service_metrics() -> list[tuple[str, str, str, list[str]]]:
+    """The same for the check service's registry (`velocity serve`)."""
+    from velocity.serving.metrics import CheckMetrics
+
+    metrics = CheckMetrics()
+    metrics.answered("ALLOW", 0.001)  # so the histogram has samples to read
+    return _families(metrics.registry)
+
+
+def _families(registry: Any) -> list[tuple[str, str, str, list[str]]]:
     found = []
-    for family in metrics.registry.collect():
+    for family in registry.collect():
         # The process collector's figures are prometheus_client's, not Velocity's.
         if family.name.startswith("process_"):
             continue
@@ -248,11 +261,31 @@ def metrics_page() -> str:
         "| metric | type | labels | meaning |",
         "|---|---|---|---|",
     ]
-    for name, kind, documentation, labels in _documented_metrics():
-        shown = ", ".join(f"`{label}`" for label in labels)
-        lines.append(f"| `{name}` | {kind} | {shown} | {_cell(documentation)} |")
+    lines += _metric_rows(_documented_metrics())
+    lines += [
+        "",
+        "## The check service",
+        "",
+        "`velocity serve` (which `velocity up` starts) serves these on "
+        "`http://127.0.0.1:$VELOCITY_CHECK_PORT/metrics` (default 9394), no token needed, "
+        "beside its own `process_*` metrics. Every POST /check counts once: answered, by "
+        "decision, or refused, by reason. "
+        "[Serving → Check a payment](../serving/check.md#over-http-velocity-serve).",
+        "",
+        "| metric | type | labels | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += _metric_rows(_check_service_metrics())
     lines.append("")
     return "\n".join(lines)
+
+
+def _metric_rows(metrics: list[tuple[str, str, str, list[str]]]) -> list[str]:
+    rows = []
+    for name, kind, documentation, labels in metrics:
+        shown = ", ".join(f"`{label}`" for label in labels)
+        rows.append(f"| `{name}` | {kind} | {shown} | {_cell(documentation)} |")
+    return rows
 
 
 PAGES = {"settings.md": settings_page, "cli.md": cli_page, "metrics.md": metrics_page}

@@ -31,6 +31,8 @@ DEFAULT_REDIS_PORT = 6391
 DEFAULT_REDIS_PASSWORD = "velocity-local"
 DEFAULT_KAFKA_PORT = 9392
 DEFAULT_METRICS_PORT = 9391
+# Kafka's controller takes DEFAULT_KAFKA_PORT + 1.
+DEFAULT_CHECK_PORT = 9394
 
 
 def local_mode_cores(master: str) -> int | None:
@@ -170,6 +172,24 @@ class Settings(BaseSettings):
         "127.0.0.1:PORT (0: no metrics server); a port taken by another program stops the "
         "start, so a scrape never reads another stream's figures.",
     )
+    check_host: str = Field(
+        default="127.0.0.1",
+        description="Address `velocity serve` (the HTTP check service) listens on; loopback by "
+        "default. 0.0.0.0 or a host's address serves other machines: put TLS in front of it.",
+    )
+    check_port: int = Field(
+        default=DEFAULT_CHECK_PORT,
+        ge=0,
+        le=65535,
+        description="Port of `velocity serve`, the HTTP check service (POST /check, GET "
+        "/healthz, GET /metrics), which `velocity up` starts too (0: `up` starts none).",
+    )
+    check_token: str = Field(
+        default="",
+        description="Bearer token every POST /check must present (at least 16 characters). "
+        "Empty: `velocity serve` uses the token in <data dir>/serve/check-token, drawn at random "
+        "(256 bits, readable by its owner only) the first time, and prints that file's path.",
+    )
     quality_max_quarantine_rate: float = Field(
         default=0.05,
         ge=0.0,
@@ -261,6 +281,16 @@ class Settings(BaseSettings):
     def _case_key_declared(cls, value: str) -> str:
         if value not in FIELDS_BY_NAME:
             raise ValueError(f"{value!r} is not an event field; one of {sorted(FIELDS_BY_NAME)}")
+        return value
+
+    @field_validator("check_token")
+    @classmethod
+    def _token_long_enough(cls, value: str) -> str:
+        if value and len(value) < 16:
+            raise ValueError(
+                "a check token needs at least 16 characters (empty: one drawn at random is "
+                "kept in <data dir>/serve/check-token)"
+            )
         return value
 
     @field_validator("data_dir", "jars_dir", "kafka_home", "stream_archive_dir")

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST_JVM, free_metrics_port, free_port, free_port_pair
+from tests.conftest import (
+    FAST_JVM,
+    free_check_port,
+    free_metrics_port,
+    free_port,
+    free_port_pair,
+)
 from velocity.settings import PROJECT_ROOT, load_settings
 
 DEMO_SH = PROJECT_ROOT / "infra" / "demo.sh"
@@ -45,6 +51,7 @@ def test_demo_exits_zero_beside_another_copy(tmp_path: Path, redis_url: str) -> 
         VELOCITY_REDIS_URL=f"redis://:demo-secret@127.0.0.1:{redis_port}/0",
         VELOCITY_KAFKA_BOOTSTRAP=f"127.0.0.1:{kafka_port}",
         VELOCITY_METRICS_PORT=str(metrics_port),
+        VELOCITY_CHECK_PORT=str(free_check_port()),  # its `velocity up` starts one
         VELOCITY_SPARK_SHUFFLE_PARTITIONS="2",
         VELOCITY_SPARK_DRIVER_MEMORY="1g",
         DEMO_DIR=str(tmp_path / "demo"),

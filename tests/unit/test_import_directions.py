@@ -32,6 +32,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kafka": {"kafka", "operating", "domain", "errors", "settings"},
     "delta": {"delta", "analyst", "operating", "engine", "domain", "errors", "settings"},
     "quality": {"quality", "delta", "redis", "spark", "engine", "domain", "errors", "settings"},
+    # The HTTP door of the check: over redis/'s check, never the jobs or the stores' writers.
+    "serving": {"serving", "redis", "operating", "domain", "errors", "settings"},
     "spark": {
         "spark",
         "delta",
@@ -52,6 +54,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "redis",
         "kafka",
         "quality",
+        "serving",
         "analyst",
         "operating",
         "engine",
@@ -81,6 +84,7 @@ LIBRARIES: dict[str, set[str]] = {
     "kafka": {"confluent_kafka"},
     "delta": {"deltalake", "arro3", "delta", "pyspark", "pyarrow", "numpy"},
     "quality": {"great_expectations", "delta", "pyspark", "pyarrow"},
+    "serving": {"starlette", "uvicorn", "prometheus_client", "redis"},
 }
 # Nothing in jobs/ knows Airflow or the plugins; the plugins never import a DAG.
 NEVER_IN_JOBS = {"airflow", "velocity_airflow", "dags", "fastapi"}

@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_alerts,
         _add_lookup,
         _add_check,
+        _add_serve,
         _add_explain,
         _add_mirror,
         _add_backfill,
@@ -82,11 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_services(sub: _Commands) -> None:
     """`velocity up` and `velocity down`."""
     sub.add_parser(
-        "up", help="start the local Redis and Kafka broker (installed if missing)"
+        "up",
+        help="start the local Redis, Kafka broker and check service (Redis installed if missing)",
     ).set_defaults(run=LazyHandler("services", "up"))
-    sub.add_parser("down", help="stop the local Redis and Kafka broker").set_defaults(
-        run=LazyHandler("services", "down")
-    )
+    sub.add_parser(
+        "down", help="stop the local Redis, Kafka broker and check service"
+    ).set_defaults(run=LazyHandler("services", "down"))
 
 
 def _add_rules(sub: _Commands) -> None:
@@ -317,6 +319,12 @@ def _add_check(sub: _Commands) -> None:
     )
     check.add_argument("file", nargs="?", help="one JSON event; standard input when absent or -")
     check.set_defaults(run=LazyHandler("check", "check"))
+
+
+def _add_serve(sub: _Commands) -> None:
+    sub.add_parser(
+        "serve", help="the HTTP check service (POST /check, /healthz, /metrics) until stopped"
+    ).set_defaults(run=LazyHandler("serve", "serve"))
 
 
 def _add_lookup(sub: _Commands) -> None:

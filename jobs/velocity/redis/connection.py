@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from importlib import resources
 from typing import cast
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -18,22 +19,36 @@ def cluster_url(settings: Settings) -> str:
     return "redis://" + settings.redis_url.split("://", 1)[1]
 
 
-def connect(settings: Settings) -> redis.Redis:
+def connect(settings: Settings, *, user: tuple[str, str] | None = None) -> redis.Redis:
     """A client of ``VELOCITY_REDIS_URL`` answering str; fails fast instead of retrying.
 
     A ``redis+cluster://`` URL names a Redis Cluster (any of its masters): the client is
     then redis-py's ``RedisCluster``, which routes each command by its key's slot and
     answers the commands this package sends; the stream's read and commit take the
     cluster's own path (``velocity.redis.cluster``).
+
+    ``user`` (name, password) signs in as that user instead of the URL's (the read-only
+    user of a service that only checks and reads).
     """
+    url = settings.redis_url if user is None else with_user(settings.redis_url, *user)
     if settings.redis_cluster:
         return cast(
             redis.Redis,
-            RedisCluster.from_url(cluster_url(settings), decode_responses=True, socket_timeout=10),
+            RedisCluster.from_url(
+                "redis://" + url.split("://", 1)[1], decode_responses=True, socket_timeout=10
+            ),
         )
     return redis.Redis.from_url(
-        settings.redis_url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
+        url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
     )
+
+
+def with_user(url: str, username: str, password: str) -> str:
+    """``url`` with its credentials replaced by ``username`` and ``password`` (encoded)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    credentials = f"{quote(username, safe='')}:{quote(password, safe='')}"
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{host}"))
 
 
 def read_hash(client: redis.Redis, name: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""`velocity up` and `velocity down`: the local Redis and Kafka broker."""
+"""`velocity up` and `velocity down`: the local Redis, the Kafka broker and the HTTP check
+service."""
 
 from __future__ import annotations
 
@@ -33,14 +34,27 @@ def up(args: argparse.Namespace) -> int:
     if settings.kafka_bootstrap:
         print(f"bootstrap.servers={settings.kafka_bootstrap}")
         print(f"topics: events {settings.kafka_events_topic}, alerts {settings.kafka_alerts_topic}")
+    from velocity.serving.service import service_up
+
+    service = service_up(settings)
+    if service is None:
+        print("check service: none (VELOCITY_CHECK_PORT=0)")
+    else:
+        state = "started" if service.started else "already running"
+        token = service.token_file or "VELOCITY_CHECK_TOKEN"
+        print(f"check service {state} on {service.url} (pid {service.pid}; token: {token})")
     return EXIT_OK
 
 
 def down(args: argparse.Namespace) -> int:
     from velocity.kafka.broker import kafka_down
     from velocity.redis.server import redis_down
+    from velocity.serving.service import service_down
 
     settings = settings_from(args)
+    # The service first: it reads Redis until it stops.
+    stopped = service_down(settings)
+    print("check service stopped" if stopped else "check service was not running")
     stopped = kafka_down(settings)
     print("kafka stopped" if stopped else "kafka was not running")
     stopped = redis_down(settings)

@@ -35,6 +35,16 @@ RULES = """[
   "cooldownMinutes": 10}
 ]"""
 
+# p-18 paid 250 000 an hour before; b-37 was paid three times in the last minute.
+HISTORY: list[dict[str, object]] = [
+    {"transactionId": "big", "eventTime": T - 3_600_000, "payerId": "p-18",
+     "beneficiaryId": "b-1", "paymentAmount": 250000, "paymentType": "CRD"},
+] + [
+    {"transactionId": f"small-{n}", "eventTime": T - 50_000 + n * 10_000, "payerId": "p-20",
+     "beneficiaryId": "b-37", "paymentAmount": 10, "paymentType": "CRD"}
+    for n in range(3)
+]  # fmt: skip
+
 
 def blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```$", PAGE.read_text(), re.M | re.S)
@@ -53,18 +63,10 @@ def port(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> int:
     )
     rules = [r.with_version(v) for r, v in zip(parse_rules(RULES), (3, 1), strict=True)]
     assert all(isinstance(r, Rule) for r in rules)
-    events = [
-        {"transactionId": "big", "eventTime": T - 3_600_000, "payerId": "p-18",
-         "beneficiaryId": "b-1", "paymentAmount": 250000, "paymentType": "CRD"},
-    ] + [
-        {"transactionId": f"small-{n}", "eventTime": T - 50_000 + n * 10_000, "payerId": "p-20",
-         "beneficiaryId": "b-37", "paymentAmount": 10, "paymentType": "CRD"}
-        for n in range(3)
-    ]  # fmt: skip
     writer = connection.connect(settings)
     mirror.publish_rules(writer, settings.redis_keys, rules, settings.bucket_width_ms)  # type: ignore[arg-type]
     with state_lock(writer, settings, "check docs") as lease:
-        stream_step(settings, rules, lease.token, 0, accepted(events))  # type: ignore[arg-type]
+        stream_step(settings, rules, lease.token, 0, accepted(HISTORY))  # type: ignore[arg-type]
     return int(urlsplit(redis_url).port or 0)
 
 

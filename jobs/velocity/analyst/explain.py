@@ -1,4 +1,5 @@
-"""Why an alert fired: the events of its window and the figures that make its value (pure).
+"""Why an alert fired: the events of its window and the figures that make its value (pure);
+and how the pre-authorization check judged each rule (``check_working``).
 
 An alert names its rule version, key and window ``[windowStart, windowEnd]`` (SPEC §4).
 Its explanation is every accepted event of that key that passes the rule's filter inside
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from velocity.analyst.alert_search import duration_text, key_text
 from velocity.domain.alerts import AlertKind, alert_id
 from velocity.domain.buckets import BucketAggregate, aggregate_of_events
-from velocity.domain.rules import Aggregator, Rule, key_text
+from velocity.domain.rules import Aggregator, Rule, aggregate_text
+from velocity.domain.rules import key_text as signature_key_text
 from velocity.domain.schema import Event
 from velocity.domain.stream_batch import key_groups
 from velocity.domain.windows import KeyedEvent, aggregate_value, format_aggregate
@@ -160,7 +163,7 @@ def _text(value: Decimal | None) -> str | None:
 def alert_key_text(alert: Mapping[str, Any], rule: Rule) -> str:
     """The alert's key as the signature's key text (its fields in signature order)."""
     key = alert["key"]
-    return key_text(tuple(str(key[name]) for name in rule.signature.grouping_keys))
+    return signature_key_text(tuple(str(key[name]) for name in rule.signature.grouping_keys))
 
 
 def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event]) -> Explanation:
@@ -184,3 +187,46 @@ def explain_alert(alert: Mapping[str, Any], rule: Rule, events: Iterable[Event])
     value = aggregate_value(figures, rule.aggregator)
     recomputed = None if value is None else format_aggregate(value)
     return Explanation(alert, rule, tuple(in_window), figures, recomputed)
+
+
+def check_working(checked: Mapping[str, Any], rule: Rule | None, payment: Event) -> str:
+    """How the pre-authorization check judged one rule (an entry of its answer's ``rules``,
+    SPEC §5a) for ``payment``, in words: ``SUM(paymentAmount) over 1 d by payerId=p-18 =
+    250120.5 (the payment's 120.5 included) > 200000 → fires: BLOCK``. ``rule``: the version
+    the check evaluated (None: not known here; the words then name the rule by its id). No
+    events are listed: the check reads the window's buckets, never its events."""
+    key = checked.get("key") or {}
+    if rule is None:
+        measured = f"ruleId {checked['ruleId']} v{checked['ruleVersion']}"
+    else:
+        measured = f"{aggregate_text(rule)} over {duration_text(rule.window_ms)}"
+    order = rule.grouping_keys if rule else ()
+    measured += f" by {key_text(key, order)}" if key else " of all payments"
+    comparison = f"{checked['limitOperatorType']} {checked['limit']}"
+    value = checked.get("aggregateValue")
+    own = _payment_part(rule, payment)
+    if value is None:
+        return f"{measured}: no value in the window{own} → does not fire"
+    if not checked["fired"]:
+        return f"{measured} = {value}{own}, not {comparison} → does not fire"
+    text = f"{measured} = {value}{own} {comparison} → fires: {checked['outcome']}"
+    if "notified" in checked:
+        cooldown = f"its {rule.cooldown_minutes}-minute cooldown" if rule else "its cooldown"
+        text += (
+            f"; its alert would be notified (none of this key's within {cooldown})"
+            if checked["notified"]
+            else f"; its alert would be suppressed: this key alerted within {cooldown}"
+        )
+    return text
+
+
+def _payment_part(rule: Rule | None, payment: Event) -> str:
+    """What the payment itself adds to its window (the check counts it in, SPEC §5a)."""
+    if rule is None:
+        return ""
+    if rule.aggregator is Aggregator.COUNT or rule.aggregate_field is None:
+        return " (the payment included)"
+    own = payment.value(rule.aggregate_field)
+    if own is None:
+        return f" (the payment has no {rule.aggregate_field})"
+    return f" (the payment's {own} included)"

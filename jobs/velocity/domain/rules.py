@@ -231,12 +231,16 @@ class Rule:
         return out
 
 
+def aggregate_text(rule: Rule) -> str:
+    """What the rule measures: ``SUM(paymentAmount)``, ``COUNT()``."""
+    return f"{rule.aggregator.value}({rule.aggregate_field or ''})"
+
+
 def rule_summary(rule: Rule) -> str:
     """One line for people, like
     ``SUM(paymentAmount) > 200000 over 1440 min by payerId, beneficiaryId``."""
-    measured = rule.aggregate_field if rule.aggregate_field else ""
     text = (
-        f"{rule.aggregator.value}({measured}) {rule.operator.value} {rule.limit} "
+        f"{aggregate_text(rule)} {rule.operator.value} {rule.limit} "
         f"over {rule.window_minutes} min by {', '.join(rule.grouping_keys)}"
     )
     if rule.filter:

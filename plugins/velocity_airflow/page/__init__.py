@@ -39,7 +39,8 @@ The app (``app.py``) includes one router a resource; each router module sits bes
 HTML builder of its part of the page (``<resource>.py`` and ``<resource>_html.py``):
 ``home`` (the whole page), ``cases`` (the queue and a case), ``alerts`` (alerts, their
 reviews and explanations, precision), ``rules``, ``shadow``, ``preview``, ``backfills``,
-``lookups``, ``health``, ``live`` (the live feed), ``clicks``. ``access`` holds the
+``lookups``, ``health``, ``live`` (the live feed), ``clicks``, ``check`` (try a payment:
+the pre-authorization check, a read any signed-in user may run). ``access`` holds the
 signed-in user, the write check and the settings; ``common`` what several routers share.
 
 The signed-in user is the app's dependency, declared once for every route; a router of

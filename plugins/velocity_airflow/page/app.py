@@ -15,6 +15,7 @@ from velocity_airflow.page import (
     alerts,
     backfills,
     cases,
+    check,
     clicks,
     health,
     home,
@@ -67,6 +68,7 @@ for router in (
     clicks.router,
     health.router,
     lookups.router,
+    check.router,
 ):
     app.include_router(router)
 

@@ -647,7 +647,8 @@ _PROGRESS = (
 _NAV = (
     '<p class="nav"><a href="#queue">Queue</a> · <a href="#stream">Stream</a> · '
     '<a href="#rules">Rules</a> · <a href="#backfills">Backfills</a> · '
-    '<a href="#lookup">Window lookup</a> · <a href="#alerts">Alerts</a></p>'
+    '<a href="#lookup">Window lookup</a> · <a href="#alerts">Alerts</a> · '
+    '<a href="check" data-testid="nav-check">Try a payment</a></p>'
 )
 
 

@@ -62,6 +62,7 @@ TARGETS = (
     "bench-lookup",
     "bench-window",
     "bench-backfill",
+    "bench-check",
 )
 # The backtests' shared events: 2 000 lines at 20/s over 200 payers (about 10 payments a
 # payer in 100 s of eventTime, so sample rule 4, 5 in 10 minutes, fires).
@@ -260,6 +261,53 @@ def check_backfill(figures: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def check_check(figures: Mapping[str, Any]) -> list[str]:
+    """bench-check: each load's checks all answered (an easy rate), the stream's alerts all
+    published, Redis's CPU per check and the ramp's steps numeric. HTTP is measured or says
+    why not."""
+    runs = figures.get("rules") or []
+    problems = expect(len(runs) == 1, f"{len(runs)} rules files, expected 1")
+    for run in runs:
+        loads = run.get("loads") or {}
+        http = "http" in loads and "checks" in loads["http"]
+        problems += expect(http or bool(run.get("http")), "HTTP neither measured nor said why not")
+        for name in ("none", "function", *(["http"] if http else [])):
+            where = f"{name}."
+            load = loads.get(name) or {}
+            problems += numeric(
+                load, "alerts", "never_published", "alert_p50_s", "alert_p99_s", "redis_cores",
+                where=where,
+            )  # fmt: skip
+            problems += expect(load.get("never_published") == 0, f"{where}alerts never published")
+            if name == "none":
+                continue
+            problems += numeric(
+                load, "checks", "unanswered", "p50_ms", "p99_ms", "max_ms",
+                "redis_cpu_us_per_check", "fcall_ro_usec_per_call", "rules_fired_per_check",
+                where=where,
+            )  # fmt: skip
+            problems += expect(load.get("checks", 0) > 0, f"{where}no checks sent")
+            problems += expect(
+                load.get("unanswered") == 0,
+                f"{where}{load.get('unanswered')} checks unanswered at an easy rate: "
+                f"{load.get('errors')}",
+            )
+            problems += expect(
+                load.get("rules_fired_per_check", 0) > 0, f"{where}no rule fired in any check"
+            )
+        ramp = run.get("ramp") or {}
+        steps = ramp.get("steps") or []
+        problems += expect(bool(steps), "no ramp steps")
+        for step in steps:
+            problems += numeric(
+                step, "rate", "answered_per_s", "p99_ms", "redis_cores", "generator_cores",
+                where="ramp.",
+            )  # fmt: skip
+        problems += numeric(ramp, "sustained_checks_per_s", where="ramp.")
+        problems += expect(bool(ramp.get("limited_by")), "ramp: no limit named")
+    return problems
+
+
 # --- running ---------------------------------------------------------------------------
 
 
@@ -396,6 +444,18 @@ class Runner:
         )  # fmt: skip
         return check_stream(figures)
 
+    def bench_check(self, v: Verdict) -> list[str]:
+        # The fire-often rules (alerts to wait for, rules that fire in checks) at 50 payments
+        # and 100 checks a second: 3 s of warm-up, then 1 s a load; one ramp step.
+        port = free_port((0, 1000, 2000, 3000, 4000))
+        figures = self.benchmark(
+            v, "check", "--rate", "50", "--seconds", "6", "--warmup-seconds", "3",
+            "--block-seconds", "1", "--keys", "200", "--rules", "fire-often",
+            "--check-rate", "100", "--lanes", "2", "--ramp", "100", "--step-seconds", "1",
+            "--port", str(port), "--work-dir", str(self.work / "check"),
+        )  # fmt: skip
+        return check_check(figures)
+
     def bench_cases(self, v: Verdict) -> list[str]:
         args = ("--groups", "4", "--alerts", "200", "--payers", "300")
         return check_cases(self.benchmark(v, "cases", *args))
@@ -473,8 +533,9 @@ class Runner:
 # it sets the session's state store and puts this process's environment back after).
 ON_SHARED_SPARK = ("bench-backfill", "bench-cooldown", "bench-window")
 # Longest first, so that two lanes finish about together (seconds measured at smoke size).
-LONGEST_FIRST = ("shared-spark", "bench-cluster", "bench-stream", "bench-peer", "bench",
-                 "bench-stream-steps", "bench-lookup", "bench-kernel", "bench-cases")  # fmt: skip
+LONGEST_FIRST = ("shared-spark", "bench-cluster", "bench-stream", "bench-check", "bench-peer",
+                 "bench", "bench-stream-steps", "bench-lookup", "bench-kernel",
+                 "bench-cases")  # fmt: skip
 
 
 def run_all(runner: Runner, targets: list[str], lanes: int) -> list[Verdict]:

@@ -59,7 +59,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks import figures as figures_file
 from benchmarks.charts import latency_histogram
@@ -199,6 +199,7 @@ class Run:
     seconds: int
     keys: int
     latencies: list[float] = field(default_factory=list)
+    file_latencies: list[tuple[str, float]] = field(default_factory=list)  # (its file, latency)
     missing: int = 0
     published: int = 0
     peak_rss_mb: float = 0.0
@@ -312,6 +313,26 @@ class Run:
         return figures
 
 
+class DuringRun(Protocol):
+    """What another benchmark does while `run_design`'s stream runs (``benchmarks.check``
+    sends checks): each step is called once, in this order, ``close`` always."""
+
+    def prepare(self, env: dict[str, str], client: Any) -> None:
+        """The stream is starting: Redis is up (``env`` is the stream's environment)."""
+
+    def start(self) -> None:
+        """The first file lands as this returns."""
+
+    def landed(self) -> None:
+        """The last file has landed."""
+
+    def stream_stopped(self, client: Any) -> None:
+        """The stream is stopped and measured; Redis still holds the state it left."""
+
+    def close(self) -> None:
+        """Stop whatever is still running (also after a failure)."""
+
+
 def run_design(
     design: str,
     source: str,
@@ -323,6 +344,8 @@ def run_design(
     work: Path,
     port: int,
     lag_seconds: float = 0.0,
+    during: DuringRun | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Run:
     run = Run(design, source, redis_kind, rate, seconds, keys, lag_seconds=lag_seconds)
     home = work / f"{design}-{source}-{redis_kind}"
@@ -342,6 +365,7 @@ def run_design(
         "VELOCITY_JARS_DIR": str(ROOT / ".cache" / "jars"),
         # The old design's fixed key names, for both designs: one harness reads both.
         "VELOCITY_REDIS_KEY_PREFIX": "velocity",
+        **(extra_env or {}),
         "VELOCITY_REDIS_ALERT_STREAM": "velocity:alerts",
         # A broker only where it is read: an idle one would still take CPU and memory.
         "VELOCITY_KAFKA_BOOTSTRAP": f"127.0.0.1:{port + 3000}" if source == "kafka" else "",
@@ -402,6 +426,8 @@ def run_design(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
+        if during is not None:
+            during.prepare(env, client)
         # Ready: the rules are applied and the query has started (its checkpoint exists).
         checkpoint = home / "data" / "checkpoints" / "stream"
         deadline = time.monotonic() + 300
@@ -417,6 +443,8 @@ def run_design(
         landing.set()
         redis_cpu_at_landing = redis_cpu(client, on_cluster)
         commands_at_landing = redis_command_cpu(client, on_cluster)
+        if during is not None:
+            during.start()
         started = time.monotonic()
         for index, path in enumerate(data.files):
             pause = started + index * (seconds / len(data.files)) - time.monotonic()
@@ -424,6 +452,8 @@ def run_design(
                 time.sleep(pause)
             land(path)
             landed[path.name] = time.time() * 1000
+        if during is not None:
+            during.landed()
         if lagging is not None:  # the lagged lines of the last files are still to go
             lagged_landed = lagging.finish()
         # Wait for the expected alerts; anything later than this counts as never.
@@ -445,6 +475,8 @@ def run_design(
         sampling.set()
         if lagging is not None:
             lagging.close()
+        if during is not None:
+            during.close()
         os.killpg(stream.pid, 15)
         try:
             stream.wait(timeout=120)
@@ -468,6 +500,7 @@ def run_design(
         else:
             run.latencies.append(math.inf)
             run.missing += 1
+        run.file_latencies.append((data.tx_file[pair[1]], run.latencies[-1]))
         if lagged:
             run.lagged_latencies.append(run.latencies[-1])
     per_node = masters_info(client, on_cluster, "memory")
@@ -498,6 +531,11 @@ def run_design(
     if lagging is not None:
         run.lagged_events = lagging.lagged_lines
         lagged_partition_costs(run, data, client, env, home)
+    if during is not None:
+        try:
+            during.stream_stopped(client)
+        finally:
+            during.close()
     redis_service(on_cluster, "down", env)
     return run
 

@@ -37,8 +37,21 @@ def run_smoke(work: Path, *args: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def smoke_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    return run_smoke(tmp_path_factory.mktemp("bench-smoke"), "--skip", "bench-cluster")
+def smoke_verdicts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """The verdicts of the targets this session's selected tests ask for (``-k check``: only
+    bench-check's smoke runs), every target's but bench-cluster's when all are selected."""
+    selected = sorted(
+        item.callspec.params["target"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.originalname == test_benchmark_runs_and_its_figures_hold_their_shape.__name__
+    )
+    only = [arg for target in selected for arg in ("--only", target)]
+    everything = set(selected) == set(ON_OWN_PROCESS)
+    args = ["--skip", "bench-cluster"] if everything or not only else only
+    return run_smoke(tmp_path_factory.mktemp("bench-smoke"), *args)
 
 
 def held(verdict: dict[str, Any]) -> None:
@@ -63,9 +76,7 @@ def test_benchmark_runs_and_its_figures_hold_their_shape(
 @pytest.mark.cluster
 @pytest.mark.spark
 @pytest.mark.timeout(600)
-def test_bench_cluster_on_the_suites_cluster(
-    spark_cluster: SparkCluster, tmp_path: Path
-) -> None:
+def test_bench_cluster_on_the_suites_cluster(spark_cluster: SparkCluster, tmp_path: Path) -> None:
     verdicts = run_smoke(
         tmp_path, "--only", "bench-cluster", "--cluster-master", spark_cluster.master
     )

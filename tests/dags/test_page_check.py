@@ -155,6 +155,7 @@ def test_a_viewer_checks_a_payment_and_each_rule_reads_as_the_check_answers(
         )
     assert "2025-12-31 00:00:00.000Z … 2026-01-01 00:00:00.000Z" in by_rule[1], "the window"
     assert "250,120.5" in by_rule[1]
+    assert 'payerId=p-18</span>, <span class="kv">beneficiaryId=b-37' in by_rule[5], "rule order"
     assert "state as of no committed micro-batch" in shown.text, "no stream progress written"
     assert 'value="p-18"' in shown.text and "<option selected>CRD</option>" in shown.text
 
@@ -219,3 +220,38 @@ def test_the_check_is_a_read_any_signed_in_user_may_run_and_the_page_links_to_it
     anonymous = client()
     assert anonymous.get("/check").status_code == 401
     assert anonymous.get("/api/check", params=PAYMENT).status_code == 401
+
+
+def test_the_answer_reads_its_freshness_and_escapes_what_the_payment_brought() -> None:
+    from velocity_airflow.page.check_html import CheckView, render_check
+
+    rule = {
+        "ruleId": 4, "ruleVersion": 2, "outcome": "REVIEW", "key": {"beneficiaryId": "<b>"},
+        "fired": True, "aggregateValue": "1234567.5", "limitOperatorType": ">=",
+        "limit": "1000000", "windowStart": T - 60_000, "windowEnd": T, "notified": True,
+        "working": "SUM(paymentAmount) … by beneficiaryId=<b> …",
+    }  # fmt: skip
+    view = CheckView(
+        base="/velocity",
+        user="vic",
+        now_ms=T + 3_000,
+        form={"payerId": '"><script>'},
+        answer={
+            "decision": "REVIEW",
+            "rules": [rule],
+            "stateAsOf": {"eventTime": T - 400, "committedAt": T - 2_000, "batch": 8812},
+        },
+        event_time=T,
+    )
+    html = render_check(view)
+    state = html.split('data-testid="check-state-as-of">')[1].split("</p>")[0]
+    assert state.startswith("state as of 2025-12-31 23:59:58.000Z (<time")
+    assert ">5 s ago</time>), batch 8812" in state
+    assert "the newest payment it has seen is of 2025-12-31 23:59:59.600Z" in state
+    assert "1 of 1 rules evaluated fire. Payment at 2026-01-01 00:00:00.000Z." in html
+    row = rows(html)[4]
+    assert "1,234,567.5" in row and "<code>&gt;= 1,000,000</code>" in row
+    assert cell(row, "check-notified") == "yes"
+    assert "<b>" not in html.replace("<b>×", "") and "&lt;b&gt;" in row
+    assert 'value="&quot;&gt;&lt;script&gt;"' in html, "the form's values escaped"
+    assert html.count("<script>") == 2, "the document's own two scripts, no other"

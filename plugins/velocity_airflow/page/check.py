@@ -61,10 +61,12 @@ def check(settings: Any, payment: Mapping[str, Any]) -> dict[str, Any]:
     history, _ = common.read("rules", lambda: rule_history(settings))
     versions = {(r.rule_id, r.version): r for r in history or []}
     event = valid_payment(payment)
-    for rule in answer["rules"]:
-        rule["working"] = check_working(
-            rule, versions.get((rule["ruleId"], rule["ruleVersion"])), event
-        )
+    for checked in answer["rules"]:
+        rule = versions.get((checked["ruleId"], checked["ruleVersion"]))
+        if rule is not None:  # the key's fields in the rule's order, as the page shows keys
+            key = checked["key"]
+            checked["key"] = {n: key[n] for n in rule.grouping_keys if n in key} | key
+        checked["working"] = check_working(checked, rule, event)
     return answer
 
 

@@ -23,9 +23,9 @@ _PLACEHOLDERS = {
     "paymentAmount": "120.50",
 }
 _DECISION_WORDS = {
-    "BLOCK": "a rule that fires asks to block the payment",
-    "REVIEW": "a rule that fires asks to review the payment before it is accepted",
-    "ALLOW": "no rule that fires asks to block or review it",
+    "BLOCK": "A rule that fires asks to block the payment",
+    "REVIEW": "A rule that fires asks to review the payment before it is accepted",
+    "ALLOW": "No rule that fires asks to block or review it",
 }
 
 STYLE = """
@@ -161,7 +161,7 @@ def _rules_table(rules: list[Mapping[str, Any]]) -> str:
 
 
 def _rule_row(rule: Mapping[str, Any]) -> str:
-    value = rule.get("aggregateValue")
+    value, key = rule.get("aggregateValue"), rule.get("key")
     shown = '<span class="muted">none</span>' if value is None else number_text(value)
     notified = "" if "notified" not in rule else ("yes" if rule["notified"] else "no (cooldown)")
     fired = bool(rule["fired"])
@@ -172,7 +172,7 @@ def _rule_row(rule: Mapping[str, Any]) -> str:
         f'data-fired="{str(fired).lower()}"{marked}>'
         f"<td>ruleId {escape(str(rule['ruleId']))} v{escape(str(rule['ruleVersion']))}</td>"
         f'<td><span class="outcome outcome-{outcome}">{outcome}</span></td>'
-        f"<td>{key_html(rule.get('key'))}</td>"
+        f"<td>{key_html(key, tuple(key or ()))}</td>"
         f'<td class="figure" data-testid="check-value" data-value="{escape(str(value))}">'
         f"{shown}</td>"
         f'<td data-testid="check-limit"><code>{escape(str(rule["limitOperatorType"]))} '

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -118,11 +120,39 @@ def kill_when(
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("moment", ["mid-batch", "after-handover"])
-def test_sigkill_then_restart_equals_uninterrupted(
-    spark, data_settings: Settings, tmp_path: Path, moment: str
-) -> None:
-    events = tmp_path / "events"
+@dataclass(frozen=True)
+class Uninterrupted:
+    """The events both kill tests stream, and the backtest's result over them."""
+
+    events: Path
+    alerts: list[tuple[object, ...]]
+    buckets: list[tuple[object, ...]]
+    transactions: list[tuple[object, ...]]
+
+
+ALERT_COLUMNS = [
+    "alertId", "ruleId", "transactionId", "aggregateValue", "windowStart", "suppressedBy",
+]  # fmt: skip
+
+
+def rows(spark, path: Path, columns: list[str]) -> list[tuple[object, ...]]:
+    return sorted(tuple(r) for r in tables.read_table(spark, path).select(*columns).collect())
+
+
+def merged_buckets(spark, path: Path, width: int) -> list[tuple[object, ...]]:
+    """The bucket rows merged per bucket (the live table holds one per bucket and batch)."""
+    merged = minute_buckets(tables.read_table(spark, path), width)
+    return sorted(tuple(r) for r in merged.drop("distinct_values").collect())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    spark, spark_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Uninterrupted:
+    """The events (generated once: both places to die stream the same ones) and the
+    uninterrupted result, the backtest over them (equal for in-order input), computed once."""
+    work = tmp_path_factory.mktemp("crash")
+    events = work / "events"
     generate_events(
         events,
         GenerateOptions(
@@ -137,6 +167,28 @@ def test_sigkill_then_restart_equals_uninterrupted(
             seed=77,
         ),
     )
+    sample = [
+        e.with_version(1)
+        for e in parse_rules(sample_rules_path().read_text())
+        if isinstance(e, Rule)
+    ]
+    bt_settings = spark_settings.model_copy(update={"data_dir": work / "bt"})
+    run_backtest(spark, bt_settings, sample, str(events), work / "bt.jsonl", keep_state=True)
+    root = backtest_root(bt_settings)
+    return Uninterrupted(
+        events=events,
+        alerts=rows(spark, root / tables.ALERTS, ALERT_COLUMNS),
+        buckets=merged_buckets(spark, root / tables.BUCKETS, bt_settings.bucket_width_ms),
+        transactions=rows(spark, root / tables.EVENTS, ["transactionId"]),
+    )
+
+
+@pytest.mark.parametrize("moment", ["mid-batch", "after-handover"])
+def test_sigkill_then_restart_equals_uninterrupted(
+    spark, data_settings: Settings, tmp_path: Path, moment: str, uninterrupted: Uninterrupted
+) -> None:
+    events = tmp_path / "events"  # a copy of its own: the stream may archive what it read
+    shutil.copytree(uninterrupted.events, events)
     for order, path in enumerate(sorted(events.glob("*.jsonl"))):
         os.utime(path, (1_700_000_000 + order, 1_700_000_000 + order))
     env = {
@@ -165,35 +217,13 @@ def test_sigkill_then_restart_equals_uninterrupted(
     if moment == "after-handover":
         assert f"finishing batch {killed_batch} from its spooled input" in finished.stderr
 
-    # The uninterrupted result: the backtest over the same events (equal for in-order input).
-    sample = [
-        e.with_version(1)
-        for e in parse_rules(sample_rules_path().read_text())
-        if isinstance(e, Rule)
-    ]
-    bt_settings = data_settings.model_copy(update={"data_dir": tmp_path / "bt"})
-    run_backtest(spark, bt_settings, sample, str(events), tmp_path / "bt.jsonl", keep_state=True)
+    # The uninterrupted result: the backtest over the same events.
     live = LiveTables.of(data_settings)
-
-    def rows(path: Path, columns: list[str]) -> list[tuple[object, ...]]:
-        return sorted(tuple(r) for r in tables.read_table(spark, path).select(*columns).collect())
-
-    alert_columns = [
-        "alertId", "ruleId", "transactionId", "aggregateValue", "windowStart", "suppressedBy",
-    ]  # fmt: skip
-    streamed = rows(live.alerts, alert_columns)
-    assert streamed and streamed == rows(backtest_root(bt_settings) / tables.ALERTS, alert_columns)
-    # The live table holds one row per bucket and batch (readers merge them): compare merged.
+    streamed = rows(spark, live.alerts, ALERT_COLUMNS)
+    assert streamed and streamed == uninterrupted.alerts
     width = data_settings.bucket_width_ms
-
-    def buckets(path: Path) -> list[tuple[object, ...]]:
-        merged = minute_buckets(tables.read_table(spark, path), width)
-        return sorted(tuple(r) for r in merged.drop("distinct_values").collect())
-
-    assert buckets(live.buckets) == buckets(backtest_root(bt_settings) / tables.BUCKETS)
-    assert rows(live.events, ["transactionId"]) == rows(
-        backtest_root(bt_settings) / tables.EVENTS, ["transactionId"]
-    )
+    assert merged_buckets(spark, live.buckets, width) == uninterrupted.buckets
+    assert rows(spark, live.events, ["transactionId"]) == uninterrupted.transactions
 
     # Redis: the mirror equals Delta, and each alert is on the stream exactly once.
     client = redis.Redis.from_url(data_settings.redis_url, decode_responses=True)
@@ -204,7 +234,7 @@ def test_sigkill_then_restart_equals_uninterrupted(
     # Notified alerts only: the sample rules' cooldowns suppressed the others, and a
     # notification is never sent twice nor lost across the kill (the last notified alert
     # per rule and key is committed with the key's buckets).
-    notified = [r[0] for r in rows(live.alerts, ["alertId", "suppressed"]) if not r[1]]
+    notified = [r[0] for r in rows(spark, live.alerts, ["alertId", "suppressed"]) if not r[1]]
     assert len(notified) < len(streamed)
     assert sorted(published) == notified
     assert StreamJob(spark, data_settings).mirror.reconcile().clean

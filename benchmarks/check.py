@@ -72,6 +72,11 @@ TARGET_MS = {"function": 2.0, "http": 5.0}
 LOADS = ("none", "function", "http")
 # Of a generator's CPU, what counts as its whole core; the same for Redis's one thread.
 BUSY = 0.85
+# A lane (a connection of a generator) sends at most this many checks a second, so its
+# schedule slips only once a round trip takes over 4 ms: more lanes at higher rates.
+LANE_RATE = 250
+# Redis's slow log keeps the calls that held it longer than this (µs) while checks run.
+SLOW_US = 1000
 # --at-end (the ramp) draws from the payments of the last files only (their keys, fewer to parse).
 RAMP_FILES = 20
 
@@ -160,6 +165,7 @@ class Generators:
         env: dict[str, str], at_end: bool = False,
     ) -> None:  # fmt: skip
         work.mkdir(parents=True, exist_ok=True)
+        lanes = min(64, max(lanes, math.ceil(rate / LANE_RATE / processes)))
         self.outs = [work / f"generator-{i}.json" for i in range(processes)]
         self.logs = [work / f"generator-{i}.log" for i in range(processes)]
         self.processes = []
@@ -249,6 +255,34 @@ class CheckService:
                 os.killpg(self.process.pid, 9)
 
 
+def slow_calls(client: Any) -> list[tuple[str, float]]:
+    """The calls Redis's slow log kept since the last look, (command, ms); the log emptied."""
+    try:
+        entries = client.slowlog_get(10_000)
+        client.slowlog_reset()
+    except Exception:  # a Redis that refuses SLOWLOG: no diagnosis, the figures stand
+        return []
+    calls = []
+    for entry in entries:
+        command = entry.get("command", b"")
+        text = command.decode(errors="replace") if isinstance(command, bytes) else command
+        words = text.split()
+        name = " ".join(words[:2] if words[:1] in (["FCALL"], ["FCALL_RO"]) else words[:1])
+        calls.append((name, int(entry["duration"]) / 1000))
+    return calls
+
+
+def slow_summary(calls: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    """Slow calls by command: how many, the longest and all together (ms); the 5 costliest."""
+    out: dict[str, dict[str, float]] = {}
+    for name, duration in calls:
+        entry = out.setdefault(name, {"count": 0, "max_ms": 0.0, "total_ms": 0.0})
+        entry["count"] += 1
+        entry["max_ms"] = round(max(entry["max_ms"], duration), 2)
+        entry["total_ms"] = round(entry["total_ms"] + duration, 2)
+    return dict(sorted(out.items(), key=lambda item: -item[1]["total_ms"])[:5])
+
+
 def redis_sample(client: Any) -> tuple[float, float, int, float]:
     """(monotonic time, Redis's CPU seconds, FCALL_RO calls, FCALL_RO µs) so far."""
     stats = client.info("commandstats").get("cmdstat_fcall_ro", {})
@@ -270,6 +304,7 @@ class Step:
     seconds: float
     redis_cores: float
     fcall_ro_usec_per_call: float
+    slow: list[tuple[str, float]]
 
     @property
     def p99(self) -> float:
@@ -278,6 +313,12 @@ class Step:
     @property
     def passed(self) -> bool:
         return self.p99 <= TARGET_MS["function"]
+
+    @property
+    def answered_in_full(self) -> bool:
+        """Every check answered, at 98 % of the rate or more (whatever the p99)."""
+        answered = len(self.generated.latencies_ms) - self.generated.unanswered
+        return not self.generated.unanswered and answered / self.seconds >= 0.98 * self.rate
 
     def figures(self) -> dict[str, Any]:
         answered = len(self.generated.latencies_ms) - self.generated.unanswered
@@ -288,6 +329,7 @@ class Step:
             **self.generated.figures(),
             "redis_cores": round(self.redis_cores, 2),
             "fcall_ro_usec_per_call": round(self.fcall_ro_usec_per_call, 2),
+            "redis_slow_calls": slow_summary(self.slow),
             "passed": self.passed,
         }
 
@@ -330,9 +372,13 @@ class CheckLoad:
         self.http_problem: str | None = None
         self.generated: dict[str, Generated] = {}
         self.samples: list[tuple[float, float, int, float]] = []
+        self.slow: list[list[tuple[str, float]]] = []  # at each block's end, its slow calls
         self.service_cpu = 0.0
         self.ramp: list[Step] = []
         self.ramp_limit = ""
+        self.sustained = self.capacity = 0
+        self.capacity_limit = ""
+        self.processes = 1
 
     def windows(self, load: str) -> list[tuple[float, float]]:
         return [w for w, x in zip(self.blocks, self.block_load, strict=True) if x == load]
@@ -361,6 +407,11 @@ class CheckLoad:
         self.door = {"function": ["--redis", reader]}
         self.rules_key = RedisKeys(env["VELOCITY_REDIS_KEY_PREFIX"], "").check_rules
         self.door["function"] += ["--rules-key", self.rules_key]
+        try:  # which calls held Redis while checks waited
+            self.client.config_set("slowlog-log-slower-than", SLOW_US)
+            self.client.config_set("slowlog-max-len", 10_000)
+        except Exception as exc:  # no diagnosis, the figures stand
+            print(f"Redis's slow log not set: {exc}", flush=True)
         if "http" in self.loads:
             try:
                 self.service = CheckService(env, self.args.port + 4000, self.work / "serve.log")
@@ -391,6 +442,7 @@ class CheckLoad:
             for edge in edges:
                 time.sleep(max(0.0, edge - time.monotonic()))
                 self.samples.append(redis_sample(self.client))
+                self.slow.append(slow_calls(self.client))
 
         self.sampler = threading.Thread(target=sample, daemon=True)
         self.sampler.start()
@@ -425,9 +477,11 @@ class CheckLoad:
             at = time.time() + 0.2
             generators.start(at)
             time.sleep(max(0.0, at - time.time()))
+            slow_calls(self.client)
             before = redis_sample(self.client)
             time.sleep(self.args.step_seconds)
             after = redis_sample(self.client)
+            slow = slow_calls(self.client)
             generated = generators.results(timeout=60)
         finally:
             generators.close()
@@ -435,39 +489,52 @@ class CheckLoad:
         calls = after[2] - before[2]
         step = Step(
             rate, processes, generated, seconds, (after[1] - before[1]) / seconds,
-            (after[3] - before[3]) / calls if calls else 0.0,
+            (after[3] - before[3]) / calls if calls else 0.0, slow,
         )  # fmt: skip
+        self.ramp.append(step)
         print(json.dumps({"ramp_step": step.figures()}), flush=True)
         return step
 
     def run_ramp(self) -> None:
-        """Each rate in turn until one's p99 passes 2 ms (a second generator process first,
-        if one could not send fast enough), then once between it and the last that held."""
-        processes, passed = 1, 0
+        """The sustained rate: each rate in turn until one's p99 passes 2 ms, then once
+        between it and the last that held (when none held, a half and a quarter of
+        it). Then, on up the rates, the highest rate answered in full whatever the p99
+        (every check answered, at 98 % of the rate or more): the capacity."""
+        self.processes, passed, failed = 1, 0, 0
         for rate in self.args.ramp:
-            step = self.step(rate, processes)
-            self.ramp.append(step)
-            if not step.passed and step.limit()[0] == "generator" and processes < 2:
-                processes = 2  # one process cannot send this fast: two, one a core
-                step = self.step(rate, processes)
-                self.ramp.append(step)
+            step = self.rate_step(rate)
             if step.passed:
                 passed = rate
                 continue
-            self.ramp_limit = step.limit()[1]
-            middle = (passed + rate) // 2
-            middle = round(middle, -2) if middle >= 1000 else middle
-            if passed and passed < middle < rate:
-                between = self.step(middle, processes)
-                self.ramp.append(between)
-                if between.passed:
-                    passed = middle
-                else:
-                    self.ramp_limit = between.limit()[1]
+            failed, self.ramp_limit = rate, step.limit()[1]
             break
         else:
             self.ramp_limit = f"not reached: every rate up to {self.args.ramp[-1]}/s held"
+        if failed:
+            lower = [(passed + failed) // 2] if passed else [failed // 2, failed // 4]
+            for rate in (round(r, -2) if r >= 1000 else r for r in lower):
+                if passed < rate < failed and self.rate_step(rate).passed:
+                    passed = rate
+                    break
         self.sustained = passed
+        self.capacity_limit = ""
+        for rate in (r for r in self.args.ramp if r > failed > 0):
+            step = self.rate_step(rate)
+            if not step.answered_in_full:
+                self.capacity_limit = step.limit()[1]
+                break
+        if not self.capacity_limit:
+            self.capacity_limit = f"not reached: every rate up to {self.args.ramp[-1]}/s answered"
+        self.capacity = max((s.rate for s in self.ramp if s.answered_in_full), default=0)
+
+    def rate_step(self, rate: int) -> Step:
+        """One step; again with a second generator process when one could not send as fast."""
+        step = self.step(rate, self.processes)
+        lacking = not step.passed or not step.answered_in_full
+        if lacking and step.limit()[0] == "generator" and self.processes < 2:
+            self.processes = 2  # one process cannot send this fast: two, one a core
+            step = self.step(rate, self.processes)
+        return step
 
     # -- figures --------------------------------------------------------------------------
 
@@ -479,9 +546,11 @@ class CheckLoad:
                 by_load[load].append(latency)
         # Redis's counters over each load's blocks.
         spent: dict[str, list[float]] = {load: [0.0, 0.0, 0.0, 0.0] for load in self.loads}
+        slow: dict[str, list[tuple[str, float]]] = {load: [] for load in self.loads}
         for b, load in enumerate(self.block_load[: len(self.samples) - 1]):
             for i in range(4):
                 spent[load][i] += self.samples[b + 1][i] - self.samples[b][i]
+            slow[load] += self.slow[b + 1]
         quiet = spent["none"][1] / spent["none"][0] if spent["none"][0] else 0.0
         out: dict[str, Any] = {}
         for load in self.loads:
@@ -495,6 +564,7 @@ class CheckLoad:
                 "alert_p99_s": ms(percentile(latencies, 0.99) / 1000),
                 "alert_max_s": ms(max(latencies, default=math.inf) / 1000),
                 "redis_cores": round(cpu / seconds, 3) if seconds else 0.0,
+                "redis_slow_calls": slow_summary(slow[load]),
             }
             generated = self.generated.get(load)
             if load != "none" and generated is None:
@@ -564,6 +634,8 @@ def measure(args: argparse.Namespace, rules: Path, http: str | None) -> dict[str
             "steps": [s.figures() for s in load.ramp],
             "sustained_checks_per_s": load.sustained,
             "limited_by": load.ramp_limit,
+            "answered_in_full_checks_per_s": load.capacity,
+            "answered_in_full_limited_by": load.capacity_limit,
         },
         "stream": run.summary(),
     }
@@ -588,6 +660,12 @@ def report(result: dict[str, Any]) -> None:
                   f"{entry['fcall_ro_usec_per_call']:>11}")  # fmt: skip
         else:
             print(f"  {name:<9} {entry['alert_p99_s']:>11} {entry.get('measured', '-'):>24}")
+    for name, entry in loads.items():
+        slow = ", ".join(
+            f"{command} x{c['count']} (max {c['max_ms']} ms)"
+            for command, c in entry["redis_slow_calls"].items()
+        )
+        print(f"  {name:<9} Redis calls over {SLOW_US / 1000:g} ms: {slow or 'none'}")
     if result["alert_p99_ratio"]:
         print(f"  alert p99 with checks / without: {result['alert_p99_ratio']}")
     ramp = result["ramp"]
@@ -597,6 +675,8 @@ def report(result: dict[str, Any]) -> None:
               f"generator {step['generator_cores']} cores")  # fmt: skip
     print(f"  sustained at p99 <= 2 ms: {ramp['sustained_checks_per_s']} checks/s; limited by "
           f"{ramp['limited_by']}")  # fmt: skip
+    print(f"  answered in full (any p99): {ramp['answered_in_full_checks_per_s']} checks/s; "
+          f"limited by {ramp['answered_in_full_limited_by']}")  # fmt: skip
 
 
 def rates(text: str) -> list[int]:
@@ -628,7 +708,10 @@ def main() -> int:
         help="the sustained-rate steps, checks a second (stops at the first p99 over 2 ms)",
     )  # fmt: skip
     parser.add_argument("--step-seconds", type=float, default=10, help="each ramp step's length")
-    parser.add_argument("--lanes", type=int, default=4, help="connections a generator process")
+    parser.add_argument(
+        "--lanes", type=int, default=16,
+        help=f"connections a generator process (more at rates over {LANE_RATE}/s a lane)",
+    )  # fmt: skip
     parser.add_argument(
         "--generators", type=int, default=1, choices=(1, 2),
         help="generator processes for the load while the stream runs",

@@ -45,6 +45,8 @@ from typing import Any, cast
 # How long a lane keeps sending the checks of a window once the window is over: checks
 # still unsent then were never answered.
 GRACE_SECONDS = 2.0
+# An HTTP connection idle this long is opened afresh before its next check.
+IDLE_SECONDS = 2.0
 
 
 @dataclass
@@ -124,27 +126,37 @@ def http_caller(url: str, token: str, timeout: float) -> Caller:
     where = urlsplit(url)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     state: dict[str, http.client.HTTPConnection] = {}
+    last_used = [time.monotonic()]
 
     def connection() -> http.client.HTTPConnection:
-        if "c" not in state:  # kept alive; opened again after an error
+        # Kept alive; opened again after an error, and after an idle pause between windows
+        # (a server closes an idle connection: uvicorn after 5 s), as a pooled client would.
+        if "c" in state and time.monotonic() - last_used[0] > IDLE_SECONDS:
+            state.pop("c").close()
+        if "c" not in state:
             state["c"] = http.client.HTTPConnection(where.netloc, timeout=timeout)
+            state["c"].connect()
+        last_used[0] = time.monotonic()
         return state["c"]
 
     def call(payment: Payment, tx: str) -> dict[str, Any]:
         body = json.dumps({**payment.body, "transactionId": tx}).encode()
+        open_one = connection()
         try:
-            connection().request("POST", "/check", body, headers)
-            response = connection().getresponse()
+            open_one.request("POST", "/check", body, headers)
+            response = open_one.getresponse()
             text = response.read()
         except Exception:
-            state.pop("c").close()
+            state.pop("c", None)
+            open_one.close()
             raise
         if response.status != 200:  # the server may close after it: a fresh connection
-            state.pop("c").close()
+            state.pop("c", None)
+            open_one.close()
             raise RuntimeError(f"HTTP {response.status}: {text[:200]!r}")
         return answer_of(text)
 
-    connection().connect()
+    connection()
     return call
 
 

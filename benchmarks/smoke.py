@@ -303,8 +303,13 @@ def check_check(figures: Mapping[str, Any]) -> list[str]:
                 step, "rate", "answered_per_s", "p99_ms", "redis_cores", "generator_cores",
                 where="ramp.",
             )  # fmt: skip
-        problems += numeric(ramp, "sustained_checks_per_s", where="ramp.")
-        problems += expect(bool(ramp.get("limited_by")), "ramp: no limit named")
+        problems += numeric(
+            ramp, "sustained_checks_per_s", "answered_in_full_checks_per_s", where="ramp."
+        )
+        problems += expect(
+            bool(ramp.get("limited_by") and ramp.get("answered_in_full_limited_by")),
+            "ramp: no limit named",
+        )
     return problems
 
 

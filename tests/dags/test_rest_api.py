@@ -101,6 +101,7 @@ def test_two_deployments_side_by_side_and_a_backfill_through_the_rest_api(
     other_env["VELOCITY_KAFKA_BOOTSTRAP"] = ""  # Redis only: no broker of its own
     log = home / "standalone.log"
     other_up: subprocess.Popen[str] | None = None
+    other_down: subprocess.Popen[str] | None = None
     try:
         _run([VELOCITY, "up"], other_env, 60)  # the second deployment's own Redis
         other_up = subprocess.Popen(
@@ -129,10 +130,15 @@ def test_two_deployments_side_by_side_and_a_backfill_through_the_rest_api(
             health = httpx.get(f"http://127.0.0.1:{first + 3}/health", timeout=10)
             assert health.status_code == 200, health.text
         assert {a for a, p, _ in _listeners() if p == other_redis} == {"127.0.0.1"}
-        _run(["bash", str(AIRFLOW_SH), "down"], other_env, 120)
-        _run([VELOCITY, "down"], other_env, 60)
-        stopped = {other_redis, *range(other_port, other_port + 4)}
-        assert not {p for _, p, _ in _listeners()} & stopped
+        # The second deployment goes down while the first runs its backfill (its
+        # components take seconds to stop); checked once the backfill is done.
+        other_down = subprocess.Popen(
+            ["bash", "-c", f'bash "{AIRFLOW_SH}" down && "{VELOCITY}" down'],
+            env=other_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
         with httpx.Client(base_url=base, timeout=30) as client:
             token = client.post("/auth/token", json={"username": "admin", "password": password})
@@ -177,9 +183,15 @@ def test_two_deployments_side_by_side_and_a_backfill_through_the_rest_api(
                 "plan_backfill": "success",
                 "backfill": "success",
             }
+        down_output, _ = other_down.communicate(timeout=180)
+        assert other_down.returncode == 0, down_output
+        stopped = {other_redis, *range(other_port, other_port + 4)}
+        assert not {p for _, p, _ in _listeners()} & stopped
     finally:
         if other_up is not None and other_up.poll() is None:
             other_up.kill()
+        if other_down is not None and other_down.poll() is None:
+            other_down.communicate(timeout=180)
         for stop in (["bash", str(AIRFLOW_SH), "down"], [VELOCITY, "down"]):  # if still up
             subprocess.run(stop, env=other_env, capture_output=True, timeout=120, check=False)
         down = subprocess.run(

@@ -335,16 +335,17 @@ class Step:
 
     def limit(self) -> tuple[str, str]:
         """What held this step's p99 above the target: (redis|generator|machine, why)."""
+        at = f"at {self.rate}/s, "
         if self.redis_cores >= BUSY:
-            return "redis", f"Redis (its thread {self.redis_cores:.2f} cores busy)"
+            return "redis", f"{at}Redis (its thread {self.redis_cores:.2f} cores busy)"
         if self.generated.generator_cores >= BUSY:
             return "generator", (
-                f"the generator ({self.generators} process(es), the busiest "
+                f"{at}the generator ({self.generators} process(es), the busiest "
                 f"{self.generated.generator_cores:.2f} cores busy)"
             )
         return "machine", (
-            f"the machine's 2 cores (Redis {self.redis_cores:.2f} cores, the busiest generator "
-            f"{self.generated.generator_cores:.2f}; the rest to the other processes)"
+            f"{at}the machine's 2 cores (Redis {self.redis_cores:.2f} cores, the busiest "
+            f"generator {self.generated.generator_cores:.2f}; the rest to the other processes)"
         )
 
 

@@ -162,3 +162,15 @@ def test_a_check_without_published_rules_is_unavailable_not_allowed(settings: Se
         "rules": [],
         "stateAsOf": {"eventTime": None, "committedAt": None, "batch": None},
     }
+
+
+def test_a_check_before_the_streams_first_commit_answers_null_freshness(
+    settings: Settings,
+) -> None:
+    """A stream that has started writes its progress's newest eventTime empty until its first
+    commit: stateAsOf says null, and the answer stays JSON."""
+    client = connection.connect(settings)
+    mirror.publish_rules(client, settings.redis_keys, [], settings.bucket_width_ms)
+    client.hset(settings.redis_keys.stream_progress, mapping={"newest": "", "layout": "packed"})
+    answer = json.loads(check(client, settings, *PAYMENT, "eventTime", "1", "payerId", "p-1"))
+    assert answer["stateAsOf"] == {"eventTime": None, "committedAt": None, "batch": None}

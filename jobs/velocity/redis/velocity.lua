@@ -971,7 +971,9 @@ local function velocity_check(keys, args)
   local newest, at, batch = "null", "null", "null"
   if progress_name and is_local(progress_name, ranges) then
     local p = redis.call("HMGET", progress_name, "newest", "at", "batch")
-    newest, at, batch = p[1] or "null", p[2] or "null", p[3] or "null"
+    -- A progress field is digits, or empty (a stream started, nothing committed yet): null.
+    local function number_or_null(v) return (v and string.match(v, "^%d+$")) and v or "null" end
+    newest, at, batch = number_or_null(p[1]), number_or_null(p[2]), number_or_null(p[3])
   end
   return '{"decision":"' .. DECISIONS[strongest] .. '","rules":[' .. table.concat(decided, ",")
       .. '],"stateAsOf":{"eventTime":' .. newest .. ',"committedAt":' .. at

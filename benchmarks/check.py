@@ -36,7 +36,9 @@ values: every check reads one of three hot keys holding a day of buckets).
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -110,6 +112,7 @@ class Generated:
     decisions: dict[str, int] = field(default_factory=dict)
     fired: int = 0
     evaluated: int = 0
+    state_seen: list[tuple[int, int]] = field(default_factory=list)
     cpu_seconds: list[float] = field(default_factory=list)  # a process's
     wall_seconds: list[float] = field(default_factory=list)
 
@@ -124,6 +127,7 @@ class Generated:
                 mine[name] = mine.get(name, 0) + count
         self.fired += result["fired"]
         self.evaluated += result["evaluated"]
+        self.state_seen += [(a, b) for a, b in result.get("state_seen", [])]
         self.cpu_seconds.append(result["cpu_seconds"])
         self.wall_seconds.append(result["wall_seconds"])
 
@@ -448,7 +452,8 @@ class CheckLoad:
         self.sampler = threading.Thread(target=sample, daemon=True)
         self.sampler.start()
 
-    def landed(self) -> None:
+    def landed(self, times: dict[str, float]) -> None:
+        self.landed_at = dict(times)
         self.sampler.join(timeout=self.args.seconds + 30)
         for load, generators in self.generators.items():
             self.generated[load] = generators.results(timeout=60)
@@ -583,8 +588,42 @@ class CheckLoad:
                 entry["fcall_ro_usec_per_call"] = round(usec / calls, 2) if calls else 0.0
                 if load == "http" and checks:
                     entry["service_cpu_us_per_check"] = round(self.service_cpu / checks * 1e6, 1)
+            if generated is not None and generated.state_seen:
+                entry.update(self.freshness(load, generated.state_seen))
             out[load] = entry
         return out
+
+    def freshness(self, load: str, seen: list[tuple[int, int]]) -> dict[str, Any]:
+        """How long after a file lands a check sees it: for each file landed in this load's
+        blocks whose newest eventTime is past every earlier file's, from its landing until
+        the first answer whose stateAsOf.eventTime reached it (the progress moves when the
+        batch commits, after its buckets: an upper bound). A file not seen before its block
+        ended is counted apart (the next block's checks are another load's)."""
+        seen.sort()
+        answered = [a for a, _ in seen]
+        reached = list(itertools.accumulate((b for _, b in seen), max))
+        began = min(self.landed_at.values()) if self.landed_at else 0.0
+        lags: list[float] = []
+        unseen, newest_before = 0, -math.inf
+        for path in self.data.files:
+            newest = max(json.loads(line)["eventTime"] for line in path.read_text().splitlines())
+            fresh, newest_before = newest > newest_before, max(newest_before, newest)
+            landed = self.landed_at.get(path.name)
+            if not fresh or landed is None or self.load_of_file(path.name) != load:
+                continue
+            offset = (landed - began) / 1000
+            block_end = next((b for a, b in self.blocks if a <= offset < b), self.blocks[-1][1])
+            i = bisect.bisect_left(reached, newest)
+            if i < len(seen) and answered[i] <= began + block_end * 1000:
+                lags.append(max(0.0, answered[i] - landed))
+            else:
+                unseen += 1
+        return {
+            "seen_after_landing_p50_ms": ms(percentile(lags, 0.5)),
+            "seen_after_landing_p99_ms": ms(percentile(lags, 0.99)),
+            "seen_after_landing_files": len(lags),
+            "not_seen_in_its_block": unseen,
+        }
 
 
 def ratio(a: Any, b: Any) -> float | str:
@@ -667,6 +706,12 @@ def report(result: dict[str, Any]) -> None:
             for command, c in entry["redis_slow_calls"].items()
         )
         print(f"  {name:<9} Redis calls over {SLOW_US / 1000:g} ms: {slow or 'none'}")
+    for name, entry in loads.items():
+        if "seen_after_landing_p50_ms" in entry:
+            print(f"  {name:<9} a landed payment seen by checks after p50 "
+                  f"{entry['seen_after_landing_p50_ms']} / p99 {entry['seen_after_landing_p99_ms']}"
+                  f" ms ({entry['seen_after_landing_files']} files; "
+                  f"{entry['not_seen_in_its_block']} not seen within their block)")  # fmt: skip
     if result["alert_p99_ratio"]:
         print(f"  alert p99 with checks / without: {result['alert_p99_ratio']}")
     ramp = result["ramp"]

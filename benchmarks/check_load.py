@@ -84,6 +84,8 @@ class Lane:
     decisions: Counter[str] = field(default_factory=Counter)
     fired: int = 0
     evaluated: int = 0
+    # (epoch ms answered, stateAsOf.eventTime): how fresh the state each answer rests on is
+    state_seen: list[tuple[int, int]] = field(default_factory=list)
 
 
 Caller = Callable[[Payment, str], dict[str, Any]]
@@ -195,6 +197,9 @@ def run_lane(
         rules = answer.get("rules") or []
         lane.evaluated += len(rules)
         lane.fired += sum(1 for r in rules if r.get("fired"))
+        newest = (answer.get("stateAsOf") or {}).get("eventTime")
+        if newest is not None:
+            lane.state_seen.append((int(time.time() * 1000), int(newest)))
 
 
 def main() -> int:
@@ -277,6 +282,7 @@ def main() -> int:
         "decisions": dict(decisions),
         "fired": sum(lane.fired for lane in lanes),
         "evaluated": sum(lane.evaluated for lane in lanes),
+        "state_seen": [pair for lane in lanes for pair in lane.state_seen],
         "cpu_seconds": cpu,
         "wall_seconds": wall,
     }

@@ -295,6 +295,9 @@ def check_check(figures: Mapping[str, Any]) -> list[str]:
             problems += expect(
                 load.get("rules_fired_per_check", 0) > 0, f"{where}no rule fired in any check"
             )
+            problems += expect(
+                "seen_after_landing_files" in load, f"{where}no freshness (stateAsOf) figures"
+            )
         ramp = run.get("ramp") or {}
         steps = ramp.get("steps") or []
         problems += expect(bool(steps), "no ramp steps")

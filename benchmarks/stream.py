@@ -323,8 +323,8 @@ class DuringRun(Protocol):
     def start(self) -> None:
         """The first file lands as this returns."""
 
-    def landed(self) -> None:
-        """The last file has landed."""
+    def landed(self, times: dict[str, float]) -> None:
+        """The last file has landed; ``times``: each file's landing, epoch ms."""
 
     def stream_stopped(self, client: Any) -> None:
         """The stream is stopped and measured; Redis still holds the state it left."""
@@ -453,7 +453,7 @@ def run_design(
             land(path)
             landed[path.name] = time.time() * 1000
         if during is not None:
-            during.landed()
+            during.landed(landed)
         if lagging is not None:  # the lagged lines of the last files are still to go
             lagged_landed = lagging.finish()
         # Wait for the expected alerts; anything later than this counts as never.

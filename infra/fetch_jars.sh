@@ -62,26 +62,29 @@ for jar in "$jars"/*.jar; do
   [ "$keep" = yes ] || rm -f "$jar"
 done
 
-# The broker: one folder per version, complete once its marker is written.
-kafka_version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$root/infra/kafka/pom.xml")"
-broker="$root/.cache/kafka/$kafka_version"
-if [ ! -f "$broker/.complete" ]; then
+# A pom's runtime dependencies into a folder, once (complete once its marker is written).
+copy_dependencies() { # <pom> <folder> <what, for the log>
+  local pom="$1" folder="$2"
+  [ -f "$folder/.complete" ] && return 0
   need_mvn
-  echo "fetching the Kafka $kafka_version broker into $broker" >&2
-  rm -rf "$broker"
-  mvn -q -B -f "$root/infra/kafka/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$broker/libs" -Dmaven.repo.local="$m2" >&2
-  touch "$broker/.complete"
-fi
+  echo "fetching $3 into $folder" >&2
+  rm -rf "$folder"
+  mvn -q -B -f "$pom" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$folder" -Dmaven.repo.local="$m2" >&2
+  touch "$folder/.complete"
+}
+pom_version() { # <pom> <property>
+  sed -n "s:.*<$2>\(.*\)</$2>.*:\1:p" "$1"
+}
+
+# The broker: one folder per version; its JARs in libs/.
+kafka_version="$(pom_version "$root/infra/kafka/pom.xml" kafka.version)"
+copy_dependencies "$root/infra/kafka/pom.xml" "$root/.cache/kafka/$kafka_version/libs" \
+  "the Kafka $kafka_version broker"
+[ -f "$root/.cache/kafka/$kafka_version/.complete" ] \
+  || touch "$root/.cache/kafka/$kafka_version/.complete"
 
 # The docs' Java examples' client (Jedis), run as written by the docs' tests.
-jedis_version="$(sed -n 's:.*<jedis.version>\(.*\)</jedis.version>.*:\1:p' "$root/infra/examples/pom.xml")"
-examples="$root/.cache/examples/$jedis_version"
-if [ ! -f "$examples/.complete" ]; then
-  need_mvn
-  echo "fetching Jedis $jedis_version for the docs' Java examples into $examples" >&2
-  rm -rf "$examples"
-  mvn -q -B -f "$root/infra/examples/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$examples" -Dmaven.repo.local="$m2" >&2
-  touch "$examples/.complete"
-fi
+jedis_version="$(pom_version "$root/infra/examples/pom.xml" jedis.version)"
+copy_dependencies "$root/infra/examples/pom.xml" "$root/.cache/examples/$jedis_version" \
+  "Jedis $jedis_version for the docs' Java examples"

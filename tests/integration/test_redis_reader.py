@@ -17,6 +17,18 @@ pytestmark = pytest.mark.redis
 EVIL_LIBRARY = "#!lua name=evil\nredis.register_function('e', function() return 1 end)"
 
 
+def reader_of(redis_url: str) -> redis.Redis:
+    """A client of the session's server signed in as the read-only user."""
+    parts = urlsplit(redis_url)
+    return redis.Redis(
+        host=parts.hostname,
+        port=parts.port,
+        username=READER_USER,
+        password=Settings.model_fields["redis_reader_password"].default,
+        decode_responses=True,
+    )
+
+
 def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     owner = redis.Redis.from_url(redis_url, decode_responses=True)
     connection.load_functions(owner)
@@ -26,14 +38,7 @@ def test_the_reader_reads_and_cannot_change_anything(redis_url: str) -> None:
     owner.set(bucket, state)
     owner.hset(keys.rule_entry(901), mapping={"signatureId": "feedc0de", "windowMs": "600000"})
     owner.xadd(keys.alert_stream, {"alert": "{}", "batch": "0"})
-    parts = urlsplit(redis_url)
-    reader = redis.Redis(
-        host=parts.hostname,
-        port=parts.port,
-        username=READER_USER,
-        password=Settings.model_fields["redis_reader_password"].default,
-        decode_responses=True,
-    )
+    reader = reader_of(redis_url)
 
     window = reader.fcall_ro("velocity_window", 1, bucket, "SUM", "600000", "60000",
                              "1767225630000")  # fmt: skip
@@ -79,14 +84,7 @@ def test_the_reader_checks_a_payment_and_cannot_run_the_streams_reads(redis_url:
         '"windowMs":600000,"bucketMs":60000,"cooldownMs":0}'
     )
     owner.hset(keys.check_rules, mapping={"901": rule})
-    parts = urlsplit(redis_url)
-    reader = redis.Redis(
-        host=parts.hostname,
-        port=parts.port,
-        username=READER_USER,
-        password=Settings.model_fields["redis_reader_password"].default,
-        decode_responses=True,
-    )
+    reader = reader_of(redis_url)
     payment = ["transactionId", "tx-1", "eventTime", "1767225630000", "payerId", "p-1",
                "beneficiaryId", "b-1", "paymentAmount", "10", "paymentType", "CRD"]  # fmt: skip
     answer = reader.fcall_ro("velocity_check", 1, keys.check_rules, *payment)

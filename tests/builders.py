@@ -139,6 +139,23 @@ def event_lines(objs: Iterable[Mapping[str, Any]]) -> str:
     return "".join(json_text(obj) + "\n" for obj in objs)
 
 
+def accepted_rows(lines: Sequence[str]) -> pa.Table:
+    """Event lines (one file, one block) parsed and admitted as the stream does: the
+    accepted ones, in arrival order, as events-table columns."""
+    from velocity.engine.event_lines import parsed_in_arrival_order
+    from velocity.spark.ingest import VERDICT_ARROW  # imports pyspark: only when used
+
+    table = pa.table(
+        {
+            "raw": pa.array(list(lines), pa.string()),
+            "source_file": pa.repeat(pa.scalar("f"), len(lines)),
+            "source_block": pa.repeat(pa.scalar(0, pa.int64()), len(lines)),
+        }
+    )
+    parsed = parsed_in_arrival_order(table, VERDICT_ARROW)
+    return parsed.filter(parsed.column("accepted"))
+
+
 def accepted(obj: Mapping[str, Any]) -> Event:
     """The accepted Event of a decoded object; raises ValueError if the schema rejects it."""
     result = parse_event_object(dict(obj))

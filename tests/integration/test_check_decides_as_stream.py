@@ -20,14 +20,13 @@ import pyarrow as pa
 import pytest
 import redis
 
+from tests.builders import accepted_rows
 from velocity.domain.decimals import dumps_json
 from velocity.domain.rules import Rule, parse_rules
-from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.redis import connection, mirror
 from velocity.redis.check import check_payment
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings, load_settings
-from velocity.spark.ingest import VERDICT_ARROW
 from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(600)]
@@ -99,16 +98,7 @@ def random_events(rng: random.Random, count: int, width_ms: int) -> list[dict[st
 
 
 def accepted(events: list[dict[str, object]]) -> pa.Table:
-    lines = [dumps_json(e) for e in events]
-    table = pa.table(
-        {
-            "raw": pa.array(lines, pa.string()),
-            "source_file": pa.repeat(pa.scalar("f"), len(lines)),
-            "source_block": pa.repeat(pa.scalar(0, pa.int64()), len(lines)),
-        }
-    )
-    parsed = parsed_in_arrival_order(table, VERDICT_ARROW)
-    return parsed.filter(parsed.column("accepted"))
+    return accepted_rows([dumps_json(e) for e in events])
 
 
 def stream_decisions(alerts: pa.Table) -> dict[int, tuple[str, int, bool]]:

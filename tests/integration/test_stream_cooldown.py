@@ -16,10 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.builders import generated_in_arrival_order
+from tests.builders import accepted_rows, generated_in_arrival_order
 from velocity.domain.rules import Rule, parse_rules
 from velocity.engine.cooldown import notify
-from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.engine.kernel import decide_history
 from velocity.engine.records import alert_rows
 from velocity.generate import GenerateOptions
@@ -27,7 +26,6 @@ from velocity.redis import connection, mirror
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
 from velocity.spark.evaluate import _ALERT_ARROW
-from velocity.spark.ingest import VERDICT_ARROW
 from velocity.spark.stream_decide import BatchPlan, batch_keyed_rows, decide_batch
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
@@ -46,16 +44,9 @@ def accepted_in_order(folder: Path) -> pa.Table:
     """The generated lines, parsed and admitted as the stream does, in eventTime order (so
     each key's events arrive in order, where the stream equals the complete-data result)."""
     lines = [line for p in sorted(folder.glob("*.jsonl")) for line in p.read_text().splitlines()]
-    table = pa.table(
-        {
-            "raw": pa.array(lines, pa.string()),
-            "source_file": pa.repeat(pa.scalar("f"), len(lines)),
-            "source_block": pa.repeat(pa.scalar(0, pa.int64()), len(lines)),
-        }
+    return accepted_rows(lines).sort_by(
+        [("eventTime", "ascending"), ("transactionId", "ascending")]
     )
-    parsed = parsed_in_arrival_order(table, VERDICT_ARROW)
-    accepted = parsed.filter(parsed.column("accepted"))
-    return accepted.sort_by([("eventTime", "ascending"), ("transactionId", "ascending")])
 
 
 def decided(alerts: pa.Table) -> set[tuple[object, ...]]:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.builders import make_rule
+from tests.builders import accepted_rows, make_rule
 from tests.reference import reference_alerts
 from velocity.analyst.preview import (
     HOUR_MS,
@@ -29,7 +29,6 @@ from velocity.delta.preview_reader import alert_schema
 from velocity.domain.rules import Rule, RuleState
 from velocity.domain.schema import Event, parse_event_line
 from velocity.domain.windows import format_aggregate
-from velocity.engine.event_lines import parsed_in_arrival_order
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions, generate_events
 
@@ -180,17 +179,7 @@ def lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 def _events_table(lines: list[str]) -> pa.Table:
     """The lines as events-table columns, parsed as the stream parses them."""
-    from velocity.spark.ingest import VERDICT_ARROW
-
-    table = pa.table(
-        {
-            "raw": pa.array(lines, pa.string()),
-            "source_file": pa.repeat(pa.scalar("f"), len(lines)),
-            "source_block": pa.repeat(pa.scalar(0, pa.int64()), len(lines)),
-        }
-    )
-    parsed = parsed_in_arrival_order(table, VERDICT_ARROW)
-    return parsed.filter(parsed.column("accepted"))
+    return accepted_rows(lines)
 
 
 def test_decide_span_equals_the_reference_over_all_events_within_the_span(

@@ -60,8 +60,8 @@ from benchmarks.stream import (
     RULES,
     Dataset,
     cpu_seconds,
-    make_dataset,
     percentile,
+    prepared_dataset,
     redis_client,
     redis_cpu,
     redis_service,
@@ -633,12 +633,8 @@ def ratio(a: Any, b: Any) -> float | str:
 
 
 def measure(args: argparse.Namespace, rules: Path, http: str | None) -> dict[str, Any]:
-    named = "" if rules == RULES else f"-{rules.stem}"
-    work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}{named}"
-    work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "gen")}
     began = time.monotonic()
-    data = make_dataset(work, args.rate, args.seconds, args.keys, env, rules)
+    work, data = prepared_dataset(args, rules)
     print(
         f"{rules.name}: {data.events} in-order events in {len(data.files)} files, "
         f"{len(data.expected)} expected alerts (velocity backtest, "

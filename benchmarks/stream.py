@@ -101,6 +101,16 @@ class Dataset:
     payers: dict[str, str] = field(default_factory=dict)  # transactionId -> payerId
 
 
+def prepared_dataset(args: Any, rules: Path) -> tuple[Path, Dataset]:
+    """The work folder of a run's sizes (``args.work_dir``, ``rate``, ``seconds``, ``keys``)
+    and rules, and its dataset (generated and backtested there once)."""
+    named = "" if rules == RULES else f"-{rules.stem}"
+    work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}{named}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "gen")}
+    return work, make_dataset(work, args.rate, args.seconds, args.keys, env, rules)
+
+
 def make_dataset(
     work: Path, rate: int, seconds: int, keys: int, env: dict[str, str], rules: Path = RULES
 ) -> Dataset:
@@ -865,12 +875,8 @@ def main() -> int:
         )
 
     rules = Path(args.rules).resolve()
-    named = "" if rules == RULES else f"-{rules.stem}"
-    work = Path(args.work_dir) / f"r{args.rate}-s{args.seconds}-k{args.keys}{named}"
-    work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "VELOCITY_DATA_DIR": str(work / "gen")}
     began = time.monotonic()
-    data = make_dataset(work, args.rate, args.seconds, args.keys, env, rules)
+    work, data = prepared_dataset(args, rules)
     print(
         f"{data.events} in-order events in {len(data.files)} files ({args.rate}/s for "
         f"{args.seconds} s, {args.keys} payers, {rules.name}); {len(data.expected)} expected "

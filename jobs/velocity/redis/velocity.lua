@@ -815,7 +815,9 @@ end
 local function check_notified(rule, event, state)
   local field, last = "n:" .. ms_text(rule.ruleId) .. ":" .. ms_text(rule.ruleVersion), nil
   if state.layout == "packed" then
-    last = packed_fields(state.text)[field]
+    -- Parsed once a key, however many of its rules have a cooldown.
+    state.fields = state.fields or packed_fields(state.text)
+    last = state.fields[field]
   elseif state.layout == "dense" then
     last = redis.call("HGET", dense_of(state.name), field)
   end

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,82 @@ def test_a_case_events_table_of_an_older_velocity_gains_the_outcome_column(
     assert "outcome" in DeltaTable(path).schema().to_arrow().names
     (case,) = store.cases().values()
     assert (case.alerts, case.outcome.value) == (2, "BLOCK")
+
+
+def test_the_cli_takes_a_case_s_short_id_prints_iso_times_and_alerts_in_time_order(
+    tmp_path: Path,
+) -> None:
+    """`velocity cases` as the docs show it: a case named by the start of its id (`8c1f…`),
+    times as ISO-8601 UTC in text (epoch ms in JSON), a case's alerts by their payment's
+    eventTime, then ruleId, whatever order they were decided in."""
+    from velocity.analyst.cases import case_id, case_key_text
+
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    # p2's first alert named so that its case id starts like p1's: a prefix of one
+    # character is then ambiguous.
+    p1_id = case_id(case_key_text("payerId", "p1"), "a1")
+    p2_first = next(
+        f"b{n}"
+        for n in range(1000)
+        if case_id(case_key_text("payerId", "p2"), f"b{n}")[0] == p1_id[0]
+    )
+    # Decided a1, a2, a3 (decisionTime NOW, +1, +2); their payments: t2 a minute before t1.
+    alerts, events = group(
+        [
+            ("a1", 7, "t1", "p1"),
+            ("a2", 4, "t1", "p1"),
+            ("a3", 5, "t2", "p1"),
+            (p2_first, 4, "t3", "p2"),
+        ]
+    )
+    paid = {"t1": NOW - 1_000, "t2": NOW - 61_000, "t3": NOW}
+    event_times = pa.array([paid[tx] for tx in alerts["transactionId"].to_pylist()], pa.int64())
+    alerts = alerts.set_column(alerts.schema.get_field_index("eventTime"), "eventTime", event_times)
+    gathered = store.gather_alerts(alerts, events, batch=1)
+    write_deltalake(str(settings.table_path(ALERTS)), gathered)
+    p2_id = case_id(case_key_text("payerId", "p2"), p2_first)
+    assert set(gathered["caseId"].to_pylist()) == {p1_id, p2_id}
+
+    listed = cases(settings.data_dir, "list")
+    assert listed.returncode == 0, listed.stderr
+    p1_line = next(line for line in listed.stdout.splitlines() if line.startswith(p1_id))
+    assert p1_line.endswith("latest alert 2026-01-01T00:00:00.002Z"), p1_line
+    as_json = [
+        json.loads(x) for x in cases(settings.data_dir, "list", "--json").stdout.splitlines()
+    ]
+    assert {c["caseId"]: c["latestAlertAt"] for c in as_json}[p1_id] == NOW + 2  # epoch ms
+
+    # The docs' shortened form, and the plain start, name the case as its whole id does.
+    unique = next(n for n in range(4, len(p1_id)) if not p2_id.startswith(p1_id[:n]))
+    short = p1_id[:unique]
+    shown = cases(settings.data_dir, "show", f"{short}…")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == cases(settings.data_dir, "show", p1_id).stdout
+    lines = shown.stdout.splitlines()
+    alert_lines = [words for words in map(str.split, lines[1:]) if words[1] == "alert"]
+    # (eventTime, ruleId): t2's rule 5 a minute before t1's rules 4 and 7.
+    assert [(words[0], words[2], words[5]) for words in alert_lines] == [
+        ("2025-12-31T23:58:59.000Z", "a3", "5"),
+        ("2025-12-31T23:59:59.000Z", "a2", "4"),
+        ("2025-12-31T23:59:59.000Z", "a1", "7"),
+    ], shown.stdout
+    opened = next(line for line in lines if " opened by " in line)
+    assert re.match(r"  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z opened by velocity-stream", opened)
+    records = json.loads(cases(settings.data_dir, "show", short, "--json").stdout)["alertRecords"]
+    assert [(r["alertId"], r["eventTime"]) for r in records] == [
+        ("a3", NOW - 61_000), ("a2", NOW - 1_000), ("a1", NOW - 1_000),
+    ]  # fmt: skip
+
+    assigned = cases(settings.data_dir, "assign", f"{short}...", "bo", "--who", "ana")
+    assert assigned.returncode == 0 and assigned.stdout.startswith(p1_id), assigned.stderr
+    # One character is the start of both ids: exit 2, naming both; an unknown start alike.
+    ambiguous = cases(settings.data_dir, "close", f"{p1_id[0]}…", "false positive")
+    assert ambiguous.returncode == 2, ambiguous
+    assert f"'{p1_id[0]}' starts 2 case ids" in ambiguous.stderr
+    assert p1_id in ambiguous.stderr and p2_id in ambiguous.stderr
+    assert "payerId=p1 assigned" in ambiguous.stderr and "payerId=p2 open" in ambiguous.stderr
+    unknown = cases(settings.data_dir, "reopen", "zzzz…")
+    assert unknown.returncode == 2 and "no case id starts with 'zzzz'" in unknown.stderr
+    closed = cases(settings.data_dir, "close", p2_id[: unique + 4], "false positive")
+    assert closed.returncode == 0 and closed.stdout.startswith(p2_id), closed.stderr

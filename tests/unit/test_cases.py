@@ -222,3 +222,31 @@ def test_a_case_book_fed_file_by_file_equals_the_fold_of_every_event(steps) -> N
     assert book.cases.keys() == whole.keys()
     for case_id, case in whole.items():
         assert book.cases[case_id].to_json(history=True) == case.to_json(history=True)
+
+
+def test_a_case_is_named_by_its_id_or_a_unique_start_as_the_docs_shorten_it() -> None:
+    from dataclasses import replace
+
+    from velocity.analyst.cases import Case, resolve_case_id
+    from velocity.errors import UsageError
+
+    ids = ["8c1f0b7e-aaaa", "8c1f9d22-bbbb", "3e07c4a1-cccc"]
+    cases = {i: Case(i, P1 if n else P2) for n, i in enumerate(ids)}
+    cases[ids[1]] = replace(cases[ids[1]], status=CaseStatus.CLOSED)
+    for written in ("3e07c4a1-cccc", "3e07", "3e07…", "3e07...", "3E07", " 3e07… "):
+        assert resolve_case_id(written, cases, "/data") == "3e07c4a1-cccc", written
+    assert resolve_case_id("8c1f0…", cases, "/data") == "8c1f0b7e-aaaa"
+    # Ambiguous: every candidate named, with its key and status; unknown: where it looked.
+    with pytest.raises(UsageError) as ambiguous:
+        resolve_case_id("8c1f…", cases, "/data")
+    message = str(ambiguous.value)
+    assert "'8c1f' starts 2 case ids" in message and "give more of the id" in message
+    assert "8c1f0b7e-aaaa (payerId=p2 open)" in message
+    assert "8c1f9d22-bbbb (payerId=p1 closed)" in message
+    with pytest.raises(UsageError, match=r"no case id starts with 'ffff' under /data"):
+        resolve_case_id("ffff", cases, "/data")
+    with pytest.raises(UsageError, match="empty"):
+        resolve_case_id("…", cases, "/data")
+    many = {f"ab{n:02d}": Case(f"ab{n:02d}", P1) for n in range(12)}
+    with pytest.raises(UsageError, match=r"starts 12 case ids: ab00 .* and 2 more;"):
+        resolve_case_id("ab", many, "/data")

@@ -30,7 +30,7 @@ from typing import Any
 from velocity.analyst.reviews import NOTE_MAX, WHO_MAX, Verdict, parse_verdict
 from velocity.domain.decimals import format_decimal
 from velocity.domain.rules import Outcome
-from velocity.errors import InvalidFieldError
+from velocity.errors import InvalidFieldError, UsageError
 
 _CASE_NAMESPACE = uuid.UUID("5f1d7c2e-9a43-4c1b-8e0f-6b2d3a9c4e71")
 STREAM_ACTOR = "velocity-stream"
@@ -177,6 +177,50 @@ def case_key_text(field_name: str, value: str) -> str:
 
 def case_id(key_text: str, first_alert_id: str) -> str:
     return str(uuid.uuid5(_CASE_NAMESPACE, f"{key_text}|{first_alert_id}"))
+
+
+# A shortened id as people write it (the docs' `8c1f…`): its start, then an ellipsis.
+_ELLIPSES = ("…", "...")
+# Candidates an ambiguous prefix's error names, at most.
+_CANDIDATES_NAMED = 10
+
+
+def resolve_case_id(given: str, cases: Mapping[str, Case], where: object) -> str:
+    """The id of the one case of ``cases`` whose id is ``given`` or starts with it (any
+    case; a trailing ``…`` or ``...`` ignored, as the docs shorten ids). Raises
+    ``UsageError`` naming the candidates when none or several match; ``where`` (the data
+    dir) goes into the message."""
+    prefix = given.strip()
+    for ellipsis in _ELLIPSES:
+        prefix = prefix.removesuffix(ellipsis)
+    prefix = prefix.lower()
+    if given in cases:
+        return given
+    if not prefix:
+        raise UsageError(f"case id {given!r} is empty; give a case id or its start (8c1f…)")
+    matches = sorted(c for c in cases if c.lower().startswith(prefix))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(
+            f"no case id starts with {prefix!r} under {where}; `velocity cases list` shows "
+            "the cases and their ids"
+        )
+    named = ", ".join(
+        f"{c} ({','.join(f'{k}={v}' for k, v in cases[c].key.items())} {cases[c].status.value})"
+        for c in matches[:_CANDIDATES_NAMED]
+    )
+    more = (
+        f" and {len(matches) - _CANDIDATES_NAMED} more" if len(matches) > _CANDIDATES_NAMED else ""
+    )
+    raise UsageError(
+        f"{prefix!r} starts {len(matches)} case ids: {named}{more}; give more of the id"
+    )
+
+
+# A case's alerts in time order: by their payment's eventTime, then ruleId (then rule
+# version, transactionId and alertId, so the order is total): the columns to sort by.
+ALERT_TIME_ORDER = ("eventTime", "ruleId", "ruleVersion", "transactionId", "alertId")
 
 
 def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:

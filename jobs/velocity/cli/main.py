@@ -162,25 +162,32 @@ def _add_cases(sub: _Commands) -> None:
         type=str.lower,
         help="newest activity first, or strongest outcome first (BLOCK, REVIEW, ALERT)",
     )
-    cases_list.add_argument("--json", action="store_true", help="one JSON object a line")
+    cases_list.add_argument(
+        "--json", action="store_true", help="one JSON object a line (times in epoch ms)"
+    )
     cases_list.set_defaults(run=LazyHandler("cases", "list_cases"))
-    cases_show = cases_sub.add_parser("show", help="a case: its alerts and its history")
-    cases_show.add_argument("case_id")
-    cases_show.add_argument("--json", action="store_true")
+    case_id_help = "the case's id, or a unique start of it (8c1f, 8c1f…)"
+    cases_show = cases_sub.add_parser(
+        "show", help="a case: its alerts in time order and its history"
+    )
+    cases_show.add_argument("case_id", help=case_id_help)
+    cases_show.add_argument(
+        "--json", action="store_true", help="one JSON object (times in epoch ms)"
+    )
     cases_show.set_defaults(run=LazyHandler("cases", "show"))
     cases_assign = cases_sub.add_parser("assign", help="assign a case to someone")
-    cases_assign.add_argument("case_id")
+    cases_assign.add_argument("case_id", help=case_id_help)
     cases_assign.add_argument("assignee")
     cases_close = cases_sub.add_parser(
         "close", help="close a case with a verdict, which reviews each of its alerts"
     )
-    cases_close.add_argument("case_id")
+    cases_close.add_argument("case_id", help=case_id_help)
     cases_close.add_argument(
         "verdict", help="CONFIRMED_FRAUD, FALSE_POSITIVE or NEEDS_REVIEW (any case)"
     )
     cases_close.add_argument("--note", default=None)
     cases_reopen = cases_sub.add_parser("reopen", help="reopen a closed case")
-    cases_reopen.add_argument("case_id")
+    cases_reopen.add_argument("case_id", help=case_id_help)
     for change_parser, run in (
         (cases_assign, LazyHandler("cases", "assign")),
         (cases_close, LazyHandler("cases", "close")),

@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 
 from velocity.analyst.case_queue import CaseCursor, CaseSort
 from velocity.analyst.cases import (
+    ALERT_TIME_ORDER,
     Case,
     CaseAlert,
     CaseBook,
@@ -37,6 +38,7 @@ from velocity.analyst.cases import (
     case_key_text,
     fold_cases,
     person_event,
+    resolve_case_id,
     stream_case_events,
 )
 from velocity.analyst.reviews import AlertRef
@@ -126,6 +128,11 @@ class CaseStore:
         if found is None:
             raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
         return found
+
+    def resolve(self, given: str) -> str:
+        """The id of the one case whose id is ``given`` or starts with it (``8c1f``,
+        ``8c1f…``: ``resolve_case_id``); a ``UsageError`` naming the candidates else."""
+        return resolve_case_id(given, self.cases(), self.settings.data_dir)
 
     # --- the stream's write-behind -----------------------------------------------------
 
@@ -246,12 +253,13 @@ class CaseStore:
     # --- a case's alerts ----------------------------------------------------------------
 
     def alerts(self, case_id: str) -> pa.Table:
-        """The alerts table's rows of the case, by decisionTime."""
+        """The alerts table's rows of the case in time order (``ALERT_TIME_ORDER``: by
+        eventTime, then ruleId)."""
         table = open_table(self.settings.table_path(ALERTS))
         if table is None:
             return pa.table({})
         rows = table.to_pyarrow_dataset().to_table(filter=pc.field("caseId") == case_id)
-        return rows.sort_by([("decisionTime", "ascending"), ("alertId", "ascending")])
+        return rows.sort_by([(name, "ascending") for name in ALERT_TIME_ORDER])
 
     def alert_refs(self, case_id: str) -> list[AlertRef]:
         rows = self.alerts(case_id)

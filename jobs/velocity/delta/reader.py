@@ -439,7 +439,7 @@ def rule_rates(
 
 def case_alerts(settings: Settings, case_id: str) -> list[dict[str, Any]]:
     """The case's alerts in the alerts table as SPEC §4 records (``suppressed`` when so),
-    by decisionTime; empty before the stream has written any."""
+    in time order (by eventTime, then ruleId); empty before the stream has written any."""
     rows = CaseStore(settings).alerts(case_id)
     if rows.num_rows == 0:
         return []

@@ -1,5 +1,9 @@
 """`velocity cases …`: list, show, assign, close and reopen cases (the alerts of a case key,
-worked as one)."""
+worked as one).
+
+Text output gives times as ISO-8601 UTC (``2026-11-28T10:15:02.123Z``); ``--json`` keeps
+them as epoch milliseconds. A case is named by its id or any unique start of it (``8c1f``,
+``8c1f…``: ``CaseStore.resolve``)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 from velocity.cli.shared import EXIT_OK, settings_from
 from velocity.domain.decimals import dumps_json
+from velocity.domain.times import iso_utc
 from velocity.settings import Settings
 
 
@@ -26,7 +31,7 @@ def _case_line(case: Any) -> str:
     return (
         f"{case.case_id}  {case.outcome.value}  {case.status.value}{who}{verdict}  {key}  "
         f"{case.alerts} alerts ({rules})  amount {case.amount}  latest alert "
-        f"{case.latest_alert_at}"
+        f"{iso_utc(case.latest_alert_at)}"
     )
 
 
@@ -47,8 +52,9 @@ def show(args: argparse.Namespace) -> int:
     from velocity.domain.alerts import record_of_stored
 
     store = _case_store(settings_from(args))
-    case = store.case(args.case_id)
-    alerts = [record_of_stored(r) for r in store.alerts(args.case_id).to_pylist()]
+    case_id = store.resolve(args.case_id)
+    case = store.case(case_id)
+    alerts = [record_of_stored(r) for r in store.alerts(case_id).to_pylist()]  # time order
     if args.json:
         print(dumps_json({**case.to_json(history=True), "alertRecords": alerts}))
         return EXIT_OK
@@ -56,15 +62,18 @@ def show(args: argparse.Namespace) -> int:
     for alert in alerts:
         flag = " (suppressed)" if alert.get("suppressed") else ""
         print(
-            f"  alert {alert['alertId']} {alert['outcome']} rule {alert['ruleId']} "
-            f"v{alert['ruleVersion']} tx {alert['transactionId']} "
+            f"  {iso_utc(alert['eventTime'])} alert {alert['alertId']} {alert['outcome']} "
+            f"rule {alert['ruleId']} v{alert['ruleVersion']} tx {alert['transactionId']} "
             f"{alert['aggregatorFunctionType']} "
             f"{alert['aggregateValue']} {alert['limitOperatorType']} {alert['limit']}{flag}"
         )
     for event in case.history:
         detail = event.assignee or (event.verdict.words if event.verdict else "") or ""
         alerts_part = f" {event.alerts} alerts" if event.alerts else ""
-        print(f"  {event.at} {event.event.value} by {event.who}{alerts_part} {detail}".rstrip())
+        print(
+            f"  {iso_utc(event.at)} {event.event.value} by {event.who}{alerts_part} "
+            f"{detail}".rstrip()
+        )
     return EXIT_OK
 
 
@@ -73,20 +82,22 @@ def _who(args: argparse.Namespace) -> str:
 
 
 def assign(args: argparse.Namespace) -> int:
-    case = _case_store(settings_from(args)).assign(args.case_id, args.assignee, _who(args))
+    store = _case_store(settings_from(args))
+    case = store.assign(store.resolve(args.case_id), args.assignee, _who(args))
     print(_case_line(case))
     return EXIT_OK
 
 
 def close(args: argparse.Namespace) -> int:
     store = _case_store(settings_from(args))
-    case = store.close(args.case_id, args.verdict, args.note, _who(args))
+    case = store.close(store.resolve(args.case_id), args.verdict, args.note, _who(args))
     print(_case_line(case))
     print(f"{case.alerts} alerts reviewed as {case.verdict.words}")
     return EXIT_OK
 
 
 def reopen(args: argparse.Namespace) -> int:
-    case = _case_store(settings_from(args)).reopen(args.case_id, _who(args))
+    store = _case_store(settings_from(args))
+    case = store.reopen(store.resolve(args.case_id), _who(args))
     print(_case_line(case))
     return EXIT_OK

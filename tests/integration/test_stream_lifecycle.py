@@ -33,6 +33,7 @@ from velocity.delta import tables
 from velocity.delta.live import LiveTables
 from velocity.generate import DEFAULT_START_MS, GenerateOptions, generate_events
 from velocity.operating import stream_control
+from velocity.operating.health import LastCommit
 from velocity.settings import Settings
 
 VELOCITY = str(Path(sys.executable).parent / "velocity")
@@ -216,7 +217,15 @@ def test_status_stop_kill_and_resume_through_the_cli(
     assert applied.returncode == 0, applied
 
     # --- second run: resumes from the checkpoint, then stops on request ---------------------
+    committed = stream_control.last_commit(stream_control.checkpoint_dir(data_dir))
+    assert committed is not None
     with stream_process(env, events, tmp_path / "run2.log") as second:
+        # While Spark starts: "starting" on a data dir that ran before, and what it ran.
+        wait_for("second run's start", lambda: status().get("pid") == second.pid, 120, second)
+        code, health = health_of(env)
+        assert (code, health["verdict"], health["state"]) == (0, "starting", "STARTING"), health
+        assert f"last committed batch {committed.batch} at " in health["reason"], health
+        assert "before this run" in health["reason"] and "no batch yet" in health["reason"]
         wait_for(
             "second run's status",
             lambda: status().get("pid") == second.pid and status().get("state") == "RUNNING",
@@ -293,6 +302,8 @@ def test_status_stop_kill_and_resume_through_the_cli(
     assert not stream_control.stop_request_path(data_dir).exists()
     code, health = health_of(env)
     assert (code, health["verdict"]) == (1, "stopped"), health
+    assert health["lastCommittedBatch"] >= final["batch"] > committed.batch, health
+    assert f"; last committed batch {health['lastCommittedBatch']} at " in health["reason"]
 
     # Every event counted once across the kill and the restart.
     spark = request.getfixturevalue("spark")
@@ -306,6 +317,62 @@ def test_stream_status_without_a_status_file_is_not_running(tmp_path: Path) -> N
     env = {**os.environ, "VELOCITY_DATA_DIR": str(tmp_path / "data")}
     code, health = health_of(env)
     assert (code, health["verdict"], health["healthy"]) == (1, "absent", False)
+    assert f"never ran with data dir {tmp_path / 'data'}" in health["reason"], health
+
+
+def commit_log(data_dir: Path, batches: range, at_s: float) -> None:
+    """Spark's commit log in the stream's checkpoint: ``commits/<batch>`` and its .crc."""
+    log_dir = stream_control.checkpoint_dir(data_dir) / "commits"
+    log_dir.mkdir(parents=True)
+    for batch in batches:
+        (log_dir / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        (log_dir / f".{batch}.crc").write_bytes(b"crc")
+        os.utime(log_dir / str(batch), (at_s + batch, at_s + batch))
+
+
+@pytest.mark.timeout(60)
+def test_last_commit_is_the_newest_batch_of_the_checkpoint_s_commit_log(tmp_path: Path) -> None:
+    assert stream_control.last_commit(tmp_path / "none") is None
+    (tmp_path / "empty" / "commits").mkdir(parents=True)
+    assert stream_control.last_commit(tmp_path / "empty") is None
+    commit_log(tmp_path, range(8, 12), 1_767_225_000.0)
+    checkpoint = stream_control.checkpoint_dir(tmp_path)
+    assert stream_control.last_commit(checkpoint) == LastCommit(11, 1_767_225_011_000)
+
+
+@pytest.mark.timeout(60)
+def test_stream_status_with_a_checkpoint_and_no_status_file_says_a_stream_ran_there(
+    tmp_path: Path,
+) -> None:
+    """A data dir a stream ran in without `velocity stream` (a benchmark running StreamJob)
+    or whose status file was deleted: not "never ran"; its last batch and when."""
+    data_dir = tmp_path / "data"
+    commit_log(data_dir, range(3), 1_767_225_600.0)
+    code, health = health_of({**os.environ, "VELOCITY_DATA_DIR": str(data_dir)})
+    assert (code, health["verdict"], health["lastCommittedBatch"]) == (1, "absent", 2), health
+    assert "never ran" not in health["reason"]
+    assert f"no status file with data dir {data_dir}" in health["reason"]
+    assert "last committed batch 2 at 2026-01-01T00:00:02.000Z" in health["reason"]
+
+
+@pytest.mark.timeout(60)
+def test_a_start_keeps_its_heartbeat_until_its_query_runs(tmp_path: Path) -> None:
+    """Spark's start can outlast the staleness on a busy machine; no listener event comes
+    before the query starts, so the start beats by itself: starting, never stalled."""
+    status = stream_control.StreamStatus(tmp_path, tmp_path / "events", stream_control.now_ms())
+    status.starting()
+    first = stream_control.read_status(tmp_path)
+    assert first is not None and first["state"] == "STARTING"
+    beat = status.beat_while_starting(0.05)
+    poll_until(
+        "a heartbeat while starting",
+        lambda: (stream_control.read_status(tmp_path) or {})["updatedAt"] > first["updatedAt"],
+        10,
+    )
+    status.running("q-1", "r-1")
+    beat.join(timeout=10)
+    assert not beat.is_alive()
+    assert (stream_control.read_status(tmp_path) or {})["state"] == "RUNNING"
 
 
 def test_stream_stop_with_no_stream_exits_0_and_writes_nothing(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from velocity.operating.health import LIVE_STATES, stream_health
+from velocity.operating.health import LIVE_STATES, LastCommit, stream_health
 
 NOW = 1_767_225_600_000
 STALE = 120_000
@@ -251,3 +251,73 @@ def test_a_kafka_stream_states_its_consumer_lag_not_files_waiting() -> None:
     assert stream_health(status_obj(backlogFiles=None), NOW, STALE).reason.endswith(
         "? files waiting"
     )
+
+
+# --- what the checkpoint says of earlier runs (issue 51: "absent" while a stream started) ---
+
+EARLIER = LastCommit(batch=41, at=NOW - 3_600_000)  # 2025-12-31T23:00:00.000Z
+
+
+def test_no_status_file_and_nothing_committed_never_ran_and_names_the_data_dir() -> None:
+    health = stream_health(None, NOW, STALE, data_dir="/srv/velocity")
+    assert (health.healthy, health.verdict) == (False, "absent")
+    assert "never ran with data dir /srv/velocity" in health.reason
+    assert (health.lastCommittedBatch, health.lastCommittedAt) == (None, None)
+
+
+def test_no_status_file_beside_a_checkpoint_says_a_stream_ran_there_and_when() -> None:
+    health = stream_health(None, NOW, STALE, last_commit=EARLIER, data_dir="/srv/velocity")
+    assert (health.healthy, health.verdict) == (False, "absent")
+    assert "never ran" not in health.reason and "not running" not in health.reason
+    assert "last committed batch 41 at 2025-12-31T23:00:00.000Z" in health.reason
+    assert "may run now" not in health.reason
+    assert (health.lastCommittedBatch, health.lastCommittedAt) == (41, EARLIER.at)
+    # A commit younger than the staleness: a stream without a status file may run now.
+    recent = stream_health(None, NOW, STALE, last_commit=LastCommit(7, NOW - 3_000))
+    assert "it committed 3 s ago, so it may run now" in recent.reason
+
+
+def test_a_stream_starting_where_one_ran_before_is_starting_and_says_what_ran() -> None:
+    status = status_obj(
+        state="STARTING", startedAt=NOW - 20_000, updatedAt=NOW - 1_000, batch=None,
+        batchFinishedAt=None, batchesThisRun=0,
+    )  # fmt: skip
+    health = stream_health(status, NOW, STALE, local_host=HOST, pid_alive=alive,
+                           last_commit=EARLIER)  # fmt: skip
+    assert (health.healthy, health.verdict) == (True, "starting")
+    assert f"pid {PID} on {HOST} since 2025-12-31T23:59:40.000Z" in health.reason
+    assert "no batch yet this run" in health.reason
+    assert "last committed batch 41 at 2025-12-31T23:00:00.000Z, before this run" in health.reason
+    first = stream_health(status, NOW, STALE)
+    assert "no batch committed in its checkpoint yet" in first.reason
+    # Its query runs, no batch with data yet: the same history.
+    running = stream_health({**status, "state": "RUNNING"}, NOW, STALE, last_commit=EARLIER)
+    assert (running.verdict, running.lastCommittedBatch) == ("running", 41)
+    assert "no batch with data yet (last committed batch 41 at" in running.reason
+
+
+def test_a_start_with_no_heartbeat_for_longer_than_stale_is_stalled_and_says_so() -> None:
+    status = status_obj(state="STARTING", updatedAt=NOW - 3 * STALE)
+    health = stream_health(status, NOW, STALE)
+    assert health.verdict == "stalled" and "no heartbeat while starting for 360 s" in health.reason
+
+
+def test_stopped_and_failed_say_when_and_the_last_committed_batch() -> None:
+    stopped = stream_health(
+        status_obj(state="STOPPED", stopReason="the demo ended", stoppedAt=NOW - 60_000),
+        NOW,
+        STALE,
+        last_commit=LastCommit(1469, NOW - 61_000),
+    )
+    assert stopped.verdict == "stopped"
+    assert stopped.reason == (
+        "not running: STOPPED at 2025-12-31T23:59:00.000Z (the demo ended); "
+        "last committed batch 1469 at 2025-12-31T23:58:59.000Z"
+    )
+    failed = stream_health(
+        status_obj(state="FAILED", error="Delta table gone"), NOW, STALE, last_commit=EARLIER
+    )
+    assert "Delta table gone; last committed batch 41 at" in failed.reason
+    # A hand-edited time past any calendar is shown as it is, never raised on.
+    odd = stream_health(status_obj(state="STOPPED", stoppedAt=10**20), NOW, STALE)
+    assert f"at {10**20} (epoch ms)" in odd.reason

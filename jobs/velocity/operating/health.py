@@ -6,7 +6,10 @@ The clock and the process check are parameters, so every rule is testable.
 
 Verdicts, in the order they are decided:
 
-- ``absent``   no status file: the stream never ran with this data dir;
+- ``absent``   no status file. The checkpoint tells the rest: nothing committed, the
+               stream never ran with this data dir; else a stream ran here (its last
+               committed batch and when are stated) that keeps no status file (a program
+               running ``StreamJob`` itself, as benchmarks do), or the file was deleted;
 - ``stopped``  the stream ended cleanly (stop request, --duration, available-now);
 - ``failed``   the query ended with an error (the status carries it);
 - ``dead``     STARTING/RUNNING, but its process is gone (only checkable on its host);
@@ -16,6 +19,11 @@ Verdicts, in the order they are decided:
 
 Only ``starting`` and ``running`` are healthy. A scheduler restarts on ``dead``,
 ``stalled`` and ``failed``; ``stopped`` was asked for, so whether to restart it is policy.
+
+Every reason that is not about a live run's batches states what the checkpoint holds (the
+last committed batch and when, from any run; ``LastCommit``), so a stream starting on a data
+dir that ran before reads "starting …, no batch yet this run; last committed batch 41 at
+2026-11-28T10:15:02.123Z, before this run", and one that never ran says so.
 """
 
 from __future__ import annotations
@@ -25,9 +33,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from velocity.domain.times import iso_utc
+
 STARTING, RUNNING, STOPPED, FAILED = "STARTING", "RUNNING", "STOPPED", "FAILED"
 STATES = (STARTING, RUNNING, STOPPED, FAILED)
 LIVE_STATES = (STARTING, RUNNING)
+# What refreshes the heartbeat of a live stream: while it starts, its own beat (no query
+# yet, so no listener event); once its query runs, every progress or idle event.
+_BEAT = {STARTING: "heartbeat while starting", RUNNING: "progress event"}
+
+
+@dataclass(frozen=True)
+class LastCommit:
+    """The newest micro-batch the stream's checkpoint holds as committed, of any run: its
+    id and when its commit was written (epoch ms)."""
+
+    batch: int
+    at: int
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,9 @@ class Health:
     error: str | None = None
     # The last batches' accepted events, and how many were late or out of order.
     recentArrivals: dict[str, int] | None = None
+    # The checkpoint's newest committed batch, of any run, and when it committed.
+    lastCommittedBatch: int | None = None
+    lastCommittedAt: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +118,22 @@ def _seconds(ms: int | None) -> str:
     return "?" if ms is None else f"{ms / 1000:.0f} s"
 
 
+def _when(ms: int) -> str:
+    """``ms`` as ISO-8601 UTC; a hand-edited file's time out of any calendar as itself."""
+    try:
+        return iso_utc(ms)
+    except (OverflowError, ValueError, OSError):
+        return f"{ms} (epoch ms)"
+
+
+def _committed(last: LastCommit | None, started: int | None = None) -> str:
+    """``last committed batch 41 at 2026-11-28T10:15:02.123Z[, before this run]``."""
+    if last is None:
+        return "no batch committed in its checkpoint yet"
+    before = ", before this run" if started is not None and last.at < started else ""
+    return f"last committed batch {last.batch} at {_when(last.at)}{before}"
+
+
 def stream_health(
     status: Mapping[str, Any] | None,
     now_ms: int,
@@ -100,22 +141,44 @@ def stream_health(
     *,
     local_host: str | None = None,
     pid_alive: Callable[[int], bool] | None = None,
+    last_commit: LastCommit | None = None,
+    data_dir: object = None,
 ) -> Health:
     """The verdict on one reading of the status file at ``now_ms``.
 
     ``local_host`` and ``pid_alive`` let a checker on the stream's own host call a
     SIGKILLed stream dead at once (its file still says RUNNING); without them, or on
     another host, a dead stream shows as ``stalled`` once its heartbeat is
-    ``stale_after_ms`` old. Never raises on odd content: a missing figure is None.
+    ``stale_after_ms`` old. ``last_commit``: what the checkpoint holds (None: nothing
+    committed); ``data_dir``, named in the reasons. Never raises on odd content: a missing
+    figure is None.
     """
+    here = "" if data_dir is None else f" with data dir {data_dir}"
+    committed: dict[str, Any] = {
+        "lastCommittedBatch": None if last_commit is None else last_commit.batch,
+        "lastCommittedAt": None if last_commit is None else last_commit.at,
+    }
     if status is None:
-        return Health(
-            healthy=False,
-            verdict="absent",
-            reason="not running: no status file (the stream has not run with this data dir; "
-            "`velocity stream --events DIR` starts it)",
-            checkedAt=now_ms,
-        )
+        if last_commit is None:
+            reason = (
+                f"not running: the stream never ran{here} (no status file, nothing committed "
+                "in its checkpoint); `velocity stream --events DIR` (or --source kafka) "
+                "starts it"
+            )
+        else:
+            age = now_ms - last_commit.at
+            recent = (
+                f"; it committed {_seconds(age)} ago, so it may run now"
+                if age <= stale_after_ms
+                else ""
+            )
+            reason = (
+                f"no status file{here}, but its checkpoint shows a stream ran here "
+                f"({_committed(last_commit)}): one run other than by `velocity stream` (a "
+                "program running StreamJob itself, as benchmarks do), which keeps no status "
+                f"file, or the file was deleted; whether one runs now cannot be told{recent}"
+            )
+        return Health(healthy=False, verdict="absent", reason=reason, checkedAt=now_ms, **committed)
     state = status.get("state")
     updated = _int(status, "updatedAt")
     finished = _int(status, "batchFinishedAt")
@@ -150,21 +213,28 @@ def stream_health(
         "runId": status.get("runId") if isinstance(status.get("runId"), str) else None,
         "error": error,
         "recentArrivals": _arrivals(status),
+        **committed,
     }
 
     def verdict(healthy: bool, name: str, reason: str) -> Health:
         return Health(healthy=healthy, verdict=name, reason=reason, **figures)
 
+    stopped_at = _int(status, "stoppedAt")
+    ended = "" if stopped_at is None else f" at {_when(stopped_at)}"
     if state == STOPPED:
         why = status.get("stopReason") or "stopped"
         suffix = f"; error: {error}" if error else ""
-        return verdict(False, "stopped", f"not running: STOPPED ({why}){suffix}")
+        return verdict(
+            False,
+            "stopped",
+            f"not running: STOPPED{ended} ({why}){suffix}; {_committed(last_commit)}",
+        )
     if state == FAILED:
         return verdict(
             False,
             "failed",
-            f"not running: FAILED: {error or 'no error recorded'}; `velocity stream` "
-            "restarts it from its checkpoint",
+            f"not running: FAILED{ended}: {error or 'no error recorded'}; "
+            f"{_committed(last_commit)}; `velocity stream` restarts it from its checkpoint",
         )
     if state not in LIVE_STATES:
         return verdict(
@@ -182,13 +252,13 @@ def stream_health(
             False,
             "dead",
             f"dead: status says {state} but {where} is gone (killed?); "
-            "`velocity stream` restarts it from its checkpoint",
+            f"{_committed(last_commit)}; `velocity stream` restarts it from its checkpoint",
         )
     if heartbeat_age is None or heartbeat_age > stale_after_ms:
         return verdict(
             False,
             "stalled",
-            f"stalled or dead: {state} with no progress event for {_seconds(heartbeat_age)} "
+            f"stalled or dead: {state} with no {_BEAT[state]} for {_seconds(heartbeat_age)} "
             f"(stale after {_seconds(stale_after_ms)}); {where}",
         )
     since_batch = batch_age if batch_age is not None else _age(now_ms, started)
@@ -206,12 +276,18 @@ def stream_health(
             f"finished for {_seconds(since_batch)} (stale after {_seconds(stale_after_ms)})",
         )
     if state == STARTING:
-        return verdict(True, "starting", f"starting ({where})")
+        since = "" if started is None else f" since {_when(started)}"
+        return verdict(
+            True,
+            "starting",
+            f"starting: {where}{since} (Spark, the Delta tables, the rules), no batch yet "
+            f"this run; {_committed(last_commit, started)}",
+        )
     batches = figures["batchesThisRun"] or 0
     last = (
         f"last batch {figures['batch']} {_seconds(batch_age)} ago"
         if batch_age is not None
-        else "no batch with data yet"
+        else f"no batch with data yet ({_committed(last_commit, started)})"
     )
     return verdict(
         True,

@@ -47,6 +47,7 @@ from velocity.operating.health import (
     STARTING,
     STOPPED,
     Health,
+    LastCommit,
     stream_health,
 )
 from velocity.operating.local_process import process_alive
@@ -148,10 +149,28 @@ def read_status(data_dir: Path) -> dict[str, Any] | None:
     return _read_json(status_path(data_dir), "status file")
 
 
+def last_commit(checkpoint: Path) -> LastCommit | None:
+    """The newest batch the checkpoint's commit log holds (``commits/<batchId>``, one file a
+    committed micro-batch; Spark keeps the last hundred or so) and when its file was
+    written; None when nothing has committed. One listing and one stat."""
+    log_dir = checkpoint / "commits"
+    try:
+        batches = [int(n) for n in os.listdir(log_dir) if n.isdigit()]
+    except FileNotFoundError:
+        return None
+    for batch in sorted(batches, reverse=True):
+        try:
+            return LastCommit(batch, int((log_dir / str(batch)).stat().st_mtime * 1000))
+        except FileNotFoundError:
+            continue  # purged between the listing and the stat: the next newest
+    return None
+
+
 def check_health(
     settings: Settings, stale_seconds: int | None = None, at_ms: int | None = None
 ) -> Health:
-    """Read the status file and judge it now (pid checked when the stream runs here)."""
+    """Read the status file and judge it now (pid checked when the stream runs here), with
+    what the checkpoint says of earlier runs."""
     stale = settings.stream_stale_seconds if stale_seconds is None else stale_seconds
     return stream_health(
         read_status(settings.data_dir),
@@ -159,6 +178,8 @@ def check_health(
         stale * 1000,
         local_host=local_host(),
         pid_alive=process_alive,
+        last_commit=last_commit(checkpoint_dir(settings.data_dir)),
+        data_dir=settings.data_dir,
     )
 
 
@@ -317,6 +338,7 @@ class StreamStatus:
         self._events_dir = source if isinstance(source, Path) else None
         self._clock = clock
         self._lock = threading.Lock()
+        self._beats_end = threading.Event()  # set: the start's heartbeat ends at once
         self._newest_processed: int | None = None
         self._values: dict[str, Any] = {
             "state": STARTING,
@@ -360,6 +382,8 @@ class StreamStatus:
             if self._values["state"] in (STOPPED, FAILED) and not final:
                 return
             self._values.update(values)
+            if self._values["state"] != STARTING:
+                self._beats_end.set()
             self._values["updatedAt"] = self._clock()
             write_json_atomically(self._path, self._values)
 
@@ -388,6 +412,28 @@ class StreamStatus:
 
     def starting(self) -> None:
         self._update()
+
+    def beat_while_starting(self, every_seconds: float) -> threading.Thread:
+        """Refresh the heartbeat every ``every_seconds`` for as long as the state is
+        STARTING: Spark's start, the tables and the rules can take minutes on a busy
+        machine, and no listener event comes before the query starts, so without this a
+        slow start would read as stalled (and a scheduler would kill it). Ends by itself
+        once the state moves on; a daemon thread, so it never holds the process up."""
+
+        def beat() -> None:
+            while not self._beats_end.wait(every_seconds):
+                with self._lock:
+                    if self._values["state"] != STARTING:
+                        return
+                    self._values["updatedAt"] = self._clock()
+                    try:
+                        write_json_atomically(self._path, self._values)
+                    except OSError:  # best effort, as the listener's: the start goes on
+                        log.exception("could not refresh the stream status file")
+
+        thread = threading.Thread(target=beat, name="velocity-status-start-beat", daemon=True)
+        thread.start()
+        return thread
 
     def running(self, query_id: str, run_id: str) -> None:
         self._update(state=RUNNING, queryId=query_id, runId=run_id, **self._backlog(True))

@@ -45,6 +45,7 @@ def stream(args: argparse.Namespace) -> int:
         print(f"removed a stop request left from before this start: {json.dumps(stale)}")
     status = stream_control.StreamStatus(settings.data_dir, source, started_ms)
     status.starting()
+    status.beat_while_starting(settings.stream_heartbeat_seconds)
     terminate = _sigterm_flag()
     try:
         from velocity.spark import lifecycle

@@ -179,6 +179,7 @@ def test_the_tour_runs_as_written(spark: object, data_settings: Settings, tmp_pa
     assert '"payerId":"p-tour"' in shown and "1 alerts seen" in shown, shown
     assert "signatureId" in shown and "groupingKeyNames" in shown, shown
     lines = shown.splitlines()
+    assert "string" in lines, shown  # a key's state is a packed string (TYPE), not a hash
     windows = [json.loads(line) for line in lines if line.startswith('{"aggregateValue"')]
     windows += [json.loads(line) for line in lines if line.startswith('{"ruleId"')]
     assert len(windows) == 2, shown  # FCALL_RO velocity_window, then velocity lookup

@@ -7,6 +7,8 @@
 #   DEMO_KEYS payers (default 20000)  DEMO_SOURCE kafka (default) or folder (files landing in
 #   DEMO_DIR/live)  DEMO_DIR (default data/demo): the demo's logs and exported alerts
 #   DEMO_DRAIN_SECONDS (default 10) how long alerts are still shown after the generator ends
+# Redis, the broker and the check service that `velocity up` starts keep running after the
+# demo (the README's tour reads them); its last line says so: `velocity down` stops them.
 # Every port follows the settings (VELOCITY_* or VELOCITY_CONFIG): Redis the port of
 # VELOCITY_REDIS_URL, the broker VELOCITY_KAFKA_BOOTSTRAP (its controller the next port), the
 # stream's metrics VELOCITY_METRICS_PORT, and state lives in VELOCITY_DATA_DIR; Spark's UI is
@@ -47,12 +49,44 @@ print(status.get("state") if mine else "unknown", status.get("batchesThisRun") o
 EOF
 }
 
-$velocity up
+up_status=0
+up_said="$($velocity up)" || up_status=$?
+echo "$up_said"
+# What `velocity up` started now, not what ran before the demo: the demo leaves them running
+# (the tour's next steps read Redis) and says, whatever way it ends, how to stop them.
+started=() kept=()
+for service in "redis:Redis" "kafka:the Kafka broker" "check service:the check service"; do
+  if grep -qE "^${service%%:*} ([^ ]+ )?started " <<< "$up_said"; then
+    started+=("${service#*:}")
+  elif grep -qE "^${service%%:*} ([^ ]+ )?already running " <<< "$up_said"; then
+    kept+=("${service#*:}")
+  fi
+done
+# "A", "A and B", "A, B and C"
+listed() {
+  local text
+  text="$(printf '%s, ' "${@:1:$#-1}")"
+  echo "${text%, }${2:+ and }${!#}"
+}
+how_to_stop() {
+  local said=()
+  [ "${#started[@]}" -gt 0 ] && said+=("$(listed "${started[@]}"), started by this demo")
+  [ "${#kept[@]}" -gt 0 ] && said+=("$(listed "${kept[@]}"), which ran before the demo")
+  [ "${#said[@]}" -gt 0 ] || said=("what \`velocity up\` started")
+  local text
+  text="$(printf '%s; ' "${said[@]}")"
+  echo "still running: ${text%; } (the tour's next steps read Redis);" \
+    "\`velocity down\` (or \`make down\`) stops them"
+}
+if [ "$up_status" -ne 0 ]; then
+  how_to_stop
+  exit "$up_status"
+fi
 rm -rf "$live" && mkdir -p "$live"
 
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
-trap cleanup EXIT
+trap 'cleanup; how_to_stop' EXIT
 if [ "$source" = kafka ]; then
   # A first demo reads what the generator produces from now on (a later one resumes at
   # its checkpoint's offsets).
@@ -116,7 +150,7 @@ wait "$generate_pid"
 $velocity stream-stop --reason "the demo ended" --wait 120 > /dev/null
 status=0
 wait "$stream_pid" || status=$?
-trap - EXIT
+trap how_to_stop EXIT  # the last words, however the rest ends
 cleanup
 if [ "$status" -ne 0 ]; then
   tail -20 "${demo_dir}/stream.log" >&2

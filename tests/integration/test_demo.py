@@ -103,6 +103,12 @@ def test_demo_exits_zero_beside_another_copy(tmp_path: Path, redis_url: str) -> 
     assert in_delta and handled, output
     notified = int(in_delta.group(1)) - int(in_delta.group(2))
     assert int(handled.group(1)) == notified >= len(alert_times), output
+    # Its last line: what still runs (here all of it ran before the demo: the test's
+    # `velocity up`) and how to stop it.
+    assert lines[-1][1] == (
+        "still running: Redis, the Kafka broker and the check service, which ran before the "
+        "demo (the tour's next steps read Redis); `velocity down` (or `make down`) stops them"
+    ), output
     # The session's Redis (the other copy's) holds no key of the demo's data dir.
     prefix = load_settings(data_dir=tmp_path / "data").redis_keys.prefix
     assert not list(redis.Redis.from_url(redis_url).scan_iter(match=f"{prefix}:*")), prefix

@@ -426,3 +426,18 @@ def person_event(
         verdict=checked_verdict,
         note=None if note is None else note.strip(),
     )
+
+
+def alert_spans(case: Case) -> list[tuple[int, int, int]] | None:
+    """(first, latest decisionTime, alerts) of each write-behind group's alerts that opened
+    or joined ``case``, newest first: its alerts' rows lie in the alerts table's data files
+    of those decision times. None when an event does not say (a table of an older
+    Velocity): then only a read of every file finds them."""
+    spans = []
+    for event in case.history:
+        if event.event not in (CaseEventKind.OPENED, CaseEventKind.JOINED):
+            continue
+        if event.first_alert_at is None or event.latest_alert_at is None:
+            return None
+        spans.append((event.first_alert_at, event.latest_alert_at, event.alerts))
+    return sorted(spans, key=lambda s: (s[1], s[0]), reverse=True)

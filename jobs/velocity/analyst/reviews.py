@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -186,6 +186,30 @@ def _order(review: Review) -> tuple[int, str, str, str]:
     return (review.when, review.verdict.value, review.who, review.note)
 
 
+@dataclass
+class ReviewBook:
+    """The latest review of each alert (``latest_reviews``) and how many of them give each
+    verdict per (ruleId, ruleVersion), kept up to date as reviews are added in any order
+    (the latest wins whenever it comes): the page reads these, not every review."""
+
+    latest: dict[str, Review] = field(default_factory=dict)
+    verdicts: dict[tuple[int, int], dict[Verdict, int]] = field(default_factory=dict)
+
+    def add(self, reviews: Iterable[Review]) -> None:
+        for review in reviews:
+            current = self.latest.get(review.alert_id)
+            if current is not None and _order(review) <= _order(current):
+                continue
+            if current is not None:
+                self._count(current, -1)
+            self.latest[review.alert_id] = review
+            self._count(review, 1)
+
+    def _count(self, review: Review, sign: int) -> None:
+        by_verdict = self.verdicts.setdefault((review.rule_id, review.rule_version), {})
+        by_verdict[review.verdict] = by_verdict.get(review.verdict, 0) + sign
+
+
 def precision_of(confirmed: int, false_positives: int) -> float | None:
     """confirmed / (confirmed + false positives); None while there is neither."""
     decided = confirmed + false_positives
@@ -239,14 +263,22 @@ def precision_by_version(
     by (ruleId, ruleVersion)) and the latest reviews of its alerts, whenever they were
     raised (a version's precision does not fade after a week). A version appears when it
     has either."""
-    verdicts: dict[tuple[int, int], dict[Verdict, int]] = {}
-    for review in latest_reviews(reviews).values():
-        by_verdict = verdicts.setdefault((review.rule_id, review.rule_version), {})
-        by_verdict[review.verdict] = by_verdict.get(review.verdict, 0) + 1
+    book = ReviewBook()
+    book.add(reviews)
+    return precision_of_versions(volumes, book.verdicts)
+
+
+def precision_of_versions(
+    volumes: Mapping[tuple[int, int], AlertVolume],
+    verdicts: Mapping[tuple[int, int], Mapping[Verdict, int]],
+) -> list[VersionPrecision]:
+    """``precision_by_version`` of the latest reviews' verdicts counted per version
+    (``ReviewBook.verdicts``)."""
+    counted = {v: found for v, found in verdicts.items() if any(found.values())}
     figures = []
-    for rule_id, version in sorted(volumes.keys() | verdicts.keys()):
+    for rule_id, version in sorted(volumes.keys() | counted.keys()):
         volume = volumes.get((rule_id, version), AlertVolume(0, 0))
-        found = verdicts.get((rule_id, version), {})
+        found = counted.get((rule_id, version), {})
         figures.append(
             VersionPrecision(
                 rule_id=rule_id,

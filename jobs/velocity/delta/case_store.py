@@ -14,13 +14,13 @@ Closing a case reviews each of its alerts with the case's verdict (one commit to
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -35,6 +35,7 @@ from velocity.analyst.cases import (
     CaseEventKind,
     CaseStatus,
     OpenCases,
+    alert_spans,
     case_key_text,
     fold_cases,
     person_event,
@@ -42,6 +43,8 @@ from velocity.analyst.cases import (
     stream_case_events,
 )
 from velocity.analyst.reviews import AlertRef
+from velocity.delta.alert_files import in_ranges
+from velocity.delta.file_folds import FOLDS_LOCK, folded
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.small_tables import (
@@ -105,7 +108,7 @@ class CaseStore:
         table = open_table(self.events_path)
         if table is None:
             return {}
-        with _FOLDS_LOCK:
+        with FOLDS_LOCK:
             return dict(_folded(table, CaseBook).cases)
 
     def listed(
@@ -239,7 +242,7 @@ class CaseStore:
 
     def _change(self, case_id: str, kind: CaseEventKind, who: object, **fields: object) -> Case:
         def plan(table: DeltaTable) -> tuple[Any, Case]:
-            with _FOLDS_LOCK:
+            with FOLDS_LOCK:
                 case = _folded(table, CaseBook).cases.get(case_id)
                 if case is None:
                     raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
@@ -252,14 +255,27 @@ class CaseStore:
 
     # --- a case's alerts ----------------------------------------------------------------
 
-    def alerts(self, case_id: str) -> pa.Table:
+    def alerts(self, case_id: str, newest: int | None = None) -> pa.Table:
         """The alerts table's rows of the case in time order (``ALERT_TIME_ORDER``: by
-        eventTime, then ruleId)."""
+        eventTime, then ruleId); ``newest``: only the last that many of that order.
+
+        Read from the data files of the write-behind groups that brought the case's alerts
+        (the decision times its stream events record, ``alert_spans``), newest group
+        first, only until the newest rows are certain: a case's page costs what its newest
+        alerts cost, after ten million alerts as after ten thousand."""
         table = open_table(self.settings.table_path(ALERTS))
         if table is None:
             return pa.table({})
-        rows = table.to_pyarrow_dataset().to_table(filter=pc.field("caseId") == case_id)
-        return rows.sort_by([(name, "ascending") for name in ALERT_TIME_ORDER])
+        case = self.cases().get(case_id)
+        spans = None if case is None else alert_spans(case)
+        dataset = table.to_pyarrow_dataset()
+        where = pc.field("caseId") == case_id
+        if spans is None:
+            rows = dataset.to_table(filter=where)
+        else:
+            rows = _rows_of_spans(dataset, where, spans, newest)
+        rows = rows.sort_by([(name, "ascending") for name in ALERT_TIME_ORDER])
+        return rows if newest is None else rows.slice(max(0, rows.num_rows - newest))
 
     def alert_refs(self, case_id: str) -> list[AlertRef]:
         rows = self.alerts(case_id)
@@ -269,28 +285,50 @@ class CaseStore:
         return [AlertRef.of(r) for r in rows.select(wanted).to_pylist()]
 
 
-# Per case-events table and kind of fold, in this process: the data files read so far
-# and what they say (open cases for the write-behind, every case for the page and the
-# CLI). A table only ever grows by appends; when a file read before is gone (rewritten
-# by hand), it is read whole again. The page's worker threads share them: hold the lock
-# while a fold is fed or read.
-_FOLDS: dict[tuple[str, type], tuple[set[str], Any]] = {}
-_FOLDS_LOCK = threading.RLock()
 _Fold = TypeVar("_Fold", OpenCases, CaseBook)
 
 
 def _folded(table: DeltaTable, kind: type[_Fold]) -> _Fold:
-    """``kind`` as of ``table``'s version, fed only the files it has not read yet."""
-    with _FOLDS_LOCK:
-        files = set(table.file_uris())
-        known_files, fold = _FOLDS.get((table.table_uri, kind), (set(), kind()))
-        if not known_files <= files:
-            known_files, fold = set(), kind()
-        new = sorted(files - known_files)
-        if new:
-            fold.add(CaseEvent.from_row(r) for r in read_files(table, new, _EVENT_COLUMNS))
-        _FOLDS[(table.table_uri, kind)] = (files, fold)
-        return fold
+    """``kind`` (every case, or the open ones) as of ``table``'s version, fed only the
+    case-events files it has not read yet (``velocity.delta.file_folds``); a file read
+    before that is gone (rewritten by hand) makes it read the table whole again."""
+
+    def feed(fold: _Fold, uris: Sequence[str]) -> None:
+        fold.add(CaseEvent.from_row(r) for r in read_files(table, uris, _EVENT_COLUMNS))
+
+    return folded(table, kind, kind, feed)
+
+
+def _rows_of_spans(
+    dataset: Any, where: Any, spans: list[tuple[int, int, int]], newest: int | None
+) -> pa.Table:
+    """The rows passing ``where`` in the decision-time ``spans`` (newest first, as
+    ``alert_spans``); with ``newest``, spans are read newest first until the ``newest``
+    last rows in time order are certain: an unread row's eventTime is at most its
+    decisionTime, so at most the newest unread span's latest decision."""
+    if newest is None:
+        return dataset.to_table(filter=where & in_ranges([(a, b) for a, b, _ in spans]))
+    parts: list[pa.Table] = []
+    read = wanted = 0
+    while read < len(spans):
+        wanted = max(newest, 2 * wanted)
+        chunk_end, counted = read, 0
+        while chunk_end < len(spans) and counted < wanted:
+            counted += spans[chunk_end][2]
+            chunk_end += 1
+        scope = where & in_ranges([(a, b) for a, b, _ in spans[read:chunk_end]])
+        if read:  # spans may overlap: a row of a span read before is not read again
+            scope = scope & pc.invert(in_ranges([(a, b) for a, b, _ in spans[:read]]))
+        parts.append(dataset.to_table(filter=scope))
+        read = chunk_end
+        found = pa.concat_tables(parts)
+        if read < len(spans) and found.num_rows >= newest:
+            times = found.column("eventTime").to_numpy()
+            # The newest-th row's eventTime: an unread row at or above it could still place.
+            threshold = np.partition(times, len(times) - newest)[len(times) - newest]
+            if max(b for _, b, _ in spans[read:]) < threshold:
+                break
+    return pa.concat_tables(parts) if parts else dataset.schema.empty_table()
 
 
 def _open_cases(table: DeltaTable) -> OpenCases:

@@ -95,6 +95,15 @@ def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
     start, and take 0.1 s so. A table there already gets the nullable columns it lacks
     (``tables.create_if_missing``), so a data dir survives an upgrade that adds one.
     """
+    for name in create_missing_tables(live):
+        tables.create_if_missing(spark, getattr(live, name), tables.LIVE_SCHEMAS[name])
+
+
+def create_missing_tables(live: LiveTables) -> list[str]:
+    """Create every missing live table, empty, with delta-rs (no JVM: a writer of rows as
+    the stream writes them, a benchmark's or a test's, needs no Spark); returns the names
+    of the tables there already that lack a nullable column, which only Spark adds."""
+    older = []
     for name, schema in tables.LIVE_SCHEMAS.items():
         path = getattr(live, name)
         if name == tables.RULES:
@@ -106,7 +115,8 @@ def ensure_live_tables(spark: SparkSession, live: LiveTables) -> None:
             continue
         present = {field.name for field in table.schema().fields}
         if any(f.nullable and f.name not in present for f in schema.fields):
-            tables.create_if_missing(spark, path, schema)
+            older.append(name)
+    return older
 
 
 def last_committed_batch(settings: Settings) -> int | None:

@@ -29,6 +29,7 @@ from velocity.analyst.reviews import (
     AlertVolume,
     Review,
     VersionPrecision,
+    precision_of_versions,
 )
 from velocity.analyst.reviews import precision_by_version as _precision_by_version
 from velocity.analyst.rule_rates import MINUTE_MS, RATE_MINUTES, RuleRate, minute_starts
@@ -39,7 +40,9 @@ from velocity.analyst.shadow_compare import (
     compare_candidates,
     window_start,
 )
+from velocity.delta.alert_files import alert_id_ranges, alert_minutes, in_ranges
 from velocity.delta.case_store import CaseStore
+from velocity.delta.file_folds import FOLDS_LOCK
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
@@ -93,7 +96,7 @@ def find_alert(settings: Settings, alert_id: str) -> dict[str, Any]:
     table = _table(settings.table_path(ALERTS))
     if table is None:
         raise UsageError(f"no alerts table under {settings.data_dir}: the stream has not run")
-    rows = table.to_pyarrow_dataset().to_table(filter=pc.field("alertId") == alert_id)
+    rows = table.to_pyarrow_dataset().to_table(filter=_by_alert_id(table, alert_id))
     if rows.num_rows == 0:
         raise UsageError(f"no alert {alert_id!r} in the alerts table under {settings.data_dir}")
     return _alert_record(rows.to_pylist()[0])
@@ -176,44 +179,71 @@ def alert_ref(settings: Settings, alert_id: str) -> AlertRef | None:
     if table is None:
         return None
     rows = table.to_pyarrow_dataset().to_table(
-        filter=pc.field("alertId") == alert_id, columns=_REF_COLUMNS
+        filter=_by_alert_id(table, alert_id), columns=_REF_COLUMNS
     )
     return AlertRef.of(rows.to_pylist()[0]) if rows.num_rows else None
 
 
+def _by_alert_id(table: DeltaTable, alert_id: str) -> pc.Expression:
+    """The filter of the alert ``alert_id``, narrowed to the decision times of the data
+    files whose alertId fingerprints hold it (``alert_files.AlertIdIndex``): a scan skips
+    every other file. A table that needs a reader feature is searched whole."""
+    where = pc.field("alertId") == alert_id
+    if table.protocol().min_reader_version > 1:
+        return where
+    return where & in_ranges(alert_id_ranges(table, alert_id))
+
+
 def alert_volumes(settings: Settings, now_ms: int) -> dict[tuple[int, int], AlertVolume]:
     """Alerts (ALERT and CORRECTION) per (ruleId, ruleVersion) decided in the last 24 h and
-    7 days before ``now_ms``, counted by Arrow in the alerts table (the data files of
-    older alerts are skipped by their decisionTime statistics)."""
+    7 days before ``now_ms``: the whole minutes from the alerts table's per-minute counts,
+    kept up to date file by file (``alert_files.AlertMinutes``), and each period's first,
+    partial minute counted in the rows of that minute alone."""
     table = _table(settings.table_path(ALERTS))
     if table is None:
         return {}
-    week = table.to_pyarrow_dataset().to_table(
-        filter=(pc.field("decisionTime") >= now_ms - WEEK_MS)
-        & (pc.field("kind") != AlertKind.RETRACTION.value),
-        columns=["ruleId", "ruleVersion", "decisionTime"],
-    )
-    day = pc.cast(pc.greater_equal(week.column("decisionTime"), now_ms - DAY_MS), "int64")
-    counted = (
-        week.append_column("day", day)
-        .group_by(["ruleId", "ruleVersion"])
-        .aggregate([("decisionTime", "count"), ("day", "sum")])
-    )
+    week = _raised_since(table, now_ms - WEEK_MS)
+    day = _raised_since(table, now_ms - DAY_MS)
     return {
-        (int(row["ruleId"]), int(row["ruleVersion"])): AlertVolume(
-            last_24h=int(row["day_sum"]), last_7d=int(row["decisionTime_count"])
-        )
-        for row in counted.to_pylist()
+        version: AlertVolume(last_24h=day.get(version, 0), last_7d=count)
+        for version, count in week.items()
     }
+
+
+def _raised_since(table: DeltaTable, since: int) -> dict[tuple[int, int], int]:
+    """Alerts that raise something (not RETRACTION) per (ruleId, ruleVersion) decided at
+    ``since`` or later."""
+    first_whole = since if since % MINUTE_MS == 0 else since - since % MINUTE_MS + MINUTE_MS
+    counted: dict[tuple[int, int], int] = {}
+    with FOLDS_LOCK:
+        for (rule_id, version, kind, _, _), _, n in alert_minutes(table).between(first_whole):
+            if kind != AlertKind.RETRACTION.value:
+                counted[(rule_id, version)] = counted.get((rule_id, version), 0) + n
+    if first_whole > since:
+        at = pc.field("decisionTime")
+        rows = table.to_pyarrow_dataset().to_table(
+            filter=(at >= since)
+            & (at < first_whole)
+            & (pc.field("kind") != AlertKind.RETRACTION.value),
+            columns=["ruleId", "ruleVersion"],
+        )
+        for row in (
+            rows.group_by(["ruleId", "ruleVersion"]).aggregate([([], "count_all")]).to_pylist()
+        ):
+            of = (int(row["ruleId"]), int(row["ruleVersion"]))
+            counted[of] = counted.get(of, 0) + int(row["count_all"])
+    return {of: n for of, n in counted.items() if n}
 
 
 def precision_by_version(
     settings: Settings, now_ms: int, reviews: Sequence[Review] | None = None
 ) -> list[VersionPrecision]:
     """Each rule version's alert volume and review figures (the page's precision table);
-    ``reviews``: every review, when the caller read them already."""
+    ``reviews``: every review (or the latest ones), when the caller read them already;
+    else the reviews' verdicts as the review store keeps them counted."""
     if reviews is None:
-        reviews = review_store(settings).all()
+        verdicts = review_store(settings).verdicts()
+        return precision_of_versions(alert_volumes(settings, now_ms), verdicts)
     return _precision_by_version(alert_volumes(settings, now_ms), reviews)
 
 
@@ -246,7 +276,7 @@ def shadow_comparisons(
 ) -> list[ShadowComparison]:
     """Each standing shadow candidate beside its rule in force over the last 24 h before
     ``now_ms`` (``velocity.analyst.shadow_compare``); ``history`` (every rule version) and
-    ``reviews`` (every review): when the caller read them already."""
+    ``reviews`` (every review, or the latest ones): when the caller read them already."""
     store = RuleStore(settings.table_path(RULES))
     book = RuleBook.of(store.history() if history is None else history)
     if not book.candidates:
@@ -258,7 +288,7 @@ def shadow_comparisons(
     )
     rows = decision_rows(settings, book.candidates.keys(), since)
     if reviews is None:
-        reviews = review_store(settings).all()
+        reviews = list(review_store(settings).latest().values())
     return compare_candidates(book, rows, reviews, applied, now_ms)
 
 
@@ -268,9 +298,9 @@ _RECORD_COLUMNS = [
     "aggregatorFunctionType", "aggregateValue", "limitOperatorType", "limit", "windowStart",
     "windowEnd", "decisionTime", "outcome", "shadow",
 ]  # fmt: skip
-# The first decisionTime span searched below a page's boundary; each next one is 8 times
-# wider, until the page is full or the span reaches the table's oldest alert.
-_FIRST_SPAN_MS = 3_600_000
+# Each span below a page's boundary holds this many times the rows of the one before (in
+# the data files' statistics), until the page is full or the table is read.
+_SPAN_GROWTH = 8
 
 
 @dataclass(frozen=True)
@@ -289,35 +319,69 @@ def newest_alerts(
     """The ``limit`` newest alerts of the alerts table that pass ``query`` and lie below
     ``before`` (by decisionTime, then alertId), read with delta-rs and Arrow.
 
-    The filter is pushed into the scan; the search looks back in growing decisionTime spans
-    below the boundary (1 h, 8 h, 64 h, …), so data files of older alerts are skipped by
-    their statistics while the newest pages fill."""
+    The filter is pushed into the scan. The search reads back in decisionTime spans below
+    the boundary, each chosen from the data files' statistics to hold a number of rows
+    (the page's, then 8 times more each time) rather than a length of time: the first
+    page reads the newest file or two whether a storm put a million alerts in the last
+    hour or a quiet week put a thousand, and a filter reads back as far as it needs to
+    find a page of matches. Each span is read once."""
     table = _table(settings.table_path(ALERTS))
     if table is None:
         return TableAlerts([], False, None)
     files = pa.table(table.get_add_actions(flatten=True))
     if files.num_rows == 0:
         return TableAlerts([], False, None)
-    oldest, newest = (
-        _stat(files, "min.decisionTime", pc.min),
-        _stat(files, "max.decisionTime", pc.max),
-    )
+    newest = _stat(files, "max.decisionTime", pc.max)
     dataset = table.to_pyarrow_dataset()
     where = _alert_predicate(query, before)
     top = before.decision_time if before is not None else newest
-    span = _FIRST_SPAN_MS
+    spans = _spans_below(files, top, limit + 1)
     # A table of an older Velocity has no shadow column until the stream adds it.
     columns = [c for c in _RECORD_COLUMNS if c in dataset.schema.names]
-    while True:
-        lower = None if top is None or oldest is None or top - span <= oldest else top - span
-        scoped = where if lower is None else where & (pc.field("decisionTime") >= lower)
-        rows = dataset.to_table(filter=scoped, columns=columns)
-        if rows.num_rows > limit or lower is None:
+    at = pc.field("decisionTime")
+    parts, found, upper = [], 0, None
+    for lower in spans:
+        scoped = where if lower is None else where & (at >= lower)
+        if upper is not None:
+            scoped = scoped & (at < upper)
+        part = dataset.to_table(filter=scoped, columns=columns)
+        parts.append(part)
+        found += part.num_rows
+        if found > limit:
             break
-        span *= 8
+        upper = lower
+    rows = pa.concat_tables(parts)
     newest_first = rows.sort_by([("decisionTime", "descending"), ("alertId", "descending")])
     records = [_alert_record(r) for r in newest_first.slice(0, limit + 1).to_pylist()]
     return TableAlerts(records[:limit], len(records) > limit, newest)
+
+
+def _spans_below(files: pa.Table, top: int | None, rows: int) -> list[int | None]:
+    """The lower decisionTime bounds of growing spans below ``top``: the first takes the
+    data files (newest first by their latest decision) holding at least ``rows`` rows,
+    each next one 8 times as many; the last is None (the rest of the table). Without
+    statistics: one span, the whole table."""
+    needed = ("num_records", "min.decisionTime", "max.decisionTime")
+    if top is None or any(c not in files.column_names for c in needed):
+        return [None]
+    counts = files.column("num_records").to_pylist()
+    lows = files.column("min.decisionTime").to_pylist()
+    highs = files.column("max.decisionTime").to_pylist()
+    if any(v is None for v in (*lows, *highs)):
+        return [None]  # a file without statistics: read the whole table at once
+    below = sorted(
+        ((high, low, n) for high, low, n in zip(highs, lows, counts, strict=True) if low <= top),
+        reverse=True,
+    )
+    bounds: list[int | None] = []
+    wanted, held, lowest = rows, 0, None
+    for _, low, n in below:
+        held += n or 0
+        lowest = low if lowest is None else min(lowest, low)
+        if held >= wanted and (not bounds or lowest < bounds[-1]):
+            bounds.append(lowest)
+            wanted *= _SPAN_GROWTH
+    return [*bounds, None]
 
 
 def _stat(files: pa.Table, column: str, pick: Any) -> int | None:
@@ -388,48 +452,25 @@ def rule_rates(
     decisionTime; notified and suppressed, a SHADOW candidate's left out) and the share of
     the payments accepted in those minutes (the events table's ingest_time) it fired on.
     Both tables are written behind Redis (``write_behind_seconds``), so the newest minutes
-    fill in late; the data files of older rows are skipped by their statistics."""
+    fill in late.
+
+    The alerts are counted from the alerts table's per-minute counts, kept up to date file
+    by file (``alert_files.AlertMinutes``), not read: the stream decides a payment once,
+    so a rule's ALERT rows are of distinct payments, and the payments it fired on are its
+    rows. The payments are counted in the events files of those minutes (the older ones
+    are skipped by their statistics)."""
     since = minute_starts(now_ms, minutes)[0]
     counts: list[tuple[int, int, bool, int]] = []
     fired: dict[int, int] = {}
     alerts = _table(settings.table_path(ALERTS))
     if alerts is not None:
-        dataset = alerts.to_pyarrow_dataset()
-        present = set(dataset.schema.names)
-        columns = ["ruleId", "decisionTime", "transactionId"]
-        columns += [c for c in ("suppressed", "shadow") if c in present]
-        rows = dataset.to_table(
-            filter=(pc.field("decisionTime") >= since)
-            & (pc.field("kind") == AlertKind.ALERT.value),
-            columns=columns,
-        )
-        if "shadow" in present:
-            rows = rows.filter(pc.invert(pc.fill_null(rows.column("shadow"), False)))
-        decided = rows.column("decisionTime").to_numpy()
-        suppressed = (
-            pc.fill_null(rows.column("suppressed"), False)
-            if "suppressed" in present
-            else pa.repeat(pa.scalar(False), rows.num_rows)
-        )
-        grouped = (
-            pa.table(
-                {
-                    "ruleId": rows.column("ruleId"),
-                    "minute": pa.array(decided - decided % MINUTE_MS, pa.int64()),
-                    "suppressed": suppressed,
-                }
-            )
-            .group_by(["ruleId", "minute", "suppressed"])
-            .aggregate([([], "count_all")])
-        )
-        counts = [
-            (int(r["ruleId"]), int(r["minute"]), bool(r["suppressed"]), int(r["count_all"]))
-            for r in grouped.to_pylist()
-        ]
-        distinct = rows.group_by("ruleId").aggregate([("transactionId", "count_distinct")])
-        fired = {
-            int(r["ruleId"]): int(r["transactionId_count_distinct"]) for r in distinct.to_pylist()
-        }
+        with FOLDS_LOCK:
+            for key, minute, n in alert_minutes(alerts).between(since):
+                rule_id, _, kind, shadow, suppressed = key
+                if kind != AlertKind.ALERT.value or shadow:
+                    continue
+                counts.append((rule_id, minute, suppressed, n))
+                fired[rule_id] = fired.get(rule_id, 0) + n
     payments = 0
     events = _table(settings.table_path(EVENTS))
     if events is not None:
@@ -437,10 +478,13 @@ def rule_rates(
     return _rule_rates(counts, fired, payments, rule_ids, now_ms, minutes)
 
 
-def case_alerts(settings: Settings, case_id: str) -> list[dict[str, Any]]:
+def case_alerts(
+    settings: Settings, case_id: str, newest: int | None = None
+) -> list[dict[str, Any]]:
     """The case's alerts in the alerts table as SPEC §4 records (``suppressed`` when so),
-    in time order (by eventTime, then ruleId); empty before the stream has written any."""
-    rows = CaseStore(settings).alerts(case_id)
+    in time order (``CaseStore.alerts``; ``newest``: only the last that many); empty before
+    the stream has written any."""
+    rows = CaseStore(settings).alerts(case_id, newest)
     if rows.num_rows == 0:
         return []
     wanted = [*_RECORD_COLUMNS, "suppressed", "suppressedBy"]
@@ -454,15 +498,22 @@ _PAYMENT_COLUMNS = [
 
 
 def case_payments(
-    settings: Settings, key: Mapping[str, str], transaction_ids: Collection[str]
+    settings: Settings,
+    key: Mapping[str, str],
+    transaction_ids: Collection[str],
+    event_times: Collection[int] = (),
 ) -> list[dict[str, Any]]:
     """The accepted events of ``transaction_ids`` (a case's payments) of the case ``key``
     (its field narrows the scan), by eventTime; amounts as decimal text. Those the stream
-    has not written to Delta yet are missing."""
+    has not written to Delta yet are missing. ``event_times``: the payments' eventTimes
+    (their alerts carry them): the scan then skips every data file outside them."""
     table = _table(settings.table_path(EVENTS))
     if table is None or not transaction_ids:
         return []
     where = pc.field("transactionId").isin(pa.array(sorted(transaction_ids), pa.string()))
+    if event_times:
+        at = pc.field("eventTime")
+        where = where & (at >= min(event_times)) & (at <= max(event_times))
     for name, value in key.items():
         if name in FIELDS_BY_NAME and FIELDS_BY_NAME[name].kind is not FieldKind.AMOUNT:
             where = where & (pc.field(name) == str(value))

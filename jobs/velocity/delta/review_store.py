@@ -27,11 +27,19 @@ from deltalake import DeltaTable
 from velocity.analyst.reviews import (
     AlertRef,
     Review,
-    latest_reviews,
+    ReviewBook,
+    Verdict,
     make_review,
     review_time,
 )
-from velocity.delta.small_tables import append_planned, open_table, read_rows, rows_table
+from velocity.delta.file_folds import FOLDS_LOCK, folded
+from velocity.delta.small_tables import (
+    append_planned,
+    open_table,
+    read_files,
+    read_rows,
+    rows_table,
+)
 
 # Nullable throughout, as the rules table: a table Spark would create reads the same.
 REVIEW_ARROW_SCHEMA = pa.schema(
@@ -64,8 +72,21 @@ class ReviewStore:
         return [] if table is None else _reviews(table)
 
     def latest(self) -> dict[str, Review]:
-        """The review that counts for each reviewed alert, by alertId."""
-        return latest_reviews(self.all())
+        """The review that counts for each reviewed alert, by alertId (kept up to date
+        file by file: a look reads only the reviews recorded since the last)."""
+        table = open_table(self._path)
+        if table is None:
+            return {}
+        with FOLDS_LOCK:
+            return dict(_book(table).latest)
+
+    def verdicts(self) -> dict[tuple[int, int], dict[Verdict, int]]:
+        """How many alerts' latest reviews give each verdict, per (ruleId, ruleVersion)."""
+        table = open_table(self._path)
+        if table is None:
+            return {}
+        with FOLDS_LOCK:
+            return {v: dict(found) for v, found in _book(table).verdicts.items()}
 
     def record(
         self,
@@ -81,7 +102,8 @@ class ReviewStore:
         review = make_review(alert_id, alert, verdict, note, who, 0)  # before any read
 
         def plan(table: DeltaTable) -> tuple[Table, Review]:
-            previous = latest_reviews(_reviews(table)).get(alert_id)
+            with FOLDS_LOCK:
+                previous = _book(table).latest.get(alert_id)
             now = now_ms if now_ms is not None else int(time.time() * 1000)
             timed = replace(review, when=review_time(now, previous))
             return _rows_table(timed), timed
@@ -109,7 +131,9 @@ class ReviewStore:
             return []
 
         def plan(table: DeltaTable) -> tuple[Table | None, list[Review]]:
-            previous = latest_reviews(_reviews(table))
+            with FOLDS_LOCK:
+                latest = _book(table).latest
+                previous = {r.alert_id: latest[r.alert_id] for r in reviews if r.alert_id in latest}
             now = int(time.time() * 1000)
             chosen = [r for r in reviews if not (unreviewed_only and r.alert_id in previous)]
             if not chosen:
@@ -132,3 +156,13 @@ def _rows_table(review: Review) -> Table:
 def _reviews(table: DeltaTable) -> list[Review]:
     rows = read_rows(table, _COLUMNS)
     return sorted((Review.from_row(r) for r in rows), key=lambda r: (r.when, r.alert_id))
+
+
+def _book(table: DeltaTable) -> ReviewBook:
+    """The latest reviews as of ``table``'s version, fed only the files not read yet
+    (``velocity.delta.file_folds``); hold ``FOLDS_LOCK`` while reading it."""
+
+    def feed(book: ReviewBook, uris: Sequence[str]) -> None:
+        book.add(Review.from_row(r) for r in read_files(table, uris, _COLUMNS))
+
+    return folded(table, ReviewBook, ReviewBook, feed)

@@ -187,10 +187,12 @@ def reviewed(review: Any) -> str:
     )
 
 
-def all_reviews(settings: Any) -> list[Any]:
+def latest_reviews(settings: Any) -> dict[str, Any]:
+    """The review that counts for each reviewed alert (the review store keeps them up to
+    date as reviews are recorded: no read of every review)."""
     from velocity.delta.reader import review_store
 
-    return review_store(settings).all()
+    return review_store(settings).latest()
 
 
 def precision(settings: Any, reviews: list[Any] | None = None) -> list[Any]:
@@ -242,7 +244,6 @@ def alert_rows_json(request: Request, user: access.User) -> dict[str, Any]:
     """The newest page's alert rows as the page draws them (its filter, from the URL), for
     the open page to show on request: ``html``, ``position`` (the alert stream's position
     read before them: the alerts published after it are new), ``error``."""
-    from velocity.analyst.reviews import latest_reviews
     from velocity.redis import alert_feed, mirror
 
     settings = access.settings()
@@ -252,7 +253,7 @@ def alert_rows_json(request: Request, user: access.User) -> dict[str, Any]:
         lambda: alert_feed.last_entry_id(mirror.connect(settings), settings.alert_stream),
     )
     page, error = search_alerts(settings, AlertSearch(search.query, None, search.limit))
-    reviews, _ = common.read("reviews", lambda: all_reviews(settings))
+    reviews, _ = common.read("reviews", lambda: latest_reviews(settings))
     view = AlertsView(
         base=URL_PREFIX,
         can_edit=access.can_edit(user),
@@ -262,7 +263,7 @@ def alert_rows_json(request: Request, user: access.User) -> dict[str, Any]:
         kept=common.params(request.query_params),
         now_ms=int(time.time() * 1000),
     )
-    html = alert_rows(page.alerts, view, latest_reviews(reviews or []))
+    html = alert_rows(page.alerts, view, reviews or {})
     return {"html": html, "position": position, "error": error}
 
 

@@ -88,7 +88,6 @@ def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, An
 
 
 def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
-    from velocity.analyst.reviews import latest_reviews
     from velocity.delta.case_store import CaseStore
     from velocity.delta.reader import case_alerts, case_payments
     from velocity.errors import UsageError
@@ -103,17 +102,21 @@ def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
     except UsageError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     shown = cases_html.CaseView(case=case, queue=view)
+    # The newest alerts the page lists, read alone (a case's older alerts are counted by
+    # the case itself): the page costs the same whatever the alerts table holds.
     listed, shown.alerts_error = common.read(
-        "the case's alerts", lambda: case_alerts(settings, case_id)
+        "the case's alerts",
+        lambda: case_alerts(settings, case_id, newest=cases_html.CASE_ALERTS_SHOWN),
     )
     shown.alerts = listed or []
     paid = {str(a["transactionId"]) for a in shown.alerts}
+    times = {int(a["eventTime"]) for a in shown.alerts}
     payments, shown.payments_error = common.read(
-        "the case's payments", lambda: case_payments(settings, case.key, paid)
+        "the case's payments", lambda: case_payments(settings, case.key, paid, times)
     )
     shown.payments = payments or []
-    reviews, _ = common.read("reviews", lambda: alerts.all_reviews(settings))
-    shown.reviews = latest_reviews(reviews or [])
+    reviews, _ = common.read("reviews", lambda: alerts.latest_reviews(settings))
+    shown.reviews = reviews or {}
     alert_id = data.params.get("alert")
     if alert_id:
         explained, error = common.read("explanation", lambda: alerts.explain(settings, alert_id))

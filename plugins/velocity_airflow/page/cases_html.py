@@ -318,7 +318,9 @@ class CaseView:
 
     case: Case
     queue: QueueView  # the queue's parameters: every link and form goes back to them
-    alerts: Sequence[Mapping[str, Any]] = ()  # its alerts, oldest first
+    alerts: Sequence[
+        Mapping[str, Any]
+    ] = ()  # its newest alerts (``CASE_ALERTS_SHOWN``), oldest first
     alerts_error: str | None = None
     payments: Sequence[Mapping[str, Any]] = ()
     payments_error: str | None = None
@@ -396,7 +398,8 @@ def _alert_rows(view: CaseView) -> str:
             f'<td><a href="{escape(explain)}#explanation" data-testid="case-explain">explain</a>'
             f"</td><td>{verdict}</td></tr>"
         )
-    more = len(view.alerts) - len(shown)
+    # The page reads only the newest alerts it lists: the case counts the rest.
+    more = max(len(view.alerts), view.case.alerts) - len(shown)
     more_text = f'<p class="muted">… and {more} older alerts not listed.</p>' if more > 0 else ""
     return (
         '<table data-testid="case-alerts"><thead><tr><th>decided</th><th>kind</th>'

@@ -25,7 +25,6 @@ def page_data(
 ) -> PageData:
     """Everything the page shows, for the URL parameters of ``request`` (or ``params``:
     a post's page drawn again, with those it was posted from)."""
-    from velocity.analyst.reviews import latest_reviews
     from velocity.delta.reader import rule_history
     from velocity.domain.rule_changes import RuleBook
     from velocity.operating import stream_control
@@ -59,16 +58,18 @@ def page_data(
         "alerts a minute", lambda: _rule_rates(settings, [r.rule_id for r in data.rules], now_ms)
     )
     alerts.alert_page(data, settings, query, history)
-    reviews, data.reviews_error = common.read("reviews", lambda: alerts.all_reviews(settings))
-    data.reviews = None if reviews is None else latest_reviews(reviews)
+    data.reviews, data.reviews_error = common.read(
+        "reviews", lambda: alerts.latest_reviews(settings)
+    )
     data.precision, data.precision_error = common.read(
-        "alerts and reviews per rule version", lambda: alerts.precision(settings, reviews)
+        "alerts and reviews per rule version", lambda: alerts.precision(settings)
     )
     if history is None:
         data.shadow_error = data.rules_error
     else:
+        latest = None if data.reviews is None else list(data.reviews.values())
         data.shadow, data.shadow_error = common.read(
-            "shadow rules", lambda: shadow.comparisons(settings, history, reviews)
+            "shadow rules", lambda: shadow.comparisons(settings, history, latest)
         )
     data.backfills, data.backfills_error = common.read(
         "backfill runs", lambda: backfill_runs(settings, user)

@@ -1,0 +1,55 @@
+"""What a Delta table says, kept up to date by reading each data file once (delta-rs).
+
+The tables people look at only ever grow by appends (the stream's write-behind, the case
+and review stores), so a reader that remembers which data files it has read, and what
+they said, reads only the files added since at its next look: a look costs what was
+appended since the last one, not the table's whole history. The case queue (every case's
+fold) was the first such reader; the page's rule rates, alert volumes, alert lookups by
+id and latest reviews are others (``velocity.delta.alert_files``, ``review_store``).
+
+A fold is fed the table's new files in path order (``feed``). When a file it read is
+gone (OPTIMIZE or a rewrite replaced it), a fold that keeps each file's part apart
+forgets those files' parts (``forget`` returns True) and reads the new ones; any other
+fold starts again from every file. One lock guards every fold of this process (the
+page's worker threads share them): hold ``FOLDS_LOCK`` while a fold is fed or read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from deltalake import DeltaTable
+
+FOLDS_LOCK = threading.RLock()
+# Per table and kind of fold: the data files read so far and the fold.
+_FOLDS: dict[tuple[str, object], tuple[set[str], Any]] = {}
+
+F = TypeVar("F")
+
+
+def _cannot_forget(fold: Any, gone: set[str]) -> bool:
+    return False
+
+
+def folded(
+    table: DeltaTable,
+    kind: object,
+    start: Callable[[], F],
+    feed: Callable[[F, Sequence[str]], None],
+    forget: Callable[[F, set[str]], bool] = _cannot_forget,
+) -> F:
+    """The fold ``kind`` of ``table`` as of its loaded version: ``start()`` fed (``feed``)
+    only the data files (``file_uris``) it has not read yet, in path order."""
+    with FOLDS_LOCK:
+        files = set(table.file_uris())
+        known, fold = _FOLDS.get((table.table_uri, kind), (set(), None))
+        gone = known - files
+        if fold is None or (gone and not forget(fold, gone)):
+            known, fold = set(), start()
+        new = sorted(files - known)
+        if new:
+            feed(fold, new)
+        _FOLDS[(table.table_uri, kind)] = (files, fold)
+        return fold

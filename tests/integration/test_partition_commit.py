@@ -9,6 +9,7 @@ from dataclasses import replace
 from decimal import Decimal
 
 import pytest
+import redis
 
 from tests.builders import key_changes
 from velocity.domain.buckets import BucketAggregate
@@ -26,14 +27,21 @@ ONE = BucketAggregate.of_event("2.5", Decimal("2.5"))
 
 
 def partition_commit(
-    settings: Settings, token: str, batch: int, count: int, outcome: str
+    settings: Settings,
+    token: str,
+    batch: int,
+    count: int,
+    outcome: str,
+    keys_changed: int = 5,
+    pieces: int = 1,
 ) -> PartitionCommit:
-    """Partition 1 of ``batch``: bucket 60 000 of keys p-0..p-4 holding ``count`` events."""
+    """Partition 1 of ``batch``: bucket 60 000 of keys p-0, p-1, … holding ``count``
+    events, committed in ``pieces``."""
     keys = settings.redis_keys
     aggregate = BucketAggregate(count, count, Decimal(count), Decimal(1), Decimal(1))
     changed = {
         ("sig", f'["p-{i}"]'): (KeyState({60_000: aggregate}, {60_000: 60_001}), [60_000])
-        for i in range(5)
+        for i in range(keys_changed)
     }
     return PartitionCommit(
         (keys.stream_progress, keys.state_lock, keys.partition_record(batch, 1)),
@@ -44,6 +52,7 @@ def partition_commit(
         settings.bucket_width_ms,
         key_changes(keys, changed),
         outcome,
+        pieces,
     )
 
 
@@ -117,3 +126,65 @@ def test_a_rebuild_forgets_every_partition_record(settings: Settings) -> None:
         )
     mirror.forget_partitions(client, keys)
     assert not list(client.scan_iter(match=keys.partition_records))
+
+
+def test_a_partition_committed_in_pieces_writes_what_one_call_writes(settings: Settings) -> None:
+    client = connection.connect(settings)
+    keys = settings.redis_keys
+    with state_lock(client, settings, "stream batch 3") as lease:
+        commit = partition_commit(settings, lease.token, 3, 2, "whole", 40, pieces=4)
+        calls = commit.calls()
+        assert len(calls) == 4
+        # Every key in exactly one piece, and each piece in reach (none holds them all).
+        in_pieces = [len(piece) for piece in commit.changes.pieces(4)]
+        assert [int(call[11].as_py()) for call in calls] == in_pieces
+        assert sum(in_pieces) == 40 and max(in_pieces) < 40
+        assert mirror.commit_partition(client, settings, commit) == "whole"
+        assert mirror.partition_outcome(client, keys.partition_record(3, 1)) == "whole"
+        assert [bucket_count(client, settings, f'["p-{i}"]') for i in range(40)] == [2] * 40
+        mirror.forget_partitions(client, keys, 3, 2)
+        assert not list(client.scan_iter(match=keys.partition_records))
+
+
+def test_a_retried_task_finishes_the_pieces_a_dead_one_began(settings: Settings) -> None:
+    """A task died after its record and piece 2 of 4: the partition is not committed yet
+    (no outcome to return), and its retry applies pieces 3 and 4 from its own decisions,
+    none of pieces 1 and 2 again, and returns the first attempt's outcome."""
+    client = connection.connect(settings)
+    keys = settings.redis_keys
+    record = keys.partition_record(3, 1)
+    with state_lock(client, settings, "stream batch 3") as lease:
+        first = partition_commit(settings, lease.token, 3, 2, "first", 40, pieces=4)
+        pieces = first.changes.pieces(4)
+        for call in first.calls()[:2]:
+            client.execute_command(*call.to_pylist())
+        assert mirror.partition_outcome(client, record) is None
+        retry = partition_commit(settings, lease.token, 3, 7, "retry", 40, pieces=4)
+        assert mirror.commit_partition(client, settings, retry) == "first"
+        assert mirror.partition_outcome(client, record) == "first"
+        count_of = {
+            change.base: n
+            for n, piece in enumerate(pieces)
+            for change in piece.key_changes()
+        }
+        for i in range(40):
+            expected = 2 if count_of[keys.key_base("sig", f'["p-{i}"]')] < 2 else 7
+            assert bucket_count(client, settings, f'["p-{i}"]') == expected
+        # Every piece is applied now: a third attempt changes nothing.
+        third = partition_commit(settings, lease.token, 3, 9, "third", 40, pieces=4)
+        assert mirror.commit_partition(client, settings, third) == "first"
+        assert {bucket_count(client, settings, f'["p-{i}"]') for i in range(40)} == {2, 7}
+
+
+def test_a_piece_out_of_turn_is_refused(settings: Settings) -> None:
+    client = connection.connect(settings)
+    with state_lock(client, settings, "stream batch 3") as lease:
+        commit = partition_commit(settings, lease.token, 3, 2, "first", 40, pieces=4)
+        calls = commit.calls()
+        with pytest.raises(redis.ResponseError, match="whose record has no pieces"):
+            client.execute_command(*calls[1].to_pylist())
+        client.execute_command(*calls[0].to_pylist())
+        with pytest.raises(redis.ResponseError, match="piece 3 before piece 2"):
+            client.execute_command(*calls[2].to_pylist())
+        stale = replace(commit, token="not-the-holder")
+        assert client.execute_command(*stale.calls()[1].to_pylist()) == -2

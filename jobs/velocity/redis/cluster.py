@@ -239,7 +239,7 @@ def commit_partition(client: RedisCluster, keys: RedisKeys, commit: PartitionCom
         ensure_ascii=False,
     )
     head = commit.args(BucketChanges()).to_pylist()[3:]  # after FCALL <name> <numkeys>
-    head[-1] = staged
+    head[-2:] = ["1", staged]  # one piece: each master's changes are applied apart
     reply = client.fcall("velocity_partition_commit", 3, *head)
     if reply in (REPLAYED, FENCED):
         return cast(int, reply)

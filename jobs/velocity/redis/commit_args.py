@@ -11,6 +11,7 @@ interpreted loop of its own.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -174,6 +175,21 @@ class BucketChanges:
         for args in self.runs.column("args").to_pylist():
             yield KeyChange.parse(args)
 
+    def pieces(self, count: int) -> list[BucketChanges]:
+        """The changes cut into ``count`` pieces by a hash of each key's name (CRC-32: the
+        same in every process), so a key is in the same piece whatever else changed."""
+        if count == 1:
+            return [self]
+        piece = (
+            np.fromiter(
+                (zlib.crc32(base.encode()) for base in self.runs.column("base").to_pylist()),
+                np.int64,
+                len(self),
+            )
+            % count
+        )
+        return [BucketChanges(self.runs.filter(pa.array(piece == n))) for n in range(count)]
+
     def flat(self) -> pa.Array:
         """Every run's arguments, one after another."""
         return (
@@ -225,10 +241,27 @@ class StreamCommit:
         )
 
 
+# A key-partition's commit is cut into pieces of about this many keys: a call of a
+# millisecond or so in Redis (about 4-8 µs a key), so a check waits behind no long call.
+PIECE_KEYS = 128
+
+# A partition record's companion (velocity.lua): "<applied>/<pieces>" of a partition
+# committed in more than one piece.
+PIECES_SUFFIX = ":pieces"
+
+
+def partition_pieces(keys: int) -> int:
+    """How many pieces a key-partition of ``keys`` (signature, key)s is committed in: the
+    same for every attempt at the partition, as its keys are."""
+    return max(1, -(-keys // PIECE_KEYS))
+
+
 @dataclass(frozen=True)
 class PartitionCommit:
-    """One key-partition's commit (velocity_partition_commit), ready to send: its bucket
-    changes and the outcome its task returns, idempotent on (batch, partition record)."""
+    """One key-partition's commit, ready to send: its bucket changes and the outcome its
+    task returns, idempotent on (batch, partition record), in ``pieces`` calls
+    (velocity_partition_commit with the first piece and the record, then
+    velocity_partition_piece)."""
 
     keys: tuple[str, str, str]  # the progress hash, the state lock, the partition record
     token: str  # the state lock's token the commit is fenced by
@@ -238,17 +271,35 @@ class PartitionCommit:
     bucket_ms: int
     changes: BucketChanges
     outcome: str
+    pieces: int = 1
 
     def args(self, changes: BucketChanges | None = None) -> pa.Array:
-        """The whole call, with ``changes`` in place of the partition's own (a cluster
-        sends none: each master's are applied apart)."""
+        """The first call, with ``changes`` (the first piece's, or on a cluster none: each
+        master's are applied apart) in place of the partition's own."""
         changes = self.changes if changes is None else changes
         head = [
             "FCALL", "velocity_partition_commit", "3", *self.keys, self.token,
             str(self.batch), str(self.record_ttl_ms), str(self.bucket_ttl_ms),
-            str(self.bucket_ms), str(len(changes)), self.outcome,
+            str(self.bucket_ms), str(len(changes)), str(self.pieces), self.outcome,
         ]  # fmt: skip
         return pa.concat_arrays([pa.array(head, pa.string()), changes.flat()])
+
+    def piece_args(self, piece: int, changes: BucketChanges) -> pa.Array:
+        """The call of piece ``piece`` (2, 3, …) holding ``changes``."""
+        head = [
+            "FCALL", "velocity_partition_piece", "3", *self.keys, self.token,
+            str(self.batch), str(piece), str(self.bucket_ttl_ms), str(self.bucket_ms),
+            str(len(changes)),
+        ]  # fmt: skip
+        return pa.concat_arrays([pa.array(head, pa.string()), changes.flat()])
+
+    def calls(self) -> list[pa.Array]:
+        """Every call of the commit, the record's first: each key in piece
+        ``BucketChanges.pieces`` puts it in."""
+        pieces = self.changes.pieces(self.pieces)
+        return [self.args(pieces[0])] + [
+            self.piece_args(n, changes) for n, changes in enumerate(pieces[1:], start=2)
+        ]
 
 
 def flat_runs(keys: int, segments: Sequence[tuple[np.ndarray, pa.Array]]) -> pa.ListArray:

@@ -2,8 +2,9 @@
 
 The driver fans the batch's accepted events out to (signature, key) rows (columnar) and
 cuts them into key-partitions; each partition is one Spark task, which reads its keys'
-hot state from Redis in one call, decides with the columnar kernel
-(``velocity.engine.key_partition``), commits its bucket changes to Redis in one call and
+hot state from Redis in one round trip, decides with the columnar kernel
+(``velocity.engine.key_partition``), commits its bucket changes to Redis in one round trip
+(of calls of about a millisecond each, so checks and lookups wait behind none long) and
 returns its alert rows and its bucket deltas for Delta. The driver then commits the
 batch's accepted transactionIds, alerts and progress in one call. A small batch is
 decided the same way by processes beside the driver (``LOCAL_DECIDERS``): a Spark job
@@ -61,6 +62,7 @@ from velocity.redis.commit_args import (
     BucketChanges,
     PartitionCommit,
     flat_runs,
+    partition_pieces,
 )
 from velocity.redis.hot_state import STORED_FIELDS
 from velocity.redis.keys import (
@@ -355,6 +357,7 @@ def _run_partition(
             width,
             bucket_changes(keys, decided, notified.last, hot.stored),
             outcome,
+            partition_pieces(asked.num_rows),
         )
         kept = mirror.commit_partition(client, settings, commit)
         log["commit_s"] = round(time.perf_counter() - decided_at, 4)

@@ -96,6 +96,9 @@ bench-lookup: setup ## Redis window lookup latency, dense keys at g = 1 s and 60
 bench-check: setup ## pre-authorization check latency (FCALL_RO, HTTP when built) at 2,000 checks/s while the stream runs at 1,000 payments/s, sample and fire-often rules; the checks/s one Redis sustains at p99 <= 2 ms
 	@$(VENV)/python -m benchmarks.check $(ARGS)
 
+bench-page: setup ## every page and API read of the Velocity page (and its clicks) from an HTTP client after 10k and after 10M alerts stored, side by side: p50/p95/max ms; ARGS="--sizes 10000,1000000 --rounds 20"
+	@$(VENV)/python -m benchmarks.page $(ARGS)
+
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare $(ARGS)
 
@@ -118,4 +121,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-check bench-window bench-backfill bench-smoke down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-check bench-page bench-window bench-backfill bench-smoke down clean airflow airflow-down

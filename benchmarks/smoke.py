@@ -7,8 +7,9 @@ seconds, reads the JSON its ``--figures`` option wrote, and checks its shape: th
 docs/benchmarks.md quotes are present and numeric (finite), counts agree where two engines
 or designs must agree (Velocity and the Flink peer, local[2] and the cluster, the kernel
 and the reference, the whole case fold and the incremental one), the backtest raises alerts
-with the sample rules on events with spikes, and the stream publishes every expected alert
-at a rate the machine easily holds. Never a speed: no figure is held to a bound of time.
+with the sample rules on events with spikes, the stream publishes every expected alert
+at a rate the machine easily holds, and the page answers every read at two sizes. Never
+a speed: no figure is held to a bound of time.
 
 Start-up is shared where a benchmark's design allows: backfill, window_compare and cooldown
 take one Spark session in this process (their figures are a backfill's and a stream's
@@ -63,6 +64,7 @@ TARGETS = (
     "bench-window",
     "bench-backfill",
     "bench-check",
+    "bench-page",
 )
 # The backtests' shared events: 2 000 lines at 20/s over 200 payers (about 10 payments a
 # payer in 100 s of eventTime, so sample rule 4, 5 in 10 minutes, fires).
@@ -316,6 +318,26 @@ def check_check(figures: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def check_page(figures: Mapping[str, Any], sizes: tuple[int, ...]) -> list[str]:
+    """bench-page: each size filled with its alerts, every read timed at each (first look,
+    p50, p95, max), side by side with a ratio."""
+    runs = figures.get("runs") or []
+    problems = expect(
+        [r.get("alerts") for r in runs] == list(sizes),
+        f"sizes {[r.get('alerts') for r in runs]}, expected {list(sizes)}",
+    )
+    reads = figures.get("reads") or {}
+    problems += expect(len(reads) >= 20, f"{len(reads)} reads timed, expected every one (20+)")
+    for name, row in reads.items():
+        problems += numeric(row, "p50_ratio", where=f"{name}.")
+        for size in sizes:
+            problems += numeric(
+                row.get(str(size)) or {}, "first_ms", "p50_ms", "p95_ms", "max_ms",
+                where=f"{name}.{size}.",
+            )  # fmt: skip
+    return problems
+
+
 # --- running ---------------------------------------------------------------------------
 
 
@@ -464,6 +486,16 @@ class Runner:
         )  # fmt: skip
         return check_check(figures)
 
+    def bench_page(self, v: Verdict) -> list[str]:
+        # Two tiny sizes (a write-behind group each), two rounds of every read.
+        sizes = (2000, 6000)
+        figures = self.benchmark(
+            v, "page", "--sizes", ",".join(map(str, sizes)), "--rounds", "2",
+            "--stream-entries", "1000", "--port", str(free_port((0, 1))),
+            "--work-dir", str(self.work / "page"),
+        )  # fmt: skip
+        return check_page(figures, sizes)
+
     def bench_cases(self, v: Verdict) -> list[str]:
         args = ("--groups", "4", "--alerts", "200", "--payers", "300")
         return check_cases(self.benchmark(v, "cases", *args))
@@ -542,7 +574,7 @@ class Runner:
 ON_SHARED_SPARK = ("bench-backfill", "bench-cooldown", "bench-window")
 # Longest first, so that two lanes finish about together (seconds measured at smoke size).
 LONGEST_FIRST = ("shared-spark", "bench-cluster", "bench-stream", "bench-check", "bench-peer",
-                 "bench", "bench-stream-steps", "bench-lookup", "bench-kernel",
+                 "bench", "bench-page", "bench-stream-steps", "bench-lookup", "bench-kernel",
                  "bench-cases")  # fmt: skip
 
 

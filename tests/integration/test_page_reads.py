@@ -157,6 +157,7 @@ FILTERS = [
     AlertFilter(key=(KeyPart("payerId", "p3"),)),
     AlertFilter(rule_id=4, from_ms=NOW - DAY_MS - 60_000, to_ms=NOW),
     AlertFilter(transaction_id="t3-2"),
+    AlertFilter(transaction_id="no-such-payment"),
     AlertFilter(rule_id=99),  # nothing matches: the whole table is read, the page is empty
 ]
 

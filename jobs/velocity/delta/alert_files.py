@@ -5,10 +5,11 @@
   decisionTime), summed over the files read; each file's part is kept apart, so a file
   that OPTIMIZE replaced is taken out and its replacement read. The rule rates and each
   version's alert volumes add these up instead of reading the alerts they count.
-- ``AlertIdIndex``: per data file, its decisionTime range and a sorted 32-bit fingerprint of
-  each alertId: looking an alert up by id reads the one or two files whose fingerprints
-  hold it, not the alertId column of every file. Fingerprints are of this process's string
-  hash: a collision only makes one more file read, never a wrong answer.
+- ``AlertIdIndex``: per data file, its decisionTime range and sorted 32-bit fingerprints of
+  its alertIds and transactionIds (8 bytes an alert): looking an alert up by id, or a
+  payment's alerts, reads the one or two files whose fingerprints hold it, not a column
+  of every file. Fingerprints are of this process's string hash: a collision only makes
+  one more file read, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -137,19 +138,28 @@ def alert_minutes(table: DeltaTable) -> AlertMinutes:
 
 @dataclass(frozen=True)
 class FileIds:
-    """One data file's decisionTime range and sorted alertId fingerprints."""
+    """One data file's decisionTime range and sorted fingerprints of its alertIds and of
+    its transactionIds."""
 
     first_decision: int
     last_decision: int
-    fingerprints: np.ndarray
-
-    def may_hold(self, fingerprint: int) -> bool:
-        at = int(np.searchsorted(self.fingerprints, fingerprint))
-        return at < len(self.fingerprints) and int(self.fingerprints[at]) == fingerprint
+    alert_ids: np.ndarray
+    transaction_ids: np.ndarray
 
 
-def fingerprint(alert_id: str) -> int:
-    return hash(alert_id) & 0xFFFFFFFF
+def fingerprint(text: str) -> int:
+    return hash(text) & 0xFFFFFFFF
+
+
+def fingerprints(texts: list[str]) -> np.ndarray:
+    prints = np.fromiter((fingerprint(t) for t in texts), np.uint32, len(texts))
+    prints.sort()
+    return prints
+
+
+def _holds(prints: np.ndarray, wanted: int) -> bool:
+    at = int(np.searchsorted(prints, wanted))
+    return at < len(prints) and int(prints[at]) == wanted
 
 
 @dataclass
@@ -161,12 +171,12 @@ class AlertIdIndex:
     def add_file(self, uri: str, rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
-        ids = rows.column("alertId").to_pylist()
-        prints = np.fromiter((fingerprint(a) for a in ids), np.uint32, len(ids))
-        prints.sort()
         decided = rows.column("decisionTime")
         self.files[uri] = FileIds(
-            int(pc.min(decided).as_py()), int(pc.max(decided).as_py()), prints
+            int(pc.min(decided).as_py()),
+            int(pc.max(decided).as_py()),
+            fingerprints(rows.column("alertId").to_pylist()),
+            fingerprints([str(t) for t in rows.column("transactionId").to_pylist()]),
         )
 
     def forget(self, uris: set[str]) -> bool:
@@ -174,25 +184,36 @@ class AlertIdIndex:
             self.files.pop(uri, None)
         return True
 
-    def decision_ranges(self, alert_id: str) -> list[tuple[int, int]]:
-        """The decisionTime ranges of the files that may hold ``alert_id``."""
-        wanted = fingerprint(alert_id)
+    def decision_ranges(
+        self, alert_id: str | None, transaction_id: str | None
+    ) -> list[tuple[int, int]]:
+        """The decisionTime ranges of the files that may hold ``alert_id`` (or, with None,
+        an alert of ``transaction_id``)."""
+        if alert_id is not None:
+            wanted, column = fingerprint(alert_id), "alert_ids"
+        else:
+            wanted, column = fingerprint(str(transaction_id)), "transaction_ids"
         return [
-            (f.first_decision, f.last_decision) for f in self.files.values() if f.may_hold(wanted)
+            (f.first_decision, f.last_decision)
+            for f in self.files.values()
+            if _holds(getattr(f, column), wanted)
         ]
 
 
-def alert_id_ranges(table: DeltaTable, alert_id: str) -> list[tuple[int, int]]:
-    """The decisionTime ranges of the alerts table's data files that may hold ``alert_id``
-    (none: no file does), as of ``table``'s version."""
+def id_ranges(
+    table: DeltaTable, alert_id: str | None = None, transaction_id: str | None = None
+) -> list[tuple[int, int]]:
+    """The decisionTime ranges of the alerts table's data files that may hold the alert
+    ``alert_id`` (or an alert of ``transaction_id``); none: no file does. As of
+    ``table``'s version."""
 
     def feed(fold: AlertIdIndex, uris: Sequence[str]) -> None:
         for uri in uris:
-            fold.add_file(uri, _read_file(uri, ["alertId", "decisionTime"]))
+            fold.add_file(uri, _read_file(uri, ["alertId", "transactionId", "decisionTime"]))
 
     with FOLDS_LOCK:
         index = folded(table, AlertIdIndex, AlertIdIndex, feed, AlertIdIndex.forget)
-        return index.decision_ranges(alert_id)
+        return index.decision_ranges(alert_id, transaction_id)
 
 
 def in_ranges(ranges: Sequence[tuple[int, int]]) -> Any:

@@ -40,7 +40,7 @@ from velocity.analyst.shadow_compare import (
     compare_candidates,
     window_start,
 )
-from velocity.delta.alert_files import alert_id_ranges, alert_minutes, in_ranges
+from velocity.delta.alert_files import alert_minutes, id_ranges, in_ranges
 from velocity.delta.case_store import CaseStore
 from velocity.delta.file_folds import FOLDS_LOCK
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
@@ -191,7 +191,7 @@ def _by_alert_id(table: DeltaTable, alert_id: str) -> pc.Expression:
     where = pc.field("alertId") == alert_id
     if table.protocol().min_reader_version > 1:
         return where
-    return where & in_ranges(alert_id_ranges(table, alert_id))
+    return where & in_ranges(id_ranges(table, alert_id=alert_id))
 
 
 def alert_volumes(settings: Settings, now_ms: int) -> dict[tuple[int, int], AlertVolume]:
@@ -334,6 +334,9 @@ def newest_alerts(
     newest = _stat(files, "max.decisionTime", pc.max)
     dataset = table.to_pyarrow_dataset()
     where = _alert_predicate(query, before)
+    if query.transaction_id is not None and table.protocol().min_reader_version == 1:
+        # Only the files whose transactionId fingerprints hold it (the others skipped).
+        where = where & in_ranges(id_ranges(table, transaction_id=query.transaction_id))
     top = before.decision_time if before is not None else newest
     spans = _spans_below(files, top, limit + 1)
     # A table of an older Velocity has no shadow column until the stream adds it.

@@ -36,14 +36,8 @@ from velocity.domain.rules import (
 from velocity.operating.progress import QUIET, Progress
 from velocity.operating.timing import StepTimer
 from velocity.settings import Settings
-from velocity.spark.evaluate import (
-    ALERT_LINE,
-    ALERT_LINE_SCHEMA,
-    key_partitioned,
-    keyed_events,
-    partition_alerts,
-    partition_buckets,
-)
+from velocity.spark.evaluate import ALERT_LINE, ALERT_LINE_SCHEMA, hashed_alerts, hashed_buckets
+from velocity.spark.fan_out import hash_partitioned, hashed_keyed_events
 from velocity.spark.ingest import admitted_lines, split_admitted, staged_rejects
 from velocity.spark.progress import SparkProgress
 
@@ -222,20 +216,22 @@ def _run_backtest(
         _overwrite_rows(rejects.duplicates, root / tables.DUPLICATES, EVENT_SCHEMA)
     step("duplicates")
 
-    # The fan-out and the shuffle by key run once: the buckets and the alerts are both made
-    # from the checkpointed key partitions (measured, 1M events with rules that fire on
-    # most events: fan-out + shuffle + sort 12.7 s, done twice before).
-    keyed = keyed_events(events, rules_by_signature(active))
-    ordered = key_partitioned(keyed, settings.spark_shuffle_partitions).localCheckpoint(eager=True)
+    # The fan-out and the shuffle by key run once, in the JVM (Spark SQL expressions, an
+    # int64 key hash: no string compared, no Python): the buckets and the alerts are both
+    # made from the checkpointed key partitions, each reaching the kernel in one Arrow hop.
+    signatures = list(rules_by_signature(active))
+    keyed = hashed_keyed_events(events, signatures)
+    ordered = hash_partitioned(keyed, settings.spark_shuffle_partitions)
+    ordered = ordered.localCheckpoint(eager=True)
     step("fan-out+shuffle")
     if keep_state:
-        buckets = partition_buckets(ordered, width_ms, distinct_counted(active))
+        buckets = hashed_buckets(ordered, signatures, width_ms, distinct_counted(active))
         tables.overwrite_table(buckets, root / tables.BUCKETS)
     step("buckets")
     # The --out file is the answer; the table beside it cost as much again (measured,
     # 2.5M alerts of the fire-often rules), so its columns are decided only when kept.
     schema = StructType([*ALERT_SCHEMA.fields, ALERT_LINE]) if keep_state else ALERT_LINE_SCHEMA
-    decided = partition_alerts(ordered, active, width_ms, decision_time, schema)
+    decided = hashed_alerts(ordered, signatures, active, width_ms, decision_time, schema)
     decided = decided.localCheckpoint(eager=True)
     if keep_state:
         tables.overwrite_table(decided.drop(ALERT_LINE.name), root / tables.ALERTS)

@@ -31,6 +31,7 @@ from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_lines, alert_rows
+from velocity.spark.fan_out import keyed_chunks
 
 KEYED_SCHEMA = StructType(
     [
@@ -121,10 +122,19 @@ def partition_buckets(
 
 
 def _bucket_batches(
-    batches: Iterator[pa.RecordBatch], width_ms: int, distinct_counted: frozenset[str]
+    batches: Iterator[pa.RecordBatch],
+    width_ms: int,
+    distinct_counted: frozenset[str],
+    signature_ids: Sequence[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """One partition's buckets (rows sorted by signature, key), whole keys at a time."""
-    for chunk in _whole_keys(batches, KERNEL_CHUNK_ROWS):
+    """One partition's buckets (rows sorted by signature, key; or, given
+    ``signature_ids``, ``hash_partitioned`` rows), whole keys at a time."""
+    chunks = (
+        _whole_keys(batches, KERNEL_CHUNK_ROWS)
+        if signature_ids is None
+        else keyed_chunks(batches, signature_ids, KERNEL_CHUNK_ROWS)
+    )
+    for chunk in chunks:
         rows = bucket_rows(chunk, width_ms, distinct_counted)
         yield from bucket_table(rows, width_ms).to_batches()
 
@@ -223,11 +233,18 @@ def _alert_batches(
     decision_time: int,
     schema: pa.Schema,
     chunk_rows: int = KERNEL_CHUNK_ROWS,
+    signature_ids: Sequence[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The alerts of one partition's keyed rows (sorted by signature, key): the columnar
-    kernel over chunks that each hold whole keys, and so each key's whole cooldown;
-    ``schema``'s columns of ALERT_SCHEMA and ALERT_LINE."""
-    for chunk in _whole_keys(batches, chunk_rows):
+    """The alerts of one partition's keyed rows (sorted by signature, key; or, given
+    ``signature_ids``, ``hash_partitioned`` HASHED_SCHEMA rows): the columnar kernel over
+    chunks that each hold whole keys, and so each key's whole cooldown; ``schema``'s
+    columns of ALERT_SCHEMA and ALERT_LINE."""
+    chunks = (
+        _whole_keys(batches, chunk_rows)
+        if signature_ids is None
+        else keyed_chunks(batches, signature_ids, chunk_rows)
+    )
+    for chunk in chunks:
         decisions = decide_history(chunk, rules, width_ms)
         by = notify(decisions, chunk, rules).suppressed_by
         alerts = alert_rows(decisions, chunk, rules, decision_time, _ALERT_ARROW, by)
@@ -310,6 +327,45 @@ def partition_alerts(
         schema=to_arrow_schema(schema),
     )
     return ordered.mapInArrow(run, schema)
+
+
+def hashed_alerts(
+    ordered: DataFrame,
+    signatures: Sequence[RuleSignature],
+    rules: Sequence[Rule],
+    width_ms: int,
+    decision_time: int,
+    schema: StructType = ALERT_SCHEMA,
+) -> DataFrame:
+    """``partition_alerts`` of ``hash_partitioned`` rows (HASHED_SCHEMA, made by
+    ``hashed_keyed_events`` for ``signatures``): the same alerts, each partition in one
+    Arrow hop from the JVM."""
+    run = partial(
+        _alert_batches,
+        rules=rules,
+        width_ms=width_ms,
+        decision_time=decision_time,
+        schema=to_arrow_schema(schema),
+        signature_ids=[s.signature_id for s in signatures],
+    )
+    return ordered.mapInArrow(run, schema)
+
+
+def hashed_buckets(
+    ordered: DataFrame,
+    signatures: Sequence[RuleSignature],
+    width_ms: int,
+    distinct_counted: frozenset[str],
+) -> DataFrame:
+    """``partition_buckets`` of ``hash_partitioned`` rows (HASHED_SCHEMA, made by
+    ``hashed_keyed_events`` for ``signatures``)."""
+    make = partial(
+        _bucket_batches,
+        width_ms=width_ms,
+        distinct_counted=distinct_counted,
+        signature_ids=[s.signature_id for s in signatures],
+    )
+    return ordered.mapInArrow(make, BUCKET_SCHEMA)
 
 
 def empty_alerts(spark: SparkSession) -> DataFrame:

@@ -774,6 +774,12 @@ def main() -> int:
     http = "turned off (--http off)" if args.http == "off" else http_missing()
     if http:
         print(f"HTTP: {http}", flush=True)
+    print(
+        "scheduling: Redis and velocity serve at VELOCITY_SERVING_NICE (as `velocity up` runs "
+        "them), the check generators at nice -10 (each stands for a service on a machine of "
+        "its own); the stream at the default",
+        flush=True,
+    )
     results = []
     for rules in rule_files:
         results.append(measure(args, rules, http))

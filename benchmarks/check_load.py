@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from velocity.operating.local_process import run_ahead
+
 # How long a lane keeps sending the checks of a window once the window is over: checks
 # still unsent then were never answered.
 GRACE_SECONDS = 2.0
@@ -221,7 +223,14 @@ def main() -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--nice", type=int, default=-10,
+        help="this generator's niceness: it stands for a service on a machine of its own, so "
+        "it runs ahead of the stream's batch work (as `velocity up` runs Redis)",
+    )  # fmt: skip
     args = parser.parse_args()
+    # Before the lanes' threads start: they inherit it.
+    print(f"generator {args.index}: {run_ahead(0, args.nice)}", file=sys.stderr, flush=True)
 
     payments = prepare(sorted(args.files), args.at_end)
     token = os.environ.get("VELOCITY_CHECK_TOKEN", "")

@@ -184,6 +184,15 @@ class Settings(BaseSettings):
         description="Port of `velocity serve`, the HTTP check service (POST /check, GET "
         "/healthz, GET /metrics), which `velocity up` starts too (0: `up` starts none).",
     )
+    serving_nice: int = Field(
+        default=-10,
+        ge=-20,
+        le=19,
+        description="Scheduling niceness of the local Redis `velocity up` starts and of `velocity "
+        "serve`: checks and lookups wait for them, so on cores shared with Spark they run ahead "
+        "of it (0: as any process). Raising a priority needs root or CAP_SYS_NICE; without it "
+        "they keep their own, and `velocity up` says so.",
+    )
     check_token: str = Field(
         default="",
         description="Bearer token every POST /check must present (at least 16 characters). "

@@ -26,14 +26,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from velocity.errors import UsageError, VelocityError
-from velocity.operating.local_process import log_tail, pidfile_process, process_alive
+from velocity.operating.local_process import log_tail, pidfile_process, process_alive, run_ahead
 from velocity.settings import Settings, loopback_address
 
 MIN_VERSION = (7, 0, 0)  # Redis Functions, which the mirror relies on
@@ -105,6 +105,8 @@ class RedisStatus:
     """True when this call started the server, False when it was already running."""
     config_path: Path
     log_path: Path
+    priority: str = ""
+    """Its scheduling niceness in words, set when this call started it (``run_ahead``)."""
 
 
 def local_redis(settings: Settings) -> LocalRedis:
@@ -272,6 +274,8 @@ def redis_up(settings: Settings, *, timeout_seconds: float = 15.0) -> RedisStatu
     while True:
         status = _running_status(server, started=True)
         if status is not None:
+            if status.pid is not None:
+                status = replace(status, priority=run_ahead(status.pid, settings.serving_nice))
             return status
         if time.monotonic() > deadline:
             raise VelocityError(

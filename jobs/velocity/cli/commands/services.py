@@ -15,7 +15,8 @@ def up(args: argparse.Namespace) -> int:
     status = redis_up(settings)
     host, port, _ = settings.redis_address
     state = "started" if status.started else "already running"
-    print(f"redis {status.version} {state} on {host}:{port} (pid {status.pid})")
+    ahead = f", {status.priority}" if status.priority else ""
+    print(f"redis {status.version} {state} on {host}:{port} (pid {status.pid}{ahead})")
     print(status.url)
     print(
         f"read-only user for downstream services: {READER_USER} "

@@ -131,6 +131,10 @@ def run_peer(
     return wall, said
 
 
+def _steps(seconds: dict[str, float]) -> str:
+    return ", ".join(f"{step} {s:.1f}" for step, s in seconds.items())
+
+
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
@@ -155,6 +159,12 @@ def main() -> int:
         "bounded jobs; streaming: HashMap state backend, timers fired by the final watermark)",
     )
     parser.add_argument("--parallelism", type=int, default=2, help="the peer's parallelism")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another checkout (e.g. a git worktree of an earlier commit) whose backtest is "
+        "timed too, in the same run, its alerts compared with the peer's as well",
+    )
     parser.add_argument("--work-dir", default=str(ROOT / "data" / "bench-peer"))
     parser.add_argument(
         "--events-dir",
@@ -183,17 +193,31 @@ def main() -> int:
     results = []
     for name, rules in rule_files.items():
         velocity_walls: list[float] = []
+        before_walls: list[float] = []
         peer_walls: list[float] = []
+        steps: dict[str, list[float]] = {}
         for run in range(args.runs):  # interleaved: the machine's noise hits both alike
             velocity_work = work / f"velocity-{name}"
             velocity_work.mkdir(parents=True, exist_ok=True)
             wall, summary = _backtest(velocity_work, events, 60, None, rules)
             velocity_walls.append(wall)
+            for step, seconds in summary["step_seconds"].items():
+                steps.setdefault(step, []).append(seconds)
             print(
                 f"{name}, run {run + 1}: velocity backtest {wall:.1f} s "
                 f"({summary['seconds']:.1f} s excluding Spark start-up), "
-                f"{summary['alerts']:,} alerts"
+                f"{summary['alerts']:,} alerts, peak RSS {summary['peak_rss_mb']:,.0f} MB; "
+                f"steps (s): {_steps(summary['step_seconds'])}"
             )
+            if args.before:
+                before_work = work / f"before-{name}"
+                before_work.mkdir(parents=True, exist_ok=True)
+                wall, summary = _backtest(before_work, events, 60, None, rules, args.before)
+                before_walls.append(wall)
+                print(
+                    f"{name}, run {run + 1}: the code before ({args.before}) {wall:.1f} s, "
+                    f"{summary['alerts']:,} alerts; steps (s): {_steps(summary['step_seconds'])}"
+                )
             peer_out = work / f"flink-{name}"
             wall, said = run_peer(events, rules, peer_out, args.mode, args.parallelism)
             peer_walls.append(wall)
@@ -201,9 +225,21 @@ def main() -> int:
         velocity = read_alerts([work / f"velocity-{name}" / "alerts.jsonl"])
         peer = read_alerts(sorted((work / f"flink-{name}").glob("alerts-*.jsonl")))
         comparison = compare(velocity, peer)
+        if args.before:
+            before = compare(read_alerts([work / f"before-{name}" / "alerts.jsonl"]), peer)
+            print(
+                f"{name}: the code before {statistics.median(before_walls):.1f} s, its alerts "
+                f"{'identical' if before.identical and before.flags_identical else 'NOT identical'}"
+                " to the peer's"
+            )
+            comparison.lines.extend(before.lines)
+            comparison.identical &= before.identical
+            comparison.flags_identical &= before.flags_identical
         results.append(
             (name, statistics.median(velocity_walls), statistics.median(peer_walls),
-             velocity.count, peer.count, comparison)
+             velocity.count, peer.count, comparison,
+             {step: round(statistics.median(s), 2) for step, s in steps.items()},
+             statistics.median(before_walls) if before_walls else None)
         )  # fmt: skip
     print(f"\nload average at the end {_load()}")
     print(
@@ -221,12 +257,14 @@ def main() -> int:
                 {"rules": name, "velocity_seconds": round(v_wall, 2),
                  "peer_seconds": round(p_wall, 2), "ratio": round(v_wall / p_wall, 3),
                  "velocity_alerts": v_count, "peer_alerts": p_count,
-                 "identical": c.identical, "flags_identical": c.flags_identical}
-                for name, v_wall, p_wall, v_count, p_count, c in results
+                 "identical": c.identical, "flags_identical": c.flags_identical,
+                 "velocity_step_seconds": step_seconds,
+                 **({"before_seconds": round(b_wall, 2)} if b_wall is not None else {})}
+                for name, v_wall, p_wall, v_count, p_count, c, step_seconds, b_wall in results
             ],
         },
     )  # fmt: skip
-    for name, velocity_wall, peer_wall, velocity_count, peer_count, comparison in results:
+    for name, velocity_wall, peer_wall, velocity_count, peer_count, comparison, *_ in results:
         same = "yes" if comparison.identical else "NO"
         flags = "" if comparison.flags_identical else " (cooldown flags differ)"
         print(

@@ -53,10 +53,12 @@ from velocity.spark.evaluate import (
     BUCKET_FIGURES,
     HOUR_MS,
     bucket_aggregates,
-    evaluate_alerts,
+    hashed_alerts,
+    hashed_buckets,
     keyed_events,
     merged_figures,
 )
+from velocity.spark.fan_out import hash_partitioned, hashed_keyed_events
 from velocity.spark.progress import SparkProgress
 from velocity.spark.redis_state import RedisState
 
@@ -292,12 +294,10 @@ class Backfill:
         history = events.where(F.col("eventTime").between(history_from, to_ms))
         summary.history_events = history.count()
         progress.step("evaluate", summary.history_events)
-        keyed = keyed_events(history, rules_by_signature(versions.rules)).persist()
-        decisions = self._decide(keyed, versions, events, from_ms, to_ms, decided_at).persist()
+        decisions = self._decide(history, versions, events, from_ms, to_ms, decided_at).persist()
         try:
             summary.events_evaluated = history.where(F.col("eventTime") >= from_ms).count()
             summary.decisions_fired = decisions.count()
-            keyed.unpersist()
             timer.mark("evaluate")
 
             # 3. The range's buckets recounted from the pinned events against the stored
@@ -352,7 +352,6 @@ class Backfill:
             summary.lock_seconds += lease.held_seconds()
         finally:
             decisions.unpersist()
-            keyed.unpersist()
         summary.step_seconds = timer.steps
         summary.seconds = timer.total
         return summary
@@ -370,23 +369,24 @@ class Backfill:
 
     def _decide(
         self,
-        keyed: DataFrame,
+        history: DataFrame,
         versions: AcceptedVersions,
         pinned_events: DataFrame,
         from_ms: int,
         to_ms: int,
         decided_at: int,
     ) -> DataFrame:
-        """The decisions of the events in ``[from_ms, to_ms]`` over ``keyed`` (the pinned
-        history), as alert rows: each event's under the rule versions its batch was decided
-        with."""
+        """The decisions of the events in ``[from_ms, to_ms]`` over ``history`` (the pinned
+        events from the widest window before), as alert rows: each event's under the rule
+        versions its batch was decided with. The backtest's path: fan-out and shuffle in
+        the JVM, each key-partition decided by the kernel."""
         settings = self.settings
-        decided = evaluate_alerts(
-            keyed,
-            versions.rules,
-            settings.bucket_width_ms,
-            decided_at,
-            settings.spark_shuffle_partitions,
+        signatures = list(rules_by_signature(versions.rules))
+        ordered = hash_partitioned(
+            hashed_keyed_events(history, signatures), settings.spark_shuffle_partitions
+        )
+        decided = hashed_alerts(
+            ordered, signatures, versions.rules, settings.bucket_width_ms, decided_at
         ).where(F.col("eventTime").between(from_ms, to_ms))
         if not versions.epochs.starts:
             return decided  # no batch recorded its versions: today's for every event
@@ -441,7 +441,10 @@ class Backfill:
         pinned = _read_at(spark, self.live.events, events_version)
         raw = pinned.where(F.col("eventTime").between(lower, upper - 1))
         counted = distinct_counted(in_force)
-        recount = bucket_aggregates(keyed_events(raw, signatures), width, counted).select(
+        ordered = hash_partitioned(
+            hashed_keyed_events(raw, signatures), self.settings.spark_shuffle_partitions
+        )
+        recount = hashed_buckets(ordered, signatures, width, counted).select(
             *_SLOT, *[F.col(n).alias(f"new_{n}") for n in BUCKET_FIGURES]
         )
         stored_rows = _read_at(spark, self.live.buckets, buckets_version).where(

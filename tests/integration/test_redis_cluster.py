@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from redis.cluster import RedisCluster
+from starlette.testclient import TestClient
 
 from tests.builders import asked_keys, key_changes
 from tests.integration.test_check_decides_as_stream import (
@@ -22,11 +23,14 @@ from tests.integration.test_check_decides_as_stream import (
 )
 from tests.integration.test_partition_commit import partition_commit
 from velocity.domain.buckets import BucketAggregate
+from velocity.domain.decimals import dumps_json
 from velocity.domain.stream_batch import KeyState
 from velocity.redis import cluster, connection, mirror
+from velocity.redis.check import check_payment
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lease import StateLockLost
 from velocity.redis.lock import state_lock
+from velocity.serving.app import check_app
 from velocity.settings import Settings, load_settings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.redis]
@@ -284,3 +288,13 @@ def test_a_check_on_the_cluster_decides_as_the_stream_there(settings: Settings) 
     copies = cluster.rules_copies(client, settings.redis_keys)
     assert len({client.keyslot(c.name) for c in copies.values()}) == 3
     assert all(client.get_node_from_key(c.name).name == m for m, c in copies.items())
+    # The HTTP service answers as check_payment there (its cluster path: the blocking
+    # client's calls in the thread pool, the answer encoded from check_payment's).
+    token = "cluster-token-0123456789"
+    with TestClient(check_app(client, settings.redis_keys, token)) as http:
+        for event in events[-6:]:
+            sent = {**event, "transactionId": f"http-{event['transactionId']}"}
+            answer = http.post("/check", content=dumps_json(sent),
+                               headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == check_payment(client, settings.redis_keys, sent)

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from velocity.errors import InvalidFieldError
-from velocity.redis.check import payment_arguments, valid_payment
+from velocity.redis.check import decision_of, payment_arguments, valid_payment
 
 PAYMENT = {"transactionId": 42, "eventTime": 1767225600000, "payerId": 12, "beneficiaryId": "b-7",
            "paymentAmount": Decimal("120.50"), "paymentType": "CRD"}  # fmt: skip
@@ -47,3 +47,9 @@ def test_a_payment_that_is_no_object_is_named_as_a_whole() -> None:
     with pytest.raises(InvalidFieldError) as refused:
         valid_payment([PAYMENT])
     assert refused.value.field == "(payment)"
+
+
+def test_the_decision_is_read_from_the_head_of_the_functions_answer() -> None:
+    assert decision_of('{"decision":"BLOCK","rules":[],"stateAsOf":{}}') == "BLOCK"
+    with pytest.raises(ValueError, match="not a check's answer"):
+        decision_of('{"rules":[],"decision":"ALLOW"}')

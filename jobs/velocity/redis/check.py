@@ -19,10 +19,12 @@ What callers rely on:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, cast
 
 import redis
+import redis.asyncio
 from redis.cluster import RedisCluster
 
 from velocity.domain.schema import (
@@ -80,23 +82,51 @@ def check_payment(
     client: redis.Redis, keys: RedisKeys, payment: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Which rules in force ``payment`` (a decoded SPEC §1 event) would fire now."""
-    event = valid_payment(payment)
-    arguments = payment_arguments(event)
-    try:
+    arguments = payment_arguments(valid_payment(payment))
+    with _check_errors():
         if is_cluster(client):
             return _cluster_check(cast(RedisCluster, client), keys, arguments)
         reply = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *arguments)
+    answer: dict[str, Any] = json.loads(cast(str, reply))
+    return answer
+
+
+async def check_payment_text(
+    client: redis.asyncio.Redis, keys: RedisKeys, payment: Mapping[str, Any]
+) -> str:
+    """``check_payment``'s answer as the Function's JSON text, from an asyncio client of
+    one Redis: what the HTTP service sends on, with no thread to hand the call to and
+    nothing decoded to be encoded again."""
+    arguments = payment_arguments(valid_payment(payment))
+    with _check_errors():
+        # redis-py types its commands sync-or-async; this client's are awaitable.
+        call = client.fcall_ro(CHECK_FUNCTION, 1, keys.check_rules, *arguments)
+        reply = await cast(Awaitable[str], call)
+    return cast(str, reply)
+
+
+def decision_of(answer: str) -> str:
+    """The ``decision`` of a check's JSON text: velocity_check's reply starts with it."""
+    head = '{"decision":"'
+    if not answer.startswith(head):
+        raise ValueError(f"not a check's answer: {answer[:40]!r}")
+    return answer[len(head) : answer.index('"', len(head))]
+
+
+@contextmanager
+def _check_errors() -> Iterator[None]:
+    """The Function's error replies as this module's errors: no rules (unavailable), or a
+    payment field it refused (named first: "velocity_check: <field> <reason>")."""
+    try:
+        yield
     except redis.ResponseError as exc:
         message = str(exc)
         if "velocity_check unavailable:" in message:
             raise CheckUnavailableError(message.split("unavailable:", 1)[1].strip()) from exc
         if "velocity_check:" not in message:
             raise
-        # The Function names the field first: "velocity_check: <field> <reason>".
         field, _, reason = message.split("velocity_check:", 1)[1].strip().partition(" ")
         raise InvalidFieldError(field, reason, "; nothing checked") from exc
-    answer: dict[str, Any] = json.loads(cast(str, reply))
-    return answer
 
 
 def _cluster_check(client: RedisCluster, keys: RedisKeys, arguments: list[str]) -> dict[str, Any]:

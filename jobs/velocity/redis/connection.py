@@ -9,6 +9,7 @@ from typing import cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
+import redis.asyncio
 from redis.cluster import RedisCluster
 
 from velocity.settings import Settings
@@ -39,6 +40,19 @@ def connect(settings: Settings, *, user: tuple[str, str] | None = None) -> redis
             ),
         )
     return redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
+    )
+
+
+def connect_async(
+    settings: Settings, *, user: tuple[str, str] | None = None
+) -> redis.asyncio.Redis:
+    """``connect``'s client of one Redis for asyncio code (the HTTP check service): the
+    same URL, user and timeouts. Not for a Redis Cluster."""
+    if settings.redis_cluster:
+        raise ValueError("connect_async serves one Redis; a cluster's client is connect's")
+    url = settings.redis_url if user is None else with_user(settings.redis_url, *user)
+    return redis.asyncio.Redis.from_url(
         url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
     )
 

@@ -37,7 +37,7 @@ import uvicorn
 
 from velocity.errors import UsageError, VelocityError
 from velocity.operating.local_process import log_tail, pidfile_process, process_alive
-from velocity.redis.connection import connect
+from velocity.redis.connection import connect, connect_async
 from velocity.redis.server import READER_USER
 from velocity.serving.app import check_app
 from velocity.settings import Settings
@@ -117,8 +117,10 @@ class CheckService:
             raise UsageError("VELOCITY_CHECK_PORT is 0 (no check service): set a port to serve")
         token, token_file = service_token(settings)
         listening = _bind(settings.check_host, settings.check_port)
-        client = connect(settings, user=(READER_USER, settings.redis_reader_password))
-        app = check_app(client, settings.redis_keys, token)
+        user = (READER_USER, settings.redis_reader_password)
+        client = connect(settings, user=user)
+        waiting = None if settings.redis_cluster else connect_async(settings, user=user)
+        app = check_app(client, settings.redis_keys, token, async_client=waiting)
         config = uvicorn.Config(
             app,
             lifespan="off",

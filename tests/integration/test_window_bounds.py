@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 
 import pytest
 import redis
@@ -174,3 +175,30 @@ def test_a_check_before_the_streams_first_commit_answers_null_freshness(
     client.hset(settings.redis_keys.stream_progress, mapping={"newest": "", "layout": "packed"})
     answer = json.loads(check(client, settings, *PAYMENT, "eventTime", "1", "payerId", "p-1"))
     assert answer["stateAsOf"] == {"eventTime": None, "committedAt": None, "batch": None}
+
+
+def test_a_payment_the_stream_would_quarantine_as_future_is_not_checked(
+    settings: Settings,
+) -> None:
+    """More than VELOCITY_MAX_FUTURE_SECONDS ahead of the clock, or of the newest payment
+    committed: the stream quarantines it (future_event_time), so the check refuses it."""
+    client = connection.connect(settings)
+    mirror.publish_rules(client, settings.redis_keys, [], settings.bucket_width_ms, 3_600_000)
+    now = int(time.time() * 1000)
+    payment = [*PAYMENT, "payerId", "p-1"]
+    json.loads(check(client, settings, *payment, "eventTime", str(now + 3_000_000)))
+    with pytest.raises(
+        redis.ResponseError,
+        match=r"eventTime '\d+' is more than 3600 s ahead "
+        r"of the clock: the stream would quarantine it \(future_event_time\)",
+    ):
+        check(client, settings, *payment, "eventTime", str(now + 3_700_000))
+    client.hset(settings.redis_keys.stream_progress, mapping={"newest": now - 7_200_000})
+    json.loads(check(client, settings, *payment, "eventTime", str(now - 3_700_000)))
+    with pytest.raises(
+        redis.ResponseError,
+        match=r"more than 3600 s ahead of the newest "
+        rf"payment committed \({now - 7_200_000}\)",
+    ):
+        check(client, settings, *payment, "eventTime", str(now - 3_500_000))
+    assert client.exists(settings.redis_keys.stream_progress) == 1

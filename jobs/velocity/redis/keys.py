@@ -251,6 +251,9 @@ def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
 # The field of ``P:rules`` naming the stream's progress hash (velocity.lua's
 # CHECK_PROGRESS_FIELD).
 CHECK_PROGRESS_FIELD = "~progress"
+# The field of ``P:rules`` holding VELOCITY_MAX_FUTURE_SECONDS in ms (velocity.lua's
+# CHECK_MAX_FUTURE_FIELD): a payment the stream would quarantine is not checked.
+CHECK_MAX_FUTURE_FIELD = "~maxFutureMs"
 
 
 def check_rule(rule: Rule, bucket_ms: int) -> str:

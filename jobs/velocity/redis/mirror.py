@@ -34,6 +34,7 @@ from velocity.redis.commit_args import (
 from velocity.redis.connection import connect, is_cluster, read_hash
 from velocity.redis.hot_state import HotState, hot_state
 from velocity.redis.keys import (
+    CHECK_MAX_FUTURE_FIELD,
     CHECK_PROGRESS_FIELD,
     DENSE_TEXT,
     HASH_MARK,
@@ -226,16 +227,23 @@ def batch_alerts(client: redis.Redis, stream: str, batch_id: int) -> list[str]:
 
 
 def publish_rules(
-    client: redis.Redis, keys: RedisKeys, rules: Sequence[Rule], bucket_ms: int
+    client: redis.Redis,
+    keys: RedisKeys,
+    rules: Sequence[Rule],
+    bucket_ms: int,
+    max_future_ms: int | None = None,
 ) -> None:
     """Make ``<prefix>:rule:<id>`` and ``<prefix>:rules`` (the check's) describe exactly the
     given ACTIVE rules (others are removed), in one MULTI/EXEC: a lookup or a check never
     sees a rule between its DEL and its HSET. A SHADOW candidate gets no entry: its ruleId's
-    entry is the rule in force's."""
+    entry is the rule in force's. ``max_future_ms`` (the stream's VELOCITY_MAX_FUTURE_SECONDS)
+    makes the check refuse a payment the stream would quarantine as future_event_time."""
     active = [r for r in rules if r.state is RuleState.ACTIVE]
     wanted = {keys.rule_entry(r.rule_id): rule_entry(r, bucket_ms) for r in active}
     checked = {str(r.rule_id): check_rule(r, bucket_ms) for r in active}
     checked[CHECK_PROGRESS_FIELD] = keys.stream_progress
+    if max_future_ms is not None:
+        checked[CHECK_MAX_FUTURE_FIELD] = str(max_future_ms)
     present = set(client.scan_iter(match=keys.rule_entries, count=1000))
     # A cluster has no MULTI across slots: there a lookup may see a rule in between.
     pipe = client.pipeline(transaction=not is_cluster(client))

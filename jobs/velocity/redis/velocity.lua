@@ -628,6 +628,9 @@ end
 -- whenever the rules in force change: field = ruleId, value = the rule as the check reads
 -- it; field CHECK_PROGRESS_FIELD = the name of the stream's progress hash.
 local CHECK_PROGRESS_FIELD = "~progress"
+-- field CHECK_MAX_FUTURE_FIELD = VELOCITY_MAX_FUTURE_SECONDS in ms: a payment dated further
+-- ahead of the clock, or of the newest payment committed, the stream quarantines.
+local CHECK_MAX_FUTURE_FIELD = "~maxFutureMs"
 -- An event's fields (velocity/domain/schema.py's EVENT_FIELDS): those a check requires, and
 -- the declared ones rules may read. Anything else is accepted and ignored, as the stream
 -- ignores it.
@@ -894,6 +897,26 @@ end
 -- (the amount a plain decimal). A bad field gets an error reply naming it.
 -- reply: {"decision", "rules": [{ruleId, ruleVersion, outcome, key, fired, aggregateValue,
 --   limitOperatorType, limit, windowStart, windowEnd[, notified]}], "stateAsOf"}
+-- Why the stream would quarantine a payment dated `t` as future_event_time (more than
+-- `max_future` ms ahead of the clock, or of the newest eventTime it has committed), or nil.
+local function future_problem(t, max_future, progress_name, ranges)
+  local now = redis.call("TIME")
+  local clock = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local seconds = ms_text(max_future / 1000)
+  local suffix = ": the stream would quarantine it (future_event_time), so it is not checked"
+  if t > clock + max_future then
+    return "'" .. ms_text(t) .. "' is more than " .. seconds .. " s ahead of the clock" .. suffix
+  end
+  if progress_name and is_local(progress_name, ranges) then
+    local newest = tonumber(string.match(redis.call("HGET", progress_name, "newest") or "", "^%d+$"))
+    if newest and t > newest + max_future then
+      return "'" .. ms_text(t) .. "' is more than " .. seconds .. " s ahead of the newest "
+          .. "payment committed (" .. ms_text(newest) .. ")" .. suffix
+    end
+  end
+  return nil
+end
+
 local function velocity_check(keys, args)
   -- On a Redis Cluster each master evaluates the rules whose key it serves: the caller
   -- names its slots (a field CHECK_SLOTS_FIELD among the payment's) and merges the answers.
@@ -920,13 +943,19 @@ local function velocity_check(keys, args)
         .. "rules: the stream has not published them since Redis was emptied, or the prefix "
         .. "is not a data dir's")
   end
-  local progress_name, texts = nil, {}
+  local progress_name, max_future, texts = nil, nil, {}
   for i = 1, #entries, 2 do
     if entries[i] == CHECK_PROGRESS_FIELD then
       progress_name = entries[i + 1]
+    elseif entries[i] == CHECK_MAX_FUTURE_FIELD then
+      max_future = tonumber(entries[i + 1])
     else
       texts[#texts + 1] = entries[i + 1]
     end
+  end
+  if max_future then
+    local ahead = future_problem(event.time, max_future, progress_name, ranges)
+    if ahead then return check_error("eventTime", ahead) end
   end
   local rules = {}
   for _, text in ipairs(texts) do rules[#rules + 1] = check_rule(text) end

@@ -71,7 +71,13 @@ class RedisState:
         if connection.is_cluster(self.redis):
             cluster.forget_staging(cast(RedisCluster, self.redis), keys)
         mirror.forget_partitions(self.redis, keys)
-        mirror.publish_rules(self.redis, keys, rules, self.settings.bucket_width_ms)
+        mirror.publish_rules(
+            self.redis,
+            keys,
+            rules,
+            self.settings.bucket_width_ms,
+            self.settings.max_future_seconds * 1000,
+        )
         written = 0
         # A new data dir's tables hold nothing to refill: no Spark job for them.
         if not self.state.unwritten("buckets"):

@@ -483,7 +483,11 @@ class StreamJob:
         if version != self._rules_version:
             rules = deciding_rules(self.rule_store.in_force())
             mirror.publish_rules(
-                self.redis, self.settings.redis_keys, rules, self.settings.bucket_width_ms
+                self.redis,
+                self.settings.redis_keys,
+                rules,
+                self.settings.bucket_width_ms,
+                self.settings.max_future_seconds * 1000,
             )
             signatures = list(rules_by_signature(rules))
             # Build from every batch Redis has: a batch committed there before a crash is

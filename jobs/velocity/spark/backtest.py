@@ -217,12 +217,16 @@ def _run_backtest(
     step("duplicates")
 
     # The fan-out and the shuffle by key run once, in the JVM (Spark SQL expressions, an
-    # int64 key hash: no string compared, no Python): the buckets and the alerts are both
-    # made from the checkpointed key partitions, each reaching the kernel in one Arrow hop.
+    # int64 key hash: no string compared, no Python), each key-partition reaching the
+    # kernel in one Arrow hop. With the buckets kept too, both are made from checkpointed
+    # key partitions; else the sorted partitions go straight to the kernel (the
+    # checkpoint's copy of every keyed row is then only a cost), so this step's time shows
+    # in the next one's.
     signatures = list(rules_by_signature(active))
     keyed = hashed_keyed_events(events, signatures)
     ordered = hash_partitioned(keyed, settings.spark_shuffle_partitions)
-    ordered = ordered.localCheckpoint(eager=True)
+    if keep_state:
+        ordered = ordered.localCheckpoint(eager=True)
     step("fan-out+shuffle")
     if keep_state:
         buckets = hashed_buckets(ordered, signatures, width_ms, distinct_counted(active))

@@ -3,10 +3,11 @@ partitioned in the JVM, each key-partition handed to the kernel in one Arrow hop
 
 ``hashed_keyed_events`` gives, for every event and every signature whose filter it passes
 and whose grouping fields it has, one HASHED_SCHEMA row: the signature's index (a small
-int), an int64 hash of (signature, the key's canonical values), the key's text, and the
-kernel's columns. ``hash_partitioned`` shuffles and sorts by the hash alone, an int64, so
-the shuffle never compares a string. The rows are those of the Python reference fan-out
-(``velocity.engine.fan_out.keyed_rows``), which a test holds them to.
+int), an int64 hash (the index in its high bits, a hash of the key's canonical values in
+the others), the key's text, and the kernel's columns. ``hash_partitioned`` shuffles
+and sorts by the hash alone, an int64, so the shuffle never compares a string. The rows
+are those of the Python reference fan-out (``velocity.engine.fan_out.keyed_rows``), which
+a test holds them to.
 
 Invariants:
 - one (signature, key) has one hash, so its rows meet in one partition, contiguous once
@@ -72,7 +73,7 @@ def hashed_keyed_events(
     HASHED_SCHEMA rows, made by Spark SQL in one pass over the events: a projection of
     every field's canonical text, then one generated row per (event, signature) kept.
     ``signature_index`` indexes ``signatures``. ``hash_mask`` keeps only some bits of
-    the hash: a test's way to force collisions (-1: all 64)."""
+    the key's hash: a test's way to force collisions (-1: all of them)."""
     fields = sorted(
         {
             name
@@ -94,6 +95,10 @@ def hashed_keyed_events(
             for name in fields
         ],
     )
+    # The signature's index in the hash's high bits: sorted by the hash, a partition's rows
+    # come signature by signature, as the kernel groups them (its sorts then find runs).
+    low_bits = 63 - max(1, (len(signatures) - 1).bit_length())
+    low_mask = (1 << low_bits) - 1
     rows = []
     for index, signature in enumerate(signatures):
         keep: Column = F.lit(True)
@@ -102,9 +107,8 @@ def hashed_keyed_events(
         for name, allowed in signature.filter:
             keep = keep & F.coalesce(F.col(text[name]).isin(list(allowed)), F.lit(False))
         values = [F.col(text[name]) for name in signature.grouping_keys]
-        key_hash = F.xxhash64(F.lit(index), *values)
-        if hash_mask != -1:
-            key_hash = key_hash.bitwiseAND(F.lit(hash_mask))
+        hashed = F.xxhash64(F.lit(index), *values).bitwiseAND(F.lit(low_mask & hash_mask))
+        key_hash = F.shiftleft(F.lit(index).cast("long"), low_bits).bitwiseOR(hashed)
         field = signature.aggregate_field
         value, number = F.lit(None).cast("string"), F.lit(None).cast(AMOUNT_TYPE)
         if field:

@@ -77,6 +77,8 @@ BUSY = 0.85
 # A lane (a connection of a generator) sends at most this many checks a second, so its
 # schedule slips only once a round trip takes over 4 ms: more lanes at higher rates.
 LANE_RATE = 250
+# Redis's latency monitor records what stalled it longer than this (ms): forks, the disk.
+LATENCY_EVENT_MS = 5
 # Redis's slow log keeps the calls that held it longer than this (µs) while checks run.
 SLOW_US = 1000
 # --at-end (the ramp) draws from the payments of the last files only (their keys, fewer to parse).
@@ -276,6 +278,27 @@ def slow_calls(client: Any) -> list[tuple[str, float]]:
     return calls
 
 
+def redis_stalls(client: Any) -> dict[str, Any]:
+    """What stalled Redis while the files landed, by its own latency monitor (events over
+    ``LATENCY_EVENT_MS``: "command" for a call, "fork" for a rewrite of the AOF, "aof-*"
+    for a disk that kept a write waiting, "expire-cycle"…): each event's count of spikes
+    kept, latest and longest ms; and its forks."""
+    try:
+        events = {
+            str(name): {"latest_ms": int(latest), "max_ms": int(longest),
+                        "spikes": len(client.execute_command("LATENCY", "HISTORY", name))}
+            for name, _, latest, longest in client.execute_command("LATENCY", "LATEST")
+        }  # fmt: skip
+        stats = client.info("stats")
+    except Exception:  # a Redis that refuses LATENCY: no diagnosis, the figures stand
+        return {}
+    return {
+        "events": events,
+        "forks": int(stats.get("total_forks", 0)),
+        "latest_fork_ms": round(int(stats.get("latest_fork_usec", 0)) / 1000, 1),
+    }
+
+
 def slow_summary(calls: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
     """Slow calls by command: how many, the longest and all together (ms); the 5 costliest."""
     out: dict[str, dict[str, float]] = {}
@@ -378,6 +401,7 @@ class CheckLoad:
         self.generated: dict[str, Generated] = {}
         self.samples: list[tuple[float, float, int, float]] = []
         self.slow: list[list[tuple[str, float]]] = []  # at each block's end, its slow calls
+        self.stalls: dict[str, Any] = {}
         self.service_cpu = 0.0
         self.ramp: list[Step] = []
         self.ramp_limit = ""
@@ -412,9 +436,10 @@ class CheckLoad:
         self.door = {"function": ["--redis", reader]}
         self.rules_key = RedisKeys(env["VELOCITY_REDIS_KEY_PREFIX"], "").check_rules
         self.door["function"] += ["--rules-key", self.rules_key]
-        try:  # which calls held Redis while checks waited
+        try:  # which calls held Redis while checks waited, and what else stalled it
             self.client.config_set("slowlog-log-slower-than", SLOW_US)
             self.client.config_set("slowlog-max-len", 10_000)
+            self.client.config_set("latency-monitor-threshold", LATENCY_EVENT_MS)
         except Exception as exc:  # no diagnosis, the figures stand
             print(f"Redis's slow log not set: {exc}", flush=True)
         if "http" in self.loads:
@@ -455,6 +480,7 @@ class CheckLoad:
     def landed(self, times: dict[str, float]) -> None:
         self.landed_at = dict(times)
         self.sampler.join(timeout=self.args.seconds + 30)
+        self.stalls = redis_stalls(self.client)
         for load, generators in self.generators.items():
             self.generated[load] = generators.results(timeout=60)
         if self.service is not None:
@@ -674,6 +700,7 @@ def measure(args: argparse.Namespace, rules: Path, http: str | None) -> dict[str
             "answered_in_full_limited_by": load.capacity_limit,
         },
         "stream": run.summary(),
+        "redis_stalls": load.stalls,
     }
     if http is not None or load.http_problem:
         result["http"] = http or load.http_problem
@@ -708,6 +735,13 @@ def report(result: dict[str, Any]) -> None:
                   f"{entry['seen_after_landing_p50_ms']} / p99 {entry['seen_after_landing_p99_ms']}"
                   f" ms ({entry['seen_after_landing_files']} files; "
                   f"{entry['not_seen_in_its_block']} not seen within their block)")  # fmt: skip
+    stalls = result.get("redis_stalls") or {}
+    if stalls:
+        events = ", ".join(
+            f"{name} x{e['spikes']} (max {e['max_ms']} ms)" for name, e in stalls["events"].items()
+        )
+        print(f"  Redis stalls over {LATENCY_EVENT_MS} ms: {events or 'none'}; "
+              f"{stalls['forks']} forks, the latest {stalls['latest_fork_ms']} ms")  # fmt: skip
     if result["alert_p99_ratio"]:
         print(f"  alert p99 with checks / without: {result['alert_p99_ratio']}")
     ramp = result["ramp"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -146,35 +145,12 @@ def _write_admitted(
     yield pa.record_batch({"parts": pa.array([parts], pa.int64())})
 
 
-# The parse is not sequential, only admission is: a chunk's lines are parsed in slices of
-# this many by threads (Arrow's kernels let go of the GIL), then admitted in order.
-PARSE_SLICE_LINES = 125_000
-PARSE_THREADS = 2
-
-
-def parsed_verdicts(raws: pa.Array, pool: ThreadPoolExecutor) -> pa.StructArray:
-    """``line_verdicts`` of ``raws`` (VERDICT_ARROW), slices parsed side by side in
-    ``pool``'s threads, in order."""
-    slices = [
-        raws.slice(start, PARSE_SLICE_LINES) for start in range(0, len(raws), PARSE_SLICE_LINES)
-    ]
-    parts = list(pool.map(lambda part: line_verdicts(part, VERDICT_ARROW), slices))
-    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
-
-
 def _admitted_tables(files: list[str], max_future_ms: int, keep_raw: bool) -> Iterator[pa.Table]:
-    with ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="velocity-parse") as pool:
-        yield from _admitted_with(files, max_future_ms, keep_raw, pool)
-
-
-def _admitted_with(
-    files: list[str], max_future_ms: int, keep_raw: bool, pool: ThreadPoolExecutor
-) -> Iterator[pa.Table]:
     ingest_time = int(time.time() * 1000)
     accepted_ids: list[pa.Array] = []
     newest: int | None = None
     for lines in _line_chunks(files, PASS_CHUNK_LINES):
-        verdict = parsed_verdicts(lines.column("raw").combine_chunks(), pool)
+        verdict = line_verdicts(lines.column("raw"), VERDICT_ARROW)
         kept = pc.invert(verdict.field("blank"))
         lines, verdict = lines.filter(kept), verdict.filter(kept)
         valid = verdict.field("accepted").to_numpy(zero_copy_only=False)

@@ -22,7 +22,7 @@ from velocity.analyst.reviews import (
     precision_by_version,
     precision_of_versions,
 )
-from velocity.delta.alert_files import AlertMinutes, merged, minute_counts
+from velocity.delta.alert_files import AlertMinutes, FileSpan, merged, minute_counts
 from velocity.delta.reader import _spans_below
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,20 +122,12 @@ def test_a_case_s_alerts_lie_in_its_stream_events_decision_times_newest_first() 
 
 
 def test_the_search_s_spans_hold_the_page_then_eight_times_more_rows() -> None:
-    files = pa.table(
-        {
-            "num_records": [10, 10, 10, 10, 100],
-            "min.decisionTime": [400, 300, 200, 100, 0],
-            "max.decisionTime": [499, 399, 299, 199, 99],
-        }
-    )
+    files = [FileSpan(10, 400, 499), FileSpan(10, 300, 399), FileSpan(10, 200, 299),
+             FileSpan(10, 100, 199), FileSpan(100, 0, 99)]  # fmt: skip
     assert _spans_below(files, 499, 11) == [300, 0, None]
     assert _spans_below(files, 250, 15) == [100, 0, None], "only files at or below the top"
-    assert _spans_below(files, None, 5) == [None]
-    wide = files.append_column("other", pa.array([1] * 5)).set_column(
-        1, "min.decisionTime", pa.array([400, None, 200, 100, 0])
-    )
-    assert _spans_below(wide, 499, 5) == [None], "a file without statistics: one span"
+    assert _spans_below(files, 499, 1000) == [None], "too few rows: the whole table at once"
+    assert _spans_below([], 499, 5) == [None]
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10)), max_size=12))

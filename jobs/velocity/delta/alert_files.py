@@ -79,21 +79,37 @@ def minute_counts(rows: pa.Table) -> list[tuple[CountKey, int, int]]:
     ]
 
 
+@dataclass(frozen=True)
+class FileSpan:
+    """A data file's rows and the decisionTimes of its first and last decision."""
+
+    rows: int
+    first_decision: int
+    last_decision: int
+
+
 @dataclass
 class AlertMinutes:
-    """Alerts per (``CountKey``, minute), over the data files read so far."""
+    """Alerts per (``CountKey``, minute), and each file's ``FileSpan``, over the data files
+    read so far."""
 
     by_minute: dict[int, dict[CountKey, int]] = field(default_factory=dict)
     minutes: list[int] = field(default_factory=list)  # by_minute's keys, in order
     parts: dict[str, list[tuple[CountKey, int, int]]] = field(default_factory=dict)
+    spans: dict[str, FileSpan] = field(default_factory=dict)
 
-    def add_file(self, uri: str, counts: list[tuple[CountKey, int, int]]) -> None:
+    def add_file(
+        self, uri: str, counts: list[tuple[CountKey, int, int]], span: FileSpan | None = None
+    ) -> None:
         self.parts[uri] = counts
+        if span is not None:
+            self.spans[uri] = span
         self._apply(counts, 1)
 
     def forget(self, uris: set[str]) -> bool:
         for uri in uris:
             self._apply(self.parts.pop(uri, []), -1)
+            self.spans.pop(uri, None)
         return True
 
     def _apply(self, counts: list[tuple[CountKey, int, int]], sign: int) -> None:
@@ -125,13 +141,23 @@ class AlertMinutes:
                 yield key, minute, n
 
 
+EVER = 2**62  # an upper bound of any decisionTime or eventTime, for a range left open
+
+
 def alert_minutes(table: DeltaTable) -> AlertMinutes:
     """The alerts table's ``AlertMinutes`` as of ``table``'s version (hold ``FOLDS_LOCK``
     while reading it)."""
 
     def feed(fold: AlertMinutes, uris: Sequence[str]) -> None:
         for uri in uris:
-            fold.add_file(uri, minute_counts(_read_file(uri, _COUNTED)))
+            rows = _read_file(uri, _COUNTED)
+            span = None
+            if rows.num_rows:
+                decided = rows.column("decisionTime")
+                span = FileSpan(
+                    rows.num_rows, int(pc.min(decided).as_py()), int(pc.max(decided).as_py())
+                )
+            fold.add_file(uri, minute_counts(rows), span)
 
     return folded(table, AlertMinutes, AlertMinutes, feed, AlertMinutes.forget)
 
@@ -216,19 +242,6 @@ def id_ranges(
         return index.decision_ranges(alert_id, transaction_id)
 
 
-def in_ranges(ranges: Sequence[tuple[int, int]]) -> Any:
-    """An Arrow filter: decisionTime within any of ``ranges`` (inclusive), so a scan skips
-    every data file whose decisionTime statistics lie outside them."""
-    at = pc.field("decisionTime")
-    terms = [(at >= low) & (at <= high) for low, high in merged(ranges)]
-    if not terms:
-        return pc.scalar(False)
-    found = terms[0]
-    for term in terms[1:]:
-        found = found | term
-    return found
-
-
 def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """``ranges`` (inclusive) with overlapping ones joined, in order."""
     out: list[tuple[int, int]] = []
@@ -238,3 +251,19 @@ def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((low, high))
     return out
+
+
+def pruned_dataset(
+    table: DeltaTable,
+    column: str,
+    ranges: Sequence[tuple[int, int]],
+    also: Sequence[tuple[str, str, int]] = (),
+) -> Any:
+    """The table's Arrow dataset of only the data files whose ``column`` statistics may
+    fall in one of ``ranges`` (inclusive) and whose statistics may pass each of ``also``
+    (``(column, op, value)``), chosen by delta-rs before any fragment is made: the whole
+    table's dataset makes one per file, a cost that grows with the table."""
+    groups = [[(column, ">=", low), (column, "<=", high), *also] for low, high in merged(ranges)]
+    if not groups:  # nothing can match: a predicate no file's statistics pass
+        groups = [[(column, "<", -(2**62)), (column, ">", 2**62)]]
+    return table.to_pyarrow_dataset(file_pruning_predicate=groups)

@@ -43,8 +43,8 @@ from velocity.analyst.cases import (
     stream_case_events,
 )
 from velocity.analyst.reviews import AlertRef
-from velocity.delta.alert_files import in_ranges
-from velocity.delta.file_folds import FOLDS_LOCK, folded
+from velocity.delta.alert_files import pruned_dataset
+from velocity.delta.file_folds import FOLDS_LOCK, current_table, folded
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.small_tables import (
@@ -105,7 +105,7 @@ class CaseStore:
         return [] if table is None else _events(table)
 
     def cases(self) -> dict[str, Case]:
-        table = open_table(self.events_path)
+        table = current_table(self.events_path)
         if table is None:
             return {}
         with FOLDS_LOCK:
@@ -255,33 +255,36 @@ class CaseStore:
 
     # --- a case's alerts ----------------------------------------------------------------
 
-    def alerts(self, case_id: str, newest: int | None = None) -> pa.Table:
+    def alerts(
+        self, case_id: str, newest: int | None = None, columns: Sequence[str] | None = None
+    ) -> pa.Table:
         """The alerts table's rows of the case in time order (``ALERT_TIME_ORDER``: by
-        eventTime, then ruleId); ``newest``: only the last that many of that order.
+        eventTime, then ruleId); ``newest``: only the last that many of that order;
+        ``columns``: only those (and the order's).
 
         Read from the data files of the write-behind groups that brought the case's alerts
         (the decision times its stream events record, ``alert_spans``), newest group
         first, only until the newest rows are certain: a case's page costs what its newest
         alerts cost, after ten million alerts as after ten thousand."""
-        table = open_table(self.settings.table_path(ALERTS))
+        table = current_table(self.settings.table_path(ALERTS))
         if table is None:
             return pa.table({})
         case = self.cases().get(case_id)
         spans = None if case is None else alert_spans(case)
-        dataset = table.to_pyarrow_dataset()
+        wanted = None if columns is None else list(dict.fromkeys([*columns, *ALERT_TIME_ORDER]))
         where = pc.field("caseId") == case_id
         if spans is None:
-            rows = dataset.to_table(filter=where)
+            rows = table.to_pyarrow_dataset().to_table(filter=where, columns=wanted)
         else:
-            rows = _rows_of_spans(dataset, where, spans, newest)
+            rows = _rows_of_spans(table, where, spans, newest, wanted)
         rows = rows.sort_by([(name, "ascending") for name in ALERT_TIME_ORDER])
         return rows if newest is None else rows.slice(max(0, rows.num_rows - newest))
 
     def alert_refs(self, case_id: str) -> list[AlertRef]:
-        rows = self.alerts(case_id)
+        wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]
+        rows = self.alerts(case_id, columns=wanted)
         if rows.num_rows == 0:
             return []
-        wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]
         return [AlertRef.of(r) for r in rows.select(wanted).to_pylist()]
 
 
@@ -300,35 +303,52 @@ def _folded(table: DeltaTable, kind: type[_Fold]) -> _Fold:
 
 
 def _rows_of_spans(
-    dataset: Any, where: Any, spans: list[tuple[int, int, int]], newest: int | None
+    table: DeltaTable,
+    where: Any,
+    spans: list[tuple[int, int, int]],
+    newest: int | None,
+    columns: list[str] | None,
 ) -> pa.Table:
     """The rows passing ``where`` in the decision-time ``spans`` (newest first, as
-    ``alert_spans``); with ``newest``, spans are read newest first until the ``newest``
-    last rows in time order are certain: an unread row's eventTime is at most its
-    decisionTime, so at most the newest unread span's latest decision."""
+    ``alert_spans``), read from the data files of those decision times only; with
+    ``newest``, spans are read newest first until the ``newest`` last rows in time order
+    are certain: an unread row's eventTime is at most its decisionTime, so at most the
+    newest unread span's latest decision."""
+
+    seen: set[str] = set()
+
+    def read(chunk: list[tuple[int, int, int]]) -> pa.Table:
+        # The spans choose the files (by their statistics); ``where`` picks the rows.
+        dataset = pruned_dataset(table, "decisionTime", [(a, b) for a, b, _ in chunk])
+        rows = dataset.to_table(filter=where, columns=columns)
+        if seen:  # spans may share a file: a row read before is not taken again
+            fresh = pc.invert(pc.is_in(rows.column("alertId"), pa.array(sorted(seen))))
+            rows = rows.filter(fresh)
+        seen.update(rows.column("alertId").to_pylist())
+        return rows
+
+    if columns is not None and "alertId" not in columns:
+        columns = [*columns, "alertId"]
     if newest is None:
-        return dataset.to_table(filter=where & in_ranges([(a, b) for a, b, _ in spans]))
+        return read(spans)
     parts: list[pa.Table] = []
-    read = wanted = 0
-    while read < len(spans):
+    done = wanted = 0
+    while done < len(spans):
         wanted = max(newest, 2 * wanted)
-        chunk_end, counted = read, 0
-        while chunk_end < len(spans) and counted < wanted:
-            counted += spans[chunk_end][2]
-            chunk_end += 1
-        scope = where & in_ranges([(a, b) for a, b, _ in spans[read:chunk_end]])
-        if read:  # spans may overlap: a row of a span read before is not read again
-            scope = scope & pc.invert(in_ranges([(a, b) for a, b, _ in spans[:read]]))
-        parts.append(dataset.to_table(filter=scope))
-        read = chunk_end
+        end, counted = done, 0
+        while end < len(spans) and counted < wanted:
+            counted += spans[end][2]
+            end += 1
+        parts.append(read(spans[done:end]))
+        done = end
         found = pa.concat_tables(parts)
-        if read < len(spans) and found.num_rows >= newest:
+        if done < len(spans) and found.num_rows >= newest:
             times = found.column("eventTime").to_numpy()
             # The newest-th row's eventTime: an unread row at or above it could still place.
             threshold = np.partition(times, len(times) - newest)[len(times) - newest]
-            if max(b for _, b, _ in spans[read:]) < threshold:
+            if max(b for _, b, _ in spans[done:]) < threshold:
                 break
-    return pa.concat_tables(parts) if parts else dataset.schema.empty_table()
+    return pa.concat_tables(parts)
 
 
 def _open_cases(table: DeltaTable) -> OpenCases:

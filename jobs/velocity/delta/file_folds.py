@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 FOLDS_LOCK = threading.RLock()
 # Per table and kind of fold: the data files read so far and the fold.
@@ -53,3 +55,30 @@ def folded(
             feed(fold, new)
         _FOLDS[(table.table_uri, kind)] = (files, fold)
         return fold
+
+
+# The tables read here, each brought up to date at every look (``update_incremental``
+# reads only the commits since: opening a table anew replays its checkpoint and every
+# commit after it, tens of ms for a table of a few hundred files).
+_OPEN: dict[str, DeltaTable] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def current_table(path: Path) -> DeltaTable | None:
+    """The table at ``path`` at its newest version, for reading (None before it was
+    created); the object is this process's, shared: never write through it."""
+    key = str(path)
+    with _OPEN_LOCK:
+        table = _OPEN.get(key)
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except (DeltaError, OSError):  # rewritten from scratch, or gone: open it anew
+                _OPEN.pop(key, None)
+        try:
+            table = DeltaTable(key)
+        except TableNotFoundError:
+            return None
+        _OPEN[key] = table
+        return table

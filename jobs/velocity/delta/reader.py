@@ -17,7 +17,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from velocity.analyst.alert_search import AlertFilter, Cursor
 from velocity.analyst.backfill_runs import RecordedRun
@@ -40,9 +39,15 @@ from velocity.analyst.shadow_compare import (
     compare_candidates,
     window_start,
 )
-from velocity.delta.alert_files import alert_minutes, id_ranges, in_ranges
+from velocity.delta.alert_files import (
+    EVER,
+    FileSpan,
+    alert_minutes,
+    id_ranges,
+    pruned_dataset,
+)
 from velocity.delta.case_store import CaseStore
-from velocity.delta.file_folds import FOLDS_LOCK
+from velocity.delta.file_folds import FOLDS_LOCK, current_table
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, BACKFILLS, EVENTS, RULES
 from velocity.delta.review_store import ReviewStore
 from velocity.delta.rule_store import RuleStore
@@ -60,10 +65,8 @@ class NotWrittenYetError(UsageError):
 
 
 def _table(path: Path) -> DeltaTable | None:
-    try:
-        return DeltaTable(str(path))
-    except TableNotFoundError:
-        return None
+    """The table at its newest version, brought up to date from the last look."""
+    return current_table(path)
 
 
 def rule_history(settings: Settings) -> list[Rule]:
@@ -96,7 +99,7 @@ def find_alert(settings: Settings, alert_id: str) -> dict[str, Any]:
     table = _table(settings.table_path(ALERTS))
     if table is None:
         raise UsageError(f"no alerts table under {settings.data_dir}: the stream has not run")
-    rows = table.to_pyarrow_dataset().to_table(filter=_by_alert_id(table, alert_id))
+    rows = _by_alert_id(table, alert_id).to_table(filter=pc.field("alertId") == alert_id)
     if rows.num_rows == 0:
         raise UsageError(f"no alert {alert_id!r} in the alerts table under {settings.data_dir}")
     return _alert_record(rows.to_pylist()[0])
@@ -127,7 +130,8 @@ def _window_events(settings: Settings, alert: Mapping[str, Any], rule: Rule) -> 
         if FIELDS_BY_NAME[name].kind is not FieldKind.AMOUNT:
             where = where & (pc.field(name) == str(alert["key"][name]))
     columns = ["raw", "transactionId", "eventTime", "stream_batch"]
-    rows = table.to_pyarrow_dataset().to_table(filter=where, columns=columns)
+    window = [(alert["windowStart"], alert["windowEnd"])]
+    rows = pruned_dataset(table, "eventTime", window).to_table(filter=where, columns=columns)
     if stream_alert:
         # The stream decided it with the events of its own micro-batch and the earlier ones;
         # its own event is in the window (its time is the upper edge).
@@ -178,20 +182,19 @@ def alert_ref(settings: Settings, alert_id: str) -> AlertRef | None:
     table = _table(settings.table_path(ALERTS))
     if table is None:
         return None
-    rows = table.to_pyarrow_dataset().to_table(
-        filter=_by_alert_id(table, alert_id), columns=_REF_COLUMNS
+    rows = _by_alert_id(table, alert_id).to_table(
+        filter=pc.field("alertId") == alert_id, columns=_REF_COLUMNS
     )
     return AlertRef.of(rows.to_pylist()[0]) if rows.num_rows else None
 
 
-def _by_alert_id(table: DeltaTable, alert_id: str) -> pc.Expression:
-    """The filter of the alert ``alert_id``, narrowed to the decision times of the data
-    files whose alertId fingerprints hold it (``alert_files.AlertIdIndex``): a scan skips
-    every other file. A table that needs a reader feature is searched whole."""
-    where = pc.field("alertId") == alert_id
+def _by_alert_id(table: DeltaTable, alert_id: str) -> Any:
+    """The dataset of the data files whose alertId fingerprints hold ``alert_id``
+    (``alert_files.AlertIdIndex``, by their decision times): the others are never opened.
+    A table that needs a reader feature is searched whole."""
     if table.protocol().min_reader_version > 1:
-        return where
-    return where & in_ranges(id_ranges(table, alert_id=alert_id))
+        return table.to_pyarrow_dataset()
+    return pruned_dataset(table, "decisionTime", id_ranges(table, alert_id=alert_id))
 
 
 def alert_volumes(settings: Settings, now_ms: int) -> dict[tuple[int, int], AlertVolume]:
@@ -221,7 +224,7 @@ def _raised_since(table: DeltaTable, since: int) -> dict[tuple[int, int], int]:
                 counted[(rule_id, version)] = counted.get((rule_id, version), 0) + n
     if first_whole > since:
         at = pc.field("decisionTime")
-        rows = table.to_pyarrow_dataset().to_table(
+        rows = pruned_dataset(table, "decisionTime", [(since, first_whole - 1)]).to_table(
             filter=(at >= since)
             & (at < first_whole)
             & (pc.field("kind") != AlertKind.RETRACTION.value),
@@ -259,7 +262,7 @@ def decision_rows(settings: Settings, rule_ids: Collection[int], since: int) -> 
     table = _table(settings.table_path(ALERTS))
     if table is None or not rule_ids:
         return []
-    dataset = table.to_pyarrow_dataset()
+    dataset = pruned_dataset(table, "decisionTime", [(since, EVER)])
     rows = dataset.to_table(
         filter=(pc.field("decisionTime") >= since)
         & pc.field("ruleId").isin(pa.array(sorted(rule_ids), pa.int64())),
@@ -328,71 +331,64 @@ def newest_alerts(
     table = _table(settings.table_path(ALERTS))
     if table is None:
         return TableAlerts([], False, None)
-    files = pa.table(table.get_add_actions(flatten=True))
-    if files.num_rows == 0:
+    with FOLDS_LOCK:  # each data file's rows and decision times, read once
+        files = list(alert_minutes(table).spans.values())
+    if not files:
         return TableAlerts([], False, None)
-    newest = _stat(files, "max.decisionTime", pc.max)
-    dataset = table.to_pyarrow_dataset()
+    newest = max(f.last_decision for f in files)
     where = _alert_predicate(query, before)
-    if query.transaction_id is not None and table.protocol().min_reader_version == 1:
-        # Only the files whose transactionId fingerprints hold it (the others skipped).
-        where = where & in_ranges(id_ranges(table, transaction_id=query.transaction_id))
-    top = before.decision_time if before is not None else newest
-    spans = _spans_below(files, top, limit + 1)
+    # Files whose eventTimes lie outside from/to are skipped by their statistics.
+    also = [("eventTime", ">=", query.from_ms)] if query.from_ms is not None else []
+    also += [("eventTime", "<=", query.to_ms)] if query.to_ms is not None else []
     # A table of an older Velocity has no shadow column until the stream adds it.
-    columns = [c for c in _RECORD_COLUMNS if c in dataset.schema.names]
-    at = pc.field("decisionTime")
-    parts, found, upper = [], 0, None
-    for lower in spans:
-        scoped = where if lower is None else where & (at >= lower)
-        if upper is not None:
-            scoped = scoped & (at < upper)
-        part = dataset.to_table(filter=scoped, columns=columns)
-        parts.append(part)
-        found += part.num_rows
-        if found > limit:
-            break
-        upper = lower
-    rows = pa.concat_tables(parts)
+    present = {f.name for f in table.schema().fields}
+    columns = [c for c in _RECORD_COLUMNS if c in present]
+    if query.transaction_id is not None and table.protocol().min_reader_version == 1:
+        # Only the files whose transactionId fingerprints hold it.
+        held = id_ranges(table, transaction_id=query.transaction_id)
+        rows = pruned_dataset(table, "decisionTime", held, also).to_table(
+            filter=where, columns=columns
+        )
+    else:
+        top = before.decision_time if before is not None else EVER
+        at = pc.field("decisionTime")
+        parts, found, upper = [], 0, top
+        for lower in _spans_below(files, top, limit + 1):
+            scoped = where if lower is None else where & (at >= lower)
+            if upper != top:
+                scoped = scoped & (at < upper)
+            span = [(-EVER if lower is None else lower, upper)]
+            part = pruned_dataset(table, "decisionTime", span, also).to_table(
+                filter=scoped, columns=columns
+            )
+            parts.append(part)
+            found += part.num_rows
+            if found > limit or lower is None:
+                break
+            upper = lower
+        rows = pa.concat_tables(parts)
     newest_first = rows.sort_by([("decisionTime", "descending"), ("alertId", "descending")])
     records = [_alert_record(r) for r in newest_first.slice(0, limit + 1).to_pylist()]
     return TableAlerts(records[:limit], len(records) > limit, newest)
 
 
-def _spans_below(files: pa.Table, top: int | None, rows: int) -> list[int | None]:
-    """The lower decisionTime bounds of growing spans below ``top``: the first takes the
-    data files (newest first by their latest decision) holding at least ``rows`` rows,
-    each next one 8 times as many; the last is None (the rest of the table). Without
-    statistics: one span, the whole table."""
-    needed = ("num_records", "min.decisionTime", "max.decisionTime")
-    if top is None or any(c not in files.column_names for c in needed):
-        return [None]
-    counts = files.column("num_records").to_pylist()
-    lows = files.column("min.decisionTime").to_pylist()
-    highs = files.column("max.decisionTime").to_pylist()
-    if any(v is None for v in (*lows, *highs)):
-        return [None]  # a file without statistics: read the whole table at once
+def _spans_below(files: Sequence[FileSpan], top: int, rows: int) -> list[int | None]:
+    """The lower decisionTime bounds of growing spans at or below ``top``: the first takes
+    the data files (newest first by their last decision) holding at least ``rows`` rows,
+    each next one 8 times as many; the last is None (the rest of the table)."""
     below = sorted(
-        ((high, low, n) for high, low, n in zip(highs, lows, counts, strict=True) if low <= top),
+        ((f.last_decision, f.first_decision, f.rows) for f in files if f.first_decision <= top),
         reverse=True,
     )
     bounds: list[int | None] = []
     wanted, held, lowest = rows, 0, None
     for _, low, n in below:
-        held += n or 0
+        held += n
         lowest = low if lowest is None else min(lowest, low)
-        if held >= wanted and (not bounds or lowest < bounds[-1]):
+        if held >= wanted and (not bounds or lowest < bounds[-1]):  # type: ignore[operator]
             bounds.append(lowest)
             wanted *= _SPAN_GROWTH
     return [*bounds, None]
-
-
-def _stat(files: pa.Table, column: str, pick: Any) -> int | None:
-    """The min or max of a statistics column over the data files (None without stats)."""
-    if column not in files.column_names:
-        return None
-    value = pick(files.column(column)).as_py()
-    return None if value is None else int(value)
 
 
 def _alert_predicate(query: AlertFilter, before: Cursor | None) -> pc.Expression:
@@ -477,7 +473,8 @@ def rule_rates(
     payments = 0
     events = _table(settings.table_path(EVENTS))
     if events is not None:
-        payments = events.to_pyarrow_dataset().count_rows(filter=pc.field("ingest_time") >= since)
+        recent = pruned_dataset(events, "ingest_time", [(since, EVER)])
+        payments = recent.count_rows(filter=pc.field("ingest_time") >= since)
     return _rule_rates(counts, fired, payments, rule_ids, now_ms, minutes)
 
 
@@ -514,13 +511,13 @@ def case_payments(
     if table is None or not transaction_ids:
         return []
     where = pc.field("transactionId").isin(pa.array(sorted(transaction_ids), pa.string()))
+    dataset = table.to_pyarrow_dataset()
     if event_times:
-        at = pc.field("eventTime")
-        where = where & (at >= min(event_times)) & (at <= max(event_times))
+        dataset = pruned_dataset(table, "eventTime", [(min(event_times), max(event_times))])
     for name, value in key.items():
         if name in FIELDS_BY_NAME and FIELDS_BY_NAME[name].kind is not FieldKind.AMOUNT:
             where = where & (pc.field(name) == str(value))
-    rows = table.to_pyarrow_dataset().to_table(filter=where, columns=_PAYMENT_COLUMNS)
+    rows = dataset.to_table(filter=where, columns=_PAYMENT_COLUMNS)
     seen: dict[str, dict[str, Any]] = {}
     ordered = rows.sort_by([("eventTime", "ascending"), ("transactionId", "ascending")])
     for row in ordered.to_pylist():

@@ -32,7 +32,7 @@ from velocity.analyst.reviews import (
     make_review,
     review_time,
 )
-from velocity.delta.file_folds import FOLDS_LOCK, folded
+from velocity.delta.file_folds import FOLDS_LOCK, current_table, folded
 from velocity.delta.small_tables import (
     append_planned,
     open_table,
@@ -74,7 +74,7 @@ class ReviewStore:
     def latest(self) -> dict[str, Review]:
         """The review that counts for each reviewed alert, by alertId (kept up to date
         file by file: a look reads only the reviews recorded since the last)."""
-        table = open_table(self._path)
+        table = current_table(self._path)
         if table is None:
             return {}
         with FOLDS_LOCK:
@@ -82,7 +82,7 @@ class ReviewStore:
 
     def verdicts(self) -> dict[tuple[int, int], dict[Verdict, int]]:
         """How many alerts' latest reviews give each verdict, per (ruleId, ruleVersion)."""
-        table = open_table(self._path)
+        table = current_table(self._path)
         if table is None:
             return {}
         with FOLDS_LOCK:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -150,16 +150,20 @@ class Spool:
         for name in SPOOLED_TABLES:
             parts = [self.read(b, name) for b in present]
             grouped[name] = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
-        # Alerts join cases before they are appended, so each row carries its caseId.
+        # Alerts join cases before they are appended, so each row carries its caseId; a
+        # case's rows lie together in the file, so a read of one case skips the others'
+        # row groups by their caseId statistics (a case's page, its close).
         cases = CaseStore(self.settings)
-        grouped[tables.ALERTS] = cases.gather_alerts(
-            grouped[tables.ALERTS], grouped[tables.EVENTS], max(group)
+        gathered = cases.gather_alerts(grouped[tables.ALERTS], grouped[tables.EVENTS], max(group))
+        grouped[tables.ALERTS] = gathered.sort_by(
+            [("caseId", "ascending"), ("decisionTime", "ascending"), ("alertId", "ascending")]
         )
         for name, table in grouped.items():
             rows[name] = table.num_rows
             if table.num_rows:
                 path = self.settings.table_path(getattr(tables, name.upper()))
-                append_once(path, table, f"{APP_ID}:{name}", max(group))
+                grouping = ALERT_ROW_GROUPS if name == tables.ALERTS else None
+                append_once(path, table, f"{APP_ID}:{name}", max(group), grouping)
         # A case closed between the join and the append reviewed the rows it found then.
         cases.review_late_alerts(grouped[tables.ALERTS])
         for b in group:
@@ -233,7 +237,18 @@ class InputSpool:
         self._path(batch_id).unlink(missing_ok=True)
 
 
-def append_once(path: Path, rows: pa.Table, app_id: str, version: int) -> None:
+# Rows a Parquet row group of the alerts table holds at most: a write-behind group's file
+# (tens of thousands of alerts in a storm) in several, each with its own statistics.
+ALERT_ROW_GROUPS = WriterProperties(max_row_group_size=8_192)
+
+
+def append_once(
+    path: Path,
+    rows: pa.Table,
+    app_id: str,
+    version: int,
+    writer_properties: WriterProperties | None = None,
+) -> None:
     """Append ``rows`` to the Delta table at ``path`` in one commit that records
     (``app_id``, ``version``); nothing when the table has that transaction (or a later
     one) already. The caller holds the state lock: no other writer commits meanwhile."""
@@ -241,9 +256,14 @@ def append_once(path: Path, rows: pa.Table, app_id: str, version: int) -> None:
     done = table.transaction_version(app_id)
     if done is not None and done >= version:
         return
-    write_deltalake(
-        table,
-        rows,
-        mode="append",
-        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
-    )
+    commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
+    if writer_properties is None:
+        write_deltalake(table, rows, mode="append", commit_properties=commit)
+    else:
+        write_deltalake(
+            table,
+            rows,
+            mode="append",
+            writer_properties=writer_properties,
+            commit_properties=commit,
+        )

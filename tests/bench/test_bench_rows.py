@@ -102,3 +102,21 @@ def test_backfill_rows_are_the_live_tables(spark) -> None:  # type: ignore[no-un
     )
     alerts = spark.createDataFrame([], tables.ALERT_SCHEMA)
     assert spark_fields(backfill.kept_alerts(alerts).schema) == spark_fields(tables.ALERT_SCHEMA)
+
+
+@pytest.mark.timeout(60)
+def test_page_fill_groups_are_the_write_behind_s_rows() -> None:
+    """bench-page's alerts and events, made column by column, in the spooled tables'
+    schemas; each payment's raw line an accepted event of its own columns."""
+    from benchmarks import page_fill
+
+    from velocity.domain.schema import Event, parse_event_line
+
+    rows = page_fill.group_rows(3, 100, 50, 7, 1_767_225_600_000, 1.0)
+    for name in ("alerts", "events"):
+        assert fields(rows[name].schema) == fields(ARROW_SCHEMAS[name])
+    assert rows["alerts"].num_rows == 2 * rows["events"].num_rows == 100
+    first = rows["events"].slice(0, 1).to_pylist()[0]
+    event = parse_event_line(first["raw"])
+    assert isinstance(event, Event)
+    assert (event.transaction_id, event.event_time) == (first["transactionId"], first["eventTime"])

@@ -22,6 +22,7 @@ from velocity.spark.evaluate import (
     KEYED_SCHEMA,
     hashed_alerts,
     key_partitioned,
+    keyed_chunks,
     keyed_events,
     partition_alerts,
 )
@@ -29,7 +30,6 @@ from velocity.spark.fan_out import (
     KEY_HASH,
     hash_partitioned,
     hashed_keyed_events,
-    keyed_chunks,
     keyed_table,
 )
 

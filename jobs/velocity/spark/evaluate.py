@@ -8,7 +8,7 @@ partition so that every key's rows are contiguous.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 
 import numpy as np
@@ -31,7 +31,7 @@ from velocity.engine.cooldown import notify
 from velocity.engine.fan_out import keyed_rows
 from velocity.engine.kernel import BUCKET_FIGURES, KEYED_COLUMNS, decide_history
 from velocity.engine.records import alert_lines, alert_rows
-from velocity.spark.fan_out import keyed_chunks
+from velocity.spark.fan_out import keyed_table, last_hash_start
 
 KEYED_SCHEMA = StructType(
     [
@@ -268,9 +268,16 @@ def alert_line_rows(alerts: DataFrame) -> DataFrame:
     return alerts.mapInArrow(run, ALERT_LINE_SCHEMA)
 
 
-def _whole_keys(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[pa.Table]:
+def _whole_keys(
+    batches: Iterator[pa.RecordBatch],
+    chunk_rows: int,
+    last_start: Callable[[pa.Table], int] | None = None,
+) -> Iterator[pa.Table]:
     """A partition's rows (sorted by signature, key) as tables of whole keys: cut at a
-    key's end once ``chunk_rows`` have gathered, so any partition fits in bounded memory."""
+    key's end once ``chunk_rows`` have gathered, so any partition fits in bounded memory.
+    ``last_start``: where a chunk's last key (or run of keys that must stay together)
+    begins; ``_last_key_start`` when None."""
+    last_start = last_start or _last_key_start
     pending: list[pa.RecordBatch] = []
     gathered = 0
     for batch in batches:
@@ -279,7 +286,7 @@ def _whole_keys(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[
         if gathered < chunk_rows:
             continue
         chunk = pa.Table.from_batches(pending)
-        cut = _last_key_start(chunk)
+        cut = last_start(chunk)
         if cut == 0:
             continue  # one key so far: keep gathering
         yield chunk.slice(0, cut)
@@ -287,6 +294,16 @@ def _whole_keys(batches: Iterator[pa.RecordBatch], chunk_rows: int) -> Iterator[
         pending, gathered = rest.to_batches(), rest.num_rows
     if gathered:
         yield pa.Table.from_batches(pending)
+
+
+def keyed_chunks(
+    batches: Iterator[pa.RecordBatch], signature_ids: Sequence[str], chunk_rows: int
+) -> Iterator[pa.Table]:
+    """A ``hash_partitioned`` partition's rows as kernel tables (``keyed_table``) of whole
+    keys: cut where the hash changes once ``chunk_rows`` have gathered, so any partition
+    is decided in bounded memory and every key (and every key sharing its hash) whole."""
+    for chunk in _whole_keys(batches, chunk_rows, last_hash_start):
+        yield keyed_table(chunk, signature_ids)
 
 
 def _last_key_start(chunk: pa.Table) -> int:
@@ -315,8 +332,10 @@ def partition_alerts(
     width_ms: int,
     decision_time: int,
     schema: StructType = ALERT_SCHEMA,
+    signature_ids: Sequence[str] | None = None,
 ) -> DataFrame:
-    """The alerts of ``key_partitioned`` rows, decided per partition by the columnar
+    """The alerts of ``key_partitioned`` rows (or, given ``signature_ids``,
+    ``hash_partitioned`` HASHED_SCHEMA rows), decided per partition by the columnar
     kernel in the executors (``schema``: columns of ALERT_SCHEMA and ALERT_LINE); rows of
     signatures without a rule decide nothing."""
     run = partial(
@@ -325,6 +344,7 @@ def partition_alerts(
         width_ms=width_ms,
         decision_time=decision_time,
         schema=to_arrow_schema(schema),
+        signature_ids=signature_ids,
     )
     return ordered.mapInArrow(run, schema)
 
@@ -340,15 +360,8 @@ def hashed_alerts(
     """``partition_alerts`` of ``hash_partitioned`` rows (HASHED_SCHEMA, made by
     ``hashed_keyed_events`` for ``signatures``): the same alerts, each partition in one
     Arrow hop from the JVM."""
-    run = partial(
-        _alert_batches,
-        rules=rules,
-        width_ms=width_ms,
-        decision_time=decision_time,
-        schema=to_arrow_schema(schema),
-        signature_ids=[s.signature_id for s in signatures],
-    )
-    return ordered.mapInArrow(run, schema)
+    ids = [s.signature_id for s in signatures]
+    return partition_alerts(ordered, rules, width_ms, decision_time, schema, ids)
 
 
 def hashed_buckets(

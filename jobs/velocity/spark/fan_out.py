@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -161,7 +161,7 @@ def _between(columns: list[Column], separator: Column) -> list[Column]:
 def hash_partitioned(keyed: DataFrame, partitions: int) -> DataFrame:
     """HASHED_SCHEMA rows shuffled by their key hash into ``partitions`` and sorted by it
     (an int64: Spark's radix sort of the prefix), so each key's rows are contiguous in
-    one partition: the input of ``keyed_chunks``."""
+    one partition: the input of ``velocity.spark.evaluate.hashed_alerts``."""
     return keyed.repartition(partitions, KEY_HASH).sortWithinPartitions(KEY_HASH)
 
 
@@ -186,26 +186,8 @@ def keyed_table(batch: pa.Table, signature_ids: Sequence[str]) -> pa.Table:
     return pa.table(columns)
 
 
-def keyed_chunks(
-    batches: Iterator[pa.RecordBatch], signature_ids: Sequence[str], chunk_rows: int
-) -> Iterator[pa.Table]:
-    """A ``hash_partitioned`` partition's rows as kernel tables (``keyed_table``) of whole
-    keys: cut where the hash changes once ``chunk_rows`` have gathered, so any partition
-    is decided in bounded memory and every key (and every key sharing its hash) whole."""
-    pending: list[pa.RecordBatch] = []
-    gathered = 0
-    for batch in batches:
-        pending.append(batch)
-        gathered += batch.num_rows
-        if gathered < chunk_rows:
-            continue
-        chunk = pa.Table.from_batches(pending)
-        hashes = chunk.column(KEY_HASH)
-        cut = int(pc.index(pc.equal(hashes, hashes[chunk.num_rows - 1]), True).as_py())
-        if cut == 0:
-            continue  # one hash so far: keep gathering
-        yield keyed_table(chunk.slice(0, cut), signature_ids)
-        rest = chunk.slice(cut)
-        pending, gathered = rest.to_batches(), rest.num_rows
-    if gathered:
-        yield keyed_table(pa.Table.from_batches(pending), signature_ids)
+def last_hash_start(chunk: pa.Table) -> int:
+    """Where the last run of equal key hashes of ``hash_partitioned`` rows begins: a chunk
+    cut there holds every key whole, however many share a hash."""
+    hashes = chunk.column(KEY_HASH)
+    return int(pc.index(pc.equal(hashes, hashes[chunk.num_rows - 1]), True).as_py())

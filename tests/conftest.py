@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from tests.bench.background import STARTED as SMOKE_STARTED
+from tests.bench.background import BackgroundSmoke, is_smoke_test
 from velocity.operating.local_process import free_loopback_port
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
 
@@ -262,6 +264,23 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Browser tests run last: they start airflow standalone and a stream beside chromium,
-    and the rest of the suite need not wait for, or share two cores with, any of it."""
-    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    """Browser tests run last but the bench smoke's: they start airflow standalone and a
+    stream beside chromium, and the rest of the suite need not wait for, or share two cores
+    with, any of it. The smoke's tests only read the verdicts of the smoke that ran beside
+    the whole suite (``tests/bench/background.py``)."""
+    items.sort(
+        key=lambda item: (is_smoke_test(item), item.get_closest_marker("browser") is not None)
+    )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The bench smoke starts now, beside the suite, if a test of it is selected."""
+    started = BackgroundSmoke.start(session.items)
+    if started is not None:
+        session.config.stash[SMOKE_STARTED] = started
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    started = config.stash.get(SMOKE_STARTED, None)
+    if started is not None:
+        started.remove()

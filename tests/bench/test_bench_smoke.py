@@ -1,57 +1,53 @@
 """Every `make bench*` target at its smoke size (``benchmarks.smoke``), one test a target,
 so CI names the benchmark that broke. The smoke runs once for the session as its own
-process (its shared Spark session must not be this process's test session);
+process, beside the suite from the end of collection (``tests/bench/background.py``);
 bench-cluster runs on the suite's standalone cluster (the ``spark_cluster`` fixture that
 tests/cluster starts anyway), so the cluster starts once."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from benchmarks import smoke
 
+from tests.bench.background import (
+    ON_OWN_PROCESS,
+    ROOT,
+    STARTED,
+    BackgroundSmoke,
+    smoke_command,
+    verdicts_of,
+)
 from tests.conftest import SparkCluster
-
-ROOT = Path(__file__).resolve().parents[2]
-ON_OWN_PROCESS = [t for t in smoke.TARGETS if t != "bench-cluster"]
 
 
 def run_smoke(work: Path, *args: str) -> dict[str, dict[str, Any]]:
-    """``python -m benchmarks.smoke`` with ``args``: its verdicts by target."""
+    """``python -m benchmarks.smoke`` with ``args`` in the foreground: its verdicts by target."""
     report = work / "report.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.smoke", "--work-dir", str(work / "work"),
-         "--report", str(report), *args],
+        smoke_command(work / "work", report, *args),
         cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False,
     )  # fmt: skip
     print(done.stdout[-6000:])  # the table, shown by pytest on a failure
     if not report.exists():
         pytest.fail(f"benchmarks.smoke wrote no report (exit {done.returncode}): {done.stderr}")
-    return {v["target"]: v for v in json.loads(report.read_text())["targets"]}
+    return verdicts_of(report)
 
 
 @pytest.fixture(scope="session")
-def smoke_verdicts(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, dict[str, Any]]:
-    """The verdicts of the targets this session's selected tests ask for (``-k check``: only
-    bench-check's smoke runs), every target's but bench-cluster's when all are selected."""
-    selected = sorted(
-        item.callspec.params["target"]
-        for item in request.session.items
-        if isinstance(item, pytest.Function)
-        and item.originalname == test_benchmark_runs_and_its_figures_hold_their_shape.__name__
-    )
-    only = [arg for target in selected for arg in ("--only", target)]
-    everything = set(selected) == set(ON_OWN_PROCESS)
-    args = ["--skip", "bench-cluster"] if everything or not only else only
-    return run_smoke(tmp_path_factory.mktemp("bench-smoke"), *args)
+def smoke_verdicts(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    """The verdicts of the smoke that ran beside the suite since its tests were collected
+    (``tests/bench/background.py``: the targets the selected tests ask for)."""
+    started = request.config.stash.get(STARTED, None)
+    if started is None:  # collected some other way: run it now
+        started = BackgroundSmoke.start(request.session.items)
+        assert started is not None
+        request.config.stash[STARTED] = started
+    return started.verdicts(timeout=1500)
 
 
 def held(verdict: dict[str, Any]) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,11 +14,20 @@ from velocity.operating.local_process import SpawnedWorkers
 
 
 def kill_worker(pid: int) -> None:
-    """SIGKILL one of the pool's processes and wait until it is gone: reaped here, or by
-    the pool's own thread, which may see it die first."""
+    """SIGKILL one of the pool's processes and wait until it has died, without reaping it:
+    the pool's own thread must (a pool whose dead worker someone else reaped never sees it
+    go, and its thread spins on it until the interpreter's exit, which then hangs)."""
     os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return  # reaped by the pool already
+        if state == "Z":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} did not die within 30 s of SIGKILL")
 
 
 @pytest.mark.timeout(120)

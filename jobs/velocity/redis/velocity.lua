@@ -1319,6 +1319,16 @@ local function apply_bucket_changes(args, first, count, ttl_ms, bucket_ms)
   return i
 end
 
+-- A micro-batch's write is refused: -2 when the state lock `lock` does not hold the caller's
+-- `token` (its lease ran out: someone else may be writing), -1 when the progress hash says
+-- `batch` is committed already (a replay); nil when it may go ahead.
+local function refused_write(progress, lock, token, batch)
+  if not held_by(redis.call("GET", lock), token) then return -2 end
+  local last = redis.call("HGET", progress, "batch")
+  if last and tonumber(last) >= tonumber(batch) then return -1 end
+  return nil
+end
+
 -- FCALL velocity_stream_commit 4 <progress hash> <alert stream> <state lock>
 --   <shadow alert stream> <lock token> <batch> <newest eventTime> <bucket ttl ms>
 --   <seen ttl ms> <alert maxlen> <bucket ms> <seen prefix> <keys changed>
@@ -1333,10 +1343,8 @@ end
 -- the progress was committed already: nothing is written and -1 returned (a replay
 -- changes nothing twice). A key's run: see apply_bucket_changes.
 local function velocity_stream_commit(keys, args)
-  if not held_by(redis.call("GET", keys[3]), args[1]) then return -2 end
-  local batch = tonumber(args[2])
-  local last = redis.call("HGET", keys[1], "batch")
-  if last and tonumber(last) >= batch then return -1 end
+  local refused = refused_write(keys[1], keys[3], args[1], args[2])
+  if refused then return refused end
   local ids_at = apply_bucket_changes(args, 11, tonumber(args[9]), args[4], tonumber(args[7]))
   local alerts_at = ids_at + tonumber(args[10])
   remember_seen(args[8], tonumber(args[5]), args, ids_at, alerts_at - 1, args[2])
@@ -1387,9 +1395,8 @@ local PIECES_SUFFIX = ":pieces"
 -- Redis Cluster the runs are none and the outcome holds each master's changes, applied
 -- next by velocity_cluster_apply.
 local function velocity_partition_commit(keys, args)
-  if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
-  local last = redis.call("HGET", keys[1], "batch")
-  if last and tonumber(last) >= tonumber(args[2]) then return -1 end
+  local refused = refused_write(keys[1], keys[2], args[1], args[2])
+  if refused then return refused end
   local recorded = redis.call("GET", keys[3])
   if recorded then return {recorded} end
   apply_bucket_changes(args, 9, tonumber(args[6]), args[4], tonumber(args[5]))
@@ -1410,9 +1417,8 @@ end
 -- retried task finishes what a crashed one began. 0 when applied, 1 when applied before;
 -- fenced (-2) and refused once the batch is committed (-1).
 local function velocity_partition_piece(keys, args)
-  if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
-  local last = redis.call("HGET", keys[1], "batch")
-  if last and tonumber(last) >= tonumber(args[2]) then return -1 end
+  local refused = refused_write(keys[1], keys[2], args[1], args[2])
+  if refused then return refused end
   local state = redis.call("GET", keys[3] .. PIECES_SUFFIX) or ""
   local applied, pieces = string.match(state, "^(%d+)/(%d+)$")
   local piece = tonumber(args[3])
@@ -1443,9 +1449,8 @@ end
 -- transactionIds, the pending record {batch, changes} and the progress, atomically (the
 -- four share the data dir's hash tag, so one slot). 0 when done.
 local function velocity_cluster_decide(keys, args)
-  if not held_by(redis.call("GET", keys[2]), args[1]) then return -2 end
-  local last = redis.call("HGET", keys[1], "batch")
-  if last and tonumber(last) >= tonumber(args[2]) then return -1 end
+  local refused = refused_write(keys[1], keys[2], args[1], args[2])
+  if refused then return refused end
   for i = 7, #args do
     local ids = cjson.decode(args[i])
     remember_seen(args[6], tonumber(args[4]), ids, 1, #ids, args[2])

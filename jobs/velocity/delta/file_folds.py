@@ -16,6 +16,7 @@ page's worker threads share them): hold ``FOLDS_LOCK`` while a fold is fed or re
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,6 +63,9 @@ def folded(
 # commit after it, tens of ms for a table of a few hundred files).
 _OPEN: dict[str, DeltaTable] = {}
 _OPEN_LOCK = threading.Lock()
+# Let them go before the interpreter ends: a table still held then takes its runtime's
+# threads down mid-exit ("terminate called without an active exception", exit 134).
+atexit.register(_OPEN.clear)
 
 
 def current_table(path: Path) -> DeltaTable | None:

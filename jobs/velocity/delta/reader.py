@@ -41,6 +41,7 @@ from velocity.analyst.shadow_compare import (
 )
 from velocity.delta.alert_files import (
     EVER,
+    AlertMinutes,
     FileSpan,
     alert_minutes,
     id_ranges,
@@ -291,7 +292,8 @@ def shadow_comparisons(
     )
     rows = decision_rows(settings, book.candidates.keys(), since)
     if reviews is None:
-        reviews = list(review_store(settings).latest().values())
+        with FOLDS_LOCK:  # a copy while no other look feeds the reviews
+            reviews = list(review_store(settings).latest().values())
     return compare_candidates(book, rows, reviews, applied, now_ms)
 
 
@@ -332,10 +334,12 @@ def newest_alerts(
     if table is None:
         return TableAlerts([], False, None)
     with FOLDS_LOCK:  # each data file's rows and decision times, read once
-        files = list(alert_minutes(table).spans.values())
-    if not files:
-        return TableAlerts([], False, None)
-    newest = max(f.last_decision for f in files)
+        minutes = alert_minutes(table)
+        if not minutes.spans:
+            return TableAlerts([], False, None)
+        newest = max(f.last_decision for f in minutes.spans.values())
+        # A rule or kind asked for: only the files that hold its alerts, by their counts.
+        files = _files_holding(minutes, query)
     where = _alert_predicate(query, before)
     # Files whose eventTimes lie outside from/to are skipped by their statistics.
     also = [("eventTime", ">=", query.from_ms)] if query.from_ms is not None else []
@@ -357,7 +361,12 @@ def newest_alerts(
             scoped = where if lower is None else where & (at >= lower)
             if upper != top:
                 scoped = scoped & (at < upper)
-            span = [(-EVER if lower is None else lower, upper)]
+            low = -EVER if lower is None else lower
+            span = [
+                (max(f.first_decision, low), min(f.last_decision, upper))
+                for f in files
+                if f.first_decision <= upper and f.last_decision >= low
+            ]
             part = pruned_dataset(table, "decisionTime", span, also).to_table(
                 filter=scoped, columns=columns
             )
@@ -370,6 +379,24 @@ def newest_alerts(
     newest_first = rows.sort_by([("decisionTime", "descending"), ("alertId", "descending")])
     records = [_alert_record(r) for r in newest_first.slice(0, limit + 1).to_pylist()]
     return TableAlerts(records[:limit], len(records) > limit, newest)
+
+
+def _files_holding(minutes: AlertMinutes, query: AlertFilter) -> list[FileSpan]:
+    """Each data file's span, its rows those of ``query``'s rule and kind (all its rows
+    when it names neither); a file without one of them is left out."""
+    if query.rule_id is None and query.kind is None:
+        return list(minutes.spans.values())
+    held = []
+    for uri, span in minutes.spans.items():
+        rows = sum(
+            n
+            for (rule_id, _, kind, _, _), _, n in minutes.parts.get(uri, [])
+            if (query.rule_id is None or rule_id == query.rule_id)
+            and (query.kind is None or kind == query.kind.value)
+        )
+        if rows:
+            held.append(FileSpan(rows, span.first_decision, span.last_decision))
+    return held
 
 
 def _spans_below(files: Sequence[FileSpan], top: int, rows: int) -> list[int | None]:

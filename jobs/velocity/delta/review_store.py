@@ -15,9 +15,10 @@ in that version, and a commit that another review beat is planned again on top, 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -71,14 +72,15 @@ class ReviewStore:
         table = open_table(self._path)
         return [] if table is None else _reviews(table)
 
-    def latest(self) -> dict[str, Review]:
+    def latest(self) -> Mapping[str, Review]:
         """The review that counts for each reviewed alert, by alertId (kept up to date
-        file by file: a look reads only the reviews recorded since the last)."""
+        file by file: a look reads only the reviews recorded since the last). A read-only
+        view of what this process keeps, not a copy: a page looks up the alerts it shows."""
         table = current_table(self._path)
         if table is None:
             return {}
         with FOLDS_LOCK:
-            return dict(_book(table).latest)
+            return MappingProxyType(_book(table).latest)
 
     def verdicts(self) -> dict[tuple[int, int], dict[Verdict, int]]:
         """How many alerts' latest reviews give each verdict, per (ruleId, ruleVersion)."""

@@ -187,7 +187,7 @@ def reviewed(review: Any) -> str:
     )
 
 
-def latest_reviews(settings: Any) -> dict[str, Any]:
+def latest_reviews(settings: Any) -> Mapping[str, Any]:
     """The review that counts for each reviewed alert (the review store keeps them up to
     date as reviews are recorded: no read of every review)."""
     from velocity.delta.reader import review_store

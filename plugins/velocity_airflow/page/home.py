@@ -67,9 +67,9 @@ def page_data(
     if history is None:
         data.shadow_error = data.rules_error
     else:
-        latest = None if data.reviews is None else list(data.reviews.values())
+        # The reviews are read only when a candidate stands (most pages have none).
         data.shadow, data.shadow_error = common.read(
-            "shadow rules", lambda: shadow.comparisons(settings, history, latest)
+            "shadow rules", lambda: shadow.comparisons(settings, history, None)
         )
     data.backfills, data.backfills_error = common.read(
         "backfill runs", lambda: backfill_runs(settings, user)

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -614,3 +615,93 @@ def test_a_batch_cut_short_after_its_partitions_committed_is_replayed_as_first_d
         pair: v for pair, v in sample_backtest.items() if pair[0] != 4 or pair[1] in first_three
     }
     assert again.mirror.reconcile().clean, "no bucket counted twice in Redis"
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path, spark_settings: Settings) -> Iterator[Settings]:
+    """A data dir of this test's own with a Redis of its own, as `velocity up` starts it
+    (its AOF under ``<data dir>/redis/appendonlydir``): the test stops it and copies an old
+    AOF back, which the session's server, shared by every test, must never see."""
+    from tests.conftest import free_port
+    from velocity.redis.server import redis_down, redis_up
+
+    settings = spark_settings.model_copy(
+        update={
+            "data_dir": tmp_path / "data",
+            "redis_url": f"redis://:rollback-secret@127.0.0.1:{free_port()}/0",
+        }
+    )
+    redis_up(settings)
+    try:
+        yield settings
+    finally:
+        redis_down(settings)
+
+
+@pytest.mark.timeout(300)
+def test_a_redis_restored_from_an_older_aof_is_rebuilt_before_anything_is_decided_on_it(
+    spark,
+    own_redis: Settings,
+    in_order_events: Path,
+    sample_backtest: dict[tuple[int, str], tuple[str, int, str]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis's AOF is copied aside after batch 1; batches 2 and 3 commit; Redis is stopped,
+    the old AOF copied back and Redis started: it names this data dir still, at batch 1,
+    while the checkpoint and Delta are at 3. The next start says so, rebuilds Redis from
+    Delta before deciding batch 4, and every alert (values and cooldown flags) and every
+    Redis bucket equal the uninterrupted run's. A running stream checks the same against
+    the last batch it committed, at no cost: the progress comes with each batch's read."""
+    from velocity.redis.server import redis_down, redis_up
+
+    settings = own_redis
+    files = sorted(in_order_events.glob("*.jsonl"))
+    events = tmp_path / "events"
+    events.mkdir()
+    aof = settings.data_dir / "redis" / "appendonlydir"
+    saved = tmp_path / "aof-after-batch-1"
+
+    def stream_through(count: int, job: StreamJob | None = None) -> StreamJob:
+        """A new stream (a new process) over the first ``count`` files, one a batch."""
+        for order, path in enumerate(files[:count]):
+            if not (events / path.name).exists():
+                land(path, events, order)
+        job = job or StreamJob(spark, settings)
+        run_available_now(job, events)
+        job.close()
+        return job
+
+    first = StreamJob(spark, settings)
+    first.rule_store.apply(parse_rules(sample_rules_path().read_text()))
+    stream_through(2, first)
+    redis_down(settings)  # persists the AOF whole: a backup taken with the server stopped
+    shutil.copytree(aof, saved)
+    redis_up(settings)
+    stream_through(4)
+    redis_down(settings)
+    shutil.rmtree(aof)
+    shutil.copytree(saved, aof)
+    redis_up(settings)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = settings.redis_keys
+    assert client.hget(keys.stream_progress, "batch") == "1", "yesterday's state is back"
+    assert client.get(keys.mirror_marker) == str(settings.data_dir), "not a flushed Redis"
+
+    with caplog.at_level("WARNING", logger="velocity.stream"):
+        job = stream_through(5)
+    assert client.hget(keys.stream_progress, "batch") == "4"
+    assert alert_pairs(spark, LiveTables.of(settings).alerts) == sample_backtest
+    assert job.mirror.reconcile().clean, "Redis holds every bucket of Delta, none twice"
+    assert (
+        "Redis holds the state as of batch 1, but batch 3 is committed (the checkpoint at "
+        "batch 3, Delta at batch 3)" in caplog.text
+    )
+
+    # Restored under a running stream (after its start's check): the next batch's read
+    # finds Redis behind the last batch this process committed, and rebuilds first.
+    client.hset(keys.stream_progress, "batch", "2")
+    with caplog.at_level("WARNING", logger="velocity.stream"):
+        read = job._read_state([], 5)
+    assert read.committed_batch == 4
+    assert "as of batch 2, but batch 4 is committed (this process at batch 4" in caplog.text

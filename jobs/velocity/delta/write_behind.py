@@ -38,6 +38,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -235,6 +236,22 @@ class InputSpool:
 
     def remove(self, batch_id: int) -> None:
         self._path(batch_id).unlink(missing_ok=True)
+
+
+def flushed_batch(settings: Settings) -> int | None:
+    """The newest batch the write-behind has appended to Delta (None: none): the highest
+    transaction version the spooled tables record. A batch is flushed once it committed to
+    Redis, so a Redis whose progress is behind it lost committed batches (see
+    ``velocity.domain.committed``). A delta-rs look at each table's log (tens of ms): for a
+    start, not for every batch."""
+    versions = []
+    for name in SPOOLED_TABLES:
+        try:
+            table = DeltaTable(str(settings.table_path(getattr(tables, name.upper()))))
+        except TableNotFoundError:
+            continue
+        versions.append(table.transaction_version(f"{APP_ID}:{name}"))
+    return max((v for v in versions if v is not None), default=None)
 
 
 # Rows a Parquet row group of the alerts table holds at most: a write-behind group's file

@@ -19,7 +19,9 @@ from pyspark.sql import functions as F
 from redis.cluster import RedisCluster
 
 from velocity.delta.live import LiveState, last_committed_batch
+from velocity.delta.write_behind import InputSpool, flushed_batch
 from velocity.domain.alerts import AlertKind
+from velocity.domain.committed import Rollback, known_committed, rolled_back
 from velocity.domain.rules import Rule, deciding_rules, key_text
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.lock import state_lock
@@ -46,6 +48,29 @@ class RedisState:
         slack_ms = self.settings.allowed_lateness_ms + self.settings.bucket_width_ms
         return at is None or int(time.time() * 1000) - int(at) <= slack_ms  # type: ignore[arg-type]
 
+    def rolled_back(self) -> Rollback | None:
+        """The rollback when Redis's progress is behind a batch the checkpoint or Delta
+        knows committed (``velocity.domain.committed``): a Redis restored from an older
+        snapshot, which still names this data dir. None when it is not (a batch replayed
+        after a crash is not). Reads the checkpoint, the input spool and each spooled
+        table's Delta log: for a start, not for every batch."""
+        return rolled_back(
+            mirror.committed_batch(self.redis, self.settings),
+            checkpoint=last_committed_batch(self.settings),
+            delta=flushed_batch(self.settings),
+            undecided=InputSpool(self.settings).batches(),
+        )
+
+    def committed_through(self) -> int | None:
+        """The newest batch known committed outside Redis (the checkpoint's or Delta's,
+        but not one whose input still waits in the input spool: the stream decides it, or
+        finds it committed, at its start)."""
+        return known_committed(
+            last_committed_batch(self.settings),
+            flushed_batch(self.settings),
+            InputSpool(self.settings).batches(),
+        )
+
     def flush_spooled(self) -> None:
         """Append every batch the stream committed but has not written to Delta yet (hold
         the state lock: then no batch is half committed)."""
@@ -59,12 +84,12 @@ class RedisState:
         """Refill Redis from Delta: rules in force, every bucket inside the horizon, the
         accepted transactionIds inside the de-duplication horizon, and the stream's progress.
 
-        Flushes the spooled batches up to ``through`` first (None: the checkpoint's last
-        committed batch), so Delta holds everything Redis held. Idempotent (absolute
-        values); returns the number of buckets written.
+        Flushes the spooled batches up to ``through`` first (None: ``committed_through``),
+        so Delta holds everything Redis held. Idempotent (absolute values); returns the
+        number of buckets written.
         """
         if through is None:
-            through = last_committed_batch(self.settings)
+            through = self.committed_through()
         self.state.flush_spool(through)
         rules = deciding_rules(self.state.rule_store.in_force())
         keys = self.settings.redis_keys

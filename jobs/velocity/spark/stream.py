@@ -11,7 +11,9 @@ Each micro-batch (``process_batch``):
    spooled (``InputSpool``) and the rest runs in the deciding thread while Spark moves on,
    holding the data dir's state lock:
 2. read, in one Redis call, the stream's progress and which of the batch's
-   transactionIds earlier batches accepted;
+   transactionIds earlier batches accepted (a Redis that lost this data dir's state, or
+   whose progress is behind the last batch this process committed, is refilled from Delta
+   first; a start checks the progress against the checkpoint and Delta too);
 3. admit column by column (``velocity.engine.admission``): events far ahead of the newest
    accepted eventTime or the clock are quarantined, first arrivals win, late events
    count without a decision;
@@ -64,6 +66,7 @@ from pyspark.sql.streaming import StreamingQuery
 from velocity.delta import batch_rows
 from velocity.delta.live import LiveState, last_committed_batch
 from velocity.delta.write_behind import SPOOL_FLUSHER, InputSpool
+from velocity.domain.committed import rolled_back
 from velocity.domain.rules import (
     Rule,
     RuleSignature,
@@ -443,12 +446,17 @@ class StreamJob:
 
     def _read_state(self, transaction_ids: list[str], batch_id: int) -> mirror.StreamRead:
         """The Redis half of a batch's input on the driver (progress, seen transactionIds);
-        refills Redis first when it lost this data dir's state."""
+        refills Redis first when it lost this data dir's state: flushed, or behind the last
+        batch this process committed (restored from an older snapshot under the running
+        stream). Costs no call of its own: both come with the read."""
         read = mirror.read_stream_state(self.redis, self.settings, transaction_ids)
+        lost = None
         if read.mirror_of != str(self.settings.data_dir):
-            log.warning(
-                "Redis lost the state of %s: rebuilding it from Delta", self.settings.data_dir
-            )
+            lost = f"Redis lost the state of {self.settings.data_dir}"
+        elif (rollback := rolled_back(read.committed_batch, process=self._committed)) is not None:
+            lost = rollback.message()
+        if lost is not None:
+            log.warning("%s: rebuilding it from Delta before batch %s", lost, batch_id)
             self.mirror.rebuild(batch_id - 1)
             read = mirror.read_stream_state(self.redis, self.settings, transaction_ids)
         return read
@@ -679,7 +687,13 @@ class StreamJob:
         if kafka_alerts_on(self.settings, self._reads_kafka):
             self._kafka_alerts = AlertPublisher(self.settings)
         with self._lock.held("stream start"):
-            if not self.mirror.is_current():
+            # Redis lost this data dir's state (a flush, a new server, a long stop), or
+            # lost committed batches (restored from an older snapshot): never decide on it.
+            current = self.mirror.is_current()
+            rollback = self.mirror.rolled_back() if current else None
+            if rollback is not None:
+                log.warning("%s: rebuilding it from Delta", rollback.message())
+            if not current or rollback is not None:
                 self.mirror.rebuild()
             self._finish_spooled_inputs()
             committed = last_committed_batch(self.settings)

@@ -281,7 +281,7 @@ def test_the_check_reads_an_event_as_the_schema_declares_it() -> None:
     from importlib import resources
 
     from velocity.domain.schema import AMOUNT_DECIMAL_PLACES, EVENT_FIELDS, FIELDS_BY_NAME
-    from velocity.redis.keys import CHECK_MAX_FUTURE_FIELD, CHECK_PROGRESS_FIELD
+    from velocity.redis.keys import CHECK_MAX_FUTURE_FIELD, CHECK_PROGRESS_FIELD, PIECES_SUFFIX
 
     lua = (resources.files("velocity") / "redis" / "velocity.lua").read_text(encoding="utf-8")
 
@@ -301,3 +301,4 @@ def test_the_check_reads_an_event_as_the_schema_declares_it() -> None:
     assert f"local AMOUNT_MAX_PLACES = {AMOUNT_DECIMAL_PLACES}\n" in lua
     assert f'local CHECK_PROGRESS_FIELD = "{CHECK_PROGRESS_FIELD}"\n' in lua
     assert f'local CHECK_MAX_FUTURE_FIELD = "{CHECK_MAX_FUTURE_FIELD}"\n' in lua
+    assert f'local PIECES_SUFFIX = "{PIECES_SUFFIX}"\n' in lua

@@ -245,10 +245,6 @@ class StreamCommit:
 # millisecond or so in Redis (about 4-8 µs a key), so a check waits behind no long call.
 PIECE_KEYS = 128
 
-# A partition record's companion (velocity.lua): "<applied>/<pieces>" of a partition
-# committed in more than one piece.
-PIECES_SUFFIX = ":pieces"
-
 
 def partition_pieces(keys: int) -> int:
     """How many pieces a key-partition of ``keys`` (signature, key)s is committed in: the

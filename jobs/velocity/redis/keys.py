@@ -251,6 +251,9 @@ def rule_entry(rule: Rule, bucket_ms: int) -> dict[str, str]:
 # The field of ``P:rules`` naming the stream's progress hash (velocity.lua's
 # CHECK_PROGRESS_FIELD).
 CHECK_PROGRESS_FIELD = "~progress"
+# A partition record's companion "<record>:pieces" = "<applied>/<pieces>", for a partition
+# committed in more than one piece (velocity.lua's PIECES_SUFFIX).
+PIECES_SUFFIX = ":pieces"
 # The field of ``P:rules`` holding VELOCITY_MAX_FUTURE_SECONDS in ms (velocity.lua's
 # CHECK_MAX_FUTURE_FIELD): a payment the stream would quarantine is not checked.
 CHECK_MAX_FUTURE_FIELD = "~maxFutureMs"

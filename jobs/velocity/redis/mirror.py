@@ -25,7 +25,6 @@ from velocity.engine.cooldown import LAST_NOTIFIED
 from velocity.errors import UnknownRuleError, VelocityError
 from velocity.redis import cluster
 from velocity.redis.commit_args import (
-    PIECES_SUFFIX,
     BucketChanges,
     PartitionCommit,
     StreamCommit,
@@ -38,6 +37,7 @@ from velocity.redis.keys import (
     CHECK_PROGRESS_FIELD,
     DENSE_TEXT,
     HASH_MARK,
+    PIECES_SUFFIX,
     RedisKeys,
     bucket_value,
     check_rule,

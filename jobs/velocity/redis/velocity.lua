@@ -898,8 +898,9 @@ end
 -- reply: {"decision", "rules": [{ruleId, ruleVersion, outcome, key, fired, aggregateValue,
 --   limitOperatorType, limit, windowStart, windowEnd[, notified]}], "stateAsOf"}
 -- Why the stream would quarantine a payment dated `t` as future_event_time (more than
--- `max_future` ms ahead of the clock, or of the newest eventTime it has committed), or nil.
-local function future_problem(t, max_future, progress_name, ranges)
+-- `max_future` ms ahead of the clock, or of `newest`, the newest eventTime it has
+-- committed, when known), or nil.
+local function future_problem(t, max_future, newest)
   local now = redis.call("TIME")
   local clock = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local seconds = ms_text(max_future / 1000)
@@ -907,12 +908,9 @@ local function future_problem(t, max_future, progress_name, ranges)
   if t > clock + max_future then
     return "'" .. ms_text(t) .. "' is more than " .. seconds .. " s ahead of the clock" .. suffix
   end
-  if progress_name and is_local(progress_name, ranges) then
-    local newest = tonumber(string.match(redis.call("HGET", progress_name, "newest") or "", "^%d+$"))
-    if newest and t > newest + max_future then
-      return "'" .. ms_text(t) .. "' is more than " .. seconds .. " s ahead of the newest "
-          .. "payment committed (" .. ms_text(newest) .. ")" .. suffix
-    end
+  if newest and t > newest + max_future then
+    return "'" .. ms_text(t) .. "' is more than " .. seconds .. " s ahead of the newest "
+        .. "payment committed (" .. ms_text(newest) .. ")" .. suffix
   end
   return nil
 end
@@ -953,8 +951,17 @@ local function velocity_check(keys, args)
       texts[#texts + 1] = entries[i + 1]
     end
   end
+  -- The stream's progress, read once: the answer's stateAsOf, and the bound of a payment
+  -- dated in the future.
+  local newest, at, batch = "null", "null", "null"
+  if progress_name and is_local(progress_name, ranges) then
+    local p = redis.call("HMGET", progress_name, "newest", "at", "batch")
+    -- A progress field is digits, or empty (a stream started, nothing committed yet): null.
+    local function number_or_null(v) return (v and string.match(v, "^%d+$")) and v or "null" end
+    newest, at, batch = number_or_null(p[1]), number_or_null(p[2]), number_or_null(p[3])
+  end
   if max_future then
-    local ahead = future_problem(event.time, max_future, progress_name, ranges)
+    local ahead = future_problem(event.time, max_future, tonumber(newest))
     if ahead then return check_error("eventTime", ahead) end
   end
   local rules = {}
@@ -998,13 +1005,6 @@ local function velocity_check(keys, args)
         strongest = OUTCOME_STRENGTH[rule.outcome]
       end
     end
-  end
-  local newest, at, batch = "null", "null", "null"
-  if progress_name and is_local(progress_name, ranges) then
-    local p = redis.call("HMGET", progress_name, "newest", "at", "batch")
-    -- A progress field is digits, or empty (a stream started, nothing committed yet): null.
-    local function number_or_null(v) return (v and string.match(v, "^%d+$")) and v or "null" end
-    newest, at, batch = number_or_null(p[1]), number_or_null(p[2]), number_or_null(p[3])
   end
   return '{"decision":"' .. DECISIONS[strongest] .. '","rules":[' .. table.concat(decided, ",")
       .. '],"stateAsOf":{"eventTime":' .. newest .. ',"committedAt":' .. at

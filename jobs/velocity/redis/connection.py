@@ -31,7 +31,7 @@ def connect(settings: Settings, *, user: tuple[str, str] | None = None) -> redis
     ``user`` (name, password) signs in as that user instead of the URL's (the read-only
     user of a service that only checks and reads).
     """
-    url = settings.redis_url if user is None else with_user(settings.redis_url, *user)
+    url = _signed_in_url(settings, user)
     if settings.redis_cluster:
         return cast(
             redis.Redis,
@@ -51,10 +51,15 @@ def connect_async(
     same URL, user and timeouts. Not for a Redis Cluster."""
     if settings.redis_cluster:
         raise ValueError("connect_async serves one Redis; a cluster's client is connect's")
-    url = settings.redis_url if user is None else with_user(settings.redis_url, *user)
+    url = _signed_in_url(settings, user)
     return redis.asyncio.Redis.from_url(
         url, decode_responses=True, socket_timeout=10, retry_on_timeout=False
     )
+
+
+def _signed_in_url(settings: Settings, user: tuple[str, str] | None) -> str:
+    """``VELOCITY_REDIS_URL``, signed in as ``user`` (name, password) when one is given."""
+    return settings.redis_url if user is None else with_user(settings.redis_url, *user)
 
 
 def with_user(url: str, username: str, password: str) -> str:

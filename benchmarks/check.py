@@ -261,8 +261,9 @@ class CheckService:
                 os.killpg(self.process.pid, 9)
 
 
-def slow_calls(client: Any) -> list[tuple[str, float]]:
-    """The calls Redis's slow log kept since the last look, (command, ms); the log emptied."""
+def slow_calls(client: Any) -> list[tuple[str, float, str]]:
+    """The calls Redis's slow log kept since the last look, (command, ms, the call as the
+    log keeps it: its first 32 arguments, each cut at 128 bytes); the log emptied."""
     try:
         entries = client.slowlog_get(10_000)
         client.slowlog_reset()
@@ -274,7 +275,7 @@ def slow_calls(client: Any) -> list[tuple[str, float]]:
         text = command.decode(errors="replace") if isinstance(command, bytes) else command
         words = text.split()
         name = " ".join(words[:2] if words[:1] in (["FCALL"], ["FCALL_RO"]) else words[:1])
-        calls.append((name, int(entry["duration"]) / 1000))
+        calls.append((name, int(entry["duration"]) / 1000, text[:400]))
     return calls
 
 
@@ -299,13 +300,15 @@ def redis_stalls(client: Any) -> dict[str, Any]:
     }
 
 
-def slow_summary(calls: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
-    """Slow calls by command: how many, the longest and all together (ms); the 5 costliest."""
-    out: dict[str, dict[str, float]] = {}
-    for name, duration in calls:
+def slow_summary(calls: list[tuple[str, float, str]]) -> dict[str, dict[str, Any]]:
+    """Slow calls by command: how many, the longest (ms, and the call) and all together
+    (ms); the 5 costliest."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, duration, text in calls:
         entry = out.setdefault(name, {"count": 0, "max_ms": 0.0, "total_ms": 0.0})
         entry["count"] += 1
-        entry["max_ms"] = round(max(entry["max_ms"], duration), 2)
+        if duration >= entry["max_ms"]:
+            entry["max_ms"], entry["longest"] = round(duration, 2), text
         entry["total_ms"] = round(entry["total_ms"] + duration, 2)
     return dict(sorted(out.items(), key=lambda item: -item[1]["total_ms"])[:5])
 
@@ -331,7 +334,7 @@ class Step:
     seconds: float
     redis_cores: float
     fcall_ro_usec_per_call: float
-    slow: list[tuple[str, float]]
+    slow: list[tuple[str, float, str]]
 
     @property
     def p99(self) -> float:
@@ -400,7 +403,7 @@ class CheckLoad:
         self.http_problem: str | None = None
         self.generated: dict[str, Generated] = {}
         self.samples: list[tuple[float, float, int, float]] = []
-        self.slow: list[list[tuple[str, float]]] = []  # at each block's end, its slow calls
+        self.slow: list[list[tuple[str, float, str]]] = []  # at each block's end, its slow calls
         self.stalls: dict[str, Any] = {}
         self.service_cpu = 0.0
         self.ramp: list[Step] = []
@@ -578,7 +581,7 @@ class CheckLoad:
                 by_load[load].append(latency)
         # Redis's counters over each load's blocks.
         spent: dict[str, list[float]] = {load: [0.0, 0.0, 0.0, 0.0] for load in self.loads}
-        slow: dict[str, list[tuple[str, float]]] = {load: [] for load in self.loads}
+        slow: dict[str, list[tuple[str, float, str]]] = {load: [] for load in self.loads}
         for b, load in enumerate(self.block_load[: len(self.samples) - 1]):
             for i in range(4):
                 spent[load][i] += self.samples[b + 1][i] - self.samples[b][i]
@@ -729,6 +732,9 @@ def report(result: dict[str, Any]) -> None:
             for command, c in entry["redis_slow_calls"].items()
         )
         print(f"  {name:<9} Redis calls over {SLOW_US / 1000:g} ms: {slow or 'none'}")
+        longest = entry["redis_slow_calls"].get("FCALL_RO velocity_check", {}).get("longest")
+        if longest:
+            print(f"  {name:<9} the longest check: {longest[:300]}")
     for name, entry in loads.items():
         if "seen_after_landing_p50_ms" in entry:
             print(f"  {name:<9} a landed payment seen by checks after p50 "

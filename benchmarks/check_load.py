@@ -10,10 +10,14 @@ late.
 
 Each check is one round trip on a pipeline-free connection: ``FCALL_RO velocity_check`` as
 the read-only user (``--redis``), or ``POST /check`` with the bearer token (``--http``, the
-token in the environment variable ``VELOCITY_CHECK_TOKEN``). ``--lanes`` threads each own a
-connection and take every lanes-th check of the schedule, so one slow answer delays only its
-lane's next sends. ``--of N --index i``: this process takes every N-th check (the others run
-as N - 1 more processes), so the rate is the combined one.
+token in the environment variable ``VELOCITY_CHECK_TOKEN``), over ``--lanes`` connections.
+One thread runs one select loop: each check is sent when due on a connection with none in
+flight (its bytes built from parts prepared once, only the transactionId put in), and the
+answers are read as they come. A check due while every connection waits for an answer waits
+too, late by that much. Threads, one a connection, sent late: a woken thread waits for the
+interpreter's lock, and the generator's own lag hid the service's. ``--of N --index i``: this
+process takes every N-th check (the others run as N - 1 more processes), so the rate is the
+combined one.
 
 Payments are drawn like the stream's: the lines of the benchmark's event files (``--files``,
 landed one every ``--seconds-per-file`` from the start), a check due at t from the file
@@ -33,18 +37,19 @@ import math
 import os
 import random
 import resource
+import select
+import socket
 import sys
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from velocity.operating.local_process import run_ahead
 
-# How long a lane keeps sending the checks of a window once the window is over: checks
+# How long the generator keeps sending the checks of a window once the window is over: checks
 # still unsent then were never answered.
 GRACE_SECONDS = 2.0
 # An HTTP connection idle this long is opened afresh before its next check.
@@ -79,7 +84,7 @@ def prepare(files: list[Path], at_end: bool) -> list[list[Payment]]:
 
 
 @dataclass
-class Lane:
+class Results:
     latencies_ms: list[float] = field(default_factory=list)
     send_lag_ms: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
@@ -89,28 +94,25 @@ class Lane:
     # (epoch ms answered, stateAsOf.eventTime): how fresh the state each answer rests on is
     state_seen: list[tuple[int, int]] = field(default_factory=list)
 
+    def failed(self, reason: str) -> None:
+        self.latencies_ms.append(math.inf)
+        self.errors[reason[:200]] += 1
 
-Caller = Callable[[Payment, str], dict[str, Any]]
-
-
-def redis_caller(url: str, rules_key: str, timeout: float) -> Caller:
-    import redis
-
-    from velocity.redis.check import CHECK_FUNCTION
-
-    # One connection, no pipeline, no retries: a check is one round trip or an error.
-    client = redis.Redis.from_url(
-        url, decode_responses=True, socket_timeout=timeout, retry_on_timeout=False,
-        single_connection_client=True,
-    )  # fmt: skip
-    client.ping()
-
-    def call(payment: Payment, tx: str) -> dict[str, Any]:
-        arguments = list(payment.arguments)
-        arguments[payment.tx_at] = tx
-        return answer_of(cast(str, client.fcall_ro(CHECK_FUNCTION, 1, rules_key, *arguments)))
-
-    return call
+    def answered(self, due: float, sent: float, now: float, text: bytes) -> None:
+        try:
+            answer = answer_of(text)
+        except ValueError as exc:
+            self.failed(f"ValueError: {exc}")
+            return
+        self.latencies_ms.append((now - due) * 1000)
+        self.send_lag_ms.append((sent - due) * 1000)
+        self.decisions[str(answer.get("decision"))] += 1
+        rules = answer.get("rules") or []
+        self.evaluated += len(rules)
+        self.fired += sum(1 for r in rules if r.get("fired"))
+        newest = (answer.get("stateAsOf") or {}).get("eventTime")
+        if newest is not None:
+            self.state_seen.append((int(time.time() * 1000), int(newest)))
 
 
 def answer_of(text: str | bytes) -> dict[str, Any]:
@@ -123,92 +125,246 @@ def answer_of(text: str | bytes) -> dict[str, Any]:
     return answer
 
 
-def http_caller(url: str, token: str, timeout: float) -> Caller:
-    import http.client
-    from urllib.parse import urlsplit
+class Door:
+    """How a check goes on the wire and its reply is read: the bytes of a payment's check
+    (built from parts prepared once, the transactionId put in), and a reply's end."""
 
-    where = urlsplit(url)
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    state: dict[str, http.client.HTTPConnection] = {}
-    last_used = [time.monotonic()]
+    address: tuple[str, int]
 
-    def connection() -> http.client.HTTPConnection:
-        # Kept alive; opened again after an error, and after an idle pause between windows
-        # (a server closes an idle connection: uvicorn after 5 s), as a pooled client would.
-        if "c" in state and time.monotonic() - last_used[0] > IDLE_SECONDS:
-            state.pop("c").close()
-        if "c" not in state:
-            state["c"] = http.client.HTTPConnection(where.netloc, timeout=timeout)
-            state["c"].connect()
-        last_used[0] = time.monotonic()
-        return state["c"]
+    def greeting(self) -> bytes:
+        """What a new connection sends before its first check (its reply read and dropped)."""
+        return b""
 
-    def call(payment: Payment, tx: str) -> dict[str, Any]:
-        body = json.dumps({**payment.body, "transactionId": tx}).encode()
-        open_one = connection()
-        try:
-            open_one.request("POST", "/check", body, headers)
-            response = open_one.getresponse()
-            text = response.read()
-        except Exception:
-            state.pop("c", None)
-            open_one.close()
-            raise
-        if response.status != 200:  # the server may close after it: a fresh connection
-            state.pop("c", None)
-            open_one.close()
-            raise RuntimeError(f"HTTP {response.status}: {text[:200]!r}")
-        return answer_of(text)
+    def request(self, payment: Payment, tx: str) -> bytes:
+        raise NotImplementedError
 
-    connection()
-    return call
+    def reply(self, buffer: bytearray) -> tuple[int, bytes | None, str | None] | None:
+        """The first whole reply in ``buffer``: (bytes it took, the answer's text or None,
+        the error or None); None while it is not whole."""
+        raise NotImplementedError
+
+    def keeps_open(self) -> bool:
+        return True
 
 
-def run_lane(
-    lane: Lane,
-    call: Caller,
-    schedule: list[tuple[float, float]],  # (due, window's end), monotonic, this lane's checks
+def _bulk(text: str) -> bytes:
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+class RedisDoor(Door):
+    """``FCALL_RO velocity_check 1 <rules key> field value …`` as RESP, the reply a bulk
+    string (the answer) or an error line."""
+
+    def __init__(self, url: str, rules_key: str) -> None:
+        where = urlsplit(url)
+        self.address = (where.hostname or "127.0.0.1", where.port or 6379)
+        self.auth = [unquote(where.username or "default"), unquote(where.password or "")]
+        self.rules_key = rules_key
+        self.parts: dict[int, tuple[bytes, bytes]] = {}
+
+    def greeting(self) -> bytes:
+        if not self.auth[1]:
+            return b""
+        return b"*3\r\n" + _bulk("AUTH") + _bulk(self.auth[0]) + _bulk(self.auth[1])
+
+    def request(self, payment: Payment, tx: str) -> bytes:
+        parts = self.parts.get(id(payment))
+        if parts is None:
+            from velocity.redis.check import CHECK_FUNCTION
+
+            words = [CHECK_FUNCTION, "1", self.rules_key, *payment.arguments]
+            at = 3 + payment.tx_at
+            head = b"*%d\r\n" % (len(words) + 1) + _bulk("FCALL_RO")
+            head += b"".join(map(_bulk, words[:at]))
+            parts = self.parts[id(payment)] = (head, b"".join(map(_bulk, words[at + 1 :])))
+        return parts[0] + _bulk(tx) + parts[1]
+
+    def reply(self, buffer: bytearray) -> tuple[int, bytes | None, str | None] | None:
+        line_end = buffer.find(b"\r\n")
+        if line_end < 0:
+            return None
+        kind = buffer[:1]
+        if kind == b"$":
+            size = int(buffer[1:line_end])
+            end = line_end + 2 + size + 2
+            if len(buffer) < end:
+                return None
+            return end, bytes(buffer[line_end + 2 : end - 2]), None
+        if kind == b"+":  # the greeting's OK
+            return line_end + 2, None, None
+        return line_end + 2, None, "ResponseError: " + buffer[1:line_end].decode(errors="replace")
+
+
+class HttpDoor(Door):
+    """``POST /check`` with the bearer token, HTTP/1.1 kept alive; the reply's body by its
+    Content-Length (uvicorn's JSON answers have one)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        where = urlsplit(url)
+        self.address = (where.hostname or "127.0.0.1", where.port or 80)
+        self.head = (
+            f"POST /check HTTP/1.1\r\nHost: {where.netloc}\r\nAuthorization: Bearer {token}"
+            "\r\nContent-Type: application/json\r\nContent-Length: "
+        ).encode()
+        self.parts: dict[int, tuple[bytes, bytes]] = {}
+        self.closing = False
+
+    def request(self, payment: Payment, tx: str) -> bytes:
+        parts = self.parts.get(id(payment))
+        if parts is None:
+            marker = "\u0000tx\u0000"
+            body = json.dumps({**payment.body, "transactionId": marker}).encode()
+            before, after = body.split(json.dumps(marker).encode())
+            parts = self.parts[id(payment)] = (before, after)
+        body = parts[0] + json.dumps(tx).encode() + parts[1]
+        return self.head + b"%d\r\n\r\n" % len(body) + body
+
+    def reply(self, buffer: bytearray) -> tuple[int, bytes | None, str | None] | None:
+        head_end = buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            return None
+        lines = bytes(buffer[:head_end]).decode("latin-1").split("\r\n")
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])
+        }
+        if "content-length" not in headers:
+            raise RuntimeError(f"an answer without Content-Length: {lines[0]}")
+        end = head_end + 4 + int(headers["content-length"])
+        if len(buffer) < end:
+            return None
+        self.closing = headers.get("connection", "").lower() == "close"
+        body = bytes(buffer[head_end + 4 : end])
+        status = lines[0].split(" ", 2)
+        if len(status) < 2 or status[1] != "200":
+            self.closing = True  # the server may close after it: a fresh connection
+            return end, None, f"HTTP {' '.join(status[1:])}: {body[:160]!r}"
+        return end, body, None
+
+    def keeps_open(self) -> bool:
+        closing, self.closing = self.closing, False
+        return not closing
+
+
+@dataclass
+class Connection:
+    """One pipeline-free connection: at most one check in flight."""
+
+    sock: socket.socket
+    used: float
+    check: tuple[int, float, float] | None = None  # (schedule index, due, sent)
+    buffer: bytearray = field(default_factory=bytearray)
+
+
+def connect(door: Door, timeout: float) -> Connection:
+    sock = socket.create_connection(door.address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    greeting = door.greeting()
+    if greeting:  # answered before any check: read it whole here
+        sock.sendall(greeting)
+        buffer = bytearray()
+        while (whole := door.reply(buffer)) is None:
+            buffer += sock.recv(65536)
+        if whole[2]:
+            raise RuntimeError(f"the connection was refused: {whole[2]}")
+    return Connection(sock, time.monotonic())
+
+
+def send_checks(
+    results: Results,
+    door: Door,
+    pool: list[Connection],
+    schedule: list[tuple[float, float]],  # (due, window's end), monotonic, this process's
     payments: list[list[Payment]],
     seconds_per_file: float,
     start: float,
-    name: str,
+    timeout: float,
     seed: int,
 ) -> None:
+    """Sends each check at its due time on an idle connection (one thread, one select
+    loop: a check due while every connection is busy waits for the first to answer, late
+    by that much), and reads the answers as they come."""
     rng = random.Random(seed)
-    for j, (due, window_end) in enumerate(schedule):
+    waiting: deque[int] = deque()  # due, not yet sent
+    upcoming, name = 0, f"check-{os.getpid()}"
+
+    def drop(conn: Connection, reason: str) -> None:
+        if conn.check is not None:
+            results.failed(reason)
+            conn.check = None
+        conn.sock.close()
+        conn.sock = connect(door, timeout).sock
+        conn.buffer.clear()
+
+    while upcoming < len(schedule) or waiting or any(c.check for c in pool):
         now = time.monotonic()
-        if now > window_end + GRACE_SECONDS:
-            lane.errors["unsent (the lane fell behind)"] += 1
-            lane.latencies_ms.append(math.inf)
-            continue
-        if due > now:
-            time.sleep(due - now)
-        group = payments[min(len(payments) - 1, int((due - start) / seconds_per_file))]
-        payment = group[rng.randrange(len(group))]
-        sent = time.monotonic()
-        try:
-            answer = call(payment, f"check-{name}-{j}")
-        except Exception as exc:  # any failure of a check is an answer that never came
-            lane.latencies_ms.append(math.inf)
-            lane.errors[type(exc).__name__ + ": " + str(exc)[:160]] += 1
-            continue
-        answered = time.monotonic()
-        lane.latencies_ms.append((answered - due) * 1000)
-        lane.send_lag_ms.append((sent - due) * 1000)
-        lane.decisions[str(answer.get("decision"))] += 1
-        rules = answer.get("rules") or []
-        lane.evaluated += len(rules)
-        lane.fired += sum(1 for r in rules if r.get("fired"))
-        newest = (answer.get("stateAsOf") or {}).get("eventTime")
-        if newest is not None:
-            lane.state_seen.append((int(time.time() * 1000), int(newest)))
+        while upcoming < len(schedule) and schedule[upcoming][0] <= now:
+            waiting.append(upcoming)
+            upcoming += 1
+        while waiting and now > schedule[waiting[0]][1] + GRACE_SECONDS:
+            waiting.popleft()
+            results.failed("unsent (every connection was busy until its window was over)")
+        for conn in pool:
+            if not waiting:
+                break
+            if conn.check is not None:
+                continue
+            j = waiting.popleft()
+            due = schedule[j][0]
+            group = payments[min(len(payments) - 1, int((due - start) / seconds_per_file))]
+            payment = group[rng.randrange(len(group))]
+            if now - conn.used > IDLE_SECONDS:  # a server closes an idle connection
+                conn.sock.close()
+                conn.sock = connect(door, timeout).sock
+            try:
+                conn.sock.sendall(door.request(payment, f"{name}-{j}"))
+            except OSError as exc:
+                conn.check = (j, due, now)
+                drop(conn, f"{type(exc).__name__}: {exc}")
+                continue
+            conn.check, conn.used = (j, due, time.monotonic()), now
+        busy = [c for c in pool if c.check is not None]
+        for conn in busy:
+            if now - conn.check[2] > timeout:  # type: ignore[index]
+                drop(conn, f"TimeoutError: no answer in {timeout} s")
+        busy = [c for c in pool if c.check is not None]
+        wake = [now + timeout]
+        if upcoming < len(schedule):
+            wake.append(schedule[upcoming][0])
+        if waiting and len(busy) < len(pool):
+            wake.append(now)
+        readable, _, _ = select.select([c.sock for c in busy], [], [], max(0.0, min(wake) - now))
+        for sock in readable:
+            conn = next(c for c in busy if c.sock is sock)
+            try:
+                data = sock.recv(65536)
+            except OSError as exc:
+                drop(conn, f"{type(exc).__name__}: {exc}")
+                continue
+            if not data:
+                drop(conn, "ConnectionError: closed by the server")
+                continue
+            conn.buffer += data
+            whole = door.reply(conn.buffer)
+            if whole is None:
+                continue
+            taken, text, error = whole
+            del conn.buffer[:taken]
+            j, due, sent = conn.check  # type: ignore[misc]
+            conn.check = None
+            if error is not None:
+                results.failed(error)
+            elif text is not None:
+                results.answered(due, sent, time.monotonic(), text)
+            if not door.keeps_open():
+                drop(conn, "")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    door = parser.add_mutually_exclusive_group(required=True)
-    door.add_argument("--redis", metavar="URL", help="FCALL_RO velocity_check on this Redis")
-    door.add_argument("--http", metavar="URL", help="POST /check on this service")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--redis", metavar="URL", help="FCALL_RO velocity_check on this Redis")
+    where.add_argument("--http", metavar="URL", help="POST /check on this service")
     parser.add_argument("--rules-key", default="velocity:rules")
     parser.add_argument("--rate", type=float, required=True, help="checks a second, all processes")
     parser.add_argument(
@@ -218,7 +374,9 @@ def main() -> int:
     parser.add_argument("--files", type=Path, nargs="+", required=True)
     parser.add_argument("--seconds-per-file", type=float, default=1.0)
     parser.add_argument("--at-end", action="store_true")
-    parser.add_argument("--lanes", type=int, default=4)
+    parser.add_argument(
+        "--lanes", type=int, default=4, help="connections, one check in flight each"
+    )
     parser.add_argument("--of", type=int, default=1)
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=2.0)
@@ -229,69 +387,44 @@ def main() -> int:
         "it runs ahead of the stream's batch work (as `velocity up` runs Redis)",
     )  # fmt: skip
     args = parser.parse_args()
-    # Before the lanes' threads start: they inherit it.
     print(f"generator {args.index}: {run_ahead(0, args.nice)}", file=sys.stderr, flush=True)
 
     payments = prepare(sorted(args.files), args.at_end)
-    token = os.environ.get("VELOCITY_CHECK_TOKEN", "")
-    callers = [
-        redis_caller(args.redis, args.rules_key, args.timeout)
+    door: Door = (
+        RedisDoor(args.redis, args.rules_key)
         if args.redis
-        else http_caller(args.http, token, args.timeout)
-        for _ in range(args.lanes)
-    ]
+        else HttpDoor(args.http, os.environ.get("VELOCITY_CHECK_TOKEN", ""))
+    )
+    pool = [connect(door, args.timeout) for _ in range(args.lanes)]
     print("ready", flush=True)
     start_epoch = float(sys.stdin.readline())
     start = time.monotonic() + (start_epoch - time.time())
     # The combined schedule: every window at the combined rate; this process takes every
-    # of-th check, its lanes every lanes-th of those.
+    # of-th check.
     due_times: list[tuple[float, float]] = []
     for window in args.window:
         begin, end = (float(x) for x in window.split(":"))
         count = round((end - begin) * args.rate)
         due_times += [(start + begin + j / args.rate, start + end) for j in range(count)]
-    mine = due_times[args.index :: args.of]
-    lanes = [Lane() for _ in callers]
-    threads = [
-        threading.Thread(
-            target=run_lane,
-            args=(
-                lane,
-                call,
-                mine[k :: len(lanes)],
-                payments,
-                args.seconds_per_file,
-                start,
-                f"{os.getpid()}-{k}",
-                args.index * 1000 + k,
-            ),
-            daemon=True,
-        )
-        for k, (lane, call) in enumerate(zip(lanes, callers, strict=True))
-    ]
+    results = Results()
     time.sleep(max(0.0, start - time.monotonic()))
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     began = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    send_checks(
+        results, door, pool, due_times[args.index :: args.of], payments,
+        args.seconds_per_file, start, args.timeout, args.index,
+    )  # fmt: skip
     wall = time.monotonic() - began
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    errors: Counter[str] = Counter()
-    decisions: Counter[str] = Counter()
-    for lane in lanes:
-        errors.update(lane.errors)
-        decisions.update(lane.decisions)
     result = {
-        "latencies_ms": [x if math.isfinite(x) else None for ln in lanes for x in ln.latencies_ms],
-        "send_lag_ms": [x for lane in lanes for x in lane.send_lag_ms],
-        "errors": dict(errors),
-        "decisions": dict(decisions),
-        "fired": sum(lane.fired for lane in lanes),
-        "evaluated": sum(lane.evaluated for lane in lanes),
-        "state_seen": [pair for lane in lanes for pair in lane.state_seen],
+        "latencies_ms": [x if math.isfinite(x) else None for x in results.latencies_ms],
+        "send_lag_ms": results.send_lag_ms,
+        "errors": dict(results.errors),
+        "decisions": dict(results.decisions),
+        "fired": results.fired,
+        "evaluated": results.evaluated,
+        "state_seen": results.state_seen,
         "cpu_seconds": cpu,
         "wall_seconds": wall,
     }

@@ -34,7 +34,7 @@ def test_a_keys_run_parses_back_to_its_change(change: KeyChange) -> None:
     )
 
 
-# A key state's field names and values hold no tab or newline (velocity.lua's PACKED_LINE).
+# A key state's field names and values hold no tab or newline (velocity.lua's packed_lines).
 field_texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=12)
 wholes = st.dictionaries(field_texts.filter(bool), field_texts, max_size=4)
 

@@ -439,7 +439,7 @@ _BUCKET_VALUE = (
     r"(?P<distinct_values>\[.*\])(?:,(?P<last_time>-?\d+))?\]$"
 )
 # velocity.lua's read_keys: each named key's packed text (lines "<field>\t<value>\n",
-# velocity.lua's PACKED_LINE) in the names' order, joined by "\x1e".
+# velocity.lua's packed_lines) in the names' order, joined by "\x1e".
 KEY_SEPARATOR = "\x1e"
 # A dense key's state string holds only this field's line; read_keys gives its hash's fields
 # after that line.
@@ -451,7 +451,7 @@ HASH_FIELDS = pa.schema(
 
 
 def packed_text(fields: Iterable[tuple[str, str]]) -> str:
-    """A key's fields in the packed layout (velocity.lua's PACKED_LINE)."""
+    """A key's fields in the packed layout (velocity.lua's packed_lines)."""
     return "".join(f"{field}\t{value}\n" for field, value in fields)
 
 

@@ -81,6 +81,9 @@ LANE_RATE = 250
 LATENCY_EVENT_MS = 5
 # Redis's slow log keeps the calls that held it longer than this (µs) while checks run.
 SLOW_US = 1000
+# A wake-up of the stall probe (benchmarks.stall_probe) this late (ms) is a stall of the
+# machine's: a check due then waits as long whatever Redis does.
+STALL_MS = 2.0
 # --at-end (the ramp) draws from the payments of the last files only (their keys, fewer to parse).
 RAMP_FILES = 20
 
@@ -221,6 +224,57 @@ class Generators:
             if process.poll() is None:
                 os.killpg(process.pid, 9)
                 process.wait()
+
+
+class StallProbe:
+    """``benchmarks.stall_probe``, a process at the serving niceness that sleeps a
+    millisecond at a time through the run and notes how late it woke."""
+
+    def __init__(self, seconds: float, work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.out, self.log = work / "stall-probe.json", work / "stall-probe.log"
+        self.out.unlink(missing_ok=True)
+        self.process = subprocess.Popen(
+            [PYTHON, "-m", "benchmarks.stall_probe", "--seconds", str(seconds),
+             "--report-ms", str(STALL_MS / 2), "--out", str(self.out)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("w"),
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        if cast(IO[str], self.process.stdout).readline().strip() != "ready":
+            raise RuntimeError(f"the stall probe did not start: {self.log}")
+
+    def start(self, at_epoch: float) -> None:
+        stdin = cast(IO[str], self.process.stdin)
+        stdin.write(f"{at_epoch!r}\n")
+        stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        if self.process.wait(timeout=timeout):
+            raise RuntimeError(f"the stall probe exited {self.process.returncode}: {self.log}")
+        result: dict[str, Any] = json.loads(self.out.read_text())
+        return result
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 9)
+            self.process.wait()
+
+
+def machine_stalls(probe: dict[str, Any], windows: list[tuple[float, float]]) -> dict[str, Any]:
+    """The stall probe's wake-ups in ``windows`` (seconds from the start): how many, how many
+    were over ``STALL_MS`` late (and the share of them), the latest, and the time it spent
+    stalled over ``STALL_MS`` a second."""
+    wakes = sum(sum(probe["wakes"][int(a) : int(b)]) for a, b in windows)
+    late = [ms for at, ms in probe["late"] if any(a <= at < b for a, b in windows)]
+    stalled = [x for x in late if x > STALL_MS]
+    seconds = sum(b - a for a, b in windows)
+    return {
+        "probe_wakes": wakes,
+        "probe_stalls": len(stalled),
+        "probe_stall_share": round(len(stalled) / wakes, 5) if wakes else 0.0,
+        "probe_stall_max_ms": round(max(late, default=0.0), 1),
+        "probe_stalled_ms_per_s": round(sum(stalled) / seconds, 2) if seconds else 0.0,
+    }
 
 
 class CheckService:
@@ -405,6 +459,8 @@ class CheckLoad:
         self.samples: list[tuple[float, float, int, float]] = []
         self.slow: list[list[tuple[str, float, str]]] = []  # at each block's end, its slow calls
         self.stalls: dict[str, Any] = {}
+        self.probe: StallProbe | None = None
+        self.probed: dict[str, Any] = {}
         self.service_cpu = 0.0
         self.ramp: list[Step] = []
         self.ramp_limit = ""
@@ -452,6 +508,7 @@ class CheckLoad:
             except RuntimeError as exc:
                 self.http_problem = f"failed to start: {exc}"
                 print(f"HTTP not measured: {self.http_problem}", flush=True)
+        self.probe = StallProbe(self.blocks[-1][1] + 1, self.work)
         for load, door in self.door.items():
             token = self.service.token if self.service is not None else ""
             self.generators[load] = Generators(
@@ -464,6 +521,8 @@ class CheckLoad:
         at = time.time() + 0.2
         for generators in self.generators.values():
             generators.start(at)
+        if self.probe is not None:
+            self.probe.start(at)
         if self.service is not None:
             self.service_cpu = self.service.cpu()
         time.sleep(max(0.0, at - time.time()))
@@ -486,6 +545,8 @@ class CheckLoad:
         self.stalls = redis_stalls(self.client)
         for load, generators in self.generators.items():
             self.generated[load] = generators.results(timeout=60)
+        if self.probe is not None:
+            self.probed = self.probe.result(timeout=60)
         if self.service is not None:
             self.service_cpu = self.service.cpu() - self.service_cpu
 
@@ -496,6 +557,8 @@ class CheckLoad:
     def close(self) -> None:
         for generators in self.generators.values():
             generators.close()
+        if self.probe is not None:
+            self.probe.close()
         if self.service is not None:
             self.service.close()
 
@@ -601,6 +664,8 @@ class CheckLoad:
                 "redis_cores": round(cpu / seconds, 3) if seconds else 0.0,
                 "redis_slow_calls": slow_summary(slow[load]),
             }
+            if self.probed:
+                entry.update(machine_stalls(self.probed, self.windows(load)))
             generated = self.generated.get(load)
             if load != "none" and generated is None:
                 entry["measured"] = self.http_problem or "not measured"
@@ -735,6 +800,12 @@ def report(result: dict[str, Any]) -> None:
         longest = entry["redis_slow_calls"].get("FCALL_RO velocity_check", {}).get("longest")
         if longest:
             print(f"  {name:<9} the longest check: {longest[:300]}")
+    for name, entry in loads.items():
+        if "probe_wakes" in entry:
+            print(f"  {name:<9} the machine: a sleeper at nice -10 woke over {STALL_MS:g} ms late "
+                  f"{entry['probe_stalls']} times of {entry['probe_wakes']} "
+                  f"({entry['probe_stall_share']:.2%}), at most {entry['probe_stall_max_ms']} ms;"
+                  f" stalled {entry['probe_stalled_ms_per_s']} ms a second")  # fmt: skip
     for name, entry in loads.items():
         if "seen_after_landing_p50_ms" in entry:
             print(f"  {name:<9} a landed payment seen by checks after p50 "

@@ -230,13 +230,13 @@ class StallProbe:
     """``benchmarks.stall_probe``, a process at the serving niceness that sleeps a
     millisecond at a time through the run and notes how late it woke."""
 
-    def __init__(self, seconds: float, work: Path) -> None:
+    def __init__(self, seconds: float, work: Path, redis_url: str) -> None:
         work.mkdir(parents=True, exist_ok=True)
         self.out, self.log = work / "stall-probe.json", work / "stall-probe.log"
         self.out.unlink(missing_ok=True)
         self.process = subprocess.Popen(
             [PYTHON, "-m", "benchmarks.stall_probe", "--seconds", str(seconds),
-             "--report-ms", str(STALL_MS / 2), "--out", str(self.out)],
+             "--report-ms", str(STALL_MS / 2), "--redis", redis_url, "--out", str(self.out)],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("w"),
             text=True, start_new_session=True,
         )  # fmt: skip
@@ -268,7 +268,10 @@ def machine_stalls(probe: dict[str, Any], windows: list[tuple[float, float]]) ->
     late = [ms for at, ms in probe["late"] if any(a <= at < b for a, b in windows)]
     stalled = [x for x in late if x > STALL_MS]
     seconds = sum(b - a for a, b in windows)
+    pings = [ms for at, ms in probe["slow_pings"] if any(a <= at < b for a, b in windows)]
     return {
+        "pings_over_2ms": sum(1 for x in pings if x > STALL_MS),
+        "ping_max_ms": round(max(pings, default=0.0), 1),
         "probe_wakes": wakes,
         "probe_stalls": len(stalled),
         "probe_stall_share": round(len(stalled) / wakes, 5) if wakes else 0.0,
@@ -508,7 +511,7 @@ class CheckLoad:
             except RuntimeError as exc:
                 self.http_problem = f"failed to start: {exc}"
                 print(f"HTTP not measured: {self.http_problem}", flush=True)
-        self.probe = StallProbe(self.blocks[-1][1] + 1, self.work)
+        self.probe = StallProbe(self.blocks[-1][1] + 1, self.work, reader)
         for load, door in self.door.items():
             token = self.service.token if self.service is not None else ""
             self.generators[load] = Generators(
@@ -802,10 +805,12 @@ def report(result: dict[str, Any]) -> None:
             print(f"  {name:<9} the longest check: {longest[:300]}")
     for name, entry in loads.items():
         if "probe_wakes" in entry:
-            print(f"  {name:<9} the machine: a sleeper at nice -10 woke over {STALL_MS:g} ms late "
+            print(f"  {name:<9} the machine: a sleeper at real-time 10 woke >{STALL_MS:g} ms late "
                   f"{entry['probe_stalls']} times of {entry['probe_wakes']} "
                   f"({entry['probe_stall_share']:.2%}), at most {entry['probe_stall_max_ms']} ms;"
-                  f" stalled {entry['probe_stalled_ms_per_s']} ms a second")  # fmt: skip
+                  f" stalled {entry['probe_stalled_ms_per_s']} ms a second; a PING to Redis "
+                  f"over {STALL_MS:g} ms {entry['pings_over_2ms']} times (max "
+                  f"{entry['ping_max_ms']} ms)")  # fmt: skip
     for name, entry in loads.items():
         if "seen_after_landing_p50_ms" in entry:
             print(f"  {name:<9} a landed payment seen by checks after p50 "
@@ -886,9 +891,10 @@ def main() -> int:
     if http:
         print(f"HTTP: {http}", flush=True)
     print(
-        "scheduling: Redis and velocity serve at VELOCITY_SERVING_NICE (as `velocity up` runs "
-        "them), the check generators at nice -10 (each stands for a service on a machine of "
-        "its own); the stream at the default",
+        "scheduling: Redis and velocity serve at VELOCITY_SERVING_NICE and "
+        "VELOCITY_SERVING_REALTIME (as `velocity up` runs them), the check generators and the "
+        "stall probe at real-time 10, nice -10 (each stands for a service on a machine of its "
+        "own); the stream at the default",
         flush=True,
     )
     results = []

@@ -386,8 +386,13 @@ def main() -> int:
         help="this generator's niceness: it stands for a service on a machine of its own, so "
         "it runs ahead of the stream's batch work (as `velocity up` runs Redis)",
     )  # fmt: skip
+    parser.add_argument(
+        "--realtime", type=int, default=10,
+        help="its round-robin real-time priority (0: none), as VELOCITY_SERVING_REALTIME",
+    )  # fmt: skip
     args = parser.parse_args()
-    print(f"generator {args.index}: {run_ahead(0, args.nice)}", file=sys.stderr, flush=True)
+    scheduling = run_ahead(0, args.nice, args.realtime)
+    print(f"generator {args.index}: {scheduling}", file=sys.stderr, flush=True)
 
     payments = prepare(sorted(args.files), args.at_end)
     door: Door = (

@@ -235,7 +235,9 @@ def test_up_ping_idempotent_down(local: Settings) -> None:
     assert status.pid is not None
     if os.geteuid() == 0:
         assert os.getpriority(os.PRIO_PROCESS, status.pid) == local.serving_nice
-        assert status.priority == f"nice {local.serving_nice}"
+        assert os.sched_getscheduler(status.pid) == os.SCHED_RR | os.SCHED_RESET_ON_FORK
+        assert os.sched_getparam(status.pid).sched_priority == local.serving_realtime
+        assert status.priority == f"real-time {local.serving_realtime}, nice {local.serving_nice}"
     else:
         assert "needs root or CAP_SYS_NICE" in status.priority
 

@@ -106,7 +106,7 @@ class RedisStatus:
     config_path: Path
     log_path: Path
     priority: str = ""
-    """Its scheduling niceness in words, set when this call started it (``run_ahead``)."""
+    """Its scheduling priority in words, set when this call started it (``run_ahead``)."""
 
 
 def local_redis(settings: Settings) -> LocalRedis:
@@ -275,7 +275,12 @@ def redis_up(settings: Settings, *, timeout_seconds: float = 15.0) -> RedisStatu
         status = _running_status(server, started=True)
         if status is not None:
             if status.pid is not None:
-                status = replace(status, priority=run_ahead(status.pid, settings.serving_nice))
+                status = replace(
+                    status,
+                    priority=run_ahead(
+                        status.pid, settings.serving_nice, settings.serving_realtime
+                    ),
+                )
             return status
         if time.monotonic() > deadline:
             raise VelocityError(

@@ -18,7 +18,8 @@ def serve(args: argparse.Namespace) -> int:
     print(f"check service on {service.url}: POST /check, GET /healthz, GET /metrics", flush=True)
     print(f"bearer token: {where}", flush=True)
     # Before uvicorn starts its threads, which inherit it.
-    print(f"scheduling: {run_ahead(0, settings.serving_nice)}", flush=True)
+    scheduling = run_ahead(0, settings.serving_nice, settings.serving_realtime)
+    print(f"scheduling: {scheduling}", flush=True)
     service.run()
     print("check service stopped", flush=True)
     return EXIT_OK

@@ -8,11 +8,13 @@ import time
 from decimal import Decimal
 
 import pytest
+import redis
 
 from tests.builders import key_changes
 from velocity.domain.buckets import BucketAggregate
 from velocity.domain.stream_batch import KeyState
 from velocity.redis import connection, mirror
+from velocity.redis.commit_args import ALERTS_A_PIECE
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
@@ -123,3 +125,44 @@ def test_an_accepted_transaction_id_is_seen_for_one_to_two_horizons(settings: Se
     assert 0 < client.pttl(f"{short.redis_keys.seen_prefix}{accepted_in}") <= 1000
     wait_for_span(accepted_in + 2)
     assert seen() == set()
+
+
+def test_many_alerts_go_out_in_pieces_once_each_even_when_a_crash_cut_them_short(
+    settings: Settings,
+) -> None:
+    """A batch's alerts past ``ALERTS_A_PIECE`` go on the streams in pieces ahead of its
+    commit (each a short call, so checks wait behind none long), in order, the shadow
+    alerts after the others. A first attempt that died between pieces leaves the pieces it
+    published recorded: its replay publishes only the rest, and a piece out of turn is
+    refused."""
+    client = connection.connect(settings)
+    alerts = [json.dumps({"alertId": f"a-{i}", "n": i}) for i in range(ALERTS_A_PIECE * 2 + 5)]
+    shadow = [json.dumps({"alertId": f"s-{i}", "shadow": True}) for i in range(ALERTS_A_PIECE)]
+    with state_lock(client, settings, "stream batch 4") as lease:
+        commit = mirror.stream_commit(
+            settings, 4, 99, key_changes(settings.redis_keys, {}, []), ["tx-1"], alerts, 60,
+            lease, shadow,
+        )  # fmt: skip
+        calls = commit.calls()
+        assert [call[1].as_py() for call in calls] == [
+            "velocity_stream_alerts", "velocity_stream_alerts", "velocity_stream_alerts",
+            "velocity_stream_commit",
+        ]  # fmt: skip
+        # The first attempt publishes one piece and dies.
+        assert client.execute_command(*calls[0].to_pylist()) == ALERTS_A_PIECE
+        # A piece out of turn is refused, nothing published.
+        with pytest.raises(redis.ResponseError, match="piece 3 of batch 4 before piece 2"):
+            client.execute_command(*calls[2].to_pylist())
+        assert client.xlen(settings.alert_stream) == ALERTS_A_PIECE
+        assert mirror.committed_batch(client, settings) is None
+        # The replay sends every call: the piece published before goes out no more.
+        published = mirror.send_stream_commit(client, settings, commit, lease)
+        assert mirror.send_stream_commit(client, settings, commit, lease) == -1
+    assert published == len(alerts) - ALERTS_A_PIECE
+    entries = client.xrange(settings.alert_stream)
+    assert [json.loads(f["alert"])["alertId"] for _, f in entries] == [
+        json.loads(a)["alertId"] for a in alerts
+    ]
+    shadowed = client.xrange(settings.shadow_alert_stream)
+    assert [f["alert"] for _, f in shadowed] == shadow
+    assert mirror.committed_batch(client, settings) == 4

@@ -199,6 +199,12 @@ class BucketChanges:
         )
 
 
+# A batch's alerts go on the alert streams in pieces of this many, each its own call
+# (velocity_stream_alerts, some 7 µs an alert), the last with the commit: a check waits
+# behind no long call.
+ALERTS_A_PIECE = 96
+
+
 @dataclass(frozen=True)
 class StreamCommit:
     """One micro-batch's commit (``stream_commit``), ready to send."""
@@ -218,11 +224,14 @@ class StreamCommit:
     alerts: Sequence[str]  # SPEC §4 JSON
     shadow_alerts: Sequence[str] = ()  # SPEC §4 JSON of SHADOW rules
 
-    def args(self) -> pa.Array:
+    def args(self, alerts: Sequence[str] | None = None, shadow: Sequence[str] = ()) -> pa.Array:
         """velocity_stream_commit's whole call: ``FCALL velocity_stream_commit 4 <keys>
         <token> <batch> <newest> <bucket ttl ms> <seen ttl ms> <alert maxlen> <bucket ms>
         <seen prefix> <keys changed> <transactionIds> <each key's run>…
-        <transactionId>… <alert>… <shadow alert>… <shadow alerts>`` (velocity.lua)."""
+        <transactionId>… <alert>… <shadow alert>… <shadow alerts>`` (velocity.lua), with
+        ``alerts`` and ``shadow`` in place of the batch's own when given (the last piece)."""
+        if alerts is None:
+            alerts, shadow = self.alerts, self.shadow_alerts
         head = [
             "FCALL", "velocity_stream_commit", "4", *self.keys, self.token, str(self.batch),
             self.newest, str(self.bucket_ttl_ms), str(self.seen_ttl_ms),
@@ -234,16 +243,42 @@ class StreamCommit:
                 pa.array(head, pa.string()),
                 self.changes.flat(),
                 pa.array(self.accepted, pa.string()),
-                pa.array(self.alerts, pa.string()),
-                pa.array(self.shadow_alerts, pa.string()),
-                pa.array([str(len(self.shadow_alerts))], pa.string()),
+                pa.array(alerts, pa.string()),
+                pa.array(shadow, pa.string()),
+                pa.array([str(len(shadow))], pa.string()),
             ]
         )
+
+    def alert_pieces(self) -> list[tuple[Sequence[str], Sequence[str]]]:
+        """The batch's alerts and shadow alerts cut into pieces of ``ALERTS_A_PIECE``
+        (alerts first): (alerts, shadow alerts) of each. The cut depends on their counts
+        only, so a replay of the batch cuts its (same) alerts as its first attempt did."""
+        everything = [*self.alerts, *self.shadow_alerts]
+        shadow_from = len(self.alerts)
+        pieces: list[tuple[Sequence[str], Sequence[str]]] = []
+        for first in range(0, max(1, len(everything)), ALERTS_A_PIECE):
+            last = min(len(everything), first + ALERTS_A_PIECE)
+            split = min(max(shadow_from, first), last)
+            pieces.append((everything[first:split], everything[split:last]))
+        return pieces
+
+    def calls(self) -> list[pa.Array]:
+        """Every call of the commit on one Redis: velocity_stream_alerts for each piece of
+        the alerts but the last, then velocity_stream_commit with the last."""
+        pieces = self.alert_pieces()
+        calls = []
+        for number, (alerts, shadow) in enumerate(pieces[:-1], start=1):
+            head = [
+                "FCALL", "velocity_stream_alerts", "4", *self.keys, self.token,
+                str(self.batch), str(number), str(self.alert_maxlen),
+            ]  # fmt: skip
+            calls.append(pa.array([*head, *alerts, *shadow, str(len(shadow))], pa.string()))
+        return [*calls, self.args(*pieces[-1])]
 
 
 # A key-partition's commit is cut into pieces of about this many keys: a call of a
 # millisecond or so in Redis (about 4-8 µs a key), so a check waits behind no long call.
-PIECE_KEYS = 128
+PIECE_KEYS = 64
 
 
 def partition_pieces(keys: int) -> int:

@@ -28,6 +28,9 @@ dirs share one Redis without touching each other's keys:
 - ``P:alerts:shadow`` — the SHADOW rules' alerts (the alert stream's name plus ``:shadow``).
 - ``P:stream:{<data dir digest>}`` — hash of the stream's progress: ``batch`` (the last
   micro-batch committed to Redis), ``newest`` (the newest accepted eventTime), ``at``.
+- ``P:stream:{<data dir digest>}:alert-pieces`` — ``<batch>/<pieces>``: how many pieces of
+  a micro-batch's alerts went on the alert streams ahead of its commit
+  (``commit_args.ALERTS_A_PIECE`` a piece), so a replay publishes none twice.
 - ``P:seen:{<data dir digest>}:<n>`` — hash of the transactionIds accepted in the n-th
   span of the de-duplication horizon h since the epoch (field = transactionId, value =
   the batch that accepted it); it expires when span n + 1 ends, so an id is remembered

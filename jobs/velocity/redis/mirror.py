@@ -669,8 +669,12 @@ class PendingCommit:
         self._pool = client.connection_pool
         self._lease = lease
         self._connection: Any = self._pool.get_connection()
+        calls = commit.calls()
+        self._replies = len(calls)
         try:
-            self._connection.send_packed_command(resp_command(commit.args()))
+            self._connection.send_packed_command(
+                [part for call in calls for part in resp_command(call)]
+            )
         except BaseException:
             self._connection.disconnect()
             self._release()
@@ -685,10 +689,23 @@ class PendingCommit:
         """The alerts published, -1 for a replay; ``StateLockLost`` when fenced. Waits
         for Redis; call once (a failed read leaves the connection closed)."""
         try:
-            result = int(self._connection.read_response())
+            # The alerts' pieces, then the commit: every reply read before any is judged.
+            replies: list[int] = []
+            failure: redis.ResponseError | None = None
+            for _ in range(self._replies):
+                try:
+                    replies.append(int(self._connection.read_response()))
+                except redis.ResponseError as exc:
+                    failure = failure or exc
+        except BaseException:
+            self._connection.disconnect()
+            raise
         finally:
             self._release()
-        if result == FENCED:
+        if FENCED in replies:
             self._lease.lost.set()
             self._lease.check()
-        return result
+        if failure is not None:
+            raise failure
+        result = replies[-1]
+        return result + sum(max(0, n) for n in replies[:-1]) if result >= 0 else result

@@ -78,9 +78,10 @@ def test_the_readmes_links_resolve() -> None:
     local = [t for t in targets if not re.match(r"[a-z]+:", t)]
     assert local, "the README links to the docs"
     missing = [t for t in local if not (README.parent / t).exists()]
-    # ../shared/ is beside the checkout on the team's machines, not in the repository.
-    missing = [t for t in missing if not t.startswith("../shared/")]
     assert not missing, f"README.md links to missing files: {missing}"
+    # Nothing outside the repository: a clone has only what it holds.
+    outside = [t for t in local if not (README.parent / t).resolve().is_relative_to(README.parent)]
+    assert not outside, f"README.md links outside the repository: {outside}"
 
 
 def test_ci_runs_make_test_which_builds_the_docs_strictly() -> None:

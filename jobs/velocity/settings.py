@@ -49,6 +49,29 @@ def local_mode_cores(master: str) -> int | None:
     return int(cores)
 
 
+RETENTION_UNITS_MS = {"m": 60_000, "h": 3_600_000, "d": 86_400_000}
+MIN_ALERT_STREAM_ENTRIES = 1000
+
+
+def alert_retention(text: str) -> str:
+    """An alert stream's retention ("1000000" entries, or an age: "90m", "24h", "7d") as
+    velocity.lua's alert_trim reads it: "<entries>" or "age:<ms>". ``ValueError`` names
+    what is wrong."""
+    match = re.fullmatch(r"(\d+)([mhd]?)", text.strip())
+    if match is None:
+        raise ValueError(
+            f"{text!r} is neither a number of entries nor an age (a number and m, h or d)"
+        )
+    number, unit = int(match.group(1)), match.group(2)
+    if not unit:
+        if number < MIN_ALERT_STREAM_ENTRIES:
+            raise ValueError(f"keep at least {MIN_ALERT_STREAM_ENTRIES} entries, not {number}")
+        return str(number)
+    if number < 1:
+        raise ValueError("keep at least 1m of alerts")
+    return f"age:{number * RETENTION_UNITS_MS[unit]}"
+
+
 def spark_master_on_loopback(master: str) -> bool:
     """Whether the Spark master runs on this machine: local mode or a loopback URL."""
     host = master.partition("://")[2].rpartition(":")[0]
@@ -83,6 +106,14 @@ class Settings(BaseSettings):
         default="",
         description="Redis stream that receives every alert of the rules in force (empty: "
         "<key prefix>:alerts); SHADOW rules' alerts go to the same name plus ':shadow'.",
+    )
+    redis_alert_stream_retention: str = Field(
+        default="1000000",
+        description="What the Redis alert stream (and its ':shadow' twin) keeps: a number of "
+        "entries (at least 1000; trimmed approximately, as XADD MAXLEN ~ trims) or an age with "
+        "a unit, m, h or d (at least 1m; '24h': entries older than a day are trimmed, XADD "
+        "MINID ~). Trimmed alerts stay in the alerts table (`velocity alerts`); a consumer "
+        "whose saved entry id is older than the stream's first entry has missed some.",
     )
     bucket_seconds: int = Field(
         default=60, description=f"Bucket width g in seconds; one of {list(ALLOWED_BUCKET_SECONDS)}."
@@ -296,6 +327,12 @@ class Settings(BaseSettings):
         bucket_width_ms(value)
         return value
 
+    @field_validator("redis_alert_stream_retention")
+    @classmethod
+    def _retention_readable(cls, value: str) -> str:
+        alert_retention(value)
+        return value.strip()
+
     @field_validator("case_key")
     @classmethod
     def _case_key_declared(cls, value: str) -> str:
@@ -332,6 +369,12 @@ class Settings(BaseSettings):
     def alert_stream(self) -> str:
         """The Redis stream of alerts: ``redis_alert_stream``, or ``<prefix>:alerts``."""
         return self.redis_alert_stream or self.redis_keys.alert_stream
+
+    @property
+    def alert_stream_retention(self) -> str:
+        """``redis_alert_stream_retention`` as velocity.lua's alert_trim reads it:
+        "<entries>" or "age:<ms>"."""
+        return alert_retention(self.redis_alert_stream_retention)
 
     @property
     def shadow_alert_stream(self) -> str:

@@ -280,7 +280,7 @@ class ClusterCommit:
             "alert_stream": alert_stream,
             "shadow_stream": shadow_stream,
             "s": list(commit.shadow_alerts),
-            "maxlen": commit.alert_maxlen,
+            "maxlen": commit.alert_retention,
             "ttl": commit.bucket_ttl_ms,
             "bucket_ms": commit.bucket_ms,
             "a": list(commit.alerts),

@@ -218,7 +218,7 @@ class StreamCommit:
     seen_ttl_ms: int
     bucket_ms: int
     seen_prefix: str
-    alert_maxlen: int  # entries the alert stream keeps (about)
+    alert_retention: str  # what the alert streams keep: "<entries>" or "age:<ms>"
     changes: BucketChanges
     accepted: Sequence[str]  # transactionIds
     alerts: Sequence[str]  # SPEC §4 JSON
@@ -235,7 +235,7 @@ class StreamCommit:
         head = [
             "FCALL", "velocity_stream_commit", "4", *self.keys, self.token, str(self.batch),
             self.newest, str(self.bucket_ttl_ms), str(self.seen_ttl_ms),
-            str(self.alert_maxlen), str(self.bucket_ms), self.seen_prefix,
+            self.alert_retention, str(self.bucket_ms), self.seen_prefix,
             str(len(self.changes)), str(len(self.accepted)),
         ]  # fmt: skip
         return pa.concat_arrays(
@@ -270,7 +270,7 @@ class StreamCommit:
         for number, (alerts, shadow) in enumerate(pieces[:-1], start=1):
             head = [
                 "FCALL", "velocity_stream_alerts", "4", *self.keys, self.token,
-                str(self.batch), str(number), str(self.alert_maxlen),
+                str(self.batch), str(number), self.alert_retention,
             ]  # fmt: skip
             calls.append(pa.array([*head, *alerts, *shadow, str(len(shadow))], pa.string()))
         return [*calls, self.args(*pieces[-1])]

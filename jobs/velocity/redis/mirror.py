@@ -52,8 +52,6 @@ from velocity.redis.lease import Lease, StateLockLost
 from velocity.redis.lock import state_lock
 from velocity.settings import Settings
 
-# Entries kept in the alert stream at most (approximately: MAXLEN ~).
-ALERT_STREAM_MAXLEN = 1_000_000
 _PIPELINE_CHUNK = 1000
 # A key's state is packed (one string) until it has this many buckets, then dense: a hash
 # with roll-ups (velocity.lua's ROLLUP_MIN_BUCKETS), until it has fewer than
@@ -176,8 +174,11 @@ def _put_buckets(
     return done
 
 
-def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[str, Any]]) -> int:
-    """Append a backfill's CORRECTION and RETRACTION records to the alert stream.
+def publish_backfill(
+    client: redis.Redis, stream: str, retention: str, alerts: Sequence[Mapping[str, Any]]
+) -> int:
+    """Append a backfill's CORRECTION and RETRACTION records to the alert stream, trimmed
+    to ``retention`` (``Settings.alert_stream_retention``).
 
     Unlike a micro-batch (``stream_commit``), a backfill publishes at least once (a
     rerun after a crash may repeat an entry); consumers drop repeats by ``alertId``, which
@@ -191,7 +192,7 @@ def publish_backfill(client: redis.Redis, stream: str, alerts: Sequence[Mapping[
         chunk = payload[start : start + _PIPELINE_CHUNK]
         added += int(
             client.fcall(  # type: ignore[arg-type]
-                "velocity_publish_backfill", 1, stream, str(ALERT_STREAM_MAXLEN), *chunk
+                "velocity_publish_backfill", 1, stream, retention, *chunk
             )
         )
     return added
@@ -542,7 +543,7 @@ def stream_commit(
         settings.dedup_horizon_seconds * 1000,
         settings.bucket_width_ms,
         keys.seen_prefix,
-        ALERT_STREAM_MAXLEN,
+        settings.alert_stream_retention,
         changes,
         list(accepted),
         list(alerts),

@@ -1092,11 +1092,25 @@ local function velocity_put_buckets(keys, args)
   return set
 end
 
--- FCALL velocity_publish_backfill 1 <alert stream> <maxlen> <alert json> ...
+-- How an alert stream is trimmed as it grows, from its retention (the setting
+-- VELOCITY_REDIS_ALERT_STREAM_RETENTION): "<count>" keeps about that many entries (MAXLEN ~),
+-- "age:<ms>" those of the last ms milliseconds (MINID ~ the id of now - ms). XADD's
+-- arguments before the entry's id.
+local function alert_trim(retention)
+  local age = string.match(retention, "^age:(%d+)$")
+  if age then
+    local now = redis.call("TIME")
+    local newest = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    return "MINID", string.format("%d", math.max(0, newest - tonumber(age)))
+  end
+  return "MAXLEN", retention
+end
+
+-- FCALL velocity_publish_backfill 1 <alert stream> <retention> <alert json> ...
 -- Appends a backfill's corrections and retractions. Each entry repeats the batch of the
 -- stream's last entry (a consumer reading by batch sees it after that batch).
 local function velocity_publish_backfill(keys, args)
-  local maxlen = args[1]
+  local trim, bound = alert_trim(args[1])
   local batch = "-1"
   local last = redis.call("XREVRANGE", keys[1], "+", "-", "COUNT", 1)
   if #last > 0 then
@@ -1106,7 +1120,7 @@ local function velocity_publish_backfill(keys, args)
     end
   end
   for i = 2, #args do
-    redis.call("XADD", keys[1], "MAXLEN", "~", maxlen, "*", "alert", args[i], "batch", batch,
+    redis.call("XADD", keys[1], trim, "~", bound, "*", "alert", args[i], "batch", batch,
                "backfill", "1")
   end
   return #args - 1
@@ -1351,7 +1365,7 @@ end
 
 -- FCALL velocity_stream_commit 4 <progress hash> <alert stream> <state lock>
 --   <shadow alert stream> <lock token> <batch> <newest eventTime> <bucket ttl ms>
---   <seen ttl ms> <alert maxlen> <bucket ms> <seen prefix> <keys changed>
+--   <seen ttl ms> <alert retention> <bucket ms> <seen prefix> <keys changed>
 --   <transactionIds accepted> <each changed key's run>... <transactionId>...
 --   <alert json>... <shadow alert json>... <shadow alerts>
 -- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
@@ -1364,13 +1378,13 @@ end
 -- changes nothing twice). A key's run: see apply_bucket_changes.
 -- XADDs args[first .. #args - 1] as alerts of `batch`: the last args[#args] of them (the
 -- shadow rules') on `shadow`, the others on `stream`. How many went on `stream`.
-local function publish_alerts(stream, shadow, args, first, maxlen, batch)
-  local shadow_at = #args - tonumber(args[#args])
+local function publish_alerts(stream, shadow, args, first, retention, batch)
+  local shadow_at, trim, bound = #args - tonumber(args[#args]), alert_trim(retention)
   for i = first, shadow_at - 1 do
-    redis.call("XADD", stream, "MAXLEN", "~", maxlen, "*", "alert", args[i], "batch", batch)
+    redis.call("XADD", stream, trim, "~", bound, "*", "alert", args[i], "batch", batch)
   end
   for i = shadow_at, #args - 1 do
-    redis.call("XADD", shadow, "MAXLEN", "~", maxlen, "*", "alert", args[i], "batch", batch)
+    redis.call("XADD", shadow, trim, "~", bound, "*", "alert", args[i], "batch", batch)
   end
   return shadow_at - first
 end
@@ -1395,7 +1409,7 @@ end
 local ALERT_PIECES_SUFFIX = ":alert-pieces"
 
 -- FCALL velocity_stream_alerts 4 <progress hash> <alert stream> <state lock>
---   <shadow alert stream> <lock token> <batch> <piece> <alert maxlen> <alert json>...
+--   <shadow alert stream> <lock token> <batch> <piece> <alert retention> <alert json>...
 --   <shadow alert json>... <shadow alerts>
 -- Piece <piece> (1, 2, ...) of a micro-batch's alerts, in turn. Fenced (-2) and refused
 -- once the batch is committed (-1) as velocity_stream_commit; 0 when this piece of the
@@ -1520,7 +1534,7 @@ local function velocity_cluster_decide(keys, args)
   return 0
 end
 
--- FCALL velocity_cluster_publish 1 <alert stream> <batch> <maxlen> <alert json>...
+-- FCALL velocity_cluster_publish 1 <alert stream> <batch> <retention> <alert json>...
 -- A decided batch's alerts, unless the stream's newest entry is of this batch or a later
 -- one (a backfill's entries repeat the batch before them). The alerts published, or -1.
 local function velocity_cluster_publish(keys, args)
@@ -1533,8 +1547,9 @@ local function velocity_cluster_publish(keys, args)
       end
     end
   end
+  local trim, bound = alert_trim(args[2])
   for i = 3, #args do
-    redis.call("XADD", keys[1], "MAXLEN", "~", args[2], "*", "alert", args[i], "batch", args[1])
+    redis.call("XADD", keys[1], trim, "~", bound, "*", "alert", args[i], "batch", args[1])
   end
   return #args - 2
 end

@@ -702,8 +702,9 @@ class Backfill:
         go to the shadow stream only, as its alerts did."""
         live = [r for r in records if not is_shadow(r)]
         shadow = [r for r in records if is_shadow(r)]
-        mirror.publish_backfill(self.redis, self.settings.alert_stream, live)
-        mirror.publish_backfill(self.redis, self.settings.shadow_alert_stream, shadow)
+        retention = self.settings.alert_stream_retention
+        mirror.publish_backfill(self.redis, self.settings.alert_stream, retention, live)
+        mirror.publish_backfill(self.redis, self.settings.shadow_alert_stream, retention, shadow)
         if self.kafka_alerts is not None:
             self.kafka_alerts.publish(live)
 

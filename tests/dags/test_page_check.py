@@ -212,9 +212,12 @@ def test_the_check_is_a_read_any_signed_in_user_may_run_and_the_page_links_to_it
     from velocity_airflow.page import access
     from velocity_airflow.page.app import app
 
-    routes = {r.path: r.methods for r in app.routes if isinstance(r, APIRoute)}
-    assert routes["/check"] == routes["/api/check"] == {"GET"}
-    assert not {"/check", "/api/check"} & access.READS_BY_POST
+    routes = {r.path: r for r in app.routes if isinstance(r, APIRoute)}
+    assert routes["/check"].methods == routes["/api/check"].methods == {"GET"}
+    # A read: no write check, so a viewer runs it.
+    checks = {check.dependency for check in access.WRITE_CHECKS}
+    for path in ("/check", "/api/check"):
+        assert not {d.call for d in routes[path].dependant.dependencies} & checks
     html = render_page(PageData(user="vic", can_edit=False, base="/velocity"))
     assert '<a href="check" data-testid="nav-check">Try a payment</a>' in html
     anonymous = client()

@@ -4,6 +4,7 @@ the page's rule changes and reviews in process."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -168,7 +169,7 @@ def test_a_change_outcome_survives_the_redirect_sealed_and_only_so() -> None:
     assert text.endswith("…") and len(text.encode()) <= MAX_BYTES
 
 
-def test_each_change_form_says_what_is_in_flight_and_a_viewer_has_only_the_preview() -> None:
+def test_each_change_form_says_what_is_in_flight_and_a_viewer_has_none() -> None:
     html = _page()
     assert 'data-progress="Pausing ruleId 1…"' in html
     assert 'data-progress="Activating ruleId 2…"' in html
@@ -177,9 +178,31 @@ def test_each_change_form_says_what_is_in_flight_and_a_viewer_has_only_the_previ
     assert 'data-testid="change-progress"' in html and 'id="change-progress"' in html
     assert 'addEventListener("submit"' in html
     viewer = _page(can_edit=False, user="vic")
-    # A viewer may preview (a read): its words in flight are the only ones.
-    assert viewer.count("data-progress=") == 2 and 'data-testid="change-progress"' in viewer
-    assert viewer.count('data-progress="Previewing the rules over the events…"') == 2
+    # A viewer may neither change nor preview: no form posts, no words in flight.
+    assert "data-progress=" not in viewer and 'method="post"' not in viewer
+    assert "may read the rules but not change or preview them" in viewer
+
+
+def test_every_form_that_posts_carries_the_page_s_token_and_its_script_sends_it() -> None:
+    """The page's token (``PageData.csrf``) in each form that posts, in the page's meta,
+    and in what the page's script posts: as the header and the form's field."""
+    token = "ab" * 32
+    reviewed = Review("a-1", 1, 1, Verdict.FALSE_POSITIVE, "", "ana", 1)
+    html = _page(
+        csrf=token,
+        alerts=[ALERT],
+        reviews={"a-1": reviewed},
+        backfill_form={"from_time": "2026-01-01"},
+    )
+    posts = re.findall(r'<form[^>]*method="post".*?</form>', html, re.S)
+    field = f'<input type="hidden" name="csrf_token" value="{token}">'
+    # Pause/Activate, Delete and Set of each rule, Add or change rules, the backfill form,
+    # the alert's review.
+    assert len(posts) == 3 * len(RULES) + 3
+    assert all(field in form for form in posts), [f for f in posts if field not in f]
+    assert f'<meta name="csrf-token" content="{token}">' in html
+    assert 'sent["X-CSRF-Token"] = token' in html and 'body.append("csrf_token", token)' in html
+    assert '<meta name="csrf-token" content="&lt;x&gt;">' in _page(csrf="<x>")
 
 
 def test_the_page_applies_a_change_in_process_in_the_words_of_the_cli(

@@ -141,12 +141,15 @@ def test_without_a_version_in_force_every_alert_is_added_and_none_listed() -> No
     assert 'data-testid="preview-added-entry"' not in html
 
 
-def test_a_viewer_may_preview_but_not_validate_apply_or_shadow() -> None:
-    html = _page(can_edit=False, user="vic")
-    assert 'action="/velocity/preview"' in html and 'data-testid="preview-rule"' in html
+def test_an_editor_previews_beside_validate_apply_and_shadow_and_a_viewer_has_none() -> None:
+    html = _page()
+    assert 'formaction="/velocity/preview"' in html and 'data-testid="preview-rule"' in html
     for change in ("validate-rule", "apply-rule", "shadow-rule"):
-        assert f'data-testid="{change}"' not in html
-    assert 'action="/velocity/rules"' not in html
+        assert f'data-testid="{change}"' in html
+    viewer = _page(can_edit=False, user="vic")
+    for control in ("preview-rule", "validate-rule", "apply-rule", "shadow-rule", "rule-json"):
+        assert f'data-testid="{control}"' not in viewer
+    assert "/velocity/preview" not in viewer and 'action="/velocity/rules"' not in viewer
     assert _page(preview_error="cannot <x>").count('data-testid="preview-error"') == 1
     assert 'id="preview"' not in _page(), "no preview asked for: no section"
 
@@ -170,7 +173,7 @@ def events_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_page_previews_a_candidate_in_process_and_saves_nothing(
     events_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the routes, in process, by a viewer: the sample rules in force, rule 4 with a
+    """Through the routes, in process, by an editor: the sample rules in force, rule 4 with a
     lower limit previewed from the form and through /api/preview (the function's figures,
     alerts added), a bad field named as Validate names it, and the rules table unchanged."""
     from fastapi.testclient import TestClient
@@ -185,14 +188,16 @@ def test_the_page_previews_a_candidate_in_process_and_saves_nothing(
         store.apply(parse_rules(sample_rules_path().read_text()))
     before = store.history()
     monkeypatch.setattr(access, "settings", lambda: settings)
-    monkeypatch.setattr(access, "can_edit", lambda user: False)
+    monkeypatch.setattr(access, "can_edit", lambda user: True)
     monkeypatch.setattr(home, "backfill_runs", lambda settings, user: [])
 
-    class Viewer:
+    class Editor:
         def get_name(self) -> str:
-            return "vic"
+            return "ed"
 
-    app.dependency_overrides[access.current_user] = Viewer
+    # The preview's write check passed here (tests/dags/test_page_writes.py runs it).
+    previewer = access.Previewer.__metadata__[0].dependency
+    app.dependency_overrides.update({access.current_user: Editor, previewer: Editor})
     candidate = json.dumps(
         {
             "ruleId": 4, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],

@@ -6,6 +6,7 @@ in process over real Delta tables."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from decimal import Decimal
@@ -219,6 +220,25 @@ def test_a_closed_case_offers_reopen_and_a_viewer_no_change() -> None:
     assert "/assign" not in shown and "/close" not in shown and "may read cases" in shown
 
 
+def _posts(html: str) -> list[str]:
+    return re.findall(r'<form[^>]*method="post".*?</form>', html, re.S)
+
+
+def test_the_queue_s_and_a_case_s_forms_carry_the_page_s_token() -> None:
+    token = "cd" * 32
+    field = f'<input type="hidden" name="csrf_token" value="{token}">'
+    queue = cases_html.queue_section(CasePage([_case()], None, 1), replace(_view(), csrf=token))
+    [bulk] = _posts(queue)
+    assert 'action="/velocity/cases/close"' in bulk and field in bulk
+    case = render_case(_case_view(queue=replace(_view(), csrf=token)))
+    assert len(_posts(case)) == 2 and all(field in form for form in _posts(case))  # assign, close
+    assert f'<meta name="csrf-token" content="{token}">' in case
+    closed = _case_view(queue=replace(_view(), csrf=token))
+    closed.case = replace(closed.case, status=CaseStatus.CLOSED)
+    posts = _posts(render_case(closed))
+    assert len(posts) == 1 and "/reopen" in posts[0] and field in posts[0]
+
+
 def _page(**fields: Any) -> str:
     data = PageData(user="ana", can_edit=True, base="/velocity", rules=RULES, now_ms=NOW)
     data.rule_versions = {(r.rule_id, 1): replace(r, version=1) for r in RULES}
@@ -319,7 +339,9 @@ def test_a_click_is_timed_from_the_browser_to_the_server_once() -> None:
         client = TestClient(app, follow_redirects=False)
         clicked = int(time.time() * 1000) - 250
         cookie = {"cookie": f"other=1; velocity_click=k1x.{clicked}.pause-4"}
-        client.post("/rules/4/pause", headers=cookie)  # refused (no login): still timed
+        # Refused by the write check (no session, no bearer token), but the user is known
+        # (the overridden current_user): timed.
+        client.post("/rules/4/pause", headers=cookie)
         client.get("/api/page/live", headers=cookie)  # the feed is never a click's answer
         client.get("/api/clicks", headers=cookie)  # the same click again: noted once
         [noted] = client.get("/api/clicks", params={"what": "pause-4"}).json()

@@ -16,7 +16,8 @@ discard.
 A preview of the add-rules form's rules (what they would have fired over the last hours
 of the live events, ``velocity.delta.preview_reader``) is computed in this process too,
 in a worker thread (the routes are plain functions, which FastAPI runs off the event
-loop); it writes nothing, so any signed-in user may ask for one.
+loop); it writes nothing, but takes both cores for seconds, so it needs the role that may
+change rules and passes the write check, as a change does.
 
 The page opens on the queue of cases (``velocity.analyst.case_queue``, the cases read through
 ``velocity.delta.case_store``): a case opens to its alerts, payments and history, and is
@@ -27,13 +28,17 @@ code in this process (``airflow.api.common.trigger_dag``), with the user's permi
 One live feed per open page (``/api/page/live``) counts what changed since the page was
 drawn (alerts published, cases updated) and the page says so; rows are drawn again only
 when asked. Each click's moment travels in a short-lived cookie and ``ClickTiming`` notes
-when the request reached this app (``/api/clicks``): the page's responsiveness, measured.
+when the request reached this app (``/api/clicks``), once the user is known (a request
+nobody signed in to records nothing): the page's responsiveness, measured.
 
 Airflow's authentication guards every route: the page needs a signed-in user; a change
-(a rule change or a review) needs permission to edit the ``run_stream`` DAG
-(SimpleAuthManager: roles user, op and admin, not viewer), since a rule change changes
-what the stream does. A change must come from this page (its ``Origin``), so another
-site cannot post one with the user's cookie.
+(a rule change, a review, a case's change, a backfill) and a preview need permission to
+edit the ``run_stream`` DAG (SimpleAuthManager: roles user, op and admin, not viewer),
+since a rule change changes what the stream does. A post signed in by the browser's
+session cookie must carry the page's token (``csrf_token``, an HMAC of the session cookie
+drawn into every form and the page's meta) and come from this page (its ``Origin``), so
+another site cannot post one with the user's cookie; a script posts with a bearer token
+and no cookie.
 
 The app (``app.py``) includes one router a resource; each router module sits beside the
 HTML builder of its part of the page (``<resource>.py`` and ``<resource>_html.py``):
@@ -45,6 +50,6 @@ signed-in user, the write check and the settings; ``common`` what several router
 
 The signed-in user is the app's dependency, declared once for every route; a router of
 changes declares its write check once for each of its routes (``access.EDIT_RULES``,
-``access.REVIEW``, ``access.START_BACKFILL``), and the app refuses to start with a route
-that changes something without one.
+``access.REVIEW``, ``access.START_BACKFILL``, ``access.PREVIEW``), and the app refuses to
+start with a route other than a GET without one.
 """

@@ -262,6 +262,7 @@ def alert_rows_json(request: Request, user: access.User) -> dict[str, Any]:
         limit=search.limit if request.query_params.get("limit") else None,
         kept=common.params(request.query_params),
         now_ms=int(time.time() * 1000),
+        csrf=access.csrf_token(request),
     )
     html = alert_rows(page.alerts, view, reviews or {})
     return {"html": html, "position": position, "error": error}

@@ -55,6 +55,7 @@ class AlertsView:
     # The page's other URL parameters (the queue's filter, …): every link and form keeps them.
     kept: Mapping[str, str] = field(default_factory=dict)
     now_ms: int | None = None  # when drawn: decision times read "3 min ago" (None: as UTC)
+    csrf: str = ""  # the page's token, carried by each review form
 
     def link(self, **extra: str) -> str:
         """The page's URL with this filter (and page size), the page's other parameters
@@ -113,7 +114,7 @@ def alert_row(
         link = view.link(alert=alert_id, **at)
         explain = f'<a href="{escape(link)}#explanation">explain</a>'
     cursor = Cursor.of(alert).text() if "decisionTime" in alert else ""
-    review_cell = review_html.review_cell(alert, review, view.can_edit, view.base)
+    review_cell = review_html.review_cell(alert, review, view.can_edit, view.base, view.csrf)
     return (
         f'<tr data-testid="alert-row"{" class=fresh" if fresh else ""} '
         f'data-alert-id="{escape(alert_id)}" data-cursor="{escape(cursor)}" '

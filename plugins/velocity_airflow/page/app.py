@@ -1,6 +1,7 @@
 """The Velocity page's FastAPI app: one router a resource, included here; the signed-in
-user is the app's dependency (every route needs one) and each router of changes declares
-its write check (``access``). Exports ``URL_PREFIX`` and ``app`` for the plugin."""
+user is the app's dependency (every route needs one), then the click a request answers is
+timed (``clicks.TIMED``: signed-in users' only), and each router of changes declares its
+write check (``access``). Exports ``URL_PREFIX`` and ``app`` for the plugin."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ app = FastAPI(
     docs_url=None,
     redoc_url=None,
     openapi_url=None,
-    dependencies=[access.SIGNED_IN],
+    dependencies=[access.SIGNED_IN, clicks.TIMED],
 )
 app.add_middleware(clicks.ClickTiming)
 

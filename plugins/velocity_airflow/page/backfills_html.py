@@ -10,7 +10,7 @@ from typing import Any
 
 from velocity.analyst.backfill_runs import BackfillRunView
 from velocity.domain.rules import Rule, rule_summary
-from velocity_airflow.page.values_html import time_ago, time_text
+from velocity_airflow.page.values_html import time_ago, time_text, token_input
 
 # The DAG the form starts a run of (Airflow's own trigger form for it stays).
 BACKFILL_DAG_ID = "backfill_alerts"
@@ -27,11 +27,14 @@ def _range(view: BackfillRunView) -> str:
     return f"{time_text(recorded.from_ms)} … {time_text(recorded.to_ms)}{late}"
 
 
-def backfill_form(rules: Sequence[Rule], written: Mapping[str, Any], base: str, back: str) -> str:
+def backfill_form(
+    rules: Sequence[Rule], written: Mapping[str, Any], base: str, back: str, token: str = ""
+) -> str:
     """The form that starts a backfill run from the page: the rules in force to replay
     (none chosen: every one), and the event-time range in UTC (both empty: the recorded
     late and out-of-order events). ``written``: the fields as last written, kept when
-    the server refused them; ``back``: the hidden field that brings the page back."""
+    the server refused them; ``back``: the hidden field that brings the page back;
+    ``token``: the page's token."""
     chosen = {str(r) for r in written.get("rule_ids") or ()}
     boxes = "".join(
         f'<label class="choice"><input type="checkbox" name="rule_ids" value="{r.rule_id}"'
@@ -51,7 +54,8 @@ def backfill_form(rules: Sequence[Rule], written: Mapping[str, Any], base: str, 
     return (
         f'<form method="post" action="{base}/backfills" data-testid="backfill-form" '
         'data-progress="Starting the backfill run…">'
-        f"{back}<div>{boxes}</div>{box('from_time', 'From')}{box('to_time', 'to')}"
+        f"{back}{token_input(token)}<div>{boxes}</div>"
+        f"{box('from_time', 'From')}{box('to_time', 'to')}"
         '<button type="submit" data-testid="backfill-submit">Start backfill</button>'
         '<p class="muted">Starts a run of the <code>backfill_alerts</code> DAG through '
         "Airflow, as its trigger form does (which stays: "

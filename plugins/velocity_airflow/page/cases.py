@@ -39,6 +39,7 @@ def queue(
         rule_versions=data.rule_versions,
         rule_ids=rule_ids,
         write_behind_seconds=settings.write_behind_seconds,
+        csrf=data.csrf,
     )
     try:
         view.query = parse_case_query(data.params, None if history is None else set(rule_ids))
@@ -82,6 +83,7 @@ def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, An
         base=URL_PREFIX,
         params=common.params(request.query_params),
         now_ms=int(time.time() * 1000),
+        csrf=access.csrf_token(request),
     )
     data.rule_versions = {(r.rule_id, r.version): r for r in history}
     return data, history

@@ -42,6 +42,7 @@ from velocity_airflow.page.values_html import (
     number_text,
     query_string,
     time_ago,
+    token_input,
 )
 
 # A case page lists at most this many of its alerts, newest first.
@@ -88,6 +89,7 @@ class QueueView:
     rule_ids: Sequence[int] = ()  # the ruleIds the filter offers
     write_behind_seconds: float = 30.0
     as_of: int = 0  # the newest case activity when drawn: "updated since" counts from it
+    csrf: str = ""  # the page's token, carried by each form that posts
 
     def link(self, path: str = "/", leave_out: Sequence[str] = TRANSIENT, **extra: str) -> str:
         """``path`` under the app with the page's parameters (less ``leave_out``) and
@@ -246,7 +248,7 @@ def _bulk_form(view: QueueView) -> str:
     return (
         f'<form id="bulk-close" class="inline" method="post" action="{view.base}/cases/close" '
         'data-progress="Closing the selected cases…" data-testid="bulk-close">'
-        f"{back_field(view.params)}"
+        f"{back_field(view.params)}{token_input(view.csrf)}"
         f'<select name="verdict" required data-testid="bulk-verdict">{_verdict_options()}'
         "</select> "
         f'<input name="note" size="24" maxlength="{NOTE_MAX}" placeholder="note" '
@@ -437,7 +439,7 @@ def _case_actions(view: CaseView) -> str:
     if not queue.can_edit:
         return '<p class="muted">Your role may read cases but not change them.</p>'
     path = f"{queue.base}/cases/{quote(case.case_id, safe='')}"
-    back = back_field(queue.params)
+    back = back_field(queue.params) + token_input(queue.csrf)
     assign = (
         f'<form class="inline" method="post" action="{path}/assign" '
         f'data-progress="Assigning the case…" data-testid="assign-form">{back}'

@@ -6,13 +6,12 @@ One semantics, three doors: the page calls ``velocity.redis.check.check_payment`
 ``velocity.analyst.explain.check_working``'s. A check records nothing.
 
 The form is a GET with the payment in its query, never a post: a check is a read, so any
-signed-in user (a viewer too) may run it, and as a GET it needs neither the write check nor
-a place on ``access.READS_BY_POST`` (posts open to viewers with no Origin check: the
-cross-site risk of issue 53). Another site can make a browser send the GET, but cannot read
-its answer, and the check changes nothing. The check signs in to Redis as the read-only
-user (``velocity-reader``), as the check service does: the one Redis call a viewer drives
-with input of their choosing can read, never write (besides ``FCALL_RO``, which refuses a
-write whatever the user).
+signed-in user (a viewer too) may run it, and as a GET it needs no write check (every post
+of the page needs one, a preview's too: issue 53). Another site can make a browser send the
+GET, but cannot read its answer, and the check changes nothing. The check signs in to
+Redis as the read-only user (``velocity-reader``), as the check service does: the one
+Redis call a viewer drives with input of their choosing can read, never write (besides
+``FCALL_RO``, which refuses a write whatever the user).
 """
 
 from __future__ import annotations
@@ -92,7 +91,13 @@ def check_page(request: Request, user: access.User) -> HTMLResponse:
     form = {name: query.get(name, "") for name in FIELDS}
     if not asked:
         form["transactionId"] = _new_transaction_id()
-    view = CheckView(base=common.URL_PREFIX, user=user.get_name(), now_ms=now_ms, form=form)
+    view = CheckView(
+        base=common.URL_PREFIX,
+        user=user.get_name(),
+        now_ms=now_ms,
+        form=form,
+        csrf=access.csrf_token(request),
+    )
     code = status.HTTP_200_OK
     if asked:
         try:

@@ -51,6 +51,7 @@ class CheckView:
     banner: str | None = None  # no check possible (no rules in Redis, Redis not reached)
     answer: Mapping[str, Any] | None = None  # check_payment's, each rule with its working
     event_time: int | None = None  # the eventTime checked (a blank one: now)
+    csrf: str = ""  # the page's token (its script's; the check's form is a GET)
 
 
 def render_check(view: CheckView) -> str:
@@ -69,7 +70,7 @@ def render_check(view: CheckView) -> str:
         "reaches the stream.</p>"
         f"{banner}{_form(view)}{_result(view)}"
     )
-    return document("Velocity: try a payment", body)
+    return document("Velocity: try a payment", body, csrf=view.csrf)
 
 
 def _form(view: CheckView) -> str:

@@ -1,6 +1,8 @@
-"""The page's responsiveness, measured: ``ClickTiming`` notes when a click's request
-reached this app (the click's moment travels in a short-lived cookie the page's script
-sets), and ``/api/clicks`` lists the clicks noted."""
+"""The page's responsiveness, measured: ``ClickTiming`` notes when each request reached
+this app, and once the signed-in user is known (``TIMED``, an app dependency after
+``access.current_user``) a request carrying a click's cookie (the click's moment, which the
+page's script sets) is recorded; ``/api/clicks`` lists the clicks recorded. A request
+nobody signed in to records nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
+
+from velocity_airflow.page import access
 
 # Timed clicks kept for /api/clicks (the newest; one api-server process holds its own).
 _CLICKS_KEPT = 2000
@@ -19,14 +23,15 @@ _CLICK_COOKIE = re.compile(
 )
 # Requests that do not answer a click (the live feed reconnecting carries the cookie too).
 _UNTIMED = ("/api/page/live", "/api/alerts/live", "/api/clicks")
+# Where ClickTiming leaves when a request reached the app (the request's state).
+_RECEIVED = "velocity_received_ms"
 
 router = APIRouter()
 
 
 class ClickTiming:
-    """ASGI middleware: a request carrying a click's cookie (the page's script sets it on
-    each click, with the browser's clock) is noted once, with when this app received it,
-    before anything else (authentication included) runs."""
+    """ASGI middleware: notes when each request reached this app, before anything else
+    (authentication included) runs; ``timed_click`` records it once the user is known."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -38,15 +43,24 @@ class ClickTiming:
         send: Callable[[Any], Awaitable[None]],
     ) -> None:
         if scope.get("type") == "http":
-            received = time.time() * 1000
-            path = str(scope.get("path", ""))
-            if not path.endswith(_UNTIMED):
-                headers = dict(scope.get("headers") or ())
-                cookie = headers.get(b"cookie")
-                if cookie:
-                    sent = headers.get(b"x-velocity-sent", b"").decode("latin-1")
-                    _note_click(cookie.decode("latin-1"), scope, path, received, sent)
+            scope.setdefault("state", {})[_RECEIVED] = time.time() * 1000
         await self.app(scope, receive, send)
+
+
+async def timed_click(request: Request, user: Annotated[Any, Depends(access.current_user)]) -> None:
+    """Records the click a signed-in user's request answers (its cookie), once, with when
+    the request reached this app. Runs after ``access.current_user``: a request nobody
+    signed in to stops there and records nothing."""
+    path = str(request.scope.get("path", ""))
+    cookie = request.headers.get("cookie")
+    if not cookie or path.endswith(_UNTIMED):
+        return
+    received = request.scope.get("state", {}).get(_RECEIVED) or time.time() * 1000
+    sent = request.headers.get("x-velocity-sent", "")
+    _note_click(cookie, request.scope, path, received, sent)
+
+
+TIMED = Depends(timed_click)
 
 
 _CLICKS: deque[dict[str, Any]] = deque(maxlen=_CLICKS_KEPT)

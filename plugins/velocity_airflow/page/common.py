@@ -5,7 +5,6 @@ message shown once (``flash``)."""
 from __future__ import annotations
 
 import hashlib
-import secrets
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -14,7 +13,7 @@ from urllib.parse import parse_qsl, urlencode
 from fastapi import status
 from fastapi.responses import RedirectResponse
 
-from velocity_airflow.page import flash
+from velocity_airflow.page import access, flash
 from velocity_airflow.page.home_html import Flash
 
 URL_PREFIX = "/velocity"
@@ -47,13 +46,9 @@ def params_of(back: str) -> dict[str, str]:
 
 @cache
 def flash_key() -> bytes:
-    """A key of the page's own, derived from the api-server's secret: the same on every
-    api-server worker. Without a secret, a random one: a worker that did not seal a
-    message then shows none, which is better than one anybody could seal."""
-    from airflow.configuration import conf
-
-    secret = conf.get("api", "secret_key", fallback="") or secrets.token_hex(32)
-    return hashlib.sha256(b"velocity-flash\0" + secret.encode()).digest()
+    """A key of the page's own, derived from the page's secret (``access.page_secret``:
+    the api-server's, else one kept in the data dir): the same on every api-server worker."""
+    return hashlib.sha256(b"velocity-flash\0" + access.page_secret()).digest()
 
 
 def back(ok: bool, text: str, back: str = "", path: str = "/") -> RedirectResponse:

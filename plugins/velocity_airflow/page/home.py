@@ -38,6 +38,7 @@ def page_data(
         base=URL_PREFIX,
         params=params,
         now_ms=now_ms,
+        csrf=access.csrf_token(request),
         **extra,
     )
     if settings is None:

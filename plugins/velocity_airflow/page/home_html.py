@@ -9,6 +9,11 @@ A rule change in flight is shown: a form that changes something carries the word
 (``data-progress``); a few lines of script show them at the top, disable the change
 buttons and post the form with ``fetch``, and the page that comes back, with the
 outcome, replaces this one. Without script the forms post as plain forms.
+
+Every form that posts carries the page's token (``csrf_token``, ``PageData.csrf``: drawn
+for the signed-in session by ``access.csrf_token``), and the page's ``<meta
+name="csrf-token">`` holds it for the script, which sends it as ``X-CSRF-Token`` too: the
+server refuses a post from the browser without it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,13 @@ from velocity_airflow.page import (
     shadow_html,
     values_html,
 )
-from velocity_airflow.page.values_html import key_html, number_text, time_text
+from velocity_airflow.page.values_html import (
+    key_html,
+    number_text,
+    time_text,
+    token_input,
+    token_meta,
+)
 
 # How many alerts a page lists, newest first.
 ALERTS_SHOWN = PAGE_SIZE
@@ -85,9 +96,14 @@ document.addEventListener("submit", function (event) {
   if (!words || form.dataset.plain) { return; }
   event.preventDefault();
   var body = new FormData(form, submitter);
+  // The page's token: in the form's field, and as a header (a form drawn by a live
+  // update carries it too; the meta is the page's).
+  var meta = document.querySelector('meta[name="csrf-token"]');
+  var token = meta ? meta.content : "";
+  if (token && !body.has("csrf_token")) { body.append("csrf_token", token); }
   // Back to this page's URL (its filters and pages) after the change.
   if (!body.has("back")) { body.append("back", location.search.replace(/^\\?/, "")); }
-  // A button may post the form elsewhere (Preview: a read, not a change).
+  // A button may post the form elsewhere (Preview: it saves nothing).
   var action = submitter && submitter.hasAttribute("formaction") ? submitter.formAction
     : form.action;
   if (window.velocityLive) { window.velocityLive.close(); }
@@ -100,6 +116,7 @@ document.addEventListener("submit", function (event) {
     button.disabled = true;
   });
   var sent = {"X-Velocity-Sent": String(Math.round(performance.timeOrigin + performance.now()))};
+  if (token) { sent["X-CSRF-Token"] = token; }
   fetch(action, {method: "POST", body: body, credentials: "same-origin", headers: sent})
     .then(function (reply) {
       return reply.text().then(function (html) {
@@ -112,6 +129,11 @@ document.addEventListener("submit", function (event) {
     .catch(function () {
       form.dataset.plain = "1";
       form.action = action;
+      if (token && !form.querySelector('input[name="csrf_token"]')) {
+        var field = document.createElement("input");
+        field.type = "hidden"; field.name = "csrf_token"; field.value = token;
+        form.appendChild(field);
+      }
       if (submitter && submitter.name) {
         var kept = document.createElement("input");
         kept.type = "hidden"; kept.name = submitter.name; kept.value = submitter.value;
@@ -301,6 +323,9 @@ class PageData:
     rates_error: str | None = None
     write_behind_seconds: float = 30.0
     backfill_form: Mapping[str, Any] = field(default_factory=dict)  # as last written
+    # The page's token for the signed-in session (``access.csrf_token``): every form that
+    # posts carries it, and the page's meta for its script.
+    csrf: str = ""
 
 
 _time = alerts_html.time_text
@@ -335,12 +360,12 @@ def health_html(h: Mapping[str, Any] | None, error: str | None) -> str:
     )
 
 
-def _rule_actions(rule: Rule, base: str) -> str:
+def _rule_actions(rule: Rule, base: str, token: str) -> str:
     def button(action: str, label: str) -> str:
         progress = f"{_VERBS[action]} ruleId {rule.rule_id}…"
         return (
             f'<form class="inline" method="post" action="{base}/rules/{rule.rule_id}/{action}" '
-            f'data-progress="{escape(progress)}">'
+            f'data-progress="{escape(progress)}">{token_input(token)}'
             f'<button type="submit" data-testid="{action}-{rule.rule_id}">{label}</button></form>'
         )
 
@@ -371,6 +396,7 @@ def outcome_cell(rule: Rule, data: PageData) -> str:
     return (
         f'<td>{shown}<form class="inline" method="post" '
         f'action="{data.base}/rules/{rule.rule_id}/outcome" data-progress="{escape(progress)}">'
+        f"{token_input(data.csrf)}"
         f'<select name="outcome" aria-label="outcome" '
         f'data-testid="outcome-choice-{rule.rule_id}">{choices}</select>'
         f'<button type="submit" data-testid="outcome-set-{rule.rule_id}">Set</button>'
@@ -389,7 +415,7 @@ def _rules(data: PageData) -> str:
     rows = []
     candidates = {c.candidate.rule_id: c.candidate for c in data.shadow or ()}
     for rule in data.rules:
-        actions = f"<td>{_rule_actions(rule, data.base)}</td>" if data.can_edit else ""
+        actions = f"<td>{_rule_actions(rule, data.base, data.csrf)}</td>" if data.can_edit else ""
         candidate = candidates.get(rule.rule_id)
         beside = (
             f' <a href="#shadow" class="muted" data-testid="candidate-of-{rule.rule_id}">'
@@ -476,17 +502,11 @@ _PREVIEW_WORDS = (
 
 def _add_rule(data: PageData) -> str:
     if not data.can_edit:
-        # A preview writes nothing: a viewer may try a rule, not apply it.
-        return (
-            '<p class="muted">Your role may read the rules but not change them.</p>'
-            f'<form method="post" action="{data.base}/preview" '
-            'data-progress="Previewing the rules over the events…">'
-            f"<p>{_PREVIEW_WORDS}</p>"
-            f'<textarea name="rules_json" rows="6" data-testid="rule-json">'
-            f"{escape(data.rule_text)}</textarea><br>{_preview_controls(data)}</form>"
-        )
+        # A preview takes both cores for seconds: only a role that may change rules runs one.
+        return '<p class="muted">Your role may read the rules but not change or preview them.</p>'
     return (
         f'<form method="post" action="{data.base}/rules" data-progress="Applying the rules…">'
+        f"{token_input(data.csrf)}"
         "<p>A rule or an array of rules as JSON (SPEC §2), applied all or nothing as new "
         "versions, exactly as <code>velocity rules apply</code>; or added as SHADOW "
         "candidates beside the rules in force (decided like ACTIVE rules, their alerts kept "
@@ -517,6 +537,7 @@ def _alerts(data: PageData) -> str:
         filter_error=data.filter_error,
         kept=data.params,
         now_ms=data.now_ms or None,
+        csrf=data.csrf,
     )
     error = "; ".join(e for e in (data.alerts_error, data.reviews_error) if e) or None
     return alerts_html.alerts_section(data.alerts, view, data.reviews or {}, error)
@@ -611,9 +632,9 @@ def _shadow(data: PageData) -> set[tuple[int, int]]:
     return {key for key, rule in data.rule_versions.items() if rule.state is RuleState.SHADOW}
 
 
-def document(title: str, body: str, live: str = "") -> str:
+def document(title: str, body: str, live: str = "", csrf: str = "") -> str:
     """A whole page of the app: its styles and scripts around ``body``; ``live``: the URL
-    of the page's live feed (none: not live)."""
+    of the page's live feed (none: not live); ``csrf``: the page's token, for its script."""
     styles = (
         _STYLE,
         review_html.STYLE,
@@ -626,7 +647,8 @@ def document(title: str, body: str, live: str = "") -> str:
     head_scripts = f"{_PROGRESS_SCRIPT}{_CLICK_SCRIPT}{values_html.AGO_SCRIPT}"
     live_attr = f' data-live="{escape(live)}"' if live else ""
     return (
-        f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f'<!doctype html><html><head><meta charset="utf-8">{token_meta(csrf)}'
+        f"<title>{escape(title)}</title>"
         f"<style>{''.join(styles)}</style><script>{head_scripts}</script></head>"
         f"<body{live_attr}>{body}"
         f"<script>{cases_html.QUEUE_SCRIPT}{_LIVE_SCRIPT}</script></body></html>"
@@ -662,7 +684,9 @@ def _backfills(data: PageData) -> str:
     form = ""
     if data.can_edit:
         back = cases_html.back_field(data.params)
-        form = backfills_html.backfill_form(data.rules, data.backfill_form, data.base, back)
+        form = backfills_html.backfill_form(
+            data.rules, data.backfill_form, data.base, back, data.csrf
+        )
     table = backfills_html.backfill_table(data.backfills, data.backfills_error, data.now_ms)
     return f"{form}{table}"
 
@@ -677,11 +701,16 @@ def _health(data: PageData) -> str:
     return health_html(data.health, data.health_error)
 
 
+def _shadow_rules(data: PageData) -> str:
+    return shadow_html.shadow_section(
+        data.shadow, data.shadow_error, data.can_edit, data.base, data.csrf
+    )
+
+
 def render_page(data: PageData) -> str:
     role = "may change rules" if data.can_edit else "read-only"
     body = (
         f'<h1>Velocity</h1><p class="muted">Signed in as {escape(data.user)} ({role}).</p>'
-        # Every role may preview: the words of a preview in flight show here too.
         f"{_NAV}{_PROGRESS}{_flash(data)}"
         # An explanation is what the analyst just asked for: first.
         f"{_explanation(data)}"
@@ -692,7 +721,7 @@ def render_page(data: PageData) -> str:
         f'<h2 id="stream">Stream</h2><div id="health">{_health(data)}</div>'
         f'<h2 id="rules">Rules in force</h2>{_rules(data)}'
         '<h2 id="shadow">Shadow rules</h2>'
-        f"{shadow_html.shadow_section(data.shadow, data.shadow_error, data.can_edit, data.base)}"
+        f"{_shadow_rules(data)}"
         "<h2>Alerts and precision by rule version</h2>"
         f"{review_html.precision_table(data.precision, data.precision_error, _shadow(data))}"
         f"<h2>Add or change rules</h2>{_add_rule(data)}"
@@ -700,7 +729,7 @@ def render_page(data: PageData) -> str:
         f'<h2 id="lookup">Window lookup</h2>{_lookup(data)}'
         f'<h2 id="alerts">Alerts</h2>{_alerts(data)}'
     )
-    return document("Velocity", body, live_url(data))
+    return document("Velocity", body, live_url(data), data.csrf)
 
 
 def render_case(view: cases_html.CaseView, flash: Flash | None = None) -> str:
@@ -710,4 +739,4 @@ def render_case(view: cases_html.CaseView, flash: Flash | None = None) -> str:
         kind = "ok" if flash.ok else "bad"
         shown = f'<div class="flash {kind}" data-testid="flash">{escape(flash.text)}</div>'
     body = f"{_PROGRESS}{shown}{cases_html.case_section(view)}"
-    return document(f"Velocity: case {key_text(view.case.key)}", body)
+    return document(f"Velocity: case {key_text(view.case.key)}", body, csrf=view.queue.csrf)

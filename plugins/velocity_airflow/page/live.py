@@ -109,7 +109,12 @@ async def alerts_live(request: Request, user: access.User) -> StreamingResponse:
     after = request.headers.get("last-event-id") or request.query_params.get("after")
     if not after or not _STREAM_ID.fullmatch(after):
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "field 'after': an alert stream id")
-    view = AlertsView(base=URL_PREFIX, can_edit=access.can_edit(user), query=search.query)
+    view = AlertsView(
+        base=URL_PREFIX,
+        can_edit=access.can_edit(user),
+        query=search.query,
+        csrf=access.csrf_token(request),
+    )
     view.rule_versions = {(r.rule_id, r.version): r for r in history}
 
     async def events() -> AsyncIterator[str]:

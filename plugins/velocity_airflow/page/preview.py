@@ -1,7 +1,10 @@
 """A preview of the add-rules form's rules: what they would have fired over the last hours
 of the live events (``velocity.delta.preview_reader``), computed in this process in a
 worker thread (the routes are plain functions, which FastAPI runs off the event loop). It
-writes nothing, so any signed-in user may ask for one (``access.READS_BY_POST``)."""
+writes nothing, but it holds up to the reader's cap of events in memory and both cores for
+seconds: it needs the role that may change rules and passes the same write check as a
+change (``access.PREVIEW``: the page's token from a browser, or a bearer token), so
+another site cannot start one with a signed-in user's cookie."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from velocity_airflow.page.home_html import Flash, render_page
 _PREVIEW = threading.Lock()
 _PREVIEW_WAIT_S = 60.0
 
-router = APIRouter()
+router = APIRouter(dependencies=[access.PREVIEW])
 
 
 def _hours(text: str) -> float:
@@ -55,13 +58,13 @@ def _preview(settings: Any, rules_text: str, hours: float) -> dict[str, Any]:
 @router.post("/preview", response_class=HTMLResponse)
 def preview_rules(
     request: Request,
-    user: access.User,
+    user: access.Previewer,
     rules_json: Annotated[str, Form()] = "",
     hours: Annotated[str, Form()] = "1",
     back: Annotated[str, Form()] = "",
 ) -> HTMLResponse:
     """The page with what the form's rules would have fired over the last ``hours`` of the
-    live events beside the versions in force; nothing is saved. A read: any signed-in user."""
+    live events beside the versions in force; nothing is saved. Whoever may change rules."""
     from velocity.errors import InvalidRuleError, UsageError
 
     shown: dict[str, Any] | None = None
@@ -93,7 +96,8 @@ def preview_json(body: dict[str, Any]) -> Response:
     or their JSON text>, "hours": 1}`` (hours before the newest accepted event, default 1).
     Per rule: its alerts and the version in force's, per hour, a sample with explanations,
     and the difference by transaction (added, removed, changed value); ``seconds`` it took.
-    400 names what is wrong (a rule's field, the hours, too many events)."""
+    400 names what is wrong (a rule's field, the hours, too many events). Whoever may
+    change rules, with a bearer token (or the page's token)."""
     from velocity.domain.decimals import dumps_json
     from velocity.errors import UsageError
 

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from velocity.analyst.reviews import NOTE_MAX, Review, Verdict, VersionPrecision
+from velocity_airflow.page.values_html import token_input
 
 STYLE = """
 .verdict-CONFIRMED_FRAUD { color: #c53030; font-weight: 600; }
@@ -25,7 +26,7 @@ td.figure { text-align: right; }
 
 
 def review_cell(
-    alert: Mapping[str, Any], review: Review | None, can_review: bool, base: str
+    alert: Mapping[str, Any], review: Review | None, can_review: bool, base: str, token: str = ""
 ) -> str:
     """The alert's latest verdict (by whom), and for an editor the form to review it."""
     shown = ""
@@ -51,7 +52,7 @@ def review_cell(
         f'{shown}<form class="inline review" method="post" '
         f'action="{base}/alerts/{escape(quote(alert_id, safe=""))}/review" '
         f'data-progress="{escape(progress)}" data-testid="review-form" '
-        f'data-alert="{escape(alert_id)}">'
+        f'data-alert="{escape(alert_id)}">{token_input(token)}'
         f'<select name="verdict" required data-testid="review-verdict">{options}</select> '
         f'<input name="note" size="16" maxlength="{NOTE_MAX}" placeholder="note" '
         'data-testid="review-note"> '

@@ -15,6 +15,7 @@ from velocity.analyst.shadow_compare import ShadowComparison, SideFigures
 from velocity.domain.rules import Rule, rule_summary
 from velocity_airflow.page import alerts_html
 from velocity_airflow.page.review_html import percent_text
+from velocity_airflow.page.values_html import token_input
 
 STYLE = """
 .state-SHADOW { color: #6b46c1; font-weight: 600; }
@@ -25,13 +26,13 @@ tbody.shadow { border-top: 2px solid #cbd5e0; }
 VERBS = {"promote": "Promoting the candidate of", "discard": "Discarding the candidate of"}
 
 
-def _actions(comparison: ShadowComparison, base: str) -> str:
+def _actions(comparison: ShadowComparison, base: str, token: str) -> str:
     rule_id = comparison.candidate.rule_id
 
     def button(action: str, label: str) -> str:
         return (
             f'<form class="inline" method="post" action="{base}/rules/{rule_id}/{action}" '
-            f'data-progress="{escape(f"{VERBS[action]} ruleId {rule_id}…")}">'
+            f'data-progress="{escape(f"{VERBS[action]} ruleId {rule_id}…")}">{token_input(token)}'
             f'<button type="submit" data-testid="{action}-{rule_id}">{label}</button></form>'
         )
 
@@ -66,9 +67,14 @@ def _data(figures: SideFigures) -> str:
 
 
 def shadow_section(
-    comparisons: Sequence[ShadowComparison] | None, error: str | None, can_edit: bool, base: str
+    comparisons: Sequence[ShadowComparison] | None,
+    error: str | None,
+    can_edit: bool,
+    base: str,
+    token: str = "",
 ) -> str:
-    """Every candidate beside its rule in force (by ruleId), or why they cannot be shown."""
+    """Every candidate beside its rule in force (by ruleId), or why they cannot be shown;
+    ``token``: the page's token, carried by each action's form."""
     if error:
         return f'<p class="bad">{escape(error)}</p>'
     if not comparisons:
@@ -86,7 +92,7 @@ def shadow_section(
     bodies = []
     for c in comparisons:
         rule_id = c.candidate.rule_id
-        actions = f'<td rowspan="2">{_actions(c, base)}</td>' if can_edit else ""
+        actions = f'<td rowspan="2">{_actions(c, base, token)}</td>' if can_edit else ""
         shared = (
             f'<td rowspan="2" class="figure" data-testid="shadow-both">{c.both}</td>'
             f'<td rowspan="2" class="figure" data-testid="shadow-only-candidate">'

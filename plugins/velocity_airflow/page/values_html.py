@@ -132,6 +132,17 @@ def hidden_inputs(params: Mapping[str, str], leave_out: Collection[str] = ()) ->
     )
 
 
+def token_input(token: str) -> str:
+    """The page's token (``access.csrf_token``) as the hidden field every form that posts
+    carries: the server refuses a post from the browser without it."""
+    return f'<input type="hidden" name="csrf_token" value="{escape(token)}">'
+
+
+def token_meta(token: str) -> str:
+    """The page's token where its script reads it (``X-CSRF-Token`` of each post it sends)."""
+    return f'<meta name="csrf-token" content="{escape(token)}">'
+
+
 def query_string(params: Mapping[str, str], leave_out: Collection[str] = ()) -> str:
     """``params`` (the page's URL parameters) as a query string, without ``leave_out``."""
     return urlencode({k: v for k, v in params.items() if k not in leave_out and v})

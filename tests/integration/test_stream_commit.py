@@ -11,13 +11,14 @@ import pytest
 import redis
 
 from tests.builders import key_changes
+from velocity.cli.commands.alerts import stream_start
 from velocity.domain.buckets import BucketAggregate
 from velocity.domain.stream_batch import KeyState
 from velocity.redis import connection, mirror
 from velocity.redis.commit_args import ALERTS_A_PIECE
 from velocity.redis.keys import parse_bucket
 from velocity.redis.lock import state_lock
-from velocity.settings import Settings
+from velocity.settings import PROJECT_ROOT, Settings
 
 pytestmark = pytest.mark.redis
 
@@ -166,3 +167,64 @@ def test_many_alerts_go_out_in_pieces_once_each_even_when_a_crash_cut_them_short
     shadowed = client.xrange(settings.shadow_alert_stream)
     assert [f["alert"] for _, f in shadowed] == shadow
     assert mirror.committed_batch(client, settings) == 4
+
+
+@pytest.mark.parametrize("retention", ["1000", "1m"])
+def test_the_alert_stream_keeps_what_its_retention_says(settings: Settings, retention: str) -> None:
+    """By count, about that many entries stay (trimmed a node of 100 at a time, MAXLEN ~);
+    by age, entries older than it go (MINID ~), whatever the count."""
+    settings = settings.model_copy(update={"redis_alert_stream_retention": retention})
+    client = connection.connect(settings)
+    stream = settings.alert_stream
+    now_ms = int(client.time()[0]) * 1000
+    # 300 alerts of ten minutes ago, as an older stream held them.
+    for i in range(300):
+        client.xadd(stream, {"alert": "{}", "batch": "0"}, id=f"{now_ms - 600_000}-{i}")
+    alerts = [json.dumps({"alertId": f"a-{i}"}) for i in range(900)]
+    with state_lock(client, settings, "stream batch 1") as lease:
+        commit = mirror.stream_commit(
+            settings, 1, now_ms, key_changes(settings.redis_keys, {}, []), ["tx-1"], alerts, 60,
+            lease,
+        )  # fmt: skip
+        assert mirror.send_stream_commit(client, settings, commit, lease) == 900
+    ids = [entry_id for entry_id, _ in client.xrange(stream)]
+    newest = [f["alert"] for _, f in client.xrange(stream)][-900:]
+    assert newest == alerts  # what the batch published is all there, in order
+    if retention == "1000":
+        assert 1000 <= len(ids) < 1100
+    else:  # every node of the older alerts went; none of the new
+        assert len(ids) == 900
+        assert all(int(i.split("-")[0]) >= now_ms - 60_000 for i in ids)
+
+
+def test_a_replay_from_the_start_says_what_the_stream_kept_and_where_the_rest_is(
+    settings: Settings,
+) -> None:
+    """`velocity watch --from-start` begins with the retention, the oldest entry's time and
+    where trimmed alerts are (a consumer would otherwise miss them silently)."""
+    client = connection.connect(settings)
+    stream = settings.alert_stream
+    assert stream_start(client, stream, "24h").endswith("keeps 24h "
+        "(VELOCITY_REDIS_ALERT_STREAM_RETENTION); it is empty")  # fmt: skip
+    client.xadd(stream, {"alert": "{}", "batch": "0"}, id="1767225600000-0")
+    said = stream_start(client, stream, "24h")
+    assert "oldest entry was published 2026-01-01 00:00:00 UTC" in said
+    assert "velocity alerts" in said
+
+
+def test_the_docs_gap_check_finds_a_gap_after_a_trim_and_none_before(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/serving/alerts.md's gap check, run as written against a trimmed stream."""
+    page = (PROJECT_ROOT / "docs" / "serving" / "alerts.md").read_text(encoding="utf-8")
+    block = next(b for b in page.split("```python")[1:] if "def entry_id" in b)
+    snippet = block.split("```")[0]
+    reader = connection.connect(settings)
+    stream = settings.alert_stream
+    for i in range(250):
+        reader.xadd(stream, {"alert": "{}", "batch": "0"}, id=f"1000-{i}")
+    exec(snippet, {"reader": reader, "stream": stream, "last": "1000-5"})
+    assert capsys.readouterr().out == ""
+    reader.xtrim(stream, minid="1000-200")  # as a retention would
+    exec(snippet, {"reader": reader, "stream": stream, "last": "1000-5"})
+    assert "missed the alerts published before 1000-200" in capsys.readouterr().out

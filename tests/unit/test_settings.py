@@ -12,6 +12,7 @@ from velocity.redis.keys import default_prefix
 from velocity.settings import (
     PROJECT_ROOT,
     Settings,
+    alert_retention,
     load_settings,
     local_mode_cores,
     spark_master_on_loopback,
@@ -216,3 +217,25 @@ def test_the_metrics_port_is_9391_by_default_0_for_none_and_a_real_port(
     monkeypatch.setenv("VELOCITY_METRICS_PORT", "70000")
     with pytest.raises(SettingsError, match="metrics_port"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("text", "trim"),
+    [("1000000", "1000000"), ("1000", "1000"), ("90m", "age:5400000"), ("24h", "age:86400000"),
+     ("7d", "age:604800000"), (" 2h ", "age:7200000")],
+)  # fmt: skip
+def test_the_alert_streams_retention_is_entries_or_an_age(text: str, trim: str) -> None:
+    assert alert_retention(text) == trim
+    assert load_settings(redis_alert_stream_retention=text).alert_stream_retention == trim
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("999", "at least 1000 entries"), ("0m", "at least 1m"), ("24 hours", "neither"),
+     ("1.5h", "neither"), ("", "neither")],
+)  # fmt: skip
+def test_an_alert_stream_retention_that_keeps_too_little_or_reads_as_nothing_is_refused(
+    text: str, says: str
+) -> None:
+    with pytest.raises(SettingsError, match=says):
+        load_settings(redis_alert_stream_retention=text)

@@ -21,6 +21,8 @@ def watch(args: argparse.Namespace) -> int:
     client = connection.connect(settings)
     stream = settings.shadow_alert_stream if args.shadow else settings.alert_stream
     last = "0-0" if args.from_start else "$"
+    if args.from_start:
+        print(stream_start(client, stream, settings.redis_alert_stream_retention), flush=True)
     deadline = time.monotonic() + args.duration if args.duration else None
     seen = 0
     try:
@@ -45,6 +47,20 @@ def watch(args: argparse.Namespace) -> int:
         pass
     print(f"{seen} alerts seen on {stream}")
     return EXIT_OK
+
+
+def stream_start(client: object, stream: str, retention: str) -> str:
+    """What a replay from the start of the alert stream begins with: the stream keeps only
+    its retention, and what it trimmed is in the alerts table."""
+    first = client.xrange(stream, count=1)  # type: ignore[attr-defined]
+    kept = f"{stream} keeps {retention} (VELOCITY_REDIS_ALERT_STREAM_RETENTION)"
+    if not first:
+        return f"{kept}; it is empty"
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(first[0][0].split("-")[0]) / 1000))
+    return (
+        f"{kept}; its oldest entry was published {at}: alerts before it are in the alerts "
+        "table (`velocity alerts --out FILE`)"
+    )
 
 
 def export_alerts(args: argparse.Namespace) -> int:

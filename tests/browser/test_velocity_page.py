@@ -126,6 +126,9 @@ def test_sign_in_and_see_the_rules_in_force(deployment: Deployment, browser: Any
 def test_a_viewer_reads_the_page_but_may_not_change_rules(
     deployment: Deployment, browser: Any
 ) -> None:
+    from velocity.delta.names import RULES
+    from velocity.delta.rule_store import RuleStore
+
     sign_in(browser, deployment, "viewer", "/plugin/velocity")
     open_page(browser)
     assert "viewer (read-only)" in browser.find_element(_by("TAG_NAME"), "body").text
@@ -145,6 +148,17 @@ def test_a_viewer_reads_the_page_but_may_not_change_rules(
     )
     assert refused.status_code == 403, refused.text
     assert "may not change rules" in refused.text
+    # Nor does an editor's cookie without the page's token (what another site's form
+    # would send), whatever Authorization header comes with it (issue 53).
+    forged = httpx.post(
+        f"{deployment.base}/velocity/rules/1/pause",
+        cookies={"_token": _token(deployment, "admin")},
+        headers={"origin": deployment.base, "authorization": "x"},
+        timeout=30,
+    )
+    assert forged.status_code == 403 and "page's token" in forged.text, forged.text
+    in_force = RuleStore(deployment.settings.table_path(RULES)).book().live[1]
+    assert in_force.state.value == "ACTIVE", "rule 1 is not paused"
 
 
 def test_pausing_a_rule_stops_the_stream_firing_it(

@@ -142,6 +142,48 @@ def test_each_case_shows_its_strongest_outcome_and_the_queue_filters_and_sorts_b
     assert "newest activity first." in _queue([_case()])
 
 
+@pytest.mark.parametrize("sort", ["newest", "oldest", "amount", "alerts", "outcome"])
+def test_each_order_is_a_column_head_and_a_choice_and_its_pages_keep_it(sort: str) -> None:
+    params = {"rule": "4", "case_sort": sort, "case_before": "x"}
+    view = _view(params={"rule": "4", "case_sort": sort})
+    view.params = params  # a page below the first: a new order starts again at the top
+    html = cases_html.queue_section(CasePage([_case()], None, 1), view)
+    head = html.split("<thead>")[1].split("</thead>")[0]
+    marked = re.findall(r'data-testid="queue-sorted-by" data-sort="(\w+)"', head)
+    assert marked == [sort], "the current order's head is marked, not a link"
+    others = re.findall(r'href="([^"]+)" data-testid="queue-sort-(\w+)"', head)
+    assert sorted(o for _, o in others) == sorted(
+        {"newest", "oldest", "amount", "alerts", "outcome"} - {sort}
+    )
+    for href, other in others:
+        assert href == f"/velocity/?rule=4&amp;case_sort={other}", "the first page"
+    form = html.split('data-testid="queue-filter"')[1].split("</form>")[0]
+    assert f'<option value="{sort}" selected>' in form
+    query = parse_case_query({"case_sort": sort}, None)
+    older = CaseCursor.of(_case(), query.sort)
+    paged = cases_html.queue_section(
+        CasePage([_case()], older, 60), _view(params={"case_sort": sort})
+    )
+    link = paged.split(' data-testid="queue-older"')[0].rsplit('href="', 1)[1]
+    assert link == f'/velocity/?case_sort={sort}&amp;case_before={older.text()}"'
+    assert parse_case_query({"case_sort": sort, "case_before": older.text()}, None).before == older
+
+
+def test_the_assignee_is_chosen_from_the_known_users_or_offered() -> None:
+    view = _view()
+    view.assignees = cases_html.Assignees(("admin", "ana", "<bo>"), closed=True)
+    field = cases_html.assignee_field(view, "<bo>")
+    assert field.startswith('<select name="assignee"')
+    assert '<option value="&lt;bo&gt;" selected>&lt;bo&gt;</option>' in field
+    assert '<option value="ana">ana</option>' in field
+    view.assignees = cases_html.Assignees(("admin", "ana"), closed=False)
+    field = cases_html.assignee_field(view, None)
+    assert '<input name="assignee" size="12" value="ana" list="case-users"' in field
+    assert '<datalist id="case-users"><option value="admin"></option>' in field
+    form = _queue([_case()]).split('data-testid="queue-filter"')[1].split("</form>")[0]
+    assert 'list="queue-users"' in form and '<option value="none"></option>' in form
+
+
 def test_a_viewer_sees_the_queue_but_cannot_close_anything() -> None:
     html = _queue([_case()], can_edit=False)
     assert 'data-testid="queue-row"' in html
@@ -205,7 +247,7 @@ def test_a_case_opens_to_its_alerts_payments_and_history() -> None:
     close = html.split('data-testid="close-form"')[0].rsplit("<form", 1)[1]
     assert 'action="/velocity/cases/c-1/close"' in close
     assert '<input type="hidden" name="back" value="rule=4&amp;case_status=all">' in html
-    assert 'value="bo" data-testid="assignee"' in html, "the assignee to change"
+    assert 'name="assignee" size="12" value="bo" list="case-users"' in html, "to change"
     assert "<kbd>c</kbd> close as confirmed fraud" in html
 
 
@@ -470,6 +512,12 @@ def test_an_analyst_works_the_queue_in_process(
         assert 'id="explanation"' in explained
         assert client.get("/cases/nope").status_code == 404
 
+        # The assignee is chosen from the users Airflow knows (the test env's
+        # simple_auth_manager_users: admin, viewer) and anyone assigned already.
+        assign_form = shown.split('data-testid="assign-form"')[1].split("</form>")[0]
+        assert '<select name="assignee" data-testid="assignee"' in assign_form
+        assert '<option value="admin">admin</option>' in assign_form
+        assert '<option value="ana" selected>ana</option>' in assign_form, "the user, chosen"
         where, text = said(
             client.post(
                 f"/cases/{p1.case_id}/assign",
@@ -477,7 +525,18 @@ def test_an_analyst_works_the_queue_in_process(
             )
         )
         assert where == f"/velocity/cases/{p1.case_id}?rule=4"
-        assert text == "case payerId=p1: assigned to bo"
+        assert text.startswith("error: field 'assignee': 'bo' is not a user Airflow knows")
+        assert "choose one of admin, ana, viewer; the case is unchanged" in text
+        assert CaseStore(settings).case(p1.case_id).assignee is None
+        where, text = said(
+            client.post(
+                f"/cases/{p1.case_id}/assign",
+                data={"assignee": " Viewer ", "back": "rule=4", "return_to": "case"},
+            )
+        )
+        assert where == f"/velocity/cases/{p1.case_id}?rule=4"
+        assert text == "case payerId=p1: assigned to viewer", "as Airflow spells the name"
+        assert CaseStore(settings).case(p1.case_id).assignee == "viewer"
         where, text = said(
             client.post(f"/cases/{p1.case_id}/close", data={"verdict": "fraud", "back": "rule=4"})
         )

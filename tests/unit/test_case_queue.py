@@ -108,10 +108,18 @@ def test_a_key_is_matched_whole_as_the_page_shows_it() -> None:
         ({"case_before": "yesterday"}, "case_before", "is not a page boundary"),
         ({"case_limit": str(QUEUE_PAGE_MAX + 1)}, "case_limit", "from 1 to 200"),
         ({"case_outcome": "deny"}, "case_outcome", "use one of ALERT, REVIEW, BLOCK"),
-        ({"case_sort": "oldest"}, "case_sort", "use one of newest, outcome"),
+        (
+            {"case_sort": "biggest"},
+            "case_sort",
+            "use one of newest, oldest, amount, alerts, outcome",
+        ),
         # A boundary of the other order: pages of one order never mix with the other's.
         ({"case_sort": "outcome", "case_before": f"{NOW}_c-1"}, "case_before", "<outcome>_"),
         ({"case_before": f"BLOCK_{NOW}_c-1"}, "case_before", "is not a page boundary"),
+        ({"case_sort": "amount", "case_before": f"{NOW}_c-1"}, "case_before", "amount_<amount>_"),
+        ({"case_sort": "oldest", "case_before": f"alerts_{NOW}_c-1"}, "case_before", "oldest_<"),
+        ({"case_sort": "amount", "case_before": "amount_1e5_c-1"}, "case_before", "boundary"),
+        ({"case_sort": "alerts", "case_before": "alerts_1.5_c-1"}, "case_before", "boundary"),
     ],
 )
 def test_a_field_that_cannot_be_read_is_named(
@@ -233,3 +241,77 @@ def test_a_rule_s_alerts_a_minute_and_the_share_of_payments_it_fires_on() -> Non
     assert rule_rates([], {}, 0, [4], now)[4].share is None, "no payments: no share"
     at_the_limit = rule_rates([], {4: 20}, 100, [4], now)[4]
     assert at_the_limit.share == 0.2 and not at_the_limit.fires_often, "over 20 %, not at"
+
+
+def _by(sort: str, c: Case) -> tuple[object, ...]:
+    """Each order as the docs word it, ascending (the queue lists it descending)."""
+    figure = {
+        "newest": c.latest_activity_at,
+        "oldest": -c.opened_at,
+        "amount": c.amount,
+        "alerts": c.alerts,
+        "outcome": (c.outcome.strength, c.latest_activity_at),
+    }[sort]
+    return (figure, c.case_id)
+
+
+def _every_page(cases: list[Case], sort: str, limit: int) -> list[str]:
+    """Page through the queue by the boundary's text, as the page's links do."""
+    params = {"case_sort": sort, "case_limit": str(limit)}
+    listed: list[str] = []
+    while True:
+        page = queue_page(cases, parse_case_query(params, None))
+        assert len(page.cases) <= limit
+        listed += [c.case_id for c in page.cases]
+        if page.older is None:
+            return listed
+        params = {**params, "case_before": page.older.text()}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.integers(0, 4),
+            st.sampled_from(["0", "10.5", "10.50", "999.99", "1000"]),
+            st.integers(1, 4),
+            st.sampled_from(list(Outcome)),
+        ),
+        max_size=30,
+    ),
+    st.sampled_from(["newest", "oldest", "amount", "alerts", "outcome"]),
+    st.integers(1, 7),
+)
+def test_every_order_pages_each_case_once_ties_broken_by_case_id(
+    drawn: list[tuple[int, int, str, int, Outcome]], sort: str, limit: int
+) -> None:
+    cases = []
+    for n, (opened, active, amount, alerts, outcome) in enumerate(drawn):
+        one = case(n, rules={4: alerts}, activity=NOW + active, outcome=outcome)
+        one.opened_at, one.amount = NOW - opened, Decimal(amount)
+        cases.append(one)
+    expected = sorted(cases, key=lambda c: _by(sort, c), reverse=True)
+    assert _every_page(cases, sort, limit) == [c.case_id for c in expected]
+
+
+def test_the_orders_put_the_oldest_the_largest_and_the_busiest_case_first() -> None:
+    cases = [case(n) for n in range(1, 6)]
+    cases[2].opened_at = NOW - 86_400_000  # c-003: opened a day ago
+    cases[3].amount = Decimal("250000")  # c-004: the largest total
+    cases[4].alerts = 40  # c-005: the most alerts
+    cases.append(case(6, CaseStatus.CLOSED))
+
+    def first(sort: str) -> str:
+        return queue_page(cases, parse_case_query({"case_sort": sort}, None)).cases[0].case_id
+
+    assert [first(s) for s in ("newest", "oldest", "amount", "alerts")] == [
+        "c-005",  # the newest activity (case(n): n * 10 ms after NOW)
+        "c-003",
+        "c-004",
+        "c-005",
+    ]
+    page = queue_page(cases, parse_case_query({"case_sort": "AMOUNT", "case_limit": "1"}, None))
+    assert page.older is not None and page.older.text() == "amount_250000_c-004"
+    page = queue_page(cases, parse_case_query({"case_sort": "oldest", "case_limit": "1"}, None))
+    assert page.older is not None and page.older.text() == f"oldest_{NOW - 86_400_000}_c-003"
+    assert parse_case_cursor(page.older.text(), CaseSort.OLDEST) == page.older

@@ -5,9 +5,12 @@ Invariants:
 
 - Order: newest activity first by (latestActivityAt, caseId), a total order, so a page
   boundary (``CaseCursor``) is exact: the next page holds the matching cases below it.
-  Sorted by outcome (``case_sort=outcome``), the strongest outcome comes first (a BLOCK
-  case before every REVIEW and ALERT case), newest activity first within one; the
-  boundary then carries the outcome too, and stays exact.
+  The other orders (``case_sort``) are total too, each ending with the caseId: the case
+  opened longest ago first (``oldest``: openedAt ascending), the largest total of its
+  payments first (``amount``: ``Case.amount``, a payment counted once), the most alerts
+  first (``alerts``), the strongest outcome first (``outcome``: a BLOCK case before every
+  REVIEW and ALERT case, newest activity first within one). The boundary carries what
+  the order sorts by, and stays exact.
 - A filter is refused whole (``InvalidFilterError``) naming the URL field at fault; every
   field given must hold, an empty field does not filter, and an empty status means the
   cases not closed (open or assigned): what the queue is for.
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from enum import StrEnum
 
 from velocity.analyst.alert_search import InvalidFilterError, KeyPart, parse_key_filter
 from velocity.analyst.cases import Case, CaseStatus
+from velocity.domain.decimals import format_decimal
 from velocity.domain.rules import Outcome
 
 QUEUE_PAGE_SIZE = 50  # cases a page lists unless asked otherwise
@@ -44,9 +49,13 @@ UNASSIGNED = "none"
 
 
 class CaseSort(StrEnum):
-    """The queue's order (URL field ``case_sort``; empty: NEWEST)."""
+    """The queue's order (URL field ``case_sort``; empty: NEWEST). Each is a total order,
+    ending with the caseId (descending), so a page boundary is exact."""
 
-    NEWEST = "newest"  # newest activity first
+    NEWEST = "newest"  # newest activity first (latestActivityAt)
+    OLDEST = "oldest"  # the case opened longest ago first (openedAt, ascending)
+    AMOUNT = "amount"  # the largest total of its payments first (Case.amount)
+    ALERTS = "alerts"  # the most alerts first
     OUTCOME = "outcome"  # strongest outcome first (BLOCK, REVIEW, ALERT), then newest
 
 
@@ -151,45 +160,96 @@ def parse_case_sort(text: str | None) -> CaseSort:
 
 @dataclass(frozen=True)
 class CaseCursor:
-    """A page boundary: the (latestActivityAt, caseId) of the last case listed, and its
-    outcome when the queue is sorted by outcome (None: by newest activity)."""
+    """A page boundary: the last case listed, as its order places it. ``activity``: its
+    latestActivityAt (sorted by newest or by outcome, else 0); ``case_id``; ``outcome``:
+    its outcome when sorted by outcome; ``figure``: what the other orders sort by (its
+    openedAt, its payments' total, its alert count)."""
 
     activity: int
     case_id: str
     outcome: Outcome | None = None
+    sort: CaseSort = CaseSort.NEWEST
+    figure: Decimal = Decimal(0)
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and self.sort is CaseSort.NEWEST:
+            object.__setattr__(self, "sort", CaseSort.OUTCOME)
 
     @property
-    def key(self) -> tuple[int, int, str]:
-        """The order of the queue, descending: the later, the nearer the top."""
+    def key(self) -> tuple[int, Decimal, int, str]:
+        """The order of the queue, descending: the greater, the nearer the top."""
         strength = -1 if self.outcome is None else self.outcome.strength
-        return (strength, self.activity, self.case_id)
+        figure = -self.figure if self.sort is CaseSort.OLDEST else self.figure
+        return (strength, figure, self.activity, self.case_id)
 
     def text(self) -> str:
-        moment = f"{self.activity}_{self.case_id}"
-        return moment if self.outcome is None else f"{self.outcome.value}_{moment}"
+        """``<latestActivityAt>_<caseId>`` (newest), ``<outcome>_<latestActivityAt>_<caseId>``
+        (outcome), ``<order>_<figure>_<caseId>`` (oldest, amount, alerts): a boundary of
+        one order is not read as another's."""
+        if self.sort is CaseSort.NEWEST:
+            return f"{self.activity}_{self.case_id}"
+        if self.sort is CaseSort.OUTCOME and self.outcome is not None:
+            return f"{self.outcome.value}_{self.activity}_{self.case_id}"
+        return f"{self.sort.value}_{format_decimal(self.figure)}_{self.case_id}"
 
     @classmethod
     def of(cls, case: Case, sort: CaseSort = CaseSort.NEWEST) -> CaseCursor:
-        outcome = case.outcome if sort is CaseSort.OUTCOME else None
-        return cls(case.latest_activity_at, case.case_id, outcome)
+        match sort:
+            case CaseSort.OUTCOME:
+                return cls(case.latest_activity_at, case.case_id, case.outcome, sort)
+            case CaseSort.OLDEST:
+                return cls(0, case.case_id, None, sort, Decimal(case.opened_at))
+            case CaseSort.AMOUNT:
+                return cls(0, case.case_id, None, sort, case.amount)
+            case CaseSort.ALERTS:
+                return cls(0, case.case_id, None, sort, Decimal(case.alerts))
+        return cls(case.latest_activity_at, case.case_id)
+
+
+# The shape of each order's page boundary, as a refusal names it.
+_CURSOR_SHAPES = {
+    CaseSort.NEWEST: "<latestActivityAt>_<caseId>",
+    CaseSort.OUTCOME: "<outcome>_<latestActivityAt>_<caseId>",
+    CaseSort.OLDEST: "oldest_<openedAt>_<caseId>",
+    CaseSort.AMOUNT: "amount_<amount>_<caseId>",
+    CaseSort.ALERTS: "alerts_<alerts>_<caseId>",
+}
+
+
+def _whole(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 19
+
+
+def _decimal(text: str) -> Decimal | None:
+    whole, dot, part = text.removeprefix("-").partition(".")
+    if not _whole(whole) or (dot and not _whole(part)):
+        return None
+    return Decimal(text)
 
 
 def parse_case_cursor(text: str, sort: CaseSort = CaseSort.NEWEST) -> CaseCursor:
-    """A cursor as ``CaseCursor.text`` writes it for ``sort``: ``<latestActivityAt>_<caseId>``,
-    sorted by outcome ``<outcome>_<latestActivityAt>_<caseId>``."""
+    """A cursor as ``CaseCursor.text`` writes it for ``sort`` (``_CURSOR_SHAPES``)."""
     rest = text.strip()
-    outcome = None
-    if sort is CaseSort.OUTCOME:
+    refused = InvalidFilterError(
+        "case_before", f"{text!r} is not a page boundary ({_CURSOR_SHAPES[sort]})"
+    )
+    word = ""
+    if sort is not CaseSort.NEWEST:
         word, _, rest = rest.partition("_")
+    figure, sep, case_id = rest.partition("_")
+    if not (sep and case_id):
+        raise refused
+    if sort in (CaseSort.NEWEST, CaseSort.OUTCOME):
         outcome = next((o for o in Outcome if o.value == word), None)
-    moment, sep, case_id = rest.partition("_")
-    shape = "<latestActivityAt>_<caseId>"
-    if sort is CaseSort.OUTCOME:
-        shape = f"<outcome>_{shape}"
-    readable = sep and case_id and moment.isascii() and moment.isdigit()
-    if not readable or (sort is CaseSort.OUTCOME and outcome is None):
-        raise InvalidFilterError("case_before", f"{text!r} is not a page boundary ({shape})")
-    return CaseCursor(int(moment), case_id, outcome)
+        if not _whole(figure) or (sort is CaseSort.OUTCOME and outcome is None):
+            raise refused
+        return CaseCursor(int(figure), case_id, outcome, sort)
+    value = _decimal(figure) if sort is CaseSort.AMOUNT else None
+    if sort is not CaseSort.AMOUNT and _whole(figure):
+        value = Decimal(int(figure))
+    if word != sort.value or value is None:
+        raise refused
+    return CaseCursor(0, case_id, None, sort, value)
 
 
 def parse_case_limit(text: str | None) -> int:
@@ -227,7 +287,7 @@ def parse_case_query(params: Mapping[str, str], rule_ids: Collection[int] | None
 
 @dataclass(frozen=True)
 class CasePage:
-    """Cases newest activity first; ``older``: the next page's boundary, None at the last;
+    """Cases in the query's order; ``older``: the next page's boundary, None at the last;
     ``matching``: how many cases pass the filter in all (every page)."""
 
     cases: Sequence[Case]
@@ -236,11 +296,11 @@ class CasePage:
 
 
 def queue_page(cases: Iterable[Case], query: CaseQuery) -> CasePage:
-    """The first ``query.limit`` cases in the query's order (newest activity first, or
-    strongest outcome first) that pass the filter and lie below the boundary."""
+    """The first ``query.limit`` cases in the query's order (``CaseSort``) that pass the
+    filter and lie below the boundary."""
     chosen = [c for c in cases if query.filter.matches(c)]
 
-    def place(c: Case) -> tuple[int, int, str]:
+    def place(c: Case) -> tuple[int, Decimal, int, str]:
         return CaseCursor.of(c, query.sort).key
 
     below = [c for c in chosen if query.before is None or place(c) < query.before.key]

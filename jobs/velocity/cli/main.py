@@ -157,10 +157,12 @@ def _add_cases(sub: _Commands) -> None:
     )
     cases_list.add_argument(
         "--sort",
-        choices=["newest", "outcome"],
+        choices=["newest", "oldest", "amount", "alerts", "outcome"],
         default="newest",
         type=str.lower,
-        help="newest activity first, or strongest outcome first (BLOCK, REVIEW, ALERT)",
+        help="newest activity first (default), the case opened longest ago first, the "
+        "largest total of its payments first, the most alerts first, or the strongest "
+        "outcome first (BLOCK, REVIEW, ALERT)",
     )
     cases_list.add_argument(
         "--json", action="store_true", help="one JSON object a line (times in epoch ms)"

@@ -75,6 +75,20 @@ def can_edit(user: Any) -> bool:
     )
 
 
+def known_users() -> list[str] | None:
+    """The users Airflow's auth manager knows, by name, to assign cases to: with
+    SimpleAuthManager, its ``[core] simple_auth_manager_users``; None with an auth manager
+    that cannot list its users (FAB, Keycloak, …)."""
+    from airflow.configuration import conf
+
+    manager = conf.get("core", "auth_manager", fallback="") or ""
+    if manager.rpartition(".")[2] != "SimpleAuthManager":
+        return None
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+    return [user.username for user in SimpleAuthManager.get_users()]
+
+
 @cache
 def page_secret() -> bytes:
     """The page's secret: Airflow's ``[api] secret_key`` (the same on every api-server

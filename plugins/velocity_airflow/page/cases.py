@@ -5,7 +5,7 @@ assigned, closed with a verdict (which reviews each of its alerts) or reopened h
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -50,7 +50,35 @@ def queue(
     if cases is None:
         return view, None, error
     view.as_of = _newest_activity(cases)
+    view.assignees = assignees(data.user, cases)
     return view, queue_page(cases, view.query), None
+
+
+def assignees(user: str, cases: Iterable[Any]) -> cases_html.Assignees:
+    """Who a case may be assigned to: the users Airflow's auth manager knows, anyone a case
+    is assigned to, and the signed-in user; a closed list when the auth manager lists its
+    users (SimpleAuthManager), else names offered, any accepted."""
+    listed = access.known_users()
+    names = {*(listed or ()), *(c.assignee for c in cases if c.assignee), user}
+    return cases_html.Assignees(tuple(sorted(names, key=str.casefold)), listed is not None)
+
+
+def chosen_assignee(given: str, known: cases_html.Assignees) -> str:
+    """The name ``given`` as the known users spell it (any case); ``UsageError`` for a
+    name nobody knows, when the list is closed."""
+    from velocity.errors import UsageError
+
+    name = given.strip()
+    if not known.closed or not name:
+        return name  # an empty name: the case store's own refusal says what is wrong
+    found = next((n for n in known.names if n.casefold() == name.casefold()), None)
+    if found is None:
+        shown = ", ".join(known.names)
+        raise UsageError(
+            f"field 'assignee': {name!r} is not a user Airflow knows nor anyone a case is "
+            f"assigned to; choose one of {shown}; the case is unchanged"
+        )
+    return found
 
 
 def _case_text(params: Mapping[str, str]) -> dict[str, str]:
@@ -267,12 +295,21 @@ def assign_case(
     back: Annotated[str, Form()] = "",
     return_to: Annotated[str, Form()] = "",
 ) -> RedirectResponse:
+    """Assign the case to one of the users Airflow's auth manager knows (or anyone a case
+    is assigned to already); an unknown name is refused, the case unchanged."""
+    from velocity.errors import UsageError
+
+    try:
+        name = chosen_assignee(assignee, assignees(user.get_name(), all_cases(access.settings())))
+    except UsageError as exc:
+        path = f"/cases/{quote(case_id, safe='')}" if return_to == "case" else "/"
+        return common.back(False, f"error: {exc}", back, path)
     return _case_change(
         case_id,
         back,
         return_to,
-        lambda store: store.assign(case_id, assignee, user.get_name()),
-        f"assigned to {assignee.strip()}",
+        lambda store: store.assign(case_id, name, user.get_name()),
+        f"assigned to {name}",
     )
 
 

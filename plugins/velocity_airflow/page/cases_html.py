@@ -74,6 +74,15 @@ _VERDICT_WORDS = {
 }
 
 
+@dataclass(frozen=True)
+class Assignees:
+    """Who a case may be assigned to (``names``); ``closed``: only they (the auth manager
+    lists its users), else any name, these offered."""
+
+    names: Sequence[str] = ()
+    closed: bool = False
+
+
 @dataclass
 class QueueView:
     """What the queue section shows, besides the cases themselves."""
@@ -90,6 +99,7 @@ class QueueView:
     write_behind_seconds: float = 30.0
     as_of: int = 0  # the newest case activity when drawn: "updated since" counts from it
     csrf: str = ""  # the page's token, carried by each form that posts
+    assignees: Assignees = field(default_factory=Assignees)
 
     def link(self, path: str = "/", leave_out: Sequence[str] = TRANSIENT, **extra: str) -> str:
         """``path`` under the app with the page's parameters (less ``leave_out``) and
@@ -198,10 +208,11 @@ def _filter_form(view: QueueView) -> str:
         for value, words in _SORT_WORDS.items()
     )
 
-    def box(name: str, label: str, size: int, placeholder: str) -> str:
+    def box(name: str, label: str, size: int, placeholder: str, listed: str = "") -> str:
+        offered = f' list="{listed}"' if listed else ""
         return (
             f'<label>{label} <input name="{name}" size="{size}" placeholder="{placeholder}" '
-            f'value="{escape(text.get(name, ""))}" data-testid="queue-{name}"></label>'
+            f'value="{escape(text.get(name, ""))}" data-testid="queue-{name}"{offered}></label>'
         )
 
     kept = hidden_inputs(view.params, (*CASE_FILTER_FIELDS, *CASE_PAGE_FIELDS, *TRANSIENT))
@@ -218,7 +229,8 @@ def _filter_form(view: QueueView) -> str:
         f"{''.join(statuses)}</select></label>"
         f'<label>Outcome <select name="case_outcome" data-testid="queue-case_outcome">'
         f"{''.join(outcomes)}</select></label>"
-        f"{box('case_assignee', 'Assignee', 12, f'a name, or {UNASSIGNED}')}"
+        f"{box('case_assignee', 'Assignee', 12, f'a name, or {UNASSIGNED}', 'queue-users')}"
+        f"{_datalist('queue-users', (*view.assignees.names, UNASSIGNED))}"
         f"{box('case_key', 'Key', 24, 'payerId=p-4041 or a value')}"
         f'<label>Order <select name="case_sort" data-testid="queue-case_sort">{sorts}'
         "</select></label>"
@@ -228,11 +240,57 @@ def _filter_form(view: QueueView) -> str:
     )
 
 
+def _datalist(list_id: str, names: Sequence[str]) -> str:
+    options = "".join(f'<option value="{escape(n)}"></option>' for n in names)
+    return f'<datalist id="{list_id}">{options}</datalist>'
+
+
+def assignee_field(view: QueueView, current: str | None) -> str:
+    """The assign form's field: a choice of the known users when the list is closed (the
+    current assignee, else the signed-in user, chosen), else a name with them offered."""
+    chosen = current or view.user
+    known = view.assignees
+    if known.closed:
+        names = list(known.names) + ([chosen] if chosen not in known.names else [])
+        options = "".join(
+            f'<option value="{escape(n)}"{" selected" if n == chosen else ""}>{escape(n)}</option>'
+            for n in names
+        )
+        return (
+            f'<select name="assignee" data-testid="assignee" aria-label="assignee">{options}'
+            "</select>"
+        )
+    return (
+        f'<input name="assignee" size="12" value="{escape(chosen)}" list="case-users" '
+        f'data-testid="assignee" aria-label="assignee">{_datalist("case-users", known.names)}'
+    )
+
+
 # The queue's orders as the form offers them.
 _SORT_WORDS = {
     CaseSort.NEWEST: "newest activity first",
+    CaseSort.OLDEST: "opened longest ago first",
+    CaseSort.AMOUNT: "largest payments total first",
+    CaseSort.ALERTS: "most alerts first",
     CaseSort.OUTCOME: "strongest outcome first",
 }
+
+
+def _sort_head(view: QueueView, sort: CaseSort, words: str, css: str = "", title: str = "") -> str:
+    """A column's head that orders the queue by it (a link, the first page; the other
+    parameters kept); the current order's head is marked, not a link."""
+    attrs = (f' class="{css}"' if css else "") + (f' title="{title}"' if title else "")
+    if view.query.sort is sort:
+        return (
+            f'<th{attrs} aria-sort="{"ascending" if sort is CaseSort.OLDEST else "descending"}" '
+            f'data-testid="queue-sorted-by" data-sort="{sort.value}">{words} '
+            f'<span class="muted">{"▲" if sort is CaseSort.OLDEST else "▼"}</span></th>'
+        )
+    href = view.link(leave_out=("case_before", *TRANSIENT), case_sort=sort.value)
+    return (
+        f'<th{attrs}><a href="{escape(href)}" data-testid="queue-sort-{sort.value}" '
+        f'title="{escape(_SORT_WORDS[sort])}">{words}</a></th>'
+    )
 
 
 def _verdict_options(chosen: Verdict | None = None) -> str:
@@ -286,11 +344,16 @@ def queue_section(page: CasePage | None, view: QueueView, error: str | None = No
     select_head = '<th><input type="checkbox" data-testid="select-all" ' if view.can_edit else ""
     if select_head:
         select_head += 'aria-label="select every case shown"></th>'
+    strongest = "the strongest outcome of its alerts"
     head = (
-        f'<thead><tr>{select_head}<th title="the strongest outcome of its alerts">outcome</th>'
+        f"<thead><tr>{select_head}"
+        f"{_sort_head(view, CaseSort.OUTCOME, 'outcome', title=strongest)}"
         "<th>case</th><th>rules (alerts)</th>"
-        '<th class="figure">payments</th><th class="figure">alerts</th><th>first alert</th>'
-        "<th>latest alert</th><th>assignee</th><th>status</th></tr></thead>"
+        f"{_sort_head(view, CaseSort.AMOUNT, 'payments', 'figure')}"
+        f"{_sort_head(view, CaseSort.ALERTS, 'alerts', 'figure')}"
+        f"{_sort_head(view, CaseSort.OLDEST, 'first alert')}"
+        f"{_sort_head(view, CaseSort.NEWEST, 'latest alert')}"
+        "<th>assignee</th><th>status</th></tr></thead>"
     )
     rows = queue_rows(page.cases, view)
     rows_url = view.link("/cases/rows")
@@ -444,9 +507,8 @@ def _case_actions(view: CaseView) -> str:
         f'<form class="inline" method="post" action="{path}/assign" '
         f'data-progress="Assigning the case…" data-testid="assign-form">{back}'
         '<input type="hidden" name="return_to" value="case">'
-        f'<input name="assignee" size="12" value="{escape(case.assignee or queue.user)}" '
-        'data-testid="assignee"> <button type="submit" data-testid="assign-submit">Assign'
-        "</button></form>"
+        f'{assignee_field(queue, case.assignee)} <button type="submit" '
+        'data-testid="assign-submit">Assign</button></form>'
     )
     if case.status.value == "closed":
         reopen = (

@@ -238,6 +238,15 @@ def test_a_case_opens_to_its_alerts_payments_and_history() -> None:
     assert 'data-testid="outcome">BLOCK</span>' in first
     second = alerts.split('data-alert-id="a-2"')[1].split("</tr>")[0]
     assert 'data-testid="outcome">ALERT</span>' in second, "a row without one: ALERT"
+    # A row a payment, newest first; a payment's alerts in one row, in time order.
+    assert alerts.count('data-testid="case-payment-alerts"') == 2
+    view = _case_view()
+    view.alerts = [*view.alerts, {**view.alerts[0], "alertId": "a-3", "ruleId": 5}]
+    grouped = render_case(view).split('data-testid="case-alerts"')[1]
+    assert grouped.count('data-testid="case-payment-alerts"') == 2
+    row = grouped.split('data-tx="tx-a-1"')[1].split("</tr>")[0]
+    assert row.index('data-alert-id="a-1"') < row.index('data-alert-id="a-3"')
+    assert 'data-testid="payment-outcome">BLOCK</span>' in row
     # Each alert explained on this page, with the queue's URL kept.
     assert 'href="/velocity/cases/c-1?rule=4&amp;case_status=all&amp;alert=a-1#explanation"' in html
     payment = html.split('data-testid="case-payment"')[1].split("</tr>")[0]
@@ -508,6 +517,24 @@ def test_an_analyst_works_the_queue_in_process(
         assert shown.count('data-testid="case-alert"') == 3
         assert shown.count("data-suppressed=1") == 1
         assert shown.count('data-testid="case-payment"') == 2
+        # A row a payment (t1 fired two rules: one row, two alerts), paged by payment.
+        assert shown.count('data-testid="case-payment-alerts"') == 2
+        t1 = shown.split('data-testid="case-payment-alerts" data-tx="t1"')[1].split("</tr>")[0]
+        assert t1.count('data-testid="case-alert"') == 2
+        first = client.get(f"/cases/{p1.case_id}", params={"rule": "4", "alerts_limit": "1"})
+        assert first.text.count('data-testid="case-payment-alerts"') == 1
+        older = re.search(r'href="([^"]+)" data-testid="case-alerts-older"', first.text)
+        assert older is not None and "alerts_limit=1" in older[1] and "rule=4" in older[1]
+        second = client.get(older[1].replace("&amp;", "&").removeprefix("/velocity")).text
+        assert second.count('data-testid="case-payment-alerts"') == 1
+        assert 'data-testid="case-alerts-older"' not in second
+        assert 'data-testid="case-alerts-newest"' in second
+        rows = [
+            re.findall(r'case-payment-alerts" data-tx="(\w+)"', t) for t in (first.text, second)
+        ]
+        assert sorted(rows[0] + rows[1]) == ["t1", "t2"]
+        bad = client.get(f"/cases/{p1.case_id}", params={"alerts_before": "x"}).text
+        assert "field &#x27;alerts_before&#x27;" in bad
         explained = client.get(f"/cases/{p1.case_id}", params={"alert": "a1"}).text
         assert 'id="explanation"' in explained
         assert client.get("/cases/nope").status_code == 404

@@ -118,6 +118,11 @@ def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, An
 
 
 def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
+    from velocity.analyst.payment_groups import (
+        parse_payment_cursor,
+        parse_payment_limit,
+        read_payment_page,
+    )
     from velocity.delta.case_store import CaseStore
     from velocity.delta.reader import case_alerts, case_payments
     from velocity.errors import UsageError
@@ -132,13 +137,24 @@ def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
     except UsageError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     shown = cases_html.CaseView(case=case, queue=view)
-    # The newest alerts the page lists, read alone (a case's older alerts are counted by
-    # the case itself): the page costs the same whatever the alerts table holds.
-    listed, shown.alerts_error = common.read(
-        "the case's alerts",
-        lambda: case_alerts(settings, case_id, newest=cases_html.CASE_ALERTS_SHOWN),
-    )
-    shown.alerts = listed or []
+    # The page's payments and their alerts, from the case's newest alerts read alone (more
+    # only as a page further down needs): the page costs the same whatever the alerts
+    # table holds.
+    try:
+        before_text = data.params.get("alerts_before", "").strip()
+        before = parse_payment_cursor(before_text) if before_text else None
+        limit = parse_payment_limit(data.params.get("alerts_limit", "").strip() or None)
+    except InvalidFilterError as exc:
+        shown.alerts_error = str(exc)
+    else:
+        page, shown.alerts_error = common.read(
+            "the case's alerts",
+            lambda: read_payment_page(
+                lambda n: case_alerts(settings, case_id, newest=n), before, limit
+            ),
+        )
+        shown.payment_page = page
+        shown.alerts = [a for g in page.payments for a in g.alerts] if page else []
     paid = {str(a["transactionId"]) for a in shown.alerts}
     times = {int(a["eventTime"]) for a in shown.alerts}
     payments, shown.payments_error = common.read(

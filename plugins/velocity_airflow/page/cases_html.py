@@ -32,7 +32,8 @@ from velocity.analyst.case_queue import (
     CaseQuery,
     CaseSort,
 )
-from velocity.analyst.cases import Case, CaseEvent, CaseEventKind
+from velocity.analyst.cases import Case, CaseEvent, CaseEventKind, strongest
+from velocity.analyst.payment_groups import PAYMENT_PAGE_FIELDS, PaymentPage, group_by_payment
 from velocity.analyst.reviews import NOTE_MAX, Review, Verdict
 from velocity.domain.rules import Outcome, Rule, rule_summary
 from velocity_airflow.page.alerts_html import time_text
@@ -45,10 +46,9 @@ from velocity_airflow.page.values_html import (
     token_input,
 )
 
-# A case page lists at most this many of its alerts, newest first.
-CASE_ALERTS_SHOWN = 200
-# Parameters of one view that another view's links leave out: an open explanation.
-TRANSIENT = ("alert",)
+# Parameters of one view that another view's links leave out: an open explanation, the
+# page of a case's alerts.
+TRANSIENT = ("alert", *PAYMENT_PAGE_FIELDS)
 
 STYLE = """
 .badge.rule { background: #edf2f7; color: #2d3748; white-space: nowrap; }
@@ -65,6 +65,7 @@ table.queue tr.focused { outline: 2px solid #3182ce; outline-offset: -2px; backg
 .keys { font-size: .8rem; } kbd { border: 1px solid #cbd5e0; border-radius: 3px;
   padding: 0 .25rem; font-size: .75rem; background: #f7fafc; }
 table.facts { width: auto; } table.facts th { text-align: right; }
+.alert-item { display: inline-block; margin: 0 .6rem .2rem 0; white-space: nowrap; }
 """
 
 _VERDICT_WORDS = {
@@ -383,9 +384,8 @@ class CaseView:
 
     case: Case
     queue: QueueView  # the queue's parameters: every link and form goes back to them
-    alerts: Sequence[
-        Mapping[str, Any]
-    ] = ()  # its newest alerts (``CASE_ALERTS_SHOWN``), oldest first
+    alerts: Sequence[Mapping[str, Any]] = ()  # the alerts listed, in time order
+    payment_page: PaymentPage | None = None  # the alerts listed, a group a payment
     alerts_error: str | None = None
     payments: Sequence[Mapping[str, Any]] = ()
     payments_error: str | None = None
@@ -422,55 +422,96 @@ def _history(case: Case, now_ms: int) -> str:
     )
 
 
-def _alert_rows(view: CaseView) -> str:
+def _alert_item(view: CaseView, alert: Mapping[str, Any]) -> str:
+    """One alert of a payment's row: its rule as a badge with its outcome, what it
+    measured, explain and its review (``data-testid="case-alert"``)."""
     queue = view.queue
-    shown = list(reversed(view.alerts))[:CASE_ALERTS_SHOWN]
-    rows = []
-    for alert in shown:
-        alert_id = str(alert["alertId"])
-        rule = queue.rule_versions.get((alert.get("ruleId"), alert.get("ruleVersion")))  # type: ignore[arg-type]
-        order = rule.grouping_keys if rule is not None else ()
-        key = alert.get("key")
-        suppressed = (
-            ' <span class="badge suppressed" data-testid="suppressed-badge" title="its rule&#39;s '
-            'cooldown suppressed it: recorded, not published">suppressed</span>'
-            if alert.get("suppressed")
-            else ""
-        )
-        review = view.reviews.get(alert_id)
-        verdict = (
-            f'<span class="verdict-{review.verdict.value}">{escape(review.verdict.words)}</span>'
-            if review is not None
-            else ""
-        )
-        explain = queue.link(
-            f"/cases/{quote(view.case.case_id, safe='')}", leave_out=TRANSIENT, alert=alert_id
-        )
-        rows.append(
-            f'<tr data-testid="case-alert" data-alert-id="{escape(alert_id)}" '
-            f'data-rule="{escape(str(alert.get("ruleId")))}"'
-            f"{' data-suppressed=1' if alert.get('suppressed') else ''}>"
-            f"<td>{time_ago(alert.get('decisionTime'), queue.now_ms)}</td>"
-            f"<td>{escape(str(alert.get('kind')))}{suppressed}</td>"
-            f"<td>{outcome_badge(alert.get('outcome') or Outcome.ALERT.value)}</td>"
-            f"<td>{escape(str(alert.get('ruleId')))} v{escape(str(alert.get('ruleVersion')))}"
-            f'<span class="rule-text">{escape(rule_summary(rule) if rule else "")}</span></td>'
-            f"<td>{key_html(key, order) if isinstance(key, Mapping) else escape(str(key))}</td>"
-            f"<td>{escape(str(alert.get('aggregateValue')))} "
-            f"{escape(str(alert.get('limitOperatorType')))} {escape(str(alert.get('limit')))}</td>"
-            f"<td>{escape(str(alert.get('transactionId')))}</td>"
-            f"<td>{time_text(alert.get('eventTime'))}</td>"
-            f'<td><a href="{escape(explain)}#explanation" data-testid="case-explain">explain</a>'
-            f"</td><td>{verdict}</td></tr>"
-        )
-    # The page reads only the newest alerts it lists: the case counts the rest.
-    more = max(len(view.alerts), view.case.alerts) - len(shown)
-    more_text = f'<p class="muted">… and {more} older alerts not listed.</p>' if more > 0 else ""
+    alert_id = str(alert["alertId"])
+    rule = queue.rule_versions.get((alert.get("ruleId"), alert.get("ruleVersion")))  # type: ignore[arg-type]
+    suppressed = (
+        ' <span class="badge suppressed" data-testid="suppressed-badge" title="its rule&#39;s '
+        'cooldown suppressed it: recorded, not published">suppressed</span>'
+        if alert.get("suppressed")
+        else ""
+    )
+    review = view.reviews.get(alert_id)
+    verdict = (
+        f' <span class="verdict-{review.verdict.value}">{escape(review.verdict.words)}</span>'
+        if review is not None
+        else ""
+    )
+    kept = {k: v for k, v in queue.params.items() if k in PAYMENT_PAGE_FIELDS}
+    explain = queue.link(
+        f"/cases/{quote(view.case.case_id, safe='')}", leave_out=TRANSIENT, alert=alert_id, **kept
+    )
+    measured = (
+        f"{alert.get('aggregateValue')} {alert.get('limitOperatorType')} {alert.get('limit')}"
+    )
+    kind = str(alert.get("kind"))
+    kind_html = "" if kind == "ALERT" else f' <span class="muted">{escape(kind)}</span>'
+    title = f"{kind}, decided {time_text(alert.get('decisionTime'))} UTC: {measured}"
+    if rule is not None:
+        title += f" ({rule_summary(rule)})"
     return (
-        '<table data-testid="case-alerts"><thead><tr><th>decided</th><th>kind</th>'
-        "<th>outcome</th><th>rule</th>"
-        "<th>key</th><th>aggregate</th><th>transaction</th><th>event time (UTC)</th><th></th>"
-        f"<th>review</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{more_text}"
+        f'<span class="alert-item" data-testid="case-alert" data-alert-id="{escape(alert_id)}" '
+        f'data-rule="{escape(str(alert.get("ruleId")))}"'
+        f"{' data-suppressed=1' if alert.get('suppressed') else ''}>"
+        f'<span class="badge rule" title="{escape(title)}">{escape(str(alert.get("ruleId")))} '
+        f"v{escape(str(alert.get('ruleVersion')))}</span> "
+        f"{outcome_badge(alert.get('outcome') or Outcome.ALERT.value)}"
+        f"{kind_html}"
+        f'{suppressed} <span class="muted">{escape(measured)}</span> '
+        f'<a href="{escape(explain)}#explanation" data-testid="case-explain">explain</a>'
+        f"{verdict}</span>"
+    )
+
+
+def _alert_rows(view: CaseView) -> str:
+    """The case's alerts, a row a payment (newest payment first), its alerts in time
+    order; paged by payment."""
+    queue = view.queue
+    page = view.payment_page
+    groups = list(page.payments) if page is not None else group_by_payment(view.alerts)[::-1]
+    amounts = {str(p["transactionId"]): p.get("paymentAmount") for p in view.payments}
+    rows = []
+    for group in groups:
+        first = group.alerts[0]
+        key = first.get("key")
+        rule = queue.rule_versions.get((first.get("ruleId"), first.get("ruleVersion")))  # type: ignore[arg-type]
+        order = rule.grouping_keys if rule is not None else ()
+        outcome = strongest(
+            Outcome(str(a.get("outcome") or Outcome.ALERT.value)) for a in group.alerts
+        )
+        amount = amounts.get(group.transaction_id)
+        rows.append(
+            f'<tr data-testid="case-payment-alerts" data-tx="{escape(group.transaction_id)}">'
+            f"<td>{time_text(group.event_time)}</td>"
+            f"<td>{escape(group.transaction_id)}</td>"
+            f'<td class="figure">{"" if amount is None else number_text(amount)}</td>'
+            f"<td>{outcome_badge(outcome.value, 'payment-outcome')}</td>"
+            f"<td>{key_html(key, order) if isinstance(key, Mapping) else escape(str(key))}</td>"
+            f'<td class="rules">{" ".join(_alert_item(view, a) for a in group.alerts)}</td>'
+            f"<td>{time_ago(group.alerts[-1].get('decisionTime'), queue.now_ms)}</td></tr>"
+        )
+    path = f"/cases/{quote(view.case.case_id, safe='')}"
+    size = {k: v for k, v in queue.params.items() if k == "alerts_limit"}
+    links = []
+    if queue.params.get("alerts_before"):
+        newest = queue.link(path, **size)
+        links.append(
+            f'<a href="{escape(newest)}" data-testid="case-alerts-newest">newest payments</a>'
+        )
+    if page is not None and page.older is not None:
+        older = queue.link(path, alerts_before=page.older.text(), **size)
+        links.append(
+            f'<a href="{escape(older)}" data-testid="case-alerts-older">older payments →</a>'
+        )
+    paging = f'<p class="paging">{" ".join(links)}</p>' if links else ""
+    return (
+        '<table data-testid="case-alerts"><thead><tr><th>event time (UTC)</th>'
+        '<th>transaction</th><th class="figure">amount</th><th>outcome</th><th>key</th>'
+        "<th>alerts (rule, outcome, value, explain, review), in time order</th>"
+        f"<th>decided</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{paging}"
     )
 
 
@@ -567,8 +608,9 @@ def case_section(view: CaseView) -> str:
         f'data-status="{case.status.value}">Case {key_html(case.key)}</h1>'
         f'<p class="muted">case <code>{escape(case.case_id)}</code></p>'
         f"{view.explanation_html}{facts}{_case_actions(view)}"
-        f'<h2>Alerts</h2><p class="muted">Notified and suppressed, every rule, newest first, '
-        f"as the stream wrote them to Delta (up to {queue.write_behind_seconds:g} s behind "
+        f'<h2>Alerts</h2><p class="muted">Notified and suppressed, every rule, a row a '
+        "payment, newest payment first, its alerts in time order, as the stream wrote them "
+        f"to Delta (up to {queue.write_behind_seconds:g} s behind "
         "the alert stream).</p>"
         f"{alerts}<h2>Payments</h2>{_payments(view)}<h2>History</h2>"
         f"{_history(case, queue.now_ms)}"

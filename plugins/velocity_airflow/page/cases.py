@@ -222,11 +222,12 @@ def case_page(case_id: str, request: Request, user: access.User) -> HTMLResponse
 
 @router.get("/api/cases")
 def cases_json(request: Request) -> dict[str, Any]:
-    """A page of the queue, newest activity first: ``case_rule``, ``case_status`` (open,
+    """A page of the queue in ``case_sort``'s order (newest, oldest, amount, alerts,
+    outcome; empty: newest activity first): ``case_rule``, ``case_status`` (open,
     assigned, closed, all; empty: not closed), ``case_assignee`` (a name, or none),
-    ``case_key``, ``case_limit`` (default 50, at most 200), ``case_before`` (the ``older``
-    of the previous page). Each case as `velocity cases list --json` prints it; 400 names a
-    bad field."""
+    ``case_key``, ``case_outcome``, ``case_limit`` (default 50, at most 200),
+    ``case_before`` (the ``older`` of the previous page, in the same order). Each case
+    as `velocity cases list --json` prints it; 400 names a bad field."""
     from velocity.analyst.case_queue import parse_case_query, queue_page
     from velocity.delta.reader import rule_history
 

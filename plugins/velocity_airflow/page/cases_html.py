@@ -3,8 +3,10 @@ everything shown is escaped).
 
 The queue: one compact row per case (its strongest outcome, its key, its rules as badges
 with their alert counts, the sum of its payments, its first and latest alert, assignee,
-status), newest activity first or strongest outcome first, filtered and paged on the
-server (``velocity.analyst.case_queue``). Every link
+status), in the order asked for (newest activity, oldest open, payments' total, alert
+count, strongest outcome: the filter's choice or a column's head), filtered and paged on
+the server (``velocity.analyst.case_queue``). A case's alerts: a row a payment, paged by
+payment (``velocity.analyst.payment_groups``); its assignee chosen from the known users. Every link
 and form keeps the page's URL parameters, so a filter, a page or the alerts' filter
 survive every action. An editor selects cases to close them together, and works the
 queue from the keyboard (``QUEUE_SCRIPT``): j/k move, x selects, o (or Enter) opens, c

@@ -18,9 +18,10 @@ from deltalake import write_deltalake
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from tests.builders import alert_row
+from velocity.analyst.reviews import Verdict
 from velocity.delta import tables
 from velocity.delta.case_store import CaseStore
-from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS
+from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
 from velocity.delta.review_store import ReviewStore
 from velocity.settings import Settings
 
@@ -274,3 +275,202 @@ def test_the_cli_takes_a_case_s_short_id_prints_iso_times_and_alerts_in_time_ord
     assert unknown.returncode == 2 and "no case id starts with 'zzzz'" in unknown.stderr
     closed = cases(settings.data_dir, "close", p2_id[: unique + 4], "false positive")
     assert closed.returncode == 0 and closed.stdout.startswith(p2_id), closed.stderr
+
+
+def test_a_close_is_one_commit_that_carries_the_reviews_of_its_alerts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing writes the verdict and the reviews of every alert of the case in the alerts
+    table in one commit to case_events (its ``closed`` row lists them): a commit that
+    fails leaves the case open and nothing reviewed; one that lands, the case closed and
+    every such alert reviewed, later than any review before. An alert still written
+    behind is reported as such, not as reviewed, and is reviewed as it lands."""
+    from deltalake import DeltaTable
+
+    from velocity.analyst.reviews import AlertRef
+    from velocity.delta import small_tables
+
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    reviews = ReviewStore(settings.table_path(ALERT_REVIEWS))
+    landed, landed_events = group([("a1", 4, "t1", "p1"), ("a2", 5, "t2", "p1")])
+    gathered = store.gather_alerts(landed, landed_events, 1)
+    write_deltalake(str(settings.table_path(ALERTS)), gathered)
+    # a2 reviewed alone first, by a clock an hour ahead: the close's review still counts.
+    ahead = NOW + 3_600_000 * 24 * 365 * 10
+    reviews.record("a2", AlertRef.of(gathered.to_pylist()[1]), "needs review", "", "bo", ahead)
+    late, late_events = group([("a3", 4, "t3", "p1")])
+    still_spooled = store.gather_alerts(late, late_events, 2)  # joined; its row not landed
+    (case_id,) = {c for c in still_spooled["caseId"].to_pylist()}
+    events_path = str(settings.table_path(CASE_EVENTS))
+    version = DeltaTable(events_path).version()
+
+    real_write = small_tables.write_deltalake
+
+    def disk_gone(*args: object, **kwargs: object) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(small_tables, "write_deltalake", disk_gone)
+    with pytest.raises(OSError, match="disk gone"):
+        store.close(case_id, "confirmed fraud", "mule", "ana")
+    monkeypatch.setattr(small_tables, "write_deltalake", real_write)
+    assert store.case(case_id).status.value == "open"
+    assert {a: r.verdict.value for a, r in reviews.latest().items()} == {"a2": "NEEDS_REVIEW"}
+    assert DeltaTable(events_path).version() == version
+
+    reviews_version = DeltaTable(str(reviews.path)).version()
+    closed = store.close(case_id, "confirmed fraud", " mule ", "ana")
+    assert DeltaTable(events_path).version() == version + 1, "one commit"
+    assert DeltaTable(str(reviews.path)).version() == reviews_version, "none to alert_reviews"
+    assert (closed.status.value, closed.alerts, closed.reviewed, closed.being_written) == (
+        "closed", 3, 2, 1,
+    )  # fmt: skip
+    latest = reviews.latest()
+    assert {a: (r.verdict.value, r.note, r.who) for a, r in latest.items()} == {
+        "a1": ("CONFIRMED_FRAUD", "mule", "ana"),
+        "a2": ("CONFIRMED_FRAUD", "mule", "ana"),
+    }
+    assert latest["a2"].when == ahead + 1
+    counted = {v: {k: n for k, n in found.items() if n} for v, found in reviews.verdicts().items()}
+    assert counted == {(4, 1): {Verdict.CONFIRMED_FRAUD: 1}, (5, 1): {Verdict.CONFIRMED_FRAUD: 1}}
+    assert len(reviews.all()) == 3, "a2's own review is kept in its history"
+
+    # The write-behind appends a3 and reviews it with the case's verdict.
+    write_deltalake(str(settings.table_path(ALERTS)), still_spooled, mode="append")
+    assert store.review_late_alerts(still_spooled) == 1
+    assert reviews.latest()["a3"].verdict is Verdict.CONFIRMED_FRAUD
+    exported = subprocess.run(
+        [VELOCITY, "reviews", "export"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VELOCITY_DATA_DIR": str(settings.data_dir)},
+        timeout=120,
+        check=True,
+    )
+    assert sorted(json.loads(x)["alertId"] for x in exported.stdout.splitlines()) == [
+        "a1", "a2", "a3",
+    ]  # fmt: skip
+
+    # `velocity cases close` says what it reviewed and what is still being written.
+    more, more_events = group([("b1", 4, "u1", "p2")])
+    write_deltalake(
+        str(settings.table_path(ALERTS)), store.gather_alerts(more, more_events, 3), mode="append"
+    )
+    spooled, spooled_events = group([("b2", 4, "u2", "p2"), ("b3", 7, "u3", "p2")])
+    p2 = store.gather_alerts(spooled, spooled_events, 4)["caseId"][0].as_py()
+    said = cases(settings.data_dir, "close", p2, "false positive", "--who", "bo")
+    assert said.returncode == 0, said.stderr
+    assert "1 alerts reviewed as false positive, 2 more being written" in said.stdout
+
+
+def test_alerts_that_land_while_a_close_commits_are_reviewed_by_the_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close read the case's alerts; then the write-behind appended a3 (which had
+    joined) and looked for closed cases before the close was in, finding none. The close
+    reviews a3 right after its commit."""
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    first, first_events = group([("a1", 4, "t1", "p1")])
+    write_deltalake(str(settings.table_path(ALERTS)), store.gather_alerts(first, first_events, 1))
+    late, late_events = group([("a3", 4, "t3", "p1")])
+    joined = store.gather_alerts(late, late_events, 2)
+    read_alerts = CaseStore._reviewable
+    flushed: list[int] = []
+
+    def then_the_flush_lands(self: CaseStore, case_id: str) -> list:
+        found = read_alerts(self, case_id)
+        if not flushed:
+            write_deltalake(str(settings.table_path(ALERTS)), joined, mode="append")
+            flushed.append(store.review_late_alerts(joined))
+        return found
+
+    monkeypatch.setattr(CaseStore, "_reviewable", then_the_flush_lands)
+    closed = store.close(joined["caseId"][0].as_py(), "false positive", None, "ana")
+    assert flushed == [0], "the flush found the case open"
+    assert (closed.reviewed, closed.being_written) == (2, 0)
+    latest = ReviewStore(settings.table_path(ALERT_REVIEWS)).latest()
+    assert {a: r.verdict for a, r in latest.items()} == {
+        "a1": Verdict.FALSE_POSITIVE, "a3": Verdict.FALSE_POSITIVE,
+    }  # fmt: skip
+
+
+def test_a_backfill_s_amendments_open_join_and_are_noted_in_cases_once(tmp_path: Path) -> None:
+    """A backfill's corrections take the open case of their payer (p1), or open one (p2);
+    its retraction of a1 is noted in a1's case, whose alert list shows it and marks a1
+    retracted. Recording them again (a recovery after a crash) writes nothing; a
+    correction whose case someone closed after it was assigned (p3) is reviewed with the
+    case's verdict; a close reviews corrections, never a retraction."""
+    from velocity.delta.reader import case_alerts
+
+    settings = Settings(data_dir=tmp_path / "data")
+    store = CaseStore(settings)
+    streamed, streamed_events = group([("a1", 4, "t1", "p1"), ("a9", 4, "t9", "p3")])
+    gathered = store.gather_alerts(streamed, streamed_events, 1)
+    write_deltalake(str(settings.table_path(ALERTS)), gathered)
+    case_of = dict(
+        zip(gathered["alertId"].to_pylist(), gathered["caseId"].to_pylist(), strict=True)
+    )
+    p1, p3 = case_of["a1"], case_of["a9"]
+
+    decided = NOW + 60_000
+    a1_time = {"eventTime": NOW - 5}  # an amendment repeats its decision's payment time
+    rows = [
+        {**alert_row("r1", (4, 1), decided, "RETRACTION", "t1"), "caseId": p1, **a1_time},
+        {**alert_row("c1", (4, 1), decided + 1, "CORRECTION", "t1"), "caseId": None, **a1_time},
+        {
+            **alert_row("c2", (5, 1), decided + 1, "CORRECTION", "t2"),
+            "caseId": None,
+            "outcome": "BLOCK",
+        },
+        {**alert_row("c3", (4, 1), decided + 1, "CORRECTION", "t3"), "caseId": None},
+    ]
+    amendments = pa.Table.from_pylist(rows, ALERT_ARROW)
+    payments = pa.table(
+        {
+            "transactionId": ["t1", "t2", "t3"],
+            "payerId": ["p1", "p2", "p3"],
+            "paymentAmount": pa.array(["100.5", "7", "3"]).cast(pa.decimal128(26, 8)),
+        }
+    )
+    corrections = amendments.filter(pa.compute.equal(amendments["kind"], "CORRECTION"))
+    assigned = store.assign_backfill(corrections, payments)
+    assert assigned["c1"] == p1 and assigned["c3"] == p3 and assigned["c2"] not in (p1, p3)
+    given = zip(amendments["alertId"].to_pylist(), amendments["caseId"].to_pylist(), strict=True)
+    ids = [assigned.get(a, c) for a, c in given]
+    amendments = amendments.set_column(
+        amendments.schema.get_field_index("caseId"), "caseId", pa.array(ids, pa.string())
+    )
+    write_deltalake(str(settings.table_path(ALERTS)), amendments, mode="append")
+    store.close(p3, "confirmed fraud", "ring", "ana")  # after the assignment
+
+    # t1 is in p1's case already (a1): its amount is not counted twice.
+    assert store.record_backfill(amendments, payments, {(p1, "t1")}) == 4
+    assert store.record_backfill(amendments, payments, {(p1, "t1")}) == 0, "once"
+    cases_now = store.cases()
+    assert [(e.event.value, e.who) for e in cases_now[p1].history] == [
+        ("opened", "velocity-stream"), ("joined", "velocity-backfill"),
+        ("retracted", "velocity-backfill"),
+    ]  # fmt: skip
+    assert (cases_now[p1].alerts, str(cases_now[p1].amount)) == (2, "100.5")
+    p2 = cases_now[assigned["c2"]]
+    assert (p2.key, p2.alerts, p2.outcome.value, p2.history[0].who) == (
+        {"payerId": "p2"}, 1, "BLOCK", "velocity-backfill",
+    )  # fmt: skip
+    from deltalake import DeltaTable
+
+    in_cases = DeltaTable(str(settings.table_path(CASES))).to_pyarrow_table()
+    assert assigned["c2"] in in_cases["caseId"].to_pylist()
+    reviews = ReviewStore(settings.table_path(ALERT_REVIEWS))
+    assert reviews.latest()["c3"].note == "ring"  # reviewed as its case's close would have
+
+    listed = case_alerts(settings, p1)
+    assert [(a["alertId"], a["kind"], a.get("retracted", False)) for a in listed] == [
+        ("a1", "ALERT", True), ("c1", "CORRECTION", False), ("r1", "RETRACTION", False),
+    ]  # fmt: skip
+    shown = cases(settings.data_dir, "show", p1)
+    assert " retraction r1 " in shown.stdout and "a1 ALERT rule 4" in shown.stdout
+    assert "(retracted)" in next(line for line in shown.stdout.splitlines() if " a1 " in line)
+    closed = store.close(p1, "false positive", None, "bo")
+    assert (closed.reviewed, closed.being_written) == (2, 0)
+    assert "r1" not in reviews.latest()

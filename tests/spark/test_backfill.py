@@ -16,8 +16,11 @@ from pyspark.sql import functions as F
 
 from tests.builders import generated_in_arrival_order
 from tests.spark.streaming import run_available_now
+from velocity.analyst.cases import CaseEventKind, CaseStatus, case_key_text
 from velocity.delta import tables
+from velocity.delta.case_store import CaseStore
 from velocity.delta.live import LiveState, LiveTables
+from velocity.delta.reader import case_alerts
 from velocity.domain.rules import Rule, RuleState, StateChange, parse_rules
 from velocity.errors import UsageError
 from velocity.generate import GenerateOptions
@@ -39,14 +42,25 @@ def effective_alerts(spark, settings: Settings) -> dict[tuple[int, str], int]:
     return {pair: n for pair, n in net.items() if n}
 
 
+@pytest.mark.timeout(300)
 def test_backfill_makes_the_stream_equal_the_complete_data_result(
     spark, data_settings: Settings, late_events: Path, late_complete: Complete
 ) -> None:
+    """And its amendments reach the cases as the stream's alerts do (SPEC §4a): see
+    ``assert_amendments_are_in_cases``."""
     job, complete = stream_sample_rules(spark, data_settings, late_events), late_complete
     live = LiveTables.of(data_settings)
     assert tables.read_table(spark, live.late_events).count() > 0
     before = effective_alerts(spark, data_settings)
     assert set(before) != set(complete), "late events must make the stream differ"
+    # Every other case of the stream closed: the corrections of those keys open new cases.
+    job.flush()
+    store = CaseStore(data_settings)
+    streamed = {c.case_id: c.case_key for c in store.cases().values()}
+    closed = sorted(streamed)[::2]
+    for case_id in closed:
+        store.close(case_id, "false positive", None, "ana")
+    open_before = {k: c for c, k in streamed.items() if c not in closed}
 
     backfill = Backfill(spark, data_settings)
     pending = backfill.pending_late_range()
@@ -89,11 +103,82 @@ def test_backfill_makes_the_stream_equal_the_complete_data_result(
     for amendment in [*amendments, *published]:
         assert amendment["outcome"] == outcomes.get(amendment["ruleId"], "ALERT"), amendment
 
+    assert_amendments_are_in_cases(spark, data_settings, streamed, open_before, closed)
+
     # Covered: nothing pending, and a rerun of the same range amends nothing.
     assert backfill.pending_late_range() is None
+    case_events = len(store.events())
     again = backfill.run(from_ms, to_ms)
     assert (again.corrections, again.retractions, again.republished) == (0, 0, 0)
     assert effective_alerts(spark, data_settings) == after
+    assert len(store.events()) == case_events, "nothing new for the cases either"
+
+
+def assert_amendments_are_in_cases(
+    spark,
+    settings: Settings,
+    streamed: dict[str, str],
+    open_before: dict[str, str],
+    closed: list[str],
+) -> None:
+    """After a backfill: each CORRECTION (a new alert, or a value corrected) joined the
+    open case of its payment's payerId (``open_before``, by case key) or, the key having
+    none, opened a new one (by the backfill); each RETRACTION is in the case of the record
+    it retracts, whose alert list shows it beside that record, marked retracted; each
+    case counts its alerts in the table (retractions aside) and its payments' amount (each
+    once); the ``closed`` stay so."""
+    rows = [r.asDict() for r in tables.read_table(spark, LiveTables.of(settings).alerts).collect()]
+    payments = tables.read_table(spark, LiveTables.of(settings).events).collect()
+    payer_of = {r["transactionId"]: r["payerId"] for r in payments}
+    amount_of = {r["transactionId"]: r["paymentAmount"] for r in payments}
+    cases = CaseStore(settings).cases()
+    stream_fired = {(r["ruleId"], r["ruleVersion"], r["transactionId"]) for r in rows
+                    if r["kind"] == "ALERT"}  # fmt: skip
+    joined, opened, new_alerts = set(), set(), 0
+    for row in (r for r in rows if r["kind"] == "CORRECTION"):
+        key = case_key_text("payerId", payer_of[row["transactionId"]])
+        case = cases[row["caseId"]]
+        assert case.case_key == key, row
+        if key in open_before:
+            assert row["caseId"] == open_before[key], row
+            joined.add(row["caseId"])
+        else:
+            assert row["caseId"] not in streamed and case.history[0].who == "velocity-backfill"
+            opened.add(row["caseId"])
+        new_alerts += (row["ruleId"], row["ruleVersion"], row["transactionId"]) not in stream_fired
+    assert joined and opened and new_alerts, (joined, opened, new_alerts)
+
+    fired: dict[tuple[int, int, str], list[dict]] = {}
+    for r in rows:
+        if r["kind"] != "RETRACTION":
+            fired.setdefault((r["ruleId"], r["ruleVersion"], r["transactionId"]), []).append(r)
+    retractions: dict[str, list[tuple[dict, dict]]] = {}
+    for retraction in (r for r in rows if r["kind"] == "RETRACTION"):
+        decision = (retraction["ruleId"], retraction["ruleVersion"], retraction["transactionId"])
+        taken_back = max(
+            (r for r in fired[decision] if r["decisionTime"] < retraction["decisionTime"]),
+            key=lambda r: r["decisionTime"],
+        )
+        assert retraction["caseId"] == taken_back["caseId"] is not None
+        retractions.setdefault(retraction["caseId"], []).append((retraction, taken_back))
+    assert retractions
+    for case_id, pairs in retractions.items():
+        assert any(e.event is CaseEventKind.RETRACTED for e in cases[case_id].history)
+        listed = {a["alertId"]: a for a in case_alerts(settings, case_id)}
+        for retraction, taken_back in pairs:
+            assert listed[retraction["alertId"]]["kind"] == "RETRACTION"
+            assert listed[taken_back["alertId"]]["retracted"] is True
+
+    in_table = Counter(r["caseId"] for r in rows if r["kind"] != "RETRACTION")
+    assert {c.case_id: c.alerts for c in cases.values()} == dict(in_table)
+    paid: dict[str, set[str]] = {}
+    for row in (r for r in rows if r["kind"] != "RETRACTION"):
+        paid.setdefault(row["caseId"], set()).add(row["transactionId"])
+    # A payment counts once in its case's amount, however many of its alerts joined.
+    assert {c.case_id: c.amount for c in cases.values()} == {
+        case_id: sum(amount_of[tx] for tx in txs) for case_id, txs in paid.items()
+    }
+    assert all(cases[c].status is CaseStatus.CLOSED for c in closed)
 
 
 def test_backfill_rejects_a_bad_range_and_unknown_rules(spark, data_settings: Settings) -> None:

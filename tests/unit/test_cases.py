@@ -9,15 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velocity.analyst.cases import (
+    BACKFILL_ACTOR,
     CaseAlert,
     CaseBook,
     CaseEvent,
     CaseEventKind,
     CaseStatus,
+    ClosedCase,
     InvalidCaseActionError,
     OpenCases,
+    alert_spans,
+    backfill_case_events,
     case_key_text,
     fold_cases,
+    mark_retracted,
     person_event,
     stream_case_events,
 )
@@ -84,6 +89,67 @@ def test_an_alert_after_the_close_opens_a_new_case_and_a_reopened_one_is_joined_
     assert folded[case.case_id].status is CaseStatus.ASSIGNED  # back to its assignee
     # Two open cases of one key: alerts join the newest.
     assert open_cases([*history, *after, reopened], [P1]) == {P1: after_of["a-2"]}
+
+
+def test_a_backfill_s_corrections_open_or_join_and_its_retractions_are_noted() -> None:
+    """A backfill's corrections are given their cases as stream alerts are; its events
+    open the cases not opened yet, join the others, and note its retractions in the case
+    of the alert each retracts, without counting them as the case's alerts."""
+    streamed, streamed_of = stream_case_events([alert(1, P1)], {}, 0, 50)
+    p1 = streamed_of["a-1"]
+    fixes = [alert(20, P1, tx="tx-1", outcome=Outcome.BLOCK), alert(21, P2, amount="7")]
+    _, case_of = stream_case_events(fixes, open_cases(streamed, [P1, P2]), None, 0, BACKFILL_ACTOR)
+    assert case_of["a-20"] == p1 and case_of["a-21"] != p1
+    joining = [(case_of[a.alert_id], a) for a in fixes]
+    # tx-1 is in p1's case already (a-1): its amount is not added again.
+    events = backfill_case_events(joining, [(p1, P1, 1_019)], {p1}, 60, {(p1, "tx-1")})
+    assert [(e.case_id, e.event, e.who, e.batch) for e in events] == [
+        (p1, CaseEventKind.JOINED, BACKFILL_ACTOR, None),
+        (case_of["a-21"], CaseEventKind.OPENED, BACKFILL_ACTOR, None),
+        (p1, CaseEventKind.RETRACTED, BACKFILL_ACTOR, None),
+    ]
+    cases = fold_cases([*streamed, *events])
+    # The payment tx-1 counts once; the retraction is in the history, not the count.
+    assert (cases[p1].alerts, cases[p1].amount, cases[p1].outcome) == (
+        2,
+        Decimal(10),
+        Outcome.BLOCK,
+    )
+    assert cases[p1].status is CaseStatus.OPEN and cases[p1].latest_activity_at == 60
+    assert cases[case_of["a-21"]].alerts == 1
+    # The case's rows lie in its stream group's decision times and the backfill's.
+    assert alert_spans(cases[p1]) == [(1_020, 1_020, 1), (1_019, 1_019, 1), (1_001, 1_001, 1)]
+    index = OpenCases()
+    index.add([*streamed, *events])
+    assert index.open_case_of([P2]) == {P2: case_of["a-21"]}, "the key's next alert joins it"
+    with pytest.raises(InvalidCaseActionError, match="stream's"):
+        person_event(cases[p1], CaseEventKind.RETRACTED, "bo", 70)
+
+
+def test_a_case_s_alert_list_marks_what_a_retraction_took_back() -> None:
+    def record(alert_id: str, kind: str, decided: int, tx: str = "t1") -> dict[str, object]:
+        return {"alertId": alert_id, "kind": kind, "ruleId": 4, "ruleVersion": 1,
+                "transactionId": tx, "decisionTime": decided}  # fmt: skip
+
+    listed = mark_retracted(
+        [
+            record("a1", "ALERT", 10),
+            record("r1", "RETRACTION", 50),
+            record("c1", "CORRECTION", 51),  # the corrected value, in effect
+            record("a2", "ALERT", 11, tx="t2"),
+        ]
+    )
+    assert [a.get("retracted", False) for a in listed] == [True, False, False, False]
+
+
+def test_a_closed_case_says_how_many_of_its_alerts_are_reviewed_and_being_written() -> None:
+    opened, case_of = stream_case_events([alert(1, P1), alert(2, P1), alert(3, P1)], {}, 0, 50)
+    case = fold_cases(opened)[case_of["a-1"]]
+    closed = ClosedCase.of(case, 2)
+    assert (closed.alerts, closed.reviewed, closed.being_written) == (3, 2, 1)
+    assert closed.case_id == case.case_id and closed.to_json() == case.to_json()
+    assert closed.reviewed_words() == "2 alerts reviewed, 1 being written (reviewed as they land)"
+    assert ClosedCase.of(case, 3).reviewed_words() == "3 alerts reviewed"
 
 
 def test_a_case_s_outcome_is_the_strongest_of_its_alerts_and_a_row_keeps_it() -> None:

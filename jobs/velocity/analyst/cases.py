@@ -3,12 +3,15 @@ Spark, Delta, Redis or Airflow; ``velocity.delta.case_store`` reads and writes t
 
 A case's whole life is its events, only ever appended (``CaseEvent``): ``opened`` and
 ``joined`` by the stream's write-behind (the alerts of a micro-batch group, with their
-count per rule and their payments' amount), ``assigned``, ``closed`` (with a verdict and a
-note) and ``reopened`` by people. What a case is now is the fold of its events
-(``fold_cases``): nothing else is stored, so every change is kept (who, when, what).
+count per rule and their payments' amount) and by a backfill (its corrections, alike),
+``retracted`` by a backfill (its retractions of alerts of the case), ``assigned``,
+``closed`` (with a verdict and a note) and ``reopened`` by people. What a case is now is
+the fold of its events (``fold_cases``): nothing else is stored, so every change is kept
+(who, when, what).
 
 - The first alert of a case key with no open case opens one; later alerts join it; an
-  alert of the key after its case closed opens a new one (``stream_case_events``).
+  alert of the key after its case closed opens a new one (``stream_case_events``; a
+  backfill's corrections are gathered the same way).
 - A case's id is deterministic in its key and its first alert, so a flush redone after a
   crash opens the same case.
 - A payment that fired several rules counts once in the case's amount.
@@ -19,9 +22,10 @@ note) and ``reopened`` by people. What a case is now is the fold of its events
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
@@ -34,6 +38,7 @@ from velocity.errors import InvalidFieldError, UsageError
 
 _CASE_NAMESPACE = uuid.UUID("5f1d7c2e-9a43-4c1b-8e0f-6b2d3a9c4e71")
 STREAM_ACTOR = "velocity-stream"
+BACKFILL_ACTOR = "velocity-backfill"
 
 
 class CaseStatus(StrEnum):
@@ -48,6 +53,9 @@ class CaseEventKind(StrEnum):
     ASSIGNED = "assigned"
     CLOSED = "closed"
     REOPENED = "reopened"
+    # A backfill retracted alerts of the case (``alerts``: how many; the span: the
+    # retractions' decision time). The case's alerts and status are unchanged.
+    RETRACTED = "retracted"
 
 
 class InvalidCaseActionError(InvalidFieldError):
@@ -69,12 +77,13 @@ class CaseEvent:
     assignee: str | None = None
     verdict: Verdict | None = None
     note: str | None = None
-    alerts: int = 0  # joined or opened with
+    alerts: int = 0  # joined or opened with (retracted: how many retractions)
     rule_counts: Mapping[int, int] = field(default_factory=dict)
     amount: Decimal = Decimal(0)
     first_alert_at: int | None = None  # decisionTime of the first of these alerts
     latest_alert_at: int | None = None
-    batch: int | None = None  # the write-behind group's last batch (None: a person's)
+    # The write-behind group's last batch; None for a person's and a backfill's.
+    batch: int | None = None
     # The strongest outcome of the alerts it opened or joined with (None: a person's, or
     # an event recorded before outcome existed, whose alerts were all ALERT).
     outcome: Outcome | None = None
@@ -165,6 +174,31 @@ class Case:
         return out
 
 
+@dataclass
+class ClosedCase(Case):
+    """A case as its close left it, and what the close reviewed (the figure to report,
+    not ``alerts``): ``reviewed``, its alerts whose reviews are committed to Delta (the
+    close's, in its one commit); ``being_written``, alerts that joined it but whose rows
+    the stream's write-behind has not appended yet (it reviews each with the case's
+    verdict as it appends it)."""
+
+    reviewed: int = 0
+    being_written: int = 0
+
+    @classmethod
+    def of(cls, case: Case, reviewed: int) -> ClosedCase:
+        fields = {f.name: getattr(case, f.name) for f in dataclasses.fields(Case)}
+        return cls(**fields, reviewed=reviewed, being_written=max(0, case.alerts - reviewed))
+
+    def reviewed_words(self) -> str:
+        """The figures in words: ``3 alerts reviewed``, then, when some are still being
+        written, ``, 2 being written (reviewed as they land)``."""
+        text = f"{self.reviewed} alerts reviewed"
+        if self.being_written:
+            text += f", {self.being_written} being written (reviewed as they land)"
+        return text
+
+
 def strongest(outcomes: Iterable[Outcome]) -> Outcome:
     """The strongest of ``outcomes`` (BLOCK > REVIEW > ALERT); ALERT of none."""
     return max(outcomes, key=lambda o: o.strength, default=Outcome.ALERT)
@@ -223,6 +257,27 @@ def resolve_case_id(given: str, cases: Mapping[str, Case], where: object) -> str
 ALERT_TIME_ORDER = ("eventTime", "ruleId", "ruleVersion", "transactionId", "alertId")
 
 
+def mark_retracted(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A case's alert records (SPEC §4 records, or rows) with each ALERT or CORRECTION that
+    a RETRACTION among them takes back (the same rule version and transaction, decided
+    later) marked ``"retracted": true``: a backfill retracted it, it is no longer in
+    effect, and the case lists the retraction beside it."""
+    retracted: dict[tuple[Any, Any, Any], int] = {}
+    for r in records:
+        if r.get("kind") == "RETRACTION":
+            decision = (r["ruleId"], r["ruleVersion"], r["transactionId"])
+            retracted[decision] = max(retracted.get(decision, r["decisionTime"]), r["decisionTime"])
+    out = []
+    for r in records:
+        decision = (r.get("ruleId"), r.get("ruleVersion"), r.get("transactionId"))
+        taken_back = retracted.get(decision)
+        fired = r.get("kind") != "RETRACTION"
+        if fired and taken_back is not None and r["decisionTime"] < taken_back:
+            r = {**r, "retracted": True}
+        out.append(r)
+    return out
+
+
 def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:
     """Every case as its events (any order) leave it; events apply by time, a case's
     stream events before people's at the same millisecond."""
@@ -231,8 +286,13 @@ def fold_cases(events: Iterable[CaseEvent]) -> dict[str, Case]:
     return book.cases
 
 
+# The kinds the stream's write-behind and a backfill write, never a person
+# (``person_event`` refuses them): at one millisecond they come before people's.
+_MACHINE_KINDS = frozenset({CaseEventKind.OPENED, CaseEventKind.JOINED, CaseEventKind.RETRACTED})
+
+
 def _event_order(e: CaseEvent) -> tuple[int, bool, str]:
-    return (e.at, e.batch is None, e.event.value)
+    return (e.at, e.event not in _MACHINE_KINDS, e.event.value)
 
 
 @dataclass
@@ -273,6 +333,8 @@ class CaseBook:
             case CaseEventKind.REOPENED:
                 case.verdict = None
                 case.status = CaseStatus.ASSIGNED if case.assignee else CaseStatus.OPEN
+            case CaseEventKind.RETRACTED:
+                pass  # in its history only: the alerts it retracted stay the case's
 
 
 @dataclass
@@ -343,10 +405,15 @@ class CaseAlert:
 
 
 def stream_case_events(
-    alerts: Sequence[CaseAlert], open_cases: Mapping[str, str], batch: int, now_ms: int
+    alerts: Sequence[CaseAlert],
+    open_cases: Mapping[str, str],
+    batch: int | None,
+    now_ms: int,
+    who: str = STREAM_ACTOR,
 ) -> tuple[list[CaseEvent], dict[str, str]]:
-    """The events by which a write-behind group's ``alerts`` open or join cases, given
-    each case key's open case before them; and the case of each alert (by alertId)."""
+    """The events by which a write-behind group's ``alerts`` (or a backfill's corrections:
+    ``batch`` None, ``who`` ``BACKFILL_ACTOR``) open or join cases, given each case key's
+    open case before them; and the case of each alert (by alertId)."""
     by_key: dict[str, list[CaseAlert]] = {}
     for alert in sorted(alerts, key=lambda a: (a.decision_time, a.alert_id)):
         by_key.setdefault(alert.case_key, []).append(alert)
@@ -354,29 +421,96 @@ def stream_case_events(
     for key, mine in by_key.items():
         existing = open_cases.get(key)
         chosen = existing or case_id(key, mine[0].alert_id)
-        counts: dict[int, int] = {}
-        paid: dict[str, Decimal] = {}
         for alert in mine:
-            counts[alert.rule_id] = counts.get(alert.rule_id, 0) + 1
-            paid.setdefault(alert.transaction_id, alert.amount or Decimal(0))
             case_of[alert.alert_id] = chosen
+        kind = CaseEventKind.JOINED if existing else CaseEventKind.OPENED
+        events.append(_gathering_event(chosen, key, kind, mine, now_ms, who, batch))
+    return events, case_of
+
+
+def backfill_case_events(
+    joining: Sequence[tuple[str, CaseAlert]],
+    retracted: Sequence[tuple[str, str, int]],
+    opened: Container[str],
+    now_ms: int,
+    counted: Container[tuple[str, str]] = (),
+) -> list[CaseEvent]:
+    """The events by which a backfill's amendments enter cases, each amendment given its
+    case already (a correction's chosen by ``stream_case_events``, as a stream alert's; a
+    retraction's: the case of the alert it retracts). ``joining``: (caseId, correction)
+    pairs; a case not in ``opened`` (the ids of the cases opened so far) is opened by
+    them, any other joined. ``retracted``: (caseId, caseKey, decisionTime) of each
+    retraction; one ``retracted`` event a case, its span the retractions' decision times.
+    ``counted``: (caseId, transactionId) of the payments a case has counted already (an
+    alert of it joined before): their amounts are not added again."""
+    by_case: dict[str, list[CaseAlert]] = {}
+    for chosen, alert in sorted(joining, key=lambda p: (p[1].decision_time, p[1].alert_id)):
+        by_case.setdefault(chosen, []).append(alert)
+    events = [
+        _gathering_event(
+            chosen,
+            mine[0].case_key,
+            CaseEventKind.JOINED if chosen in opened else CaseEventKind.OPENED,
+            mine,
+            now_ms,
+            BACKFILL_ACTOR,
+            None,
+            {a.transaction_id for a in mine if (chosen, a.transaction_id) in counted},
+        )
+        for chosen, mine in by_case.items()
+    ]
+    spans: dict[tuple[str, str], list[int]] = {}
+    for chosen, key, decided in retracted:
+        spans.setdefault((chosen, key), []).append(decided)
+    for (chosen, key), times in sorted(spans.items()):
         events.append(
             CaseEvent(
                 case_id=chosen,
                 case_key=key,
-                event=CaseEventKind.JOINED if existing else CaseEventKind.OPENED,
+                event=CaseEventKind.RETRACTED,
                 at=now_ms,
-                who=STREAM_ACTOR,
-                alerts=len(mine),
-                rule_counts=counts,
-                amount=sum(paid.values(), Decimal(0)),
-                first_alert_at=mine[0].decision_time,
-                latest_alert_at=mine[-1].decision_time,
-                batch=batch,
-                outcome=strongest(a.outcome for a in mine),
+                who=BACKFILL_ACTOR,
+                alerts=len(times),
+                first_alert_at=min(times),
+                latest_alert_at=max(times),
             )
         )
-    return events, case_of
+    return events
+
+
+def _gathering_event(
+    chosen: str,
+    key: str,
+    kind: CaseEventKind,
+    mine: Sequence[CaseAlert],
+    now_ms: int,
+    who: str,
+    batch: int | None,
+    counted: Container[str] = (),
+) -> CaseEvent:
+    """The ``opened`` or ``joined`` event of ``mine`` (in decision order) into ``chosen``:
+    their count per rule, their payments' amount (a payment once, and none the case has
+    ``counted`` already), their decision span and strongest outcome."""
+    counts: dict[int, int] = {}
+    paid: dict[str, Decimal] = {}
+    for alert in mine:
+        counts[alert.rule_id] = counts.get(alert.rule_id, 0) + 1
+        if alert.transaction_id not in counted:
+            paid.setdefault(alert.transaction_id, alert.amount or Decimal(0))
+    return CaseEvent(
+        case_id=chosen,
+        case_key=key,
+        event=kind,
+        at=now_ms,
+        who=who,
+        alerts=len(mine),
+        rule_counts=counts,
+        amount=sum(paid.values(), Decimal(0)),
+        first_alert_at=mine[0].decision_time,
+        latest_alert_at=mine[-1].decision_time,
+        batch=batch,
+        outcome=strongest(a.outcome for a in mine),
+    )
 
 
 def person_event(
@@ -430,12 +564,13 @@ def person_event(
 
 def alert_spans(case: Case) -> list[tuple[int, int, int]] | None:
     """(first, latest decisionTime, alerts) of each write-behind group's alerts that opened
-    or joined ``case``, newest first: its alerts' rows lie in the alerts table's data files
-    of those decision times. None when an event does not say (a table of an older
+    or joined ``case`` (and of a backfill's corrections that did, and its retractions of
+    the case's alerts), newest first: its alerts' rows lie in the alerts table's data
+    files of those decision times. None when an event does not say (a table of an older
     Velocity): then only a read of every file finds them."""
     spans = []
     for event in case.history:
-        if event.event not in (CaseEventKind.OPENED, CaseEventKind.JOINED):
+        if event.event not in _MACHINE_KINDS:
             continue
         if event.first_alert_at is None or event.latest_alert_at is None:
             return None

@@ -8,14 +8,20 @@ conditionally on the version they planned from (``small_tables.append_planned``)
 never joins alerts to a case that someone closed after it read the table, it reads again.
 A flush redone after a crash finds its own events (by its batch) and reuses them.
 
-Closing a case reviews each of its alerts with the case's verdict (one commit to the
-``alert_reviews`` table), so precision per rule version stays what reviews make it.
+A backfill's corrections open or join cases as the stream's alerts do
+(``assign_backfill``, then ``record_backfill`` once their rows are appended), and its
+retractions of alerts of a case are noted in that case.
+
+Closing a case reviews each of its alerts with the case's verdict in the close's one
+commit: its ``closed`` row lists the alerts it reviewed (``review_store.CLOSE_REVIEWS``),
+so precision per rule version stays what reviews make it and no crash leaves a case
+closed with its alerts unreviewed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,25 +34,33 @@ from deltalake import DeltaTable
 from velocity.analyst.case_queue import CaseCursor, CaseSort
 from velocity.analyst.cases import (
     ALERT_TIME_ORDER,
+    BACKFILL_ACTOR,
     Case,
     CaseAlert,
     CaseBook,
     CaseEvent,
     CaseEventKind,
     CaseStatus,
+    ClosedCase,
     OpenCases,
     alert_spans,
+    backfill_case_events,
     case_key_text,
     fold_cases,
     person_event,
     resolve_case_id,
     stream_case_events,
 )
-from velocity.analyst.reviews import AlertRef
+from velocity.analyst.reviews import AlertRef, make_review
 from velocity.delta.alert_files import pruned_dataset
 from velocity.delta.file_folds import FOLDS_LOCK, current_table, folded
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
-from velocity.delta.review_store import ReviewStore
+from velocity.delta.review_store import (
+    CLOSE_REVIEWS,
+    ReviewStore,
+    close_note,
+    close_reviews_text,
+)
 from velocity.delta.small_tables import (
     append_planned,
     create_if_missing,
@@ -79,6 +93,9 @@ CASE_EVENT_ARROW_SCHEMA = pa.schema(
         # The strongest outcome of the alerts the event brought (ALERT, REVIEW, BLOCK);
         # null for a person's event and in a table of an older Velocity.
         pa.field("outcome", pa.string()),
+        # A close's reviews: the alerts it reviewed (``review_store.CLOSE_REVIEWS``); null
+        # in every other row. Not read with the events: a case's fold has no need of it.
+        pa.field(CLOSE_REVIEWS, pa.string()),
     ]
 )
 CASE_ARROW_SCHEMA = pa.schema(
@@ -86,10 +103,15 @@ CASE_ARROW_SCHEMA = pa.schema(
         pa.field("caseId", pa.string()),
         pa.field("caseKey", pa.string()),
         pa.field("openedAt", pa.int64()),  # decisionTime of its first alert
-        pa.field("batch", pa.int64()),
+        pa.field("batch", pa.int64()),  # null: opened by a backfill
     ]
 )
-_EVENT_COLUMNS = CASE_EVENT_ARROW_SCHEMA.names
+_EVENT_COLUMNS = [n for n in CASE_EVENT_ARROW_SCHEMA.names if n != CLOSE_REVIEWS]
+_CORRECTION = AlertKind.CORRECTION.value
+_RETRACTION = AlertKind.RETRACTION.value
+# The kinds of a backfill's events for its corrections, and for its retractions.
+_GATHERED = frozenset({CaseEventKind.OPENED, CaseEventKind.JOINED})
+_RETRACTED = frozenset({CaseEventKind.RETRACTED})
 
 
 class CaseStore:
@@ -182,9 +204,10 @@ class CaseStore:
             return 0
         cases = fold_cases(e for e in _events(table) if e.case_id in closed_ids)
         closed = {c: cases[c] for c in closed_ids}
-        reviews = ReviewStore(self.settings.table_path(ALERT_REVIEWS))
+        reviews = self._reviews()
         wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime", "caseId"]
-        rows = alerts.select(wanted).to_pylist()
+        # A backfill's retraction in a case is no alert to review.
+        rows = [r for r in alerts.select(wanted).to_pylist() if r["kind"] != _RETRACTION]
         reviewed = 0
         for case_id, case in sorted(closed.items()):
             closing = next(e for e in reversed(case.history) if e.event is CaseEventKind.CLOSED)
@@ -193,7 +216,7 @@ class CaseStore:
                 reviews.record_all(
                     refs,
                     case.verdict,
-                    closing.note or f"case {case_id} closed",
+                    close_note(case_id, closing.note),
                     closing.who,
                     unreviewed_only=True,
                 )
@@ -203,11 +226,15 @@ class CaseStore:
     def _record_opened(self, batch: int) -> None:
         """The cases the group's events opened, in ``cases`` (once: a redo finds them)."""
         table = open_table(self.events_path)
-        opened = [] if table is None else _open_cases(table).opened_by(batch)
+        self._record_cases([] if table is None else _open_cases(table).opened_by(batch), batch)
+
+    def _record_cases(self, opened: list[tuple[str, str, int]], batch: int | None) -> None:
+        """``opened`` ((caseId, caseKey, openedAt) of cases a write-behind group of last
+        batch ``batch`` opened, or a backfill: None) in ``cases``, those not there yet."""
 
         def plan(cases: DeltaTable) -> tuple[Any, None]:
             rows = read_rows(cases, ["caseId", "batch"]) if opened else []
-            done = {r["caseId"] for r in rows if r["batch"] == batch}
+            done = {r["caseId"] for r in rows if batch is None or r["batch"] == batch}
             new = [o for o in opened if o[0] not in done]
             if not new:
                 return None, None
@@ -222,6 +249,104 @@ class CaseStore:
         refused = "the opened cases were not written"
         append_planned(self.cases_path, CASE_ARROW_SCHEMA, plan, refused)
 
+    # --- a backfill's amendments ----------------------------------------------------------
+
+    def assign_backfill(self, corrections: pa.Table, payments: pa.Table) -> dict[str, str]:
+        """The case each of a backfill's ``corrections`` (its CORRECTION rows, before they
+        are appended) opens or joins, by alertId: chosen as the write-behind chooses a
+        stream alert's (``stream_case_events``: the open case of its payment's case key,
+        or a new one, deterministic in the key and its first alert). Nothing is written:
+        ``record_backfill`` commits the cases' events once the rows are in the alerts
+        table. ``payments``: the transactionId, case key field and paymentAmount of the
+        corrections' payments (``gather_alerts``' ``events``)."""
+        picked = _case_alerts(corrections, payments, self.settings.case_key, _CORRECTION)
+        table = open_table(self.events_path) if picked else None
+        keys = {a.case_key for a in picked}
+        open_cases = {} if table is None else _open_cases(table).open_case_of(keys)
+        _, case_of = stream_case_events(picked, open_cases, None, 0, BACKFILL_ACTOR)
+        return case_of
+
+    def record_backfill(
+        self,
+        amendments: pa.Table,
+        payments: pa.Table,
+        counted: Collection[tuple[str, str]] = (),
+    ) -> int:
+        """The case events of a backfill's ``amendments``, appended to the alerts table
+        with their ``caseId`` (``assign_backfill`` chose a correction's; a retraction's is
+        the case of the alert it retracts), in one commit: its corrections open or join
+        their cases (``backfill_case_events``), its retractions are noted in theirs
+        (``retracted``). Then the new cases go into ``cases``, and corrections whose case
+        someone closed since they were assigned are reviewed with its verdict
+        (``review_late_alerts``, as the write-behind does).
+
+        Once, however often it is called (a backfill's recovery after a crash calls it
+        again): an amendment whose case has a backfill's event of its kind spanning its
+        decision time already is left out. ``counted``: (caseId, transactionId) of the
+        alerts of the corrections' payments in cases already (a payment counts once in a
+        case's amount). Returns how many events were written."""
+        wanted = ["alertId", "kind", "decisionTime", "caseId"]
+        rows = [r for r in amendments.select(wanted).to_pylist() if r["caseId"] is not None]
+        if not rows:
+            return 0
+        case_of = {r["alertId"]: r["caseId"] for r in rows if r["kind"] == _CORRECTION}
+        corrections = _case_alerts(amendments, payments, self.settings.case_key, _CORRECTION)
+        joining = [(case_of[a.alert_id], a) for a in corrections if a.alert_id in case_of]
+        retractions = [
+            (r["caseId"], int(r["decisionTime"])) for r in rows if r["kind"] == _RETRACTION
+        ]
+        known = set(counted)
+
+        def plan(table: DeltaTable) -> tuple[Any, list[CaseEvent]]:
+            with FOLDS_LOCK:
+                book = _folded(table, CaseBook).cases
+                histories = {
+                    c: list(book[c].history)
+                    for c in {c for c, _ in joining} | {c for c, _ in retractions}
+                    if c in book
+                }
+                keys = {c: book[c].case_key for c in histories}
+
+            def done(case_id: str, kinds: frozenset[CaseEventKind], decided: int) -> bool:
+                return any(
+                    e.who == BACKFILL_ACTOR
+                    and e.event in kinds
+                    and (e.first_alert_at or 0) <= decided <= (e.latest_alert_at or 0)
+                    for e in histories.get(case_id, ())
+                )
+
+            events = backfill_case_events(
+                [(c, a) for c, a in joining if not done(c, _GATHERED, a.decision_time)],
+                [
+                    (c, keys[c], d)
+                    for c, d in retractions
+                    if c in keys and not done(c, _RETRACTED, d)
+                ],
+                histories.keys(),
+                int(time.time() * 1000),
+                known,
+            )
+            return (_event_rows(events) if events else None), events
+
+        events = append_planned(
+            self.events_path, CASE_EVENT_ARROW_SCHEMA, plan, "the backfill's cases were not written"
+        )
+        # The cases a backfill opened for these, in ``cases`` (a recovery's too: the
+        # crash may have come between the events and these rows).
+        mine = {c for c, _ in joining}
+        with FOLDS_LOCK:
+            cases = self.cases() if mine else {}
+            opened = [
+                (e.case_id, e.case_key, e.first_alert_at or e.at)
+                for c in sorted(mine & cases.keys())
+                for e in cases[c].history
+                if e.event is CaseEventKind.OPENED and e.who == BACKFILL_ACTOR
+            ]
+        if opened:
+            self._record_cases(opened, None)
+        self.review_late_alerts(amendments)
+        return len(events)
+
     # --- people -------------------------------------------------------------------------
 
     def assign(self, case_id: str, assignee: object, who: object) -> Case:
@@ -230,15 +355,66 @@ class CaseStore:
     def reopen(self, case_id: str, who: object) -> Case:
         return self._change(case_id, CaseEventKind.REOPENED, who)
 
-    def close(self, case_id: str, verdict: object, note: object, who: object) -> Case:
-        """Close the case with ``verdict`` and review each of its alerts so."""
-        case = self._change(case_id, CaseEventKind.CLOSED, who, verdict=verdict, note=note)
-        refs = self.alert_refs(case_id)
-        assert case.verdict is not None
-        ReviewStore(self.settings.table_path(ALERT_REVIEWS)).record_all(
-            refs, case.verdict, note or f"case {case_id} closed", str(who)
+    def close(self, case_id: str, verdict: object, note: object, who: object) -> ClosedCase:
+        """Close the case with ``verdict`` and review each of its alerts so, in one commit
+        to ``case_events``: its ``closed`` row carries the verdict and lists the alerts it
+        reviews (those of the case in the alerts table, read after the case's version the
+        commit is conditional on; ``review_store``). A crash leaves the case open and its
+        alerts as they were, or closed with them reviewed.
+
+        Alerts that joined the case but are still written behind are reviewed so by the
+        write-behind as it appends them (``review_late_alerts``); any that landed while
+        the close was planned and committed (the flush may have looked before the close
+        was in), by the close right after its commit. Returns the case and how many of
+        its alerts are reviewed, how many still being written (``ClosedCase``)."""
+        reviews = self._reviews()
+
+        def plan(table: DeltaTable) -> tuple[Any, tuple[Case, CaseEvent, list[AlertRef]]]:
+            with FOLDS_LOCK:
+                found = _folded(table, CaseBook).cases.get(case_id)
+                history = [] if found is None else list(found.history)
+            if found is None:
+                raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
+            case = fold_cases(history)[case_id]
+            # The close checked whole before the alerts are read.
+            checked = person_event(case, CaseEventKind.CLOSED, who, 0, verdict=verdict, note=note)
+            refs = self._reviewable(case_id)
+            assert checked.verdict is not None
+            for ref in refs:  # each review checked whole too (the store's rules)
+                make_review(
+                    ref.alert_id, ref, checked.verdict, close_note(case_id, checked.note), who, 0
+                )
+            # Later than each alert's review so far: the close's is then the latest.
+            with FOLDS_LOCK:
+                latest = reviews.latest()
+                before = [latest[r.alert_id].when for r in refs if r.alert_id in latest]
+            now = max([int(time.time() * 1000), *(when + 1 for when in before)])
+            event = person_event(case, CaseEventKind.CLOSED, who, now, verdict=verdict, note=note)
+            closed = fold_cases([*history, event])[case_id]
+            return _event_rows([event], close_reviews_text(refs)), (closed, event, refs)
+
+        closed, event, refs = append_planned(
+            self.events_path, CASE_EVENT_ARROW_SCHEMA, plan, f"case {case_id} is unchanged"
         )
-        return case
+        reviewed = len(refs)
+        if closed.alerts > reviewed:
+            listed = {r.alert_id for r in refs}
+            landed = [r for r in self._reviewable(case_id) if r.alert_id not in listed]
+            if landed:
+                assert event.verdict is not None
+                note_text = close_note(case_id, event.note)
+                reviews.record_all(
+                    landed, event.verdict, note_text, event.who, unreviewed_only=True
+                )
+            reviewed += len(landed)
+        return ClosedCase.of(closed, reviewed)
+
+    def _reviewable(self, case_id: str) -> list[AlertRef]:
+        """The case's alerts in the alerts table that a close reviews (not a retraction)."""
+        return [r for r in self.alert_refs(case_id) if r.kind != _RETRACTION]
+
+    def _reviews(self) -> ReviewStore:
+        return ReviewStore(self.settings.table_path(ALERT_REVIEWS), self.events_path)
 
     def _change(self, case_id: str, kind: CaseEventKind, who: object, **fields: object) -> Case:
         def plan(table: DeltaTable) -> tuple[Any, Case]:
@@ -365,14 +541,19 @@ def _events(table: DeltaTable) -> list[CaseEvent]:
     return [CaseEvent.from_row(r) for r in read_rows(table, _EVENT_COLUMNS)]
 
 
-def _event_rows(events: Sequence[CaseEvent]) -> Any:
-    rows = [e.to_row() for e in events]
-    return rows_table(CASE_EVENT_ARROW_SCHEMA, {n: [r[n] for r in rows] for n in _EVENT_COLUMNS})
+def _event_rows(events: Sequence[CaseEvent], reviewed: str | None = None) -> Any:
+    """The rows of ``events``; ``reviewed``: a close's reviews (``CLOSE_REVIEWS``)."""
+    rows = [{**e.to_row(), CLOSE_REVIEWS: reviewed} for e in events]
+    names = CASE_EVENT_ARROW_SCHEMA.names
+    return rows_table(CASE_EVENT_ARROW_SCHEMA, {n: [r[n] for r in rows] for n in names})
 
 
-def _case_alerts(alerts: pa.Table, events: pa.Table, field: str) -> list[CaseAlert]:
-    """The group's ALERT rows as cases see them: each with its payment's case key (an
-    alert whose payment has no value of the field joins no case) and amount."""
+def _case_alerts(
+    alerts: pa.Table, events: pa.Table, field: str, kind: str = AlertKind.ALERT.value
+) -> list[CaseAlert]:
+    """The group's ALERT rows (a backfill's: its CORRECTION rows, ``kind``) as cases see
+    them: each with its payment's case key (an alert whose payment has no value of the
+    field joins no case) and amount."""
     payments = {
         tx: (value, amount)
         for tx, value, amount in zip(
@@ -387,7 +568,7 @@ def _case_alerts(alerts: pa.Table, events: pa.Table, field: str) -> list[CaseAle
     present = [c for c in wanted if c in alerts.column_names]
     for row in alerts.select(present).to_pylist():
         value, amount = payments.get(row["transactionId"], (None, None))
-        if row["kind"] != AlertKind.ALERT.value or value is None:
+        if row["kind"] != kind or value is None:
             continue
         out.append(
             CaseAlert(

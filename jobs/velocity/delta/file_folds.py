@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 FOLDS_LOCK = threading.RLock()
 # Per table and kind of fold: the data files read so far and the fold.
-_FOLDS: dict[tuple[str, object], tuple[set[str], Any]] = {}
+_FOLDS: dict[tuple[object, object], tuple[set[str], Any]] = {}
 
 F = TypeVar("F")
 
@@ -55,6 +55,34 @@ def folded(
         if new:
             feed(fold, new)
         _FOLDS[(table.table_uri, kind)] = (files, fold)
+        return fold
+
+
+def folded_together(
+    tables: Mapping[str, DeltaTable | None],
+    kind: object,
+    start: Callable[[], F],
+    feed: Callable[[F, str, Sequence[str]], None],
+) -> F:
+    """The fold ``kind`` of several tables at once, as ``folded`` of one: ``tables`` by
+    their paths (None: not created yet), each as of its loaded version; ``feed(fold,
+    path, uris)`` is given each table's data files the fold has not read yet, in path
+    order. A file gone from any of them starts the fold again from every file of all."""
+    with FOLDS_LOCK:
+        files = {
+            path: set() if table is None else set(table.file_uris())
+            for path, table in tables.items()
+        }
+        key = (tuple(sorted(tables)), kind)
+        every = set().union(*files.values())
+        known, fold = _FOLDS.get(key, (set(), None))
+        if fold is None or known - every:
+            known, fold = set(), start()
+        for path, mine in files.items():
+            new = sorted(mine - known)
+            if new:
+                feed(fold, path, new)
+        _FOLDS[key] = (every, fold)
         return fold
 
 

@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 
 from velocity.analyst.alert_search import AlertFilter, Cursor
 from velocity.analyst.backfill_runs import RecordedRun
+from velocity.analyst.cases import mark_retracted
 from velocity.analyst.explain import Explanation, explain_alert
 from velocity.analyst.reviews import (
     DAY_MS,
@@ -510,13 +511,14 @@ def case_alerts(
 ) -> list[dict[str, Any]]:
     """The case's alerts in the alerts table as SPEC §4 records (``suppressed`` when so),
     in time order (``CaseStore.alerts``; ``newest``: only the last that many); empty before
-    the stream has written any."""
+    the stream has written any. A backfill's retraction of an alert of the case is among
+    them, and the alert it retracts is marked ``"retracted": true`` (``mark_retracted``)."""
     rows = CaseStore(settings).alerts(case_id, newest)
     if rows.num_rows == 0:
         return []
     wanted = [*_RECORD_COLUMNS, "suppressed", "suppressedBy"]
     columns = [c for c in wanted if c in rows.schema.names]
-    return [_alert_record(r) for r in rows.select(columns).to_pylist()]
+    return mark_retracted([_alert_record(r) for r in rows.select(columns).to_pylist()])
 
 
 _PAYMENT_COLUMNS = [

@@ -12,8 +12,10 @@ added to the state but not decided. A backfill over ``[from, to]``:
    (ALERT + CORRECTION − RETRACTION per rule version and transaction, for the events of
    the pinned view only) and appends a CORRECTION for each decision that should have
    fired, a RETRACTION for each that should not, and both, RETRACTION first, for each in
-   effect with another value; publishes them to the Redis alert stream and records the
-   run.
+   effect with another value; gathers the corrections into cases as the stream's alerts
+   are (the open case of their payment's case key, or a new one) and notes each
+   retraction in the case of the alert it retracts; publishes them to the Redis alert
+   stream and records the run.
 
 Afterwards ALERT + CORRECTION − RETRACTION equals the complete-data result for the range,
 values included: the latest record of each decision by decisionTime is the one in effect.
@@ -30,11 +32,13 @@ from dataclasses import asdict, dataclass, field
 from functools import reduce
 from typing import Any
 
+import pyarrow as pa
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from velocity.delta import tables
+from velocity.delta.case_store import CaseStore
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.domain.alerts import AlertKind, amended, is_shadow, record_of_stored
 from velocity.domain.buckets import bucket_start
@@ -313,7 +317,7 @@ class Backfill:
             # checked under the lock below.
             progress.step("amendments")
             amended_before = self._amendment_count()
-            records = self._amendments(
+            records, retracted_cases = self._amendments(
                 decisions, versions.rules, events, from_ms, to_ms, decided_at, summary.run_id
             )
             timer.mark("amendments")
@@ -330,7 +334,7 @@ class Backfill:
                 progress.step("amend+publish")
                 if self._amendment_count() != amended_before:
                     # Another run amended meanwhile: decide against what is in effect now.
-                    records = self._amendments(
+                    records, retracted_cases = self._amendments(
                         decisions,
                         versions.rules,
                         events,
@@ -343,7 +347,18 @@ class Backfill:
                 summary.retractions = len(records) - summary.corrections
                 lease.check()  # the rebuild took the lease's length: write nothing more
                 if records:
-                    self._append_alerts(records)
+                    # Cases: chosen before the append (each row carries its caseId), their
+                    # events committed after it (a crash between: _publish_unrecorded).
+                    payments = self._payments(events, records)
+                    cases = CaseStore(settings)
+                    corrections = _case_rows([r for r in records if r["kind"] != "RETRACTION"])
+                    case_of = {
+                        **retracted_cases,
+                        **cases.assign_backfill(corrections, payments),
+                    }
+                    counted = self._counted_payments(records)
+                    self._append_alerts(records, case_of)
+                    cases.record_backfill(_case_rows(records, case_of), payments, counted)
                     self._publish(records)
                 timer.mark("amend+publish")
                 # The lock time so far: the record is the last write under the lock.
@@ -585,7 +600,7 @@ class Backfill:
         to_ms: int,
         decided_at: int,
         run_id: str,
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """The complete-data decisions against the alerts in effect, per (rule version,
         transaction), for the pinned events only (an event that arrived after the pin is
         the next backfill's):
@@ -596,7 +611,8 @@ class Backfill:
           complete-data value (every decision's net count stays 0 or 1).
 
         Retractions carry the run's decision time and corrections one millisecond more, so
-        the latest record of a decision by decisionTime is the one in effect.
+        the latest record of a decision by decisionTime is the one in effect. Also the
+        case of each retraction: the caseId of the record it retracts, by its alertId.
         """
         in_scope = F.lit(False)
         for rule in rules:
@@ -642,10 +658,14 @@ class Backfill:
             decisions.join(changed, _DECISION_KEYS, "left_semi")
         )
         to_retract = effect.join(decided, _DECISION_KEYS, "left_anti").unionByName(changed)
-        records = [
-            amended(record_of_stored(r.asDict()), AlertKind.RETRACTION, decided_at, run_id)
-            for r in to_retract.collect()
-        ]
+        records, retracted_cases = [], {}
+        for row in to_retract.collect():
+            record = amended(
+                record_of_stored(row.asDict()), AlertKind.RETRACTION, decided_at, run_id
+            )
+            records.append(record)
+            if row["caseId"] is not None:
+                retracted_cases[record["alertId"]] = row["caseId"]
         records += [
             amended(record_of_stored(r.asDict()), AlertKind.CORRECTION, decided_at + 1, run_id)
             for r in to_correct.collect()
@@ -654,15 +674,50 @@ class Backfill:
         for record in records:
             record["signature_id"] = signature_of[(record["ruleId"], record["ruleVersion"])]
         records.sort(key=publish_order)
-        return records
+        return records, retracted_cases
 
     def _amendment_count(self) -> int:
         """The CORRECTION and RETRACTION records in the alerts table (only backfills
         write them)."""
         return self.state.read("alerts").where(F.col("kind") != AlertKind.ALERT.value).count()
 
-    def _append_alerts(self, records: list[dict[str, Any]]) -> None:
-        rows = [{**record, "shadow": is_shadow(record)} for record in records]
+    def _payments(self, events: DataFrame, records: list[dict[str, Any]]) -> pa.Table:
+        """The payments of ``records``' corrections among ``events`` as cases need them:
+        transactionId, the case key's field (``Settings.case_key``) and paymentAmount."""
+        columns = ["transactionId", self.settings.case_key, "paymentAmount"]
+        ids = sorted({r["transactionId"] for r in records if r["kind"] == "CORRECTION"})
+        if not ids:
+            return pa.table({c: pa.array([], pa.string()) for c in columns})
+        wanted = self.spark.createDataFrame([(i,) for i in ids], "transactionId string")
+        rows = events.join(F.broadcast(wanted), "transactionId", "left_semi").select(*columns)
+        found = rows.collect()
+        return pa.table({c: [r[c] for r in found] for c in columns})
+
+    def _counted_payments(self, records: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        """(caseId, transactionId) of the alerts in cases, other than ``records``, of the
+        payments of ``records``' corrections: a case counts a payment's amount once."""
+        fixes = [r for r in records if r["kind"] == "CORRECTION"]
+        if not fixes:
+            return set()
+        ids = sorted({r["transactionId"] for r in fixes})
+        wanted = self.spark.createDataFrame([(i,) for i in ids], "transactionId string")
+        times = [r["eventTime"] for r in fixes]
+        found = (
+            self.state.read("alerts")
+            .where(F.col("eventTime").between(min(times), max(times)))
+            .where(F.col("caseId").isNotNull() & (F.col("kind") != AlertKind.RETRACTION.value))
+            .join(F.broadcast(wanted), "transactionId", "left_semi")
+            .select("alertId", "transactionId", "caseId")
+            .collect()
+        )
+        mine = {r["alertId"] for r in records}
+        return {(r["caseId"], r["transactionId"]) for r in found if r["alertId"] not in mine}
+
+    def _append_alerts(self, records: list[dict[str, Any]], case_of: dict[str, str]) -> None:
+        rows = [
+            {**record, "shadow": is_shadow(record), "caseId": case_of.get(record["alertId"])}
+            for record in records
+        ]
         frame = self.spark.createDataFrame(rows, tables.ALERT_SCHEMA)
         frame.write.format("delta").mode("append").save(str(self.live.alerts))
 
@@ -720,8 +775,29 @@ class Backfill:
         )
         if not orphans:
             return 0
-        records = sorted((record_of_stored(r.asDict()) for r in orphans), key=publish_order)
+        # Their case events, unless the run committed them before it died.
+        stored = [r.asDict() for r in orphans]
+        payments = self._payments(self.state.read("events"), stored)
+        counted = self._counted_payments(stored)
+        CaseStore(self.settings).record_backfill(_case_rows(stored), payments, counted)
+        records = sorted((record_of_stored(r) for r in stored), key=publish_order)
         self._publish(records)
         recovery = BackfillSummary(run_id=f"republish-{uuid.uuid4().hex}", from_ms=0, to_ms=0)
         self._record(recovery, [r["alertId"] for r in records], started)
         return len(records)
+
+
+# What cases need of an amendment (``CaseStore.assign_backfill``, ``record_backfill``).
+_CASE_COLUMNS = [
+    "alertId", "kind", "ruleId", "ruleVersion", "transactionId", "decisionTime", "outcome",
+]  # fmt: skip
+
+
+def _case_rows(records: list[dict[str, Any]], case_of: dict[str, str] | None = None) -> pa.Table:
+    """``records`` (amendments, or stored rows of them) as cases read them; with
+    ``case_of`` (by alertId), their caseId from it, else their own."""
+    columns: dict[str, list[Any]] = {c: [r[c] for r in records] for c in _CASE_COLUMNS}
+    columns["caseId"] = [
+        r.get("caseId") if case_of is None else case_of.get(r["alertId"]) for r in records
+    ]
+    return pa.table({**columns, "caseId": pa.array(columns["caseId"], pa.string())})

@@ -49,20 +49,24 @@ def list_cases(args: argparse.Namespace) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
+    from velocity.analyst.cases import mark_retracted
     from velocity.domain.alerts import record_of_stored
 
     store = _case_store(settings_from(args))
     case_id = store.resolve(args.case_id)
     case = store.case(case_id)
-    alerts = [record_of_stored(r) for r in store.alerts(case_id).to_pylist()]  # time order
+    # In time order; a backfill's retraction beside the alert it retracts, marked so.
+    alerts = mark_retracted([record_of_stored(r) for r in store.alerts(case_id).to_pylist()])
     if args.json:
         print(dumps_json({**case.to_json(history=True), "alertRecords": alerts}))
         return EXIT_OK
     print(_case_line(case))
     for alert in alerts:
         flag = " (suppressed)" if alert.get("suppressed") else ""
+        flag += " (retracted)" if alert.get("retracted") else ""
+        kind = "alert" if alert["kind"] == "ALERT" else alert["kind"].lower()
         print(
-            f"  {iso_utc(alert['eventTime'])} alert {alert['alertId']} {alert['outcome']} "
+            f"  {iso_utc(alert['eventTime'])} {kind} {alert['alertId']} {alert['outcome']} "
             f"rule {alert['ruleId']} v{alert['ruleVersion']} tx {alert['transactionId']} "
             f"{alert['aggregatorFunctionType']} "
             f"{alert['aggregateValue']} {alert['limitOperatorType']} {alert['limit']}{flag}"
@@ -92,7 +96,9 @@ def close(args: argparse.Namespace) -> int:
     store = _case_store(settings_from(args))
     case = store.close(store.resolve(args.case_id), args.verdict, args.note, _who(args))
     print(_case_line(case))
-    print(f"{case.alerts} alerts reviewed as {case.verdict.words}")
+    # Reviews committed; alerts still written behind are reviewed so as they land.
+    pending = f", {case.being_written} more being written" if case.being_written else ""
+    print(f"{case.reviewed} alerts reviewed as {case.verdict.words}{pending}")
     return EXIT_OK
 
 

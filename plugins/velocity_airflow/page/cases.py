@@ -274,11 +274,16 @@ def close_cases(
             closed.append(store.close(one, verdict, note.strip() or None, user.get_name()))
         except UsageError as exc:
             refused.append(f"case {one}: {exc}")
-    alerts = sum(c.alerts for c in closed)
-    text = f"{len(closed)} cases closed: {words} ({alerts} alerts reviewed), by {user.get_name()}"
+    # What the closes committed: alerts still in the stream's write-behind are reviewed as
+    # they land, and said apart.
+    reviewed = sum(c.reviewed for c in closed)
+    pending = sum(c.being_written for c in closed)
+    figures = f"{reviewed} alerts reviewed"
+    if pending:
+        figures += f", {pending} being written (reviewed as they land)"
+    text = f"{len(closed)} cases closed: {words} ({figures}), by {user.get_name()}"
     if len(closed) == 1:
-        text = f"{_case_words(closed[0])} closed: {words} ({alerts} alerts reviewed), by "
-        text += user.get_name()
+        text = f"{_case_words(closed[0])} closed: {words} ({figures}), by {user.get_name()}"
     return common.back(not refused, "\n".join([text, *refused]), back)
 
 

@@ -451,6 +451,11 @@ def _alert_item(view: CaseView, alert: Mapping[str, Any]) -> str:
     )
     kind = str(alert.get("kind"))
     kind_html = "" if kind == "ALERT" else f' <span class="muted">{escape(kind)}</span>'
+    if alert.get("retracted"):  # a backfill took it back: its RETRACTION is in the case too
+        kind_html += (
+            ' <span class="badge suppressed" data-testid="retracted-badge" title="a backfill '
+            'found it should not have fired">retracted</span>'
+        )
     title = f"{kind}, decided {time_text(alert.get('decisionTime'))} UTC: {measured}"
     if rule is not None:
         title += f" ({rule_summary(rule)})"

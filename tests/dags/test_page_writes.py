@@ -32,17 +32,24 @@ PAGE = "/velocity"
 def api_server(airflow_home: Path) -> Iterator[Any]:
     """Airflow's api-server app (core: the REST API, the auth manager's login, the plugins'
     apps), with the test-env's users signed in through its own /auth/token."""
-    from airflow.api_fastapi.app import create_app, purge_cached_app
+    from airflow.api_fastapi.app import create_app, get_auth_manager, purge_cached_app
     from fastapi.testclient import TestClient
 
     purge_cached_app()
-    with TestClient(create_app("core"), base_url=HERE, follow_redirects=False) as client:
+    app = create_app("core")
+    # An earlier test of this process may have made the auth manager without its init, which
+    # writes the users' generated passwords (a test run alone has create_app do it).
+    get_auth_manager().init()
+    with TestClient(app, base_url=HERE, follow_redirects=False) as client:
         yield client
     purge_cached_app()
 
 
 def _jwt(client: Any, home: Path, user: str) -> str:
-    passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+    # Where the auth manager keeps them (its config may name a file outside AIRFLOW_HOME).
+    passwords = SimpleAuthManager.get_passwords()
     reply = client.post("/auth/token", json={"username": user, "password": passwords[user]})
     assert reply.status_code == 201, reply.text
     return str(reply.json()["access_token"])

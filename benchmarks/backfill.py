@@ -156,9 +156,7 @@ def run(args: argparse.Namespace, spark: Any = None) -> dict[str, Any]:
 
     write_buckets_as_the_stream_does()
     in_force = deciding_rules(job.rule_store.in_force())
-    signature_rows(spark, in_force).write.format("delta").mode("append").save(
-        str(live.signatures)
-    )
+    signature_rows(spark, in_force).write.format("delta").mode("append").save(str(live.signatures))
     day = events.agg(F.min("eventTime"), F.max("eventTime")).first()
 
     backfill = Backfill(spark, settings)

@@ -111,7 +111,6 @@ def run(args: argparse.Namespace, spark: Any = None) -> dict[str, Any]:
 def _compare(
     args: argparse.Namespace, work: Path, events: Path, env: dict[str, str], spark: Any
 ) -> dict[str, Any]:
-
     from pyspark.sql import functions as F
 
     from velocity.delta import tables

@@ -163,9 +163,7 @@ def test_a_retried_task_finishes_the_pieces_a_dead_one_began(settings: Settings)
         assert mirror.commit_partition(client, settings, retry) == "first"
         assert mirror.partition_outcome(client, record) == "first"
         count_of = {
-            change.base: n
-            for n, piece in enumerate(pieces)
-            for change in piece.key_changes()
+            change.base: n for n, piece in enumerate(pieces) for change in piece.key_changes()
         }
         for i in range(40):
             expected = 2 if count_of[keys.key_base("sig", f'["p-{i}"]')] < 2 else 7

@@ -155,6 +155,12 @@ local function ms_text(v)
   return string.format("%d", v)
 end
 
+-- Redis's clock now, epoch ms (the one clock every function reads).
+local function clock_ms()
+  local now = redis.call("TIME")
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
 -- The merge of bucket values, every part of them (a roll-up's value).
 local function merge_new()
   return {count = 0, value_count = 0, sum = sum_new(), min = nil, max = nil, distinct = {}}
@@ -629,8 +635,7 @@ local function velocity_window(keys, args)
           .. "' is not a whole number of epoch milliseconds")
     end
   else
-    local now = redis.call("TIME")
-    at = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    at = clock_ms()
   end
   local lower = floor_to(at - window_ms, bucket_ms)
   local values, problem = window_values(keys[1], lower, at, bucket_ms)
@@ -921,8 +926,7 @@ end
 -- `max_future` ms ahead of the clock, or of `newest`, the newest eventTime it has
 -- committed, when known), or nil.
 local function future_problem(t, max_future, newest)
-  local now = redis.call("TIME")
-  local clock = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local clock = clock_ms()
   local seconds = ms_text(max_future / 1000)
   local suffix = ": the stream would quarantine it (future_event_time), so it is not checked"
   if t > clock + max_future then
@@ -1099,9 +1103,7 @@ end
 local function alert_trim(retention)
   local age = string.match(retention, "^age:(%d+)$")
   if age then
-    local now = redis.call("TIME")
-    local newest = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    return "MINID", string.format("%d", math.max(0, newest - tonumber(age)))
+    return "MINID", ms_text(math.max(0, clock_ms() - tonumber(age)))
   end
   return "MAXLEN", retention
 end
@@ -1178,8 +1180,7 @@ end
 -- = the batch), and expires when the span after it ends, so an id is remembered for h to
 -- 2h. A batch's ids cost one HSET (and a lookup one HMGET a span), not a key each.
 local function seen_span(horizon_ms)
-  local now = redis.call("TIME")
-  return math.floor((tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)) / horizon_ms)
+  return math.floor(clock_ms() / horizon_ms)
 end
 
 -- The 1-based indices of the transactionIds `ids` accepted within the horizon, ascending.
@@ -1198,12 +1199,6 @@ local function seen_indices(prefix, horizon_ms, ids)
   for i in pairs(found) do out[#out + 1] = i end
   table.sort(out)
   return out
-end
-
--- The time of this call, epoch ms, as text.
-local function now_ms()
-  local now = redis.call("TIME")
-  return tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
 end
 
 -- FCALL velocity_stream_read 3 <progress hash> <buckets epoch> <mirror marker> <request json>
@@ -1363,19 +1358,6 @@ local function refused_write(progress, lock, token, batch)
   return nil
 end
 
--- FCALL velocity_stream_commit 4 <progress hash> <alert stream> <state lock>
---   <shadow alert stream> <lock token> <batch> <newest eventTime> <bucket ttl ms>
---   <seen ttl ms> <alert retention> <bucket ms> <seen prefix> <keys changed>
---   <transactionIds accepted> <each changed key's run>... <transactionId>...
---   <alert json>... <shadow alert json>... <shadow alerts>
--- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
--- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
--- transactionIds, the alerts on the stream (a shadow rule's on the shadow stream, never
--- on the one downstream services read), and the progress (with "at", the time of this
--- commit). Fenced: unless the state lock holds the caller's token (its lease ran out,
--- someone else may be writing) nothing is written and -2 returned. A batch not newer than
--- the progress was committed already: nothing is written and -1 returned (a replay
--- changes nothing twice). A key's run: see apply_bucket_changes.
 -- XADDs args[first .. #args - 1] as alerts of `batch`: the last args[#args] of them (the
 -- shadow rules') on `shadow`, the others on `stream`. How many went on `stream`.
 local function publish_alerts(stream, shadow, args, first, retention, batch)
@@ -1389,6 +1371,19 @@ local function publish_alerts(stream, shadow, args, first, retention, batch)
   return shadow_at - first
 end
 
+-- FCALL velocity_stream_commit 4 <progress hash> <alert stream> <state lock>
+--   <shadow alert stream> <lock token> <batch> <newest eventTime> <bucket ttl ms>
+--   <seen ttl ms> <alert retention> <bucket ms> <seen prefix> <keys changed>
+--   <transactionIds accepted> <each changed key's run>... <transactionId>...
+--   <alert json>... <shadow alert json>... <shadow alerts>
+-- The write half of a micro-batch, atomic: every changed bucket's absolute value (and its
+-- hash's TTL and roll-ups), the buckets dropped below the horizon, the accepted
+-- transactionIds, the alerts on the stream (a shadow rule's on the shadow stream, never
+-- on the one downstream services read), and the progress (with "at", the time of this
+-- commit). Fenced: unless the state lock holds the caller's token (its lease ran out,
+-- someone else may be writing) nothing is written and -2 returned. A batch not newer than
+-- the progress was committed already: nothing is written and -1 returned (a replay
+-- changes nothing twice). A key's run: see apply_bucket_changes.
 local function velocity_stream_commit(keys, args)
   local refused = refused_write(keys[1], keys[3], args[1], args[2])
   if refused then return refused end
@@ -1396,7 +1391,7 @@ local function velocity_stream_commit(keys, args)
   local alerts_at = ids_at + tonumber(args[10])
   remember_seen(args[8], tonumber(args[5]), args, ids_at, alerts_at - 1, args[2])
   local published = publish_alerts(keys[2], keys[4], args, alerts_at, args[6], args[2])
-  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms(),
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", ms_text(clock_ms()),
              "layout", STATE_LAYOUT)
   return published
 end
@@ -1529,7 +1524,7 @@ local function velocity_cluster_decide(keys, args)
   end
   redis.call("DEL", keys[3])
   redis.call("HSET", keys[3], "batch", args[2], "changes", args[5])
-  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", now_ms(),
+  redis.call("HSET", keys[1], "batch", args[2], "newest", args[3], "at", ms_text(clock_ms()),
              "layout", STATE_LAYOUT)
   return 0
 end

@@ -27,24 +27,16 @@ import socket
 import sys
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
+from benchmarks.check_load import RedisDoor, connect
 from velocity.operating.local_process import run_ahead
 
 SLEEP_SECONDS = 0.001
 
 
 def redis_pinger(url: str) -> socket.socket:
-    """A connection to Redis, signed in as the URL's user."""
-    where = urlsplit(url)
-    sock = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379), 5)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if where.password:
-        words = ["AUTH", unquote(where.username or "default"), unquote(where.password)]
-        sock.sendall(b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(w), w.encode()) for w in words))
-        if not sock.recv(1024).startswith(b"+OK"):
-            raise RuntimeError("the stall probe could not sign in to Redis")
-    return sock
+    """A connection to Redis, signed in as the URL's user (as the check generator's)."""
+    return connect(RedisDoor(url, ""), timeout=5).sock
 
 
 def ping(sock: socket.socket) -> None:

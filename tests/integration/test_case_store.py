@@ -51,15 +51,20 @@ def group(alerts: list[tuple[str, int, str, str]]) -> tuple[pa.Table, pa.Table]:
     return pa.Table.from_pylist(rows, ALERT_ARROW), events
 
 
-def cases(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def velocity(data_dir: Path, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """``velocity <args>`` on the data dir, as a user runs it."""
     return subprocess.run(
-        [VELOCITY, "cases", *args],
+        [VELOCITY, *args],
         capture_output=True,
         text=True,
         env={**os.environ, "VELOCITY_DATA_DIR": str(data_dir)},
         timeout=120,
-        check=False,
+        check=check,
     )
+
+
+def cases(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return velocity(data_dir, "cases", *args)
 
 
 def test_alerts_gather_into_cases_that_people_assign_and_close(tmp_path: Path) -> None:
@@ -102,14 +107,7 @@ def test_alerts_gather_into_cases_that_people_assign_and_close(tmp_path: Path) -
     )
     assert closed.returncode == 0, closed.stderr
     assert "3 alerts reviewed as confirmed fraud" in closed.stdout
-    exported = subprocess.run(
-        [VELOCITY, "reviews", "export"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "VELOCITY_DATA_DIR": str(settings.data_dir)},
-        timeout=120,
-        check=True,
-    )
+    exported = velocity(settings.data_dir, "reviews", "export", check=True)
     reviews = [json.loads(line) for line in exported.stdout.splitlines()]
     assert sorted(r["alertId"] for r in reviews) == ["a1", "a2", "a3"]
     assert {(r["verdict"], r["note"], r["who"]) for r in reviews} == {
@@ -339,14 +337,7 @@ def test_a_close_is_one_commit_that_carries_the_reviews_of_its_alerts(
     write_deltalake(str(settings.table_path(ALERTS)), still_spooled, mode="append")
     assert store.review_late_alerts(still_spooled) == 1
     assert reviews.latest()["a3"].verdict is Verdict.CONFIRMED_FRAUD
-    exported = subprocess.run(
-        [VELOCITY, "reviews", "export"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "VELOCITY_DATA_DIR": str(settings.data_dir)},
-        timeout=120,
-        check=True,
-    )
+    exported = velocity(settings.data_dir, "reviews", "export", check=True)
     assert sorted(json.loads(x)["alertId"] for x in exported.stdout.splitlines()) == [
         "a1", "a2", "a3",
     ]  # fmt: skip

@@ -10,12 +10,12 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Form, HTTPException, Request, status
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, Response
 
 from velocity.analyst.alert_search import InvalidFilterError
 from velocity_airflow.page import access, alerts, cases_html, common, flash
 from velocity_airflow.page.common import URL_PREFIX
-from velocity_airflow.page.home_html import PageData, explanation_section, render_case
+from velocity_airflow.page.home_html import PageData, explanation_section, live_url, render_case
 
 router = APIRouter()
 # Assigning, closing and reopening a case: an analyst's change, as a review is.
@@ -99,9 +99,12 @@ def _newest_activity(cases: list[Any]) -> int:
     return newest_activity(cases)
 
 
-def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, Any]:
+def _page_view(
+    request: Request, user: Any, settings: Any, params: Mapping[str, str] | None = None
+) -> tuple[PageData, Any]:
     """What the queue and the alerts need of the page (user, URL parameters, rule
-    versions) without the rest of the page's reads; and every rule version."""
+    versions) without the rest of the page's reads; and every rule version. ``params``:
+    the page's URL parameters when not the request's (a change's ``back``)."""
     from velocity.delta.reader import rule_history
 
     history = rule_history(settings)
@@ -109,7 +112,7 @@ def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, An
         user=user.get_name(),
         can_edit=access.can_edit(user),
         base=URL_PREFIX,
-        params=common.params(request.query_params),
+        params=common.params(request.query_params) if params is None else dict(params),
         now_ms=int(time.time() * 1000),
         csrf=access.csrf_token(request),
     )
@@ -117,7 +120,16 @@ def _page_view(request: Request, user: Any, settings: Any) -> tuple[PageData, An
     return data, history
 
 
-def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
+def _case_view(
+    request: Request,
+    user: Any,
+    case_id: str,
+    params: Mapping[str, str] | None = None,
+    alerts_read: bool = True,
+) -> cases_html.CaseView:
+    """What a case's page shows (``params``: the page's URL parameters when not the
+    request's); its alerts, payments and an explanation asked for only when
+    ``alerts_read`` (an assign or a reopen changes none of them)."""
     from velocity.analyst.payment_groups import (
         parse_payment_cursor,
         parse_payment_limit,
@@ -128,7 +140,7 @@ def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
     from velocity.errors import UsageError
 
     settings = access.settings()
-    data, history = _page_view(request, user, settings)
+    data, history = _page_view(request, user, settings, params)
     view, _, _ = queue(settings, data, history)
     if view is None:
         raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, "no queue")
@@ -137,6 +149,8 @@ def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
     except UsageError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     shown = cases_html.CaseView(case=case, queue=view)
+    if not alerts_read:
+        return shown
     # The page's payments and their alerts, from the case's newest alerts read alone (more
     # only as a page further down needs): the page costs the same whatever the alerts
     # table holds.
@@ -167,6 +181,11 @@ def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
     if alert_id:
         explained, error = common.read("explanation", lambda: alerts.explain(settings, alert_id))
         shown.explanation_html = explanation_section(explained, error)
+    return shown
+
+
+def _case_page(request: Request, user: Any, case_id: str) -> HTMLResponse:
+    shown = _case_view(request, user, case_id)
     sealed = request.cookies.get(flash.COOKIE)
     said = flash.unseal(sealed, common.flash_key()) if sealed else None
     response = HTMLResponse(render_case(shown, said))
@@ -182,17 +201,57 @@ def _case_words(case: Any) -> str:
 
 
 def _case_change(
-    case_id: str, back: str, return_to: str, change: Callable[[Any], Any], said: str
-) -> RedirectResponse:
+    request: Request,
+    user: Any,
+    case_id: str,
+    back: str,
+    return_to: str,
+    change: Callable[[Any], Any],
+    said: str,
+    alerts_changed: bool = False,
+) -> Response:
+    """A case's change, answered by the redirect back to the page it came from (the case's
+    with ``return_to`` "case", else the queue), or, in place, by the case's parts as they
+    are after it (its alerts too when ``alerts_changed``: a close reviews each)."""
     from velocity.delta.case_store import CaseStore
     from velocity.errors import UsageError
 
     path = f"/cases/{quote(case_id, safe='')}" if return_to == "case" else "/"
+
+    def parts() -> common.Parts:
+        params = common.params_of(back)
+        view = _case_view(request, user, case_id, params, alerts_read=alerts_changed)
+        return cases_html.case_parts(view, alerts=alerts_changed)
+
     try:
         case = change(CaseStore(access.settings()))
     except UsageError as exc:
-        return common.back(False, f"error: {exc}", back, path)
-    return common.back(True, f"{_case_words(case)}: {said}", back, path)
+        return common.answer(request, False, f"error: {exc}", back, path, parts)
+    return common.answer(request, True, f"{_case_words(case)}: {said}", back, path, parts)
+
+
+def _queue_part(
+    request: Request, user: Any, params: Mapping[str, str]
+) -> tuple[str, str, str | None]:
+    """The queue's section for the page's URL parameters ``params``, the page's live feed
+    with its filter (``home_html.live_url``), and what went wrong (a filter field)."""
+    settings = access.settings()
+    data, history = _page_view(request, user, settings, params)
+    view, page, error = queue(settings, data, history)
+    if view is None:
+        raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR, error or "no queue")
+    return cases_html.queue_part(page, view, error), live_url(data), error
+
+
+@router.get("/queue")
+def queue_part_json(request: Request, user: access.User) -> Response:
+    """The queue's section for the URL's filter, order and page (the page's filter, a
+    column's head and its paging links read it in place): ``parts.queue``, and ``live``,
+    the page's live feed for that filter; 400 (``ok`` false) names a field that is wrong,
+    the section saying so beside the form."""
+    html, live, error = _queue_part(request, user, common.params(request.query_params))
+    refused = status.HTTP_400_BAD_REQUEST
+    return common.parts_json(error is None, "", {"queue": html}, refused, live=live)
 
 
 @router.get("/cases/rows")
@@ -248,25 +307,30 @@ def cases_json(request: Request) -> dict[str, Any]:
 
 @changes.post("/cases/close")
 def close_cases(
+    request: Request,
     user: access.Reviewer,
     case_id: Annotated[list[str] | None, Form()] = None,
     verdict: Annotated[str, Form()] = "",
     note: Annotated[str, Form()] = "",
     back: Annotated[str, Form()] = "",
-) -> RedirectResponse:
+) -> Response:
     """Close each selected case with the verdict (each reviews every alert of its case);
     the page says how many closed and why any did not."""
     from velocity.analyst.reviews import parse_verdict
     from velocity.delta.case_store import CaseStore
     from velocity.errors import UsageError
 
+    def parts() -> common.Parts:
+        return {"queue": _queue_part(request, user, common.params_of(back))[0]}
+
     chosen = list(dict.fromkeys(c for c in case_id or [] if c))
     if not chosen:
-        return common.back(False, "error: no case selected; tick the cases to close", back)
+        text = "error: no case selected; tick the cases to close"
+        return common.answer(request, False, text, back)
     try:
         words = parse_verdict(verdict).words
     except UsageError as exc:
-        return common.back(False, f"error: {exc}; no case closed", back)
+        return common.answer(request, False, f"error: {exc}; no case closed", back)
     store = CaseStore(access.settings())
     closed, refused = [], []
     for one in chosen:
@@ -284,39 +348,44 @@ def close_cases(
     text = f"{len(closed)} cases closed: {words} ({figures}), by {user.get_name()}"
     if len(closed) == 1:
         text = f"{_case_words(closed[0])} closed: {words} ({figures}), by {user.get_name()}"
-    return common.back(not refused, "\n".join([text, *refused]), back)
+    return common.answer(request, not refused, "\n".join([text, *refused]), back, "/", parts)
 
 
 @changes.post("/cases/{case_id}/close")
 def close_case(
     case_id: str,
+    request: Request,
     user: access.Reviewer,
     verdict: Annotated[str, Form()] = "",
     note: Annotated[str, Form()] = "",
     back: Annotated[str, Form()] = "",
-) -> RedirectResponse:
+) -> Response:
     """Close the case with the verdict and note, reviewing each of its alerts so; back to
     the queue (with its URL parameters)."""
     from velocity.analyst.reviews import Verdict
 
     words = {v.value: v.words for v in Verdict}.get(verdict.strip().upper(), verdict)
     return _case_change(
+        request,
+        user,
         case_id,
         back,
         "queue",
         lambda store: store.close(case_id, verdict, note.strip() or None, user.get_name()),
         f"closed: {words}, by {user.get_name()}",
+        alerts_changed=True,
     )
 
 
 @changes.post("/cases/{case_id}/assign")
 def assign_case(
     case_id: str,
+    request: Request,
     user: access.Reviewer,
     assignee: Annotated[str, Form()] = "",
     back: Annotated[str, Form()] = "",
     return_to: Annotated[str, Form()] = "",
-) -> RedirectResponse:
+) -> Response:
     """Assign the case to one of the users Airflow's auth manager knows (or anyone a case
     is assigned to already); an unknown name is refused, the case unchanged."""
     from velocity.errors import UsageError
@@ -325,8 +394,10 @@ def assign_case(
         name = chosen_assignee(assignee, assignees(user.get_name(), all_cases(access.settings())))
     except UsageError as exc:
         path = f"/cases/{quote(case_id, safe='')}" if return_to == "case" else "/"
-        return common.back(False, f"error: {exc}", back, path)
+        return common.answer(request, False, f"error: {exc}", back, path)
     return _case_change(
+        request,
+        user,
         case_id,
         back,
         return_to,
@@ -338,10 +409,17 @@ def assign_case(
 @changes.post("/cases/{case_id}/reopen")
 def reopen_case(
     case_id: str,
+    request: Request,
     user: access.Reviewer,
     back: Annotated[str, Form()] = "",
     return_to: Annotated[str, Form()] = "",
-) -> RedirectResponse:
+) -> Response:
     return _case_change(
-        case_id, back, return_to, lambda store: store.reopen(case_id, user.get_name()), "reopened"
+        request,
+        user,
+        case_id,
+        back,
+        return_to,
+        lambda store: store.reopen(case_id, user.get_name()),
+        "reopened",
     )

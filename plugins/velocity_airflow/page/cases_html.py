@@ -51,6 +51,8 @@ from velocity_airflow.page.values_html import (
 # Parameters of one view that another view's links leave out: an open explanation, the
 # page of a case's alerts.
 TRANSIENT = ("alert", *PAYMENT_PAGE_FIELDS)
+# What the queue's filter, its orders and its pages set in the page's URL (the rest kept).
+QUEUE_FIELDS = (*CASE_FILTER_FIELDS, *CASE_PAGE_FIELDS, *TRANSIENT)
 
 STYLE = """
 .badge.rule { background: #edf2f7; color: #2d3748; white-space: nowrap; }
@@ -218,14 +220,13 @@ def _filter_form(view: QueueView) -> str:
             f'value="{escape(text.get(name, ""))}" data-testid="queue-{name}"{offered}></label>'
         )
 
-    kept = hidden_inputs(view.params, (*CASE_FILTER_FIELDS, *CASE_PAGE_FIELDS, *TRANSIENT))
-    clear = view.link(leave_out=(*CASE_FILTER_FIELDS, *CASE_PAGE_FIELDS, *TRANSIENT))
-    mine = view.link(
-        leave_out=(*CASE_FILTER_FIELDS, *CASE_PAGE_FIELDS, *TRANSIENT), case_assignee=view.user
-    )
+    kept = hidden_inputs(view.params, QUEUE_FIELDS)
+    clear = view.link(leave_out=QUEUE_FIELDS)
+    mine = view.link(leave_out=QUEUE_FIELDS, case_assignee=view.user)
+    in_place = f'data-in-place="{view.base}/queue"'
     return (
-        f'<form class="filter" method="get" action="{view.base}/" data-testid="queue-filter">'
-        f"{kept}"
+        f'<form class="filter" method="get" action="{view.base}/" data-testid="queue-filter" '
+        f'{in_place} data-owns="{" ".join(QUEUE_FIELDS)}">{kept}'
         f'<label>Rule <select name="case_rule" data-testid="queue-case_rule">{"".join(rules)}'
         "</select></label>"
         f'<label>Status <select name="case_status" data-testid="queue-case_status">'
@@ -238,8 +239,8 @@ def _filter_form(view: QueueView) -> str:
         f'<label>Order <select name="case_sort" data-testid="queue-case_sort">{sorts}'
         "</select></label>"
         '<button type="submit" data-testid="queue-filter-submit">Show</button> '
-        f'<a href="{escape(clear)}" data-testid="queue-filter-clear">clear</a> · '
-        f'<a href="{escape(mine)}" data-testid="queue-mine">mine</a></form>'
+        f'<a href="{escape(clear)}" data-testid="queue-filter-clear" {in_place}>clear</a> · '
+        f'<a href="{escape(mine)}" data-testid="queue-mine" {in_place}>mine</a></form>'
     )
 
 
@@ -292,7 +293,7 @@ def _sort_head(view: QueueView, sort: CaseSort, words: str, css: str = "", title
     href = view.link(leave_out=("case_before", *TRANSIENT), case_sort=sort.value)
     return (
         f'<th{attrs}><a href="{escape(href)}" data-testid="queue-sort-{sort.value}" '
-        f'title="{escape(_SORT_WORDS[sort])}">{words}</a></th>'
+        f'data-in-place="{view.base}/queue" title="{escape(_SORT_WORDS[sort])}">{words}</a></th>'
     )
 
 
@@ -308,7 +309,7 @@ def _verdict_options(chosen: Verdict | None = None) -> str:
 def _bulk_form(view: QueueView) -> str:
     return (
         f'<form id="bulk-close" class="inline" method="post" action="{view.base}/cases/close" '
-        'data-progress="Closing the selected cases…" data-testid="bulk-close">'
+        'data-progress="Closing the selected cases…" data-testid="bulk-close" data-in-place>'
         f"{back_field(view.params)}{token_input(view.csrf)}"
         f'<select name="verdict" required data-testid="bulk-verdict">{_verdict_options()}'
         "</select> "
@@ -319,6 +320,12 @@ def _bulk_form(view: QueueView) -> str:
         "<kbd>o</kbd> open, <kbd>c</kbd> close as confirmed fraud, <kbd>f</kbd> as a false "
         "positive (the selected cases, else the one under the cursor)</span>"
     )
+
+
+def queue_part(page: CasePage | None, view: QueueView, error: str | None = None) -> str:
+    """The queue's section as the part a filter, an order, a page or a close redraws in
+    place (``data-part="queue"``)."""
+    return f'<div data-part="queue">{queue_section(page, view, error)}</div>'
 
 
 def queue_section(page: CasePage | None, view: QueueView, error: str | None = None) -> str:
@@ -368,10 +375,16 @@ def queue_section(page: CasePage | None, view: QueueView, error: str | None = No
     links = []
     if view.query.before is not None:
         first = view.link(leave_out=("case_before", *TRANSIENT))
-        links.append(f'<a href="{escape(first)}" data-testid="queue-newest">newest</a>')
+        links.append(
+            f'<a href="{escape(first)}" data-testid="queue-newest" '
+            f'data-in-place="{view.base}/queue">newest</a>'
+        )
     if page.older is not None:
         older = view.link(case_before=page.older.text())
-        links.append(f'<a href="{escape(older)}" data-testid="queue-older">older cases →</a>')
+        links.append(
+            f'<a href="{escape(older)}" data-testid="queue-older" '
+            f'data-in-place="{view.base}/queue">older cases →</a>'
+        )
     paging = f'<p class="paging">{"".join(links)}</p>' if links else ""
     bulk = f"<p>{_bulk_form(view)}</p>" if view.can_edit else ""
     return f"{form}{caption}{bulk}{notice}{table}{paging}"
@@ -553,7 +566,7 @@ def _case_actions(view: CaseView) -> str:
     back = back_field(queue.params) + token_input(queue.csrf)
     assign = (
         f'<form class="inline" method="post" action="{path}/assign" '
-        f'data-progress="Assigning the case…" data-testid="assign-form">{back}'
+        f'data-progress="Assigning the case…" data-testid="assign-form" data-in-place>{back}'
         '<input type="hidden" name="return_to" value="case">'
         f'{assignee_field(queue, case.assignee)} <button type="submit" '
         'data-testid="assign-submit">Assign</button></form>'
@@ -561,14 +574,14 @@ def _case_actions(view: CaseView) -> str:
     if case.status.value == "closed":
         reopen = (
             f'<form class="inline" method="post" action="{path}/reopen" '
-            f'data-progress="Reopening the case…">{back}'
+            f'data-progress="Reopening the case…" data-in-place>{back}'
             '<input type="hidden" name="return_to" value="case">'
             '<button type="submit" data-testid="reopen-submit">Reopen</button></form>'
         )
         return f"<p>{reopen}</p>"
     close = (
         f'<form id="close-form-case" class="inline" method="post" action="{path}/close" '
-        'data-progress="Closing the case…" data-testid="close-form">'
+        'data-progress="Closing the case…" data-testid="close-form" data-in-place>'
         f'{back}<select name="verdict" required data-testid="close-verdict">'
         f"{_verdict_options()}</select> "
         f'<input name="note" size="28" maxlength="{NOTE_MAX}" placeholder="note" '
@@ -582,16 +595,14 @@ def _case_actions(view: CaseView) -> str:
     return f"<p>{assign}</p><p>{close}{keys}</p>"
 
 
-def case_section(view: CaseView) -> str:
-    """A case: its facts, the actions an editor may take, its alerts (each explained on
-    request), its payments and its history."""
+def _case_facts(view: CaseView) -> str:
     case, queue = view.case, view.queue
     verdict = (
         f"<tr><th>verdict</th><td>{escape(case.verdict.words)}</td></tr>"
         if case.verdict is not None
         else ""
     )
-    facts = (
+    return (
         '<table class="facts" data-testid="case-facts">'
         f"<tr><th>status</th>{_status(case)}</tr>"
         f'<tr><th title="the strongest outcome of its alerts">outcome</th>'
@@ -603,24 +614,51 @@ def case_section(view: CaseView) -> str:
         f'<tr><th>payments</th><td class="figure" data-testid="case-amount">'
         f"{number_text(case.amount)}</td></tr>{verdict}</table>"
     )
-    alerts = (
-        f'<p class="bad">{escape(view.alerts_error)}</p>'
-        if view.alerts_error
-        else _alert_rows(view)
-    )
+
+
+def case_parts(view: CaseView, alerts: bool = False) -> dict[str, str]:
+    """The parts of a case's page that its assign, close or reopen redraws in place (each
+    ``data-part``): its title (with its status), facts and actions, history; and its
+    alerts (``alerts``: a close reviews each)."""
+    case, queue = view.case, view.queue
+    parts = {
+        "case-title": (
+            f'<h1 data-part="case-title" data-testid="case-title" '
+            f'data-case-id="{escape(case.case_id)}" data-status="{case.status.value}">'
+            f"Case {key_html(case.key)}</h1>"
+        ),
+        "case-state": (
+            f'<div data-part="case-state">{_case_facts(view)}{_case_actions(view)}</div>'
+        ),
+        "case-history": (f'<div data-part="case-history">{_history(case, queue.now_ms)}</div>'),
+    }
+    if alerts:
+        shown = (
+            f'<p class="bad">{escape(view.alerts_error)}</p>'
+            if view.alerts_error
+            else _alert_rows(view)
+        )
+        parts["case-alerts"] = f'<div data-part="case-alerts">{shown}</div>'
+    return parts
+
+
+def case_section(view: CaseView) -> str:
+    """A case: its facts, the actions an editor may take, its alerts (each explained on
+    request), its payments and its history."""
+    queue = view.queue
+    parts = case_parts(view, alerts=True)
     back = queue.link()
     return (
         f'<p><a href="{escape(back)}" data-testid="back-to-queue">← the queue</a></p>'
-        f'<h1 data-testid="case-title" data-case-id="{escape(case.case_id)}" '
-        f'data-status="{case.status.value}">Case {key_html(case.key)}</h1>'
-        f'<p class="muted">case <code>{escape(case.case_id)}</code></p>'
-        f"{view.explanation_html}{facts}{_case_actions(view)}"
+        f"{parts['case-title']}"
+        f'<p class="muted">case <code>{escape(view.case.case_id)}</code></p>'
+        f"{view.explanation_html}{parts['case-state']}"
         f'<h2>Alerts</h2><p class="muted">Notified and suppressed, every rule, a row a '
         "payment, newest payment first, its alerts in time order, as the stream wrote them "
         f"to Delta (up to {queue.write_behind_seconds:g} s behind "
         "the alert stream).</p>"
-        f"{alerts}<h2>Payments</h2>{_payments(view)}<h2>History</h2>"
-        f"{_history(case, queue.now_ms)}"
+        f"{parts['case-alerts']}<h2>Payments</h2>{_payments(view)}<h2>History</h2>"
+        f"{parts['case-history']}"
     )
 
 
@@ -628,7 +666,8 @@ def case_section(view: CaseView) -> str:
 # rows, x selects the row under it, o or Enter opens its case, c and f close the selected
 # cases (else the one under the cursor) as confirmed fraud or a false positive; on a
 # case's page c and f close it, u goes back to the queue. Keys typed in a field are the
-# field's.
+# field's. A close redraws in place what it changed (the queue, or the case): the keys go
+# on working on what is drawn.
 QUEUE_SCRIPT = """
 (function () {
   function rows() {
@@ -691,16 +730,16 @@ QUEUE_SCRIPT = """
     }
     event.preventDefault();
   });
-  var all = document.querySelector('[data-testid="select-all"]');
-  if (all) {
-    all.addEventListener("change", function () {
-      document.querySelectorAll('input[name="case_id"]').forEach(function (box) {
-        box.checked = all.checked;
-      });
+  // (On the document: the queue may be drawn again in place.)
+  document.addEventListener("change", function (event) {
+    var all = event.target;
+    if (!all.matches || !all.matches('[data-testid="select-all"]')) { return; }
+    document.querySelectorAll('input[name="case_id"]').forEach(function (box) {
+      box.checked = all.checked;
     });
-  }
-  // Drawn again (after a close, or the rows shown anew): the cursor stays on its case, or
-  // where it was when that case has gone.
+  });
+  // Drawn again (after a close, a filter, or the rows shown anew): the cursor stays on its
+  // case, or where it was when that case has gone.
   function refocus() {
     if (!window.velocityFocusedCase) { return; }
     var list = rows();

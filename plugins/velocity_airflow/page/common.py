@@ -1,22 +1,26 @@
 """What the page's routers share: where the app is mounted, the URL parameters kept from
-page to page, a section read that may fail, and the redirect back to the page with a
-message shown once (``flash``)."""
+page to page, a section read that may fail, and a change's answer: the redirect back to
+the page with a message shown once (``flash``) for a plain form, or, for the page's script
+(``in_place``), the outcome and the parts of the page the change redrew, as JSON."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from fastapi import status
-from fastapi.responses import RedirectResponse
+from fastapi import Request, status
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from velocity_airflow.page import access, flash
 from velocity_airflow.page.home_html import Flash
 
 URL_PREFIX = "/velocity"
+# The page's script asks for the parts a click changed with this header (a fetch); a plain
+# form's post, without it, is answered with the redirect back to the page.
+IN_PLACE_HEADER = "X-Velocity-In-Place"
 # A query string longer than this is not a page's: cut, never echoed back whole.
 _PARAMS_MAX = 4000
 
@@ -63,3 +67,39 @@ def back(ok: bool, text: str, back: str = "", path: str = "/") -> RedirectRespon
         max_age=300, path=URL_PREFIX, httponly=True, samesite="lax",
     )  # fmt: skip
     return response
+
+
+def in_place(request: Request) -> bool:
+    """Whether the page's script sent this request, to redraw in place what it changed."""
+    return request.headers.get(IN_PLACE_HEADER) == "1"
+
+
+Parts = Mapping[str, str]
+
+
+def parts_json(ok: bool, text: str, parts: Parts, refused: int = 409, **more: Any) -> Response:
+    """What the page's script draws in place: the outcome (``ok``, ``text``) and ``parts``,
+    each the HTML of the page's element ``data-part="<name>"`` (empty: removed). Refused
+    (``ok`` false): the status ``refused`` (409: the case's state did not allow it)."""
+    body = {"ok": ok, "text": text, "parts": dict(parts), **more}
+    return JSONResponse(body, status.HTTP_200_OK if ok else refused)
+
+
+def answer(
+    request: Request,
+    ok: bool,
+    text: str,
+    back_query: str = "",
+    path: str = "/",
+    parts: Callable[[], Parts] | None = None,
+    refused: int = 409,
+) -> Response:
+    """A change's answer: for the page's script, the outcome and the parts it redrew
+    (``parts()``, read after the change; a part that cannot be read is left as it was);
+    for a plain form, the redirect back to the page (``back``)."""
+    if not in_place(request):
+        return back(ok, text, back_query, path)
+    drawn, error = read("page's parts", parts or dict)
+    if error is not None:
+        text = f"{text}\n({error}: reload the page to see it)"
+    return parts_json(ok, text, drawn or {}, refused)

@@ -56,7 +56,7 @@ def page_data(
     data.rule_versions = {(r.rule_id, r.version): r for r in history or []}
     data.queue, data.queue_page, data.queue_error = cases.queue(settings, data, history)
     data.rule_rates, data.rates_error = common.read(
-        "alerts a minute", lambda: _rule_rates(settings, [r.rule_id for r in data.rules], now_ms)
+        "alerts a minute", lambda: rule_rates(settings, [r.rule_id for r in data.rules], now_ms)
     )
     alerts.alert_page(data, settings, query, history)
     data.reviews, data.reviews_error = common.read(
@@ -90,7 +90,7 @@ def page_data(
     return data
 
 
-def _rule_rates(settings: Any, rule_ids: list[int], now_ms: int) -> Any:
+def rule_rates(settings: Any, rule_ids: list[int], now_ms: int) -> Any:
     from velocity.delta.reader import rule_rates
 
     return rule_rates(settings, rule_ids, now_ms)

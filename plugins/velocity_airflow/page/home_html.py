@@ -7,8 +7,12 @@ confirmed by a second button inside a ``<details>`` instead.
 
 A rule change in flight is shown: a form that changes something carries the words for it
 (``data-progress``); a few lines of script show them at the top, disable the change
-buttons and post the form with ``fetch``, and the page that comes back, with the
-outcome, replaces this one. Without script the forms post as plain forms.
+buttons and post the form with ``fetch``. A click that changes one thing (assign, close,
+reopen, pause, activate, delete, an outcome; the queue's filter, orders and pages; the
+window lookup: ``data-in-place``) gets back the outcome and the parts of the page it
+changed (a case's facts, a rule's row, the queue), drawn in place (``data-part``): the
+page stays, its live counter counting. Any other change's page, with the outcome,
+replaces this one. Without script the forms post as plain forms and the page comes back.
 
 Every form that posts carries the page's token (``csrf_token``, ``PageData.csrf``: drawn
 for the signed-in session by ``access.csrf_token``), and the page's ``<meta
@@ -85,63 +89,189 @@ p.nav { margin: .2rem 0 .6rem; }
 
 
 # A change in flight: the words of the form (or button) that posted it at the top, the
-# change buttons disabled, the post sent by fetch() so the page stays; the page that comes
-# back (the outcome, or the form again with what is wrong) replaces this one. Should
-# fetch fail, the form is posted as a plain form.
+# change buttons disabled, the post sent by fetch() so the page stays. A form marked
+# data-in-place (assign, close, reopen, pause, activate, delete, an outcome) asks for
+# what it changed (the header X-Velocity-In-Place): the server answers JSON, the outcome
+# and the parts it redrew, each put in place of the page's element data-part="<name>",
+# the focus kept on its field; a refusal (403, 409, a rule rejected) is said at the top
+# and beside the button clicked. A GET form or link marked data-in-place="<url>" (the
+# queue's filter, orders and pages, the window lookup) reads its part from that url with
+# the page's URL parameters as they would be, and the page's URL then says them (history).
+# Any other form: the page that comes back replaces this one. Should fetch fail, the form
+# is posted as a plain form. The live feed goes on counting meanwhile.
 _PROGRESS_SCRIPT = """
-document.addEventListener("submit", function (event) {
-  var form = event.target, submitter = event.submitter;
-  var source = submitter && submitter.dataset.progress ? submitter : form;
-  var words = source.dataset && source.dataset.progress;
-  if (!words || form.dataset.plain) { return; }
-  event.preventDefault();
-  var body = new FormData(form, submitter);
-  // The page's token: in the form's field, and as a header (a form drawn by a live
-  // update carries it too; the meta is the page's).
-  var meta = document.querySelector('meta[name="csrf-token"]');
-  var token = meta ? meta.content : "";
-  if (token && !body.has("csrf_token")) { body.append("csrf_token", token); }
-  // Back to this page's URL (its filters and pages) after the change.
-  if (!body.has("back")) { body.append("back", location.search.replace(/^\\?/, "")); }
-  // A button may post the form elsewhere (Preview: it saves nothing).
-  var action = submitter && submitter.hasAttribute("formaction") ? submitter.formAction
-    : form.action;
-  if (window.velocityLive) { window.velocityLive.close(); }
-  var shown = document.querySelector('[data-testid="flash"]');
-  if (shown) { shown.hidden = true; }
-  var busy = document.getElementById("change-progress");
-  busy.textContent = words;
-  busy.hidden = false;
-  document.querySelectorAll("form[data-progress] button").forEach(function (button) {
-    button.disabled = true;
-  });
-  var sent = {"X-Velocity-Sent": String(Math.round(performance.timeOrigin + performance.now()))};
-  if (token) { sent["X-CSRF-Token"] = token; }
-  fetch(action, {method: "POST", body: body, credentials: "same-origin", headers: sent})
-    .then(function (reply) {
-      return reply.text().then(function (html) {
-        document.open();
-        document.write(html);
-        document.close();
-        if (reply.redirected) { history.replaceState(null, "", reply.url); }
-      });
-    })
-    .catch(function () {
-      form.dataset.plain = "1";
-      form.action = action;
-      if (token && !form.querySelector('input[name="csrf_token"]')) {
-        var field = document.createElement("input");
-        field.type = "hidden"; field.name = "csrf_token"; field.value = token;
-        form.appendChild(field);
-      }
-      if (submitter && submitter.name) {
-        var kept = document.createElement("input");
-        kept.type = "hidden"; kept.name = submitter.name; kept.value = submitter.value;
-        form.appendChild(kept);
-      }
-      form.submit();
+(function () {
+  function busy(words) {
+    var shown = document.getElementById("change-progress");
+    if (shown) { shown.textContent = words; shown.hidden = !words; }
+    document.querySelectorAll("form[data-progress] button").forEach(function (button) {
+      button.disabled = !!words;
     });
-});
+  }
+  function said(ok, text, form) {
+    document.querySelectorAll('[data-testid="flash"], [data-testid="click-error"]')
+      .forEach(function (old) { old.remove(); });
+    if (!text) { return; }
+    var top = document.createElement("div");
+    top.className = "flash " + (ok ? "ok" : "bad");
+    top.dataset.testid = "flash";
+    top.textContent = text;
+    var progress = document.getElementById("change-progress");
+    if (progress) { progress.after(top); }
+    if (ok || !form) { return; }
+    var here = document.createElement("span");
+    here.className = "bad";
+    here.dataset.testid = "click-error";
+    here.setAttribute("role", "alert");
+    here.textContent = " " + text;
+    form.appendChild(here);
+  }
+  function draw(parts) {
+    var active = document.activeElement, again = null;
+    if (active && active !== document.body) {
+      again = active.dataset.testid ? '[data-testid="' + CSS.escape(active.dataset.testid) + '"]'
+        : active.name ? '[name="' + CSS.escape(active.name) + '"]' : null;
+    }
+    Object.keys(parts).forEach(function (name) {
+      document.querySelectorAll('[data-part="' + CSS.escape(name) + '"]').forEach(function (old) {
+        if (parts[name]) { old.outerHTML = parts[name]; } else { old.remove(); }
+      });
+    });
+    var found = again && !active.isConnected ? document.querySelector(again) : null;
+    if (found) { found.focus(); }
+    if (window.velocityAgo) { window.velocityAgo(); }
+    if (window.velocityRefocus) { window.velocityRefocus(); }
+  }
+  function send(url, init, form, then) {
+    var action = form && form.getAttribute("action");
+    init.credentials = "same-origin";
+    init.headers = Object.assign({"X-Velocity-In-Place": "1"}, init.headers);
+    return fetch(url, init).then(function (reply) {
+      return reply.json().then(function (answer) {
+        var ok = reply.ok && answer.ok !== false;
+        var detail = answer.detail;
+        draw(answer.parts || {});
+        if (form && !form.isConnected) {
+          form = document.querySelector('form[action="' + CSS.escape(action) + '"]');
+        }
+        said(ok, answer.text || (typeof detail === "string" ? detail
+          : detail ? JSON.stringify(detail) : ""), form);
+        if (then) { then(answer, ok); }
+        document.dispatchEvent(new CustomEvent("velocity:drawn", {detail: answer}));
+      }, function () {
+        said(false, "no answer the page can read (" + reply.status + "): reload the page", form);
+      });
+    }, function (error) {
+      said(false, "not sent (" + error.message + "): try again", form);
+    }).then(function () { busy(""); });
+  }
+  // The page's URL parameters after a read in place: the URL, and what the page's forms
+  // send back (hidden fields), say them; owned: the names it may have changed (all: null).
+  function keep(params, owned) {
+    var query = params.toString();
+    history.pushState(null, "", location.pathname + (query ? "?" + query : ""));
+    function mine(name) { return !owned || owned.indexOf(name) >= 0; }
+    document.querySelectorAll('form[method="get"]').forEach(function (form) {
+      form.querySelectorAll('input[type="hidden"]').forEach(function (field) {
+        if (mine(field.name)) { field.remove(); }
+      });
+      params.forEach(function (value, name) {
+        if (mine(name) && !form.querySelector('[name="' + CSS.escape(name) + '"]')) {
+          var field = document.createElement("input");
+          field.type = "hidden"; field.name = name; field.value = value;
+          form.appendChild(field);
+        }
+      });
+    });
+    document.querySelectorAll('input[type="hidden"][name="back"]').forEach(function (field) {
+      var back = new URLSearchParams(field.value);
+      Array.from(back.keys()).forEach(function (name) { if (mine(name)) { back.delete(name); } });
+      params.forEach(function (value, name) { if (mine(name)) { back.set(name, value); } });
+      field.value = back.toString();
+    });
+  }
+  function read(url, params, form, owned) {
+    var query = params.toString();
+    send(url + (query ? "?" + query : ""), {method: "GET"}, form, function (answer) {
+      keep(params, owned);
+      if (answer.live) { document.body.dataset.live = answer.live; }
+    });
+  }
+  window.addEventListener("popstate", function () { location.reload(); });
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest ? event.target.closest("a[data-in-place]") : null;
+    if (!link || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) {
+      return;
+    }
+    event.preventDefault();
+    read(link.dataset.inPlace, new URL(link.href).searchParams, null, null);
+  });
+  document.addEventListener("submit", function (event) {
+    var form = event.target, submitter = event.submitter;
+    if (form.dataset.plain) { return; }
+    if (form.method === "get") {
+      if (!form.dataset.inPlace) { return; }
+      event.preventDefault();
+      var owned = (form.dataset.owns || "").split(" ");
+      var params = new URLSearchParams(location.search);
+      owned.forEach(function (name) { params.delete(name); });
+      form.querySelectorAll('input:not([type="hidden"]), select').forEach(function (field) {
+        if (field.name && field.value) { params.set(field.name, field.value); }
+      });
+      read(form.dataset.inPlace, params, form, owned);
+      return;
+    }
+    var source = submitter && submitter.dataset.progress ? submitter : form;
+    var words = source.dataset && source.dataset.progress;
+    if (!words) { return; }
+    event.preventDefault();
+    var body = new FormData(form, submitter);
+    // The page's token: in the form's field, and as a header (a form drawn by a live
+    // update carries it too; the meta is the page's).
+    var meta = document.querySelector('meta[name="csrf-token"]');
+    var token = meta ? meta.content : "";
+    if (token && !body.has("csrf_token")) { body.append("csrf_token", token); }
+    // Back to this page's URL (its filters and pages) after the change.
+    if (!body.has("back")) { body.append("back", location.search.replace(/^\\?/, "")); }
+    // A button may post the form elsewhere (Preview: it saves nothing).
+    var action = submitter && submitter.hasAttribute("formaction") ? submitter.formAction
+      : form.action;
+    var sent = {"X-Velocity-Sent": String(Math.round(performance.timeOrigin + performance.now()))};
+    if (token) { sent["X-CSRF-Token"] = token; }
+    busy(words);
+    if (form.hasAttribute("data-in-place")) {
+      send(action, {method: "POST", body: body, headers: sent}, form);
+      return;
+    }
+    if (window.velocityLive) { window.velocityLive.close(); }
+    var shown = document.querySelector('[data-testid="flash"]');
+    if (shown) { shown.hidden = true; }
+    fetch(action, {method: "POST", body: body, credentials: "same-origin", headers: sent})
+      .then(function (reply) {
+        return reply.text().then(function (html) {
+          document.open();
+          document.write(html);
+          document.close();
+          if (reply.redirected) { history.replaceState(null, "", reply.url); }
+        });
+      })
+      .catch(function () {
+        form.dataset.plain = "1";
+        form.action = action;
+        if (token && !form.querySelector('input[name="csrf_token"]')) {
+          var field = document.createElement("input");
+          field.type = "hidden"; field.name = "csrf_token"; field.value = token;
+          form.appendChild(field);
+        }
+        if (submitter && submitter.name) {
+          var kept = document.createElement("input");
+          kept.type = "hidden"; kept.name = submitter.name; kept.value = submitter.value;
+          form.appendChild(kept);
+        }
+        form.submit();
+      });
+  });
+})();
 """
 
 # Each click on a link or button (and each keyboard move that posts) leaves its moment
@@ -170,14 +300,18 @@ _CLICK_SCRIPT = """
 # said above its table ("12 cases updated — show"); "show" draws that table's rows again
 # (the page's size at most), so nothing moves under the analyst's hand, and the page holds
 # no more rows than it was drawn with. The stream's figures are redrawn with each health
-# event. The browser reconnects by itself from the last position it had.
+# event. The browser reconnects by itself from the last position it had. A click drawn in
+# place leaves the feed open (the queue drawn again: its count starts from that drawing).
 _LIVE_SCRIPT = """
 (function () {
   if (window.velocityLive) { window.velocityLive.close(); window.velocityLive = null; }
-  var feed = document.body.dataset.live;
-  if (!feed || !window.EventSource) { return; }
-  var queue = document.querySelector('[data-testid="queue"][data-as-of]');
-  var alerts = document.querySelector('[data-testid="alerts"][data-after]');
+  if (!document.body.dataset.live || !window.EventSource) { return; }
+  // Looked up when needed: the queue may have been drawn again in place.
+  function table(which) {
+    return which === "queue" ? document.querySelector('[data-testid="queue"][data-as-of]')
+      : document.querySelector('[data-testid="alerts"][data-after]');
+  }
+  var queue = table("queue"), alerts = table("alerts");
   var status = document.querySelector('[data-testid="live-status"]');
   var state = {
     after: alerts ? alerts.dataset.after : "",
@@ -194,7 +328,7 @@ _LIVE_SCRIPT = """
   }
   function connect() {
     if (window.velocityLive) { window.velocityLive.close(); }
-    var url = new URL(feed, location.href);
+    var url = new URL(document.body.dataset.live, location.href);
     if (state.after) { url.searchParams.set("after", state.after); }
     if (state.casesSince) { url.searchParams.set("cases_since", state.casesSince); }
     var source = new EventSource(url.toString(), {withCredentials: true});
@@ -249,11 +383,18 @@ _LIVE_SCRIPT = """
         connect();
       });
   }
-  [["queue", queue], ["alerts", alerts]].forEach(function (pair) {
-    var button = document.querySelector('[data-testid="' + pair[0] + '-show"]');
-    if (button && pair[1]) {
-      button.addEventListener("click", function () { show(pair[0], pair[1]); });
-    }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("button[data-testid]") : null;
+    var which = button && {"queue-show": "queue", "alerts-show": "alerts"}[button.dataset.testid];
+    if (which && table(which)) { show(which, table(which)); }
+  });
+  // The queue drawn again in place (a filter, a close): its changes count from its
+  // drawing, with its filter (the feed's URL); the alerts' count goes on.
+  document.addEventListener("velocity:drawn", function (event) {
+    var drawn = table("queue");
+    if (!("queue" in (event.detail.parts || {})) || !drawn) { return; }
+    state.casesSince = drawn.dataset.asOf;
+    connect();
   });
   connect();
 })();
@@ -365,7 +506,7 @@ def _rule_actions(rule: Rule, base: str, token: str) -> str:
         progress = f"{_VERBS[action]} ruleId {rule.rule_id}…"
         return (
             f'<form class="inline" method="post" action="{base}/rules/{rule.rule_id}/{action}" '
-            f'data-progress="{escape(progress)}">{token_input(token)}'
+            f'data-progress="{escape(progress)}" data-in-place>{token_input(token)}'
             f'<button type="submit" data-testid="{action}-{rule.rule_id}">{label}</button></form>'
         )
 
@@ -395,7 +536,8 @@ def outcome_cell(rule: Rule, data: PageData) -> str:
     progress = f"Setting the outcome of ruleId {rule.rule_id}…"
     return (
         f'<td>{shown}<form class="inline" method="post" '
-        f'action="{data.base}/rules/{rule.rule_id}/outcome" data-progress="{escape(progress)}">'
+        f'action="{data.base}/rules/{rule.rule_id}/outcome" data-progress="{escape(progress)}" '
+        "data-in-place>"
         f"{token_input(data.csrf)}"
         f'<select name="outcome" aria-label="outcome" '
         f'data-testid="outcome-choice-{rule.rule_id}">{choices}</select>'
@@ -412,23 +554,8 @@ def _rules(data: PageData) -> str:
     head = "<tr><th>ruleId</th><th>version</th><th>state</th><th>rule</th><th>outcome</th>"
     head += f"<th>alerts a minute, last {RATE_MINUTES} min</th>"
     head += "<th>actions</th></tr>" if data.can_edit else "</tr>"
-    rows = []
     candidates = {c.candidate.rule_id: c.candidate for c in data.shadow or ()}
-    for rule in data.rules:
-        actions = f"<td>{_rule_actions(rule, data.base, data.csrf)}</td>" if data.can_edit else ""
-        candidate = candidates.get(rule.rule_id)
-        beside = (
-            f' <a href="#shadow" class="muted" data-testid="candidate-of-{rule.rule_id}">'
-            f"candidate v{candidate.version} in shadow</a>"
-            if candidate is not None
-            else ""
-        )
-        rows.append(
-            f'<tr data-testid="rule-{rule.rule_id}"><td>{rule.rule_id}</td><td>{rule.version}</td>'
-            f'<td class="state-{rule.state.value}">{rule.state.value}</td>'
-            f"<td>{escape(rule_summary(rule))}{beside}</td>{outcome_cell(rule, data)}"
-            f"{rates_cell((data.rule_rates or {}).get(rule.rule_id), data)}{actions}</tr>"
-        )
+    rows = [rule_row(rule, data, candidates.get(rule.rule_id)) for rule in data.rules]
     caption = (
         f'<p class="muted" data-testid="rates-caption">Alerts a minute over the last '
         f"{RATE_MINUTES} minutes by decision time, notified and suppressed by the rule's "
@@ -440,6 +567,26 @@ def _rules(data: PageData) -> str:
     )
     rates_error = _error(data.rates_error)
     return f'{caption}{rates_error}<table data-testid="rules">{head}{"".join(rows)}</table>'
+
+
+def rule_row(rule: Rule, data: PageData, candidate: Rule | None = None) -> str:
+    """A rule in force: its row of the rules table, the part its pause, activate, delete or
+    outcome redraws in place (``data-part="rule-<ruleId>"``); ``candidate``: its SHADOW
+    candidate, if one stands."""
+    actions = f"<td>{_rule_actions(rule, data.base, data.csrf)}</td>" if data.can_edit else ""
+    beside = (
+        f' <a href="#shadow" class="muted" data-testid="candidate-of-{rule.rule_id}">'
+        f"candidate v{candidate.version} in shadow</a>"
+        if candidate is not None
+        else ""
+    )
+    return (
+        f'<tr data-testid="rule-{rule.rule_id}" data-part="rule-{rule.rule_id}">'
+        f"<td>{rule.rule_id}</td><td>{rule.version}</td>"
+        f'<td class="state-{rule.state.value}">{rule.state.value}</td>'
+        f"<td>{escape(rule_summary(rule))}{beside}</td>{outcome_cell(rule, data)}"
+        f"{rates_cell((data.rule_rates or {}).get(rule.rule_id), data)}{actions}</tr>"
+    )
 
 
 def _minute_text(ms: int) -> str:
@@ -609,21 +756,27 @@ def lookup_html(found: Mapping[str, Any]) -> str:
     )
 
 
+# What the window lookup's form sets in the page's URL (the rest kept).
+LOOKUP_FIELDS = ("lookup_rule", "lookup_key", "alert")
+
+
+def lookup_part(found: Mapping[str, Any] | None, error: str | None) -> str:
+    """The lookup's result (or why there is none), the part the form redraws in place."""
+    result = _error(error) if error else "" if found is None else lookup_html(found)
+    return f'<div data-part="lookup-result">{result}</div>'
+
+
 def _lookup(data: PageData) -> str:
     form = data.lookup_form
-    result = ""
-    if data.lookup_error:
-        result = _error(data.lookup_error)
-    elif data.lookup is not None:
-        result = lookup_html(data.lookup)
-    kept = values_html.hidden_inputs(data.params, ("lookup_rule", "lookup_key", "alert"))
+    kept = values_html.hidden_inputs(data.params, LOOKUP_FIELDS)
     return (
-        f'<form method="get" action="{data.base}/" data-testid="lookup">{kept}'
+        f'<form method="get" action="{data.base}/" data-testid="lookup" '
+        f'data-in-place="{data.base}/lookup" data-owns="{" ".join(LOOKUP_FIELDS)}">{kept}'
         f'ruleId <input name="lookup_rule" size="5" value="{escape(form.get("lookup_rule", ""))}"> '
         f'key <input name="lookup_key" size="40" placeholder="payerId=25,beneficiaryId=12" '
         f'value="{escape(form.get("lookup_key", ""))}"> '
-        '<button type="submit">Look up</button></form>'
-        f"{result}"
+        '<button type="submit" data-testid="lookup-submit">Look up</button></form>'
+        f"{lookup_part(data.lookup, data.lookup_error)}"
     )
 
 
@@ -677,7 +830,7 @@ _NAV = (
 def _queue(data: PageData) -> str:
     if data.queue is None:
         return _error(data.queue_error or "the queue was not read")
-    return cases_html.queue_section(data.queue_page, data.queue, data.queue_error)
+    return cases_html.queue_part(data.queue_page, data.queue, data.queue_error)
 
 
 def _backfills(data: PageData) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,11 +17,16 @@ from fastapi import APIRouter, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from velocity_airflow.page import access, common, home
-from velocity_airflow.page.home_html import Flash
+from velocity_airflow.page.common import URL_PREFIX
+from velocity_airflow.page.home_html import Flash, PageData, rule_row
 
 # One state clearing at a time: each starts a Spark session in the api-server's process
 # tree. (Rule changes need no lock: the rule store serialises concurrent appliers.)
 _CLEAR_STATE = threading.Lock()
+
+# The actions whose change the page draws in place (the rule's row): a promotion or a
+# discard changes the shadow table and the precision too, and the page is drawn anew.
+IN_PLACE_ACTIONS = ("pause", "activate", "delete")
 
 router = APIRouter()
 changes = APIRouter(dependencies=[access.EDIT_RULES])
@@ -81,10 +87,50 @@ def _shadow_rules(
     return common.back(*apply_rules(candidates), back)
 
 
+def rule_part(request: Request, user: Any, rule_id: int) -> common.Parts:
+    """The row of rule ``rule_id`` as it stands (none when no rule of that id is in force:
+    deleted), the part a change of it redraws in place: its version and state, outcome,
+    alerts a minute, and its SHADOW candidate if one stands."""
+    from velocity.delta.reader import rule_history
+    from velocity.domain.rule_changes import RuleBook
+
+    settings = access.settings()
+    history = rule_history(settings)
+    book = RuleBook.of(history)
+    standing = book.standing().get(rule_id)
+    if standing is None:
+        return {f"rule-{rule_id}": ""}
+    now_ms = int(time.time() * 1000)
+    data = PageData(
+        user=user.get_name(),
+        can_edit=access.can_edit(user),
+        base=URL_PREFIX,
+        now_ms=now_ms,
+        csrf=access.csrf_token(request),
+    )
+    data.rule_rates, data.rates_error = common.read(
+        "alerts a minute", lambda: home.rule_rates(settings, [rule_id], now_ms)
+    )
+    return {f"rule-{rule_id}": rule_row(standing, data, book.candidates.get(rule_id))}
+
+
+def _rule_change(
+    request: Request, user: Any, rule_id: int, ok: bool, text: str, back: str
+) -> Response:
+    """A rule change's answer: the redirect back to the page, or its row redrawn in place
+    (422 when the change was refused: the rule as it stands)."""
+    parts = lambda: rule_part(request, user, rule_id)  # noqa: E731
+    return common.answer(request, ok, text, back, parts=parts, refused=422)
+
+
 @changes.post("/rules/{rule_id}/outcome")
 def change_rule_outcome(
-    rule_id: int, outcome: Annotated[str, Form()] = "", back: Annotated[str, Form()] = ""
-) -> RedirectResponse:
+    rule_id: int,
+    request: Request,
+    user: access.Editor,
+    outcome: Annotated[str, Form()] = "",
+    back: Annotated[str, Form()] = "",
+) -> Response:
     """Set the outcome (ALERT, REVIEW or BLOCK) of the rule in force: a new version, the
     same but for its outcome, as a rules file with that outcome would make. (Before the
     generic action route, which would take ``outcome`` for an action.)"""
@@ -94,21 +140,28 @@ def change_rule_outcome(
     try:
         change = outcome_change(rule_id, outcome)
     except UsageError as exc:
-        return common.back(False, f"error: {exc}", back)
-    return common.back(*apply_rules([change]), back)
+        return _rule_change(request, user, rule_id, False, f"error: {exc}", back)
+    return _rule_change(request, user, rule_id, *apply_rules([change]), back)
 
 
 @changes.post("/rules/{rule_id}/{action}")
 def change_rule_state(
-    rule_id: int, action: str, back: Annotated[str, Form()] = ""
-) -> RedirectResponse:
+    rule_id: int,
+    action: str,
+    request: Request,
+    user: access.Editor,
+    back: Annotated[str, Form()] = "",
+) -> Response:
     """Pause, activate or delete the rule in force; promote the SHADOW candidate of
     ``rule_id`` to its ACTIVE version, or discard it (`velocity rules ACTION ID`)."""
     from velocity.domain.rule_changes import RULE_ACTIONS, rule_action
 
     if action not in RULE_ACTIONS:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no rule action {action!r}")
-    return common.back(*apply_rules([rule_action(action, rule_id)]), back)
+    ok, text = apply_rules([rule_action(action, rule_id)])
+    if action in IN_PLACE_ACTIONS:
+        return _rule_change(request, user, rule_id, ok, text, back)
+    return common.back(ok, text, back)
 
 
 @changes.post("/rules", response_model=None)

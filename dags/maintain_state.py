@@ -2,8 +2,9 @@
 
 What: compact sealed minute buckets into hour buckets, OPTIMIZE the tables, VACUUM
 files no version needs, evict buckets and Redis keys beyond every rule's window, and
-reconcile Redis against Delta, repairing drift. Each step is a `velocity maintain`
-command submitted through spark-submit; each is idempotent, so a rerun does nothing new.
+reconcile Redis against Delta, repairing drift: `velocity maintain all`, the steps in that
+order in one spark-submit (one JVM and Spark session, not one a step). Each step is
+idempotent, so a rerun does nothing new; the task's log holds each step's summary.
 Why: the stream appends small files and buckets every micro-batch; without this, reads
 slow down, storage grows and Redis can drift from the state of record.
 When: hourly by itself; trigger it after a large backfill, or when lookups or
@@ -16,11 +17,11 @@ batch job at a time.
 
 from __future__ import annotations
 
-from airflow.sdk import chain, dag
+from airflow.sdk import dag
 
 from velocity_airflow import SPARK_BATCH_POOL
 from velocity_airflow.operators import VelocitySparkSubmitOperator
-from velocity_airflow.plans import MAINTENANCE_STEPS
+from velocity_airflow.plans import MAINTENANCE_COMMAND
 
 
 @dag(
@@ -31,11 +32,8 @@ from velocity_airflow.plans import MAINTENANCE_STEPS
     tags=["velocity", "maintenance"],
 )
 def maintain_state() -> None:
-    chain(
-        *(
-            VelocitySparkSubmitOperator(task_id=name, command=list(args), pool=SPARK_BATCH_POOL)
-            for name, args in MAINTENANCE_STEPS
-        )
+    VelocitySparkSubmitOperator(
+        task_id="maintain", command=list(MAINTENANCE_COMMAND), pool=SPARK_BATCH_POOL
     )
 
 

@@ -20,16 +20,10 @@ from velocity.errors import UsageError
 from velocity.operating.stream_control import KafkaSource
 from velocity.settings import spark_master_on_loopback
 
-# `velocity maintain …` steps in the order maintain_state runs them: compact sealed
-# minute buckets first so OPTIMIZE rewrites fewer files, VACUUM what both left behind,
-# then evict and reconcile Redis against the compacted Delta state.
-MAINTENANCE_STEPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
-    ("compact", ("maintain", "compact")),
-    ("optimize", ("maintain", "optimize")),
-    ("vacuum", ("maintain", "vacuum")),
-    ("evict", ("maintain", "evict")),
-    ("reconcile", ("maintain", "reconcile", "--repair")),
-)
+# maintain_state's one task: every `velocity maintain` step in its order (MAINTENANCE_ORDER)
+# in one spark-submit, one JVM and Spark session where a task a step started five, a quarter
+# of a minute each on two cores. Each step is idempotent, so a retry runs them all again.
+MAINTENANCE_COMMAND: Final = ("maintain", "all")
 
 QUALITY_SUITES: Final = ("all", "events", "quarantine", "buckets", "alerts")
 

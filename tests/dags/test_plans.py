@@ -7,7 +7,7 @@ import pytest
 from velocity.errors import UsageError
 from velocity.settings import Settings
 from velocity_airflow.plans import (
-    MAINTENANCE_STEPS,
+    MAINTENANCE_COMMAND,
     QUALITY_SUITES,
     StreamAction,
     StreamHealth,
@@ -172,15 +172,14 @@ def test_run_stream_restarts_on_the_source_the_stream_read_last() -> None:
     assert stream_source("kafka", None) == ("kafka", None)
 
 
-def test_maintenance_runs_every_step_once_in_order() -> None:
-    assert [name for name, _ in MAINTENANCE_STEPS] == [
-        "compact",
-        "optimize",
-        "vacuum",
-        "evict",
-        "reconcile",
-    ]
-    assert MAINTENANCE_STEPS[-1][1] == ("maintain", "reconcile", "--repair")
+def test_maintenance_runs_every_step_once_in_order_and_repairs() -> None:
+    from velocity.cli.commands.maintain import MAINTENANCE_ORDER
+    from velocity.cli.main import build_parser
+
+    assert MAINTENANCE_COMMAND == ("maintain", "all")
+    assert MAINTENANCE_ORDER == ("compact", "optimize", "vacuum", "evict", "reconcile")
+    parsed = build_parser().parse_args(list(MAINTENANCE_COMMAND))
+    assert parsed.repair is True and parsed.retention_hours == 168
 
 
 def test_summary_is_the_last_json_object_line() -> None:
@@ -304,7 +303,7 @@ def test_stream_status_and_stop_args() -> None:
 
 
 PLANNED_COMMANDS = [
-    *(list(args) for _, args in MAINTENANCE_STEPS),
+    list(MAINTENANCE_COMMAND),
     *(["quality", "check", "--suite", suite] for suite in QUALITY_SUITES),
     backfill_args(),
     backfill_args(0, 60_000, [4, 1]),

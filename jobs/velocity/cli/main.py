@@ -392,8 +392,10 @@ def _add_backfill(sub: _Commands) -> None:
 
 
 def _add_maintain(sub: _Commands) -> None:
-    """`velocity maintain compact|optimize|vacuum|evict|reconcile`."""
-    maintain = sub.add_parser("maintain", help="compact, optimize, vacuum, evict, reconcile")
+    """`velocity maintain compact|optimize|vacuum|evict|reconcile|all`."""
+    maintain = sub.add_parser(
+        "maintain", help="compact, optimize, vacuum, evict, reconcile (or all of them)"
+    )
     maintain_sub = maintain.add_subparsers(dest="step", required=True, parser_class=_Parser)
     maintain_sub.add_parser(
         "compact", help="fold sealed g-wide buckets into hour buckets"
@@ -414,6 +416,15 @@ def _add_maintain(sub: _Commands) -> None:
     )
     reconcile_state.add_argument("--repair", action="store_true", help="rewrite Redis from Delta")
     reconcile_state.set_defaults(run=LazyHandler("maintain", "maintain"))
+    every = maintain_sub.add_parser(
+        "all",
+        help="every step in order in one Spark session (compact, optimize, vacuum, evict, "
+        "reconcile --repair), as the maintain_state DAG runs them; exit 1 if drift is left",
+    )
+    every.add_argument(
+        "--retention-hours", type=int, default=168, help="vacuum: keep files younger (at least 168)"
+    )
+    every.set_defaults(run=LazyHandler("maintain", "maintain"), repair=True)
 
 
 def _add_quality(sub: _Commands) -> None:

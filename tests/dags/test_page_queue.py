@@ -638,3 +638,166 @@ def test_the_case_routes_need_a_login() -> None:
         assert client.get(path).status_code == 401, path
     for path in ("/cases/close", "/cases/c-1/close", "/cases/c-1/assign", "/backfills"):
         assert client.post(path).status_code == 401, path
+
+
+IN_PLACE = {"X-Velocity-In-Place": "1"}
+
+
+@pytest.mark.redis
+def test_each_click_answers_only_what_it_changed_in_process(
+    data_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the page's script (X-Velocity-In-Place), assign, close, reopen, a bulk close,
+    pause and delete answer JSON: the outcome and the parts of the page each changed (a
+    case's title, facts and history, its alerts after a close; the queue; a rule's row),
+    no flash cookie and no redirect, and write nothing but their change; a refusal is a
+    409 (or 422 for a rule) saying why, the case drawn as it is. The queue's filter and
+    the window lookup read their part."""
+    from fastapi.testclient import TestClient
+
+    from velocity.delta.case_store import CaseStore
+    from velocity.delta.names import RULES
+    from velocity.delta.reader import review_store
+    from velocity.delta.rule_store import RuleStore
+    from velocity_airflow.page import access, common
+    from velocity_airflow.page.app import app
+
+    settings = _cases_settings(data_settings, monkeypatch)
+    reviewer = access.Reviewer.__metadata__[0].dependency
+    editor = access.Editor.__metadata__[0].dependency
+    app.dependency_overrides.update(
+        {access.current_user: Analyst, reviewer: Analyst, editor: Analyst}
+    )
+    store, rules = CaseStore(settings), RuleStore(settings.table_path(RULES))
+    by_key = {c.key["payerId"]: c for c in store.cases().values()}
+    p1, p2 = by_key["p1"].case_id, by_key["p2"].case_id
+
+    def written() -> tuple[int, int, int]:
+        """Case events, reviews and rule versions: what a click may write."""
+        return len(store.events()), len(review_store(settings).all()), len(rules.history())
+
+    def in_place(reply: Any, status: int = 200) -> dict[str, Any]:
+        assert reply.status_code == status, reply.text
+        assert reply.headers["content-type"] == "application/json"
+        assert "set-cookie" not in reply.headers, "no flash: the script says the outcome"
+        return dict(reply.json())
+
+    try:
+        client = TestClient(app, follow_redirects=False)
+        page = client.get("/", params={"rule": "4"}).text
+        # What the script draws in place is marked on the page, and the forms that ask.
+        for part in ('data-part="queue"', 'data-part="rule-4"', 'data-part="lookup-result"'):
+            assert part in page, part
+        assert 'data-in-place="/velocity/queue" data-owns="case_rule ' in page
+        assert 'data-in-place="/velocity/lookup" data-owns="lookup_rule lookup_key alert"' in page
+        assert page.count("data-in-place>") >= 3, "pause, delete, outcome, bulk close"
+        case_page = client.get(f"/cases/{p1}", params={"rule": "4"}).text
+        for part in ("case-title", "case-state", "case-alerts", "case-history"):
+            assert f'data-part="{part}"' in case_page, part
+
+        before = written()
+        assigned = in_place(
+            client.post(
+                f"/cases/{p1}/assign",
+                data={"assignee": "viewer", "back": "rule=4", "return_to": "case"},
+                headers=IN_PLACE,
+            )
+        )
+        assert assigned["ok"] and assigned["text"] == "case payerId=p1: assigned to viewer"
+        parts = assigned["parts"]
+        assert set(parts) == {"case-title", "case-state", "case-history"}, "not its alerts"
+        assert parts["case-title"].startswith('<h1 data-part="case-title"')
+        assert 'data-status="assigned"' in parts["case-title"]
+        assert "<th>assignee</th><td>viewer</td>" in parts["case-state"]
+        assert '<option value="viewer" selected>' in parts["case-state"]
+        assert 'value="rule=4"' in parts["case-state"], "its forms keep the page's URL"
+        assert parts["case-history"].count('data-testid="case-history-row"') == 2
+        assert written() == (before[0] + 1, before[1], before[2]), "one case event, no more"
+
+        unknown = client.post(f"/cases/{p1}/assign", data={"assignee": "bo"}, headers=IN_PLACE)
+        refused = in_place(unknown, 409)
+        assert not refused["ok"] and "'bo' is not a user Airflow knows" in refused["text"]
+        wrong = in_place(
+            client.post(f"/cases/{p1}/close", data={"verdict": "fraud"}, headers=IN_PLACE), 409
+        )
+        assert "field 'verdict'" in wrong["text"]
+        assert 'data-status="assigned"' in wrong["parts"]["case-title"], "drawn as it is"
+        assert written() == (before[0] + 1, before[1], before[2]), "refused: nothing written"
+
+        closed = in_place(
+            client.post(
+                f"/cases/{p1}/close",
+                data={"verdict": "CONFIRMED_FRAUD", "note": "card stolen", "back": "rule=4"},
+                headers=IN_PLACE,
+            )
+        )
+        assert closed["text"] == "case payerId=p1: closed: confirmed fraud, by ana"
+        parts = closed["parts"]
+        assert set(parts) == {"case-title", "case-state", "case-history", "case-alerts"}
+        assert 'data-status="closed"' in parts["case-title"]
+        assert 'data-testid="reopen-submit"' in parts["case-state"]
+        assert 'data-testid="close-form"' not in parts["case-state"]
+        assert parts["case-alerts"].count("confirmed fraud") == 3, "each alert reviewed"
+        assert written() == (before[0] + 2, before[1] + 3, before[2])
+        again = client.post(
+            f"/cases/{p1}/close", data={"verdict": "FALSE_POSITIVE"}, headers=IN_PLACE
+        )
+        conflict = in_place(again, 409)
+        assert "is closed already" in conflict["text"], conflict
+        assert 'data-status="closed"' in conflict["parts"]["case-title"]
+        reopened = in_place(
+            client.post(f"/cases/{p1}/reopen", data={"return_to": "case"}, headers=IN_PLACE)
+        )
+        assert reopened["text"] == "case payerId=p1: reopened"
+        assert 'data-status="assigned"' in reopened["parts"]["case-title"], "to its assignee"
+        assert 'data-testid="close-form"' in reopened["parts"]["case-state"]
+        assert written() == (before[0] + 3, before[1] + 3, before[2])
+
+        # The bulk close (the queue's keys too): the queue drawn again for the page's URL.
+        none = in_place(client.post("/cases/close", data={"verdict": "x"}, headers=IN_PLACE), 409)
+        assert none["text"] == "error: no case selected; tick the cases to close"
+        bulk = in_place(
+            client.post(
+                "/cases/close",
+                data={"case_id": [p2], "verdict": "FALSE_POSITIVE", "back": "rule=4"},
+                headers=IN_PLACE,
+            )
+        )
+        assert bulk["text"].startswith("case payerId=p2 closed: false positive (1 alerts")
+        queue = bulk["parts"]["queue"]
+        assert set(bulk["parts"]) == {"queue"} and queue.startswith('<div data-part="queue">')
+        assert re.findall(r'data-case-id="([^"]+)"', queue) == [p1], "p2 closed: gone"
+        assert '<input type="hidden" name="rule" value="4">' in queue, "the URL kept"
+        assert written() == (before[0] + 4, before[1] + 4, before[2])
+
+        # The filter reads the queue's part and the live feed of that filter.
+        shown = in_place(client.get("/queue", params={"case_status": "closed", "rule": "4"}))
+        assert shown["ok"] and shown["live"] == "/velocity/api/page/live?case_status=closed&rule=4"
+        assert re.findall(r'data-case-id="([^"]+)"', shown["parts"]["queue"]) == [p2]
+        bad = in_place(client.get("/queue", params={"case_status": "pending"}), 400)
+        assert 'data-testid="queue-filter-error"' in bad["parts"]["queue"]
+        looked = in_place(
+            client.get("/lookup", params={"lookup_rule": "x", "lookup_key": "a=1"}), 400
+        )
+        assert "ruleId must be a number" in looked["parts"]["lookup-result"]
+        assert looked["parts"]["lookup-result"].startswith('<div data-part="lookup-result">')
+
+        # A rule's pause: its row, paused, with its alerts a minute; a delete removes it.
+        paused = in_place(client.post("/rules/4/pause", headers=IN_PLACE))
+        row = paused["parts"]["rule-4"]
+        assert set(paused["parts"]) == {"rule-4"} and "ruleId 4: version 2 PAUSE" in paused["text"]
+        assert row.startswith('<tr data-testid="rule-4" data-part="rule-4">')
+        assert '<td class="state-PAUSE">PAUSE</td>' in row and 'data-testid="activate-4"' in row
+        assert 'data-testid="rates-4"' in row
+        unknown_rule = in_place(client.post("/rules/9/pause", headers=IN_PLACE), 422)
+        assert not unknown_rule["ok"] and unknown_rule["text"].startswith("error: ")
+        assert unknown_rule["parts"] == {"rule-9": ""}, "no such rule in force"
+        deleted = in_place(client.post("/rules/5/delete", headers=IN_PLACE))
+        assert deleted["parts"] == {"rule-5": ""}
+        assert written() == (before[0] + 4, before[1] + 4, before[2] + 2)
+        # Without the script's header: the redirect back to the page, as a plain form.
+        plain = client.post("/rules/4/activate", data={"back": "rule=4"})
+        assert plain.status_code == 303 and plain.headers["location"] == "/velocity/?rule=4"
+        assert common.IN_PLACE_HEADER == "X-Velocity-In-Place"
+    finally:
+        app.dependency_overrides.clear()

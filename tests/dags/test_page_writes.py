@@ -214,3 +214,36 @@ def test_a_click_is_timed_only_for_a_signed_in_user(
     clicks = admin.get(f"{PAGE}/api/clicks").json()
     assert [c["path"] for c in clicks if c["what"] == "somebody"] == [f"{PAGE}/api/rules"]
     assert not [c for c in clicks if c["what"] == "nobody"], "nothing recorded without a login"
+
+
+def test_a_click_drawn_in_place_needs_the_token_and_the_origin_too(
+    rules: Any, api_server: Any, airflow_home: Path
+) -> None:
+    """The page's script asks for the parts a click changed (X-Velocity-In-Place): the same
+    write check holds, its refusal a 403 the script can say (JSON), nothing written; with
+    the token, the rule's row comes back, its forms carrying the session's token."""
+    admin = Session(api_server, airflow_home, "admin")
+    viewer = Session(api_server, airflow_home, "viewer")
+    pause = f"{PAGE}/rules/1/pause"
+    in_place = {"x-velocity-in-place": "1"}
+    before = _states(rules)
+    refusals = [
+        admin.post(pause, {}, origin=HERE, **in_place),
+        admin.post(pause, {"csrf_token": admin.token}, origin="https://evil.example", **in_place),
+        viewer.post(pause, {"csrf_token": viewer.token}, origin=HERE, **in_place),
+    ]
+    for refused in refusals:
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["detail"], "said where the click was"
+    assert "viewer may not change rules" in refusals[2].json()["detail"]
+    assert _states(rules) == before, "nothing written"
+
+    done = admin.post(pause, {}, origin=HERE, **in_place, **{"x-csrf-token": admin.token})
+    assert done.status_code == 200, done.text
+    answer = done.json()
+    assert answer["ok"] and "ruleId 1: version 2 PAUSE" in answer["text"]
+    row = answer["parts"]["rule-1"]
+    assert '<td class="state-PAUSE">PAUSE</td>' in row
+    assert f'name="csrf_token" value="{admin.token}"' in row
+    assert "set-cookie" not in done.headers
+    assert _states(rules) == {1: (2, "PAUSE"), 2: (1, "PAUSE")}

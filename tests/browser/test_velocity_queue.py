@@ -10,6 +10,15 @@ stream would (``tests/browser/storm.py`` says why and how). During it, clicks on
 case and on Close each reach the server within a second of the click (the browser's
 moment of the click, carried by the page's cookie, against the server's receipt), the
 page's rows never move by themselves and stay capped, and its JS heap stays bounded.
+
+Both measure what the analyst waits for, timed in the page (``performance.now()``): from
+the click (or the key) until the DOM shows its result (a MutationObserver sees the part
+the click redrew), for the filter, assign, close, reopen, pause, activate and the lookup,
+each drawn in place (a marker left on ``window`` survives: the page was not loaded
+again); and from the click until the next page's DOM is loaded for opening a case and
+going back to the queue, from the frame's navigation for a page load. Each test prints
+the figures (median and max per action) and leaves them in ``clicks-<phase>.json`` beside
+the screenshots.
 """
 
 from __future__ import annotations
@@ -91,6 +100,125 @@ def _act(browser: Any, element: Any, timeout: float = 60) -> str:
     )
     shown = _testid(browser, "flash")
     return str(shown[0].text) if shown else ""
+
+
+# Installed in the page before a click: the click's (or key's) moment, by the page's clock,
+# and a MutationObserver that notes when an element of ``selector`` drawn after it (not
+# one of those there before) satisfies ``condition`` (JS of ``el``); the marker on window
+# is gone if the page was loaded again. The moment of a click that leaves the page is kept
+# in sessionStorage for the next page (``_LOADED``).
+_WATCH = r"""
+var selector = arguments[0], condition = arguments[1], marker = arguments[2];
+if (!window.velocityWatch) {
+  window.velocityWatch = {};
+  var note = function (event) {
+    window.velocityWatch.clickedAt = event.timeStamp;
+    sessionStorage.setItem("velocityClickedAt", String(performance.timeOrigin + event.timeStamp));
+  };
+  document.addEventListener("click", note, true);
+  document.addEventListener("keydown", note, true);
+  new MutationObserver(function () {
+    var watch = window.velocityWatch;
+    if (watch.test && !watch.drawnAt && watch.test()) { watch.drawnAt = performance.now(); }
+  }).observe(document.documentElement,
+    {childList: true, subtree: true, attributes: true, characterData: true});
+}
+window.velocityNotReloaded = marker;
+document.querySelectorAll(selector).forEach(function (el) { el.velocityOld = true; });
+var watch = window.velocityWatch, holds = new Function("el", "return " + condition + ";");
+watch.drawnAt = null;
+watch.clickedAt = null;
+watch.test = function () {
+  return Array.prototype.some.call(document.querySelectorAll(selector), function (el) {
+    return !el.velocityOld && holds(el);
+  });
+};
+"""
+# A page's own timing: its frame's navigation to its DOM loaded, and from the click that
+# brought it (the moment the previous page kept).
+_LOADED = r"""
+var nav = performance.getEntriesByType("navigation")[0];
+if (!nav || !nav.domContentLoadedEventEnd) { return null; }
+var clicked = Number(sessionStorage.getItem("velocityClickedAt") || 0);
+sessionStorage.removeItem("velocityClickedAt");
+var loaded = performance.timeOrigin + nav.domContentLoadedEventEnd;
+return {load: nav.domContentLoadedEventEnd, afterClick: clicked ? loaded - clicked : null};
+"""
+# Click-to-result times (ms) by phase (quiet, storm) and action.
+CLICKS: dict[str, dict[str, list[float]]] = {}
+
+
+def _note(phase: str, action: str, ms: float) -> float:
+    CLICKS.setdefault(phase, {}).setdefault(action, []).append(round(ms, 1))
+    return ms
+
+
+def _watch(browser: Any, selector: str, condition: str = "true") -> str:
+    marker = f"m{time.monotonic_ns()}"
+    browser.execute_script(_WATCH, selector, condition, marker)
+    return marker
+
+
+def _drawn(browser: Any, marker: str, timeout: float = 60) -> float:
+    """Milliseconds from the click to its result in the DOM, once it is there; the page
+    must be the one the click was made on."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, timeout, poll_frequency=0.05).until(
+        lambda d: d.execute_script("return window.velocityWatch && window.velocityWatch.drawnAt;")
+        or d.execute_script("return window.velocityNotReloaded;") != marker
+    )
+    kept, clicked, drawn = browser.execute_script(
+        "var w = window.velocityWatch || {};"
+        "return [window.velocityNotReloaded, w.clickedAt, w.drawnAt];"
+    )
+    assert kept == marker, "drawn in place: the page was not loaded again"
+    return float(drawn - clicked)
+
+
+def _in_place(
+    browser: Any, phase: str, action: str, element: Any, selector: str, condition: str = "true"
+) -> str:
+    """Click ``element`` and wait for the part it redraws (``selector``, ``condition``) in
+    the same page; the time noted; the outcome said at the top, if any."""
+    marker = _watch(browser, selector, condition)
+    element.click()
+    _note(phase, action, _drawn(browser, marker))
+    shown = _testid(browser, "flash")
+    return str(shown[0].text) if shown else ""
+
+
+def _loaded(browser: Any, phase: str, action: str | None = None) -> None:
+    """Note the page just loaded: from its frame's navigation (a page load), or from the
+    click that brought it (``action``)."""
+    timing = _wait(browser).until(lambda d: d.execute_script(_LOADED))
+    if action is None:
+        _note(phase, "page load", timing["load"])
+    elif timing["afterClick"] is not None:
+        _note(phase, action, timing["afterClick"])
+
+
+def _follow_link(browser: Any, phase: str, action: str, link: Any, shown: str) -> None:
+    """Click ``link`` (to another page of the app), wait for ``shown`` (a data-testid) on
+    the page it loads and note the time from the click."""
+    from selenium.webdriver.support import expected_conditions
+
+    _watch(browser, "body")
+    drawn = browser.find_element(_by("TAG_NAME"), "body")
+    link.click()
+    _wait(browser).until(expected_conditions.staleness_of(drawn))
+    _wait(browser).until(lambda d: _testid(d, shown))
+    _loaded(browser, phase, action)
+
+
+def _clicks_summary(deployment: Deployment, phase: str) -> str:
+    found = CLICKS.get(phase, {})
+    (deployment.shots.parent / f"clicks-{phase}.json").write_text(json.dumps(found, indent=1))
+    return "\n".join(
+        f"click to result ({phase}), {action}: median {statistics.median(times):.0f} ms, "
+        f"max {max(times):.0f} ms ({len(times)} clicks)"
+        for action, times in found.items()
+    )
 
 
 def _ids(browser: Any, row: str, attribute: str) -> list[str]:
@@ -184,12 +312,25 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     _shot(deployment, browser, "15-queue")
     open_page(browser)
 
-    # With a filter in the URL: every action keeps it.
-    browser.get(f"{deployment.base}/plugin/velocity/velocity/?case_status=all&rule=4")
+    # With a filter in the URL (the alerts'), then the queue's filtered in place: every
+    # action keeps both.
+    browser.get(f"{deployment.base}/plugin/velocity/velocity/?rule=4")
     open_page(browser)
+    _loaded(browser, "quiet")
+    form = _testid(browser, "queue-filter")[0]
+    _choose(form, "case_status", "all")
+    _in_place(
+        browser, "quiet", "filter", _testid(browser, "queue-filter-submit")[0],
+        '[data-part="queue"]',
+    )  # fmt: skip
+    assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
+    assert _testid(browser, "bulk-close")[0].find_element(_by("NAME"), "back").get_attribute(
+        "value"
+    ) in ("rule=4&case_status=all", "case_status=all&rule=4")
     target = _testid(browser, "queue-row")[0]
     case_id = target.get_attribute("data-case-id")
-    _act(browser, target.find_element(_by("CSS_SELECTOR"), '[data-testid="case-link"]'))
+    link = target.find_element(_by("CSS_SELECTOR"), '[data-testid="case-link"]')
+    _follow_link(browser, "quiet", "open a case", link, "case-title")
     assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
     assert _testid(browser, "case-alert"), "its alerts"
     assert _testid(browser, "case-history-row")[-1].get_attribute("data-event") == "opened"
@@ -215,21 +356,50 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     _shot(deployment, browser, "16-case")
     _into_frame(browser)
 
-    assert "assigned to admin" in _act(browser, _testid(browser, "assign-submit")[0])
-    assert _testid(browser, "case-title")[0].get_attribute("data-status") == "assigned"
+    title = '[data-part="case-title"]'
+    said = _in_place(
+        browser, "quiet", "assign", _testid(browser, "assign-submit")[0], title,
+        'el.dataset.status === "assigned"',
+    )  # fmt: skip
+    assert "assigned to admin" in said
     assert "case_status=all" in _frame_url(browser)
     form = _testid(browser, "close-form")[0]
     _choose(form, "verdict", "FALSE_POSITIVE")
     form.find_element(_by("NAME"), "note").send_keys("a regular customer")
-    assert "closed: false positive, by admin" in _act(browser, _testid(browser, "close-submit")[0])
+    said = _in_place(
+        browser, "quiet", "close", _testid(browser, "close-submit")[0], title,
+        'el.dataset.status === "closed"',
+    )  # fmt: skip
+    assert "closed: false positive, by admin" in said
     assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
     closed = store.case(case_id)
     assert closed.status.value == "closed" and closed.verdict is not None
     assert closed.history[-1].note == "a regular customer"
+    # Drawn in place: its status, its verdict on each of its alerts, Reopen, its history.
+    assert "false positive" in _testid(browser, "case-facts")[0].text
+    assert _testid(browser, "case-history-row")[0].get_attribute("data-event") == "closed"
+    said = _in_place(
+        browser, "quiet", "reopen", _testid(browser, "reopen-submit")[0], title,
+        'el.dataset.status === "assigned"',
+    )  # fmt: skip
+    assert "reopened" in said and store.case(case_id).status.value == "assigned"
+    # A refusal is said where the click was: a close with no verdict chosen is the
+    # browser's own (required); a change the page no longer allows (closed meanwhile by
+    # someone else) is the server's 409.
+    store.close(case_id, "FALSE_POSITIVE", None, "someone-else")
+    form = _testid(browser, "close-form")[0]
+    _choose(form, "verdict", "NEEDS_REVIEW")
+    said = _in_place(
+        browser, "quiet", "close", _testid(browser, "close-submit")[0], title,
+        'el.dataset.status === "closed"',
+    )  # fmt: skip
+    assert "is closed already" in said, said
+    assert "is closed already" in _testid(browser, "click-error")[0].text
 
     # The keyboard: j, j, x, k, x selects the first two rows; f closes both.
     browser.get(f"{deployment.base}/plugin/velocity")
     open_page(browser)
+    _loaded(browser, "quiet")
     chosen = _queue_ids(browser)[:2]
     assert len(chosen) == 2
     _keys(browser, "j", "j", "x", "k", "x")
@@ -237,23 +407,33 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     assert [f.get_attribute("data-case-id") for f in focused] == [chosen[0]]
     ticked = browser.find_elements(_by("CSS_SELECTOR"), 'input[name="case_id"]:checked')
     assert sorted(t.get_attribute("value") for t in ticked) == sorted(chosen)
-    drawn = browser.find_element(_by("TAG_NAME"), "body")
+    marker = _watch(browser, '[data-part="queue"]')
     _keys(browser, "f")
-    from selenium.webdriver.support import expected_conditions
-
-    _wait(browser).until(expected_conditions.staleness_of(drawn))
+    _note("quiet", "close (keys)", _drawn(browser, marker))
     said = _flash(browser)
     assert said.startswith("2 cases closed: false positive (") and said.endswith("by admin"), said
     for one in chosen:
         assert store.case(one).status.value == "closed"
     assert not set(chosen) & set(_queue_ids(browser)), "gone from the queue (not closed only)"
+    # The keys go on working on the queue drawn again: the cursor where it was.
+    if _queue_ids(browser):
+        assert browser.find_elements(_by("CSS_SELECTOR"), 'tr[data-testid="queue-row"].focused')
 
     # The window lookup: the value as a number, the window's ends as UTC times.
     box = _testid(browser, "lookup")[0]
     box.find_element(_by("NAME"), "lookup_rule").send_keys("4")
     box.find_element(_by("NAME"), "lookup_key").send_keys("payerId=p-live")
-    _act(browser, box.find_element(_by("CSS_SELECTOR"), "button"))
-    result = _wait(browser).until(lambda d: _testid(d, "lookup-result"))[0]
+    browser.execute_script("window.velocityFeedBefore = window.velocityLive;")
+    _in_place(
+        browser, "quiet", "lookup", _testid(browser, "lookup-submit")[0],
+        '[data-part="lookup-result"]', 'el.querySelector("[data-testid=lookup-result]")',
+    )  # fmt: skip
+    assert "lookup_rule=4" in _frame_url(browser)
+    assert browser.execute_script(
+        "return window.velocityLive === window.velocityFeedBefore && "
+        "window.velocityLive.readyState !== EventSource.CLOSED;"
+    ), "the live feed stays open: its counters go on"
+    result = _testid(browser, "lookup-result")[0]
     value = result.find_element(_by("CSS_SELECTOR"), '[data-testid="lookup-value"]').text
     assert re.fullmatch(r"[0-9,]+(\.[0-9]+)?", value), value
     window = result.find_element(_by("CSS_SELECTOR"), '[data-testid="lookup-window"]').text
@@ -283,6 +463,7 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     assert row.find_elements(_by("TAG_NAME"), "td")[3].text == "5, 7"
     with capsys.disabled():
         print(f"\nthe queue step (with a backfill run): {time.monotonic() - started:.1f} s")
+        print(_clicks_summary(deployment, "quiet"))
 
 
 def _backfill_row(browser: Any, run_id: str) -> Any:
@@ -349,23 +530,62 @@ def test_under_a_storm_of_alerts_clicks_reach_the_server_within_a_second(
     heaps, rounds = [heap_before], 0
 
     def clicks_round() -> None:
-        """Pause a rule and activate it again (ruleId 2: the storm fires 31 and 32), then
-        open the newest case and close it."""
+        """Pause a rule and activate it again (ruleId 2: the storm fires 31 and 32), look a
+        storm payer's window up, filter the queue (every case, then those not closed, in
+        turn), open the newest case, reopen it if closed, assign it, close it and go back
+        to the queue: each timed from the click to its result on screen."""
         nonlocal rounds
         rounds += 1
-        said = _act(browser, _testid(browser, "pause-2")[0])
+        rule = '[data-part="rule-2"]'
+        said = _in_place(
+            browser, "storm", "pause", _testid(browser, "pause-2")[0], rule,
+            "el.querySelector('[data-testid=\"activate-2\"]')",
+        )  # fmt: skip
         assert "ruleId 2: version" in said and "PAUSE" in said, said
-        said = _act(browser, _testid(browser, "activate-2")[0])
+        said = _in_place(
+            browser, "storm", "activate", _testid(browser, "activate-2")[0], rule,
+            "el.querySelector('[data-testid=\"pause-2\"]')",
+        )  # fmt: skip
         assert "ACTIVE" in said, said
-        links = _testid(browser, "case-link")
-        if links:
-            _act(browser, links[0])
-            form = _testid(browser, "close-form")[0]
-            _choose(form, "verdict", "NEEDS_REVIEW")
-            said = _act(browser, _testid(browser, "close-submit")[0])
-            assert "closed: needs review" in said, said
+        box = _testid(browser, "lookup")[0]
+        for name, value in (("lookup_rule", "31"), ("lookup_key", f"payerId=storm-{rounds:04d}")):
+            field = box.find_element(_by("NAME"), name)
+            field.clear()
+            field.send_keys(value)
+        _in_place(
+            browser, "storm", "lookup", _testid(browser, "lookup-submit")[0],
+            '[data-part="lookup-result"]',
+        )  # fmt: skip
+        _choose(_testid(browser, "queue-filter")[0], "case_status", "all" if rounds % 2 else "")
+        _in_place(
+            browser, "storm", "filter", _testid(browser, "queue-filter-submit")[0],
+            '[data-part="queue"]',
+        )  # fmt: skip
         assert len(_testid(browser, "queue-row")) <= 50
         assert len(_testid(browser, "alert-row")) <= 50
+        links = _testid(browser, "case-link")
+        if links:
+            _follow_link(browser, "storm", "open a case", links[0], "case-title")
+            title = '[data-part="case-title"]'
+            if _testid(browser, "reopen-submit"):  # closed by an earlier round
+                _in_place(
+                    browser, "storm", "reopen", _testid(browser, "reopen-submit")[0], title,
+                    'el.dataset.status !== "closed"',
+                )  # fmt: skip
+            _in_place(
+                browser, "storm", "assign", _testid(browser, "assign-submit")[0], title,
+                'el.dataset.status === "assigned"',
+            )  # fmt: skip
+            form = _testid(browser, "close-form")[0]
+            _choose(form, "verdict", "NEEDS_REVIEW")
+            said = _in_place(
+                browser, "storm", "close", _testid(browser, "close-submit")[0], title,
+                'el.dataset.status === "closed"',
+            )  # fmt: skip
+            assert "closed: needs review" in said, said
+            back = _testid(browser, "back-to-queue")[0]
+            _follow_link(browser, "storm", "back to the queue", back, "rules")
+            _loaded(browser, "storm")
         heaps.append(_heap(browser))
 
     def notices_hold() -> bool:
@@ -473,6 +693,7 @@ def test_under_a_storm_of_alerts_clicks_reach_the_server_within_a_second(
             f"JS heap in use: before {heap_before:.1f} MB, after {heap_after:.1f} MB, "
             f"largest during {max(heaps):.1f} MB"
         )
+        print(_clicks_summary(deployment, "storm"))
     for what, found in delays.items():
         assert len(found) >= 2, f"{what}: {len(found)} clicks timed during the storm"
         assert max(found) < 1000, f"{what}: {found} ms from the click to the server"

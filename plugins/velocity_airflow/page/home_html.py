@@ -143,7 +143,10 @@ _PROGRESS_SCRIPT = """
     if (window.velocityRefocus) { window.velocityRefocus(); }
   }
   function send(url, init, form, then) {
+    // Where the click was, to say a refusal there: its form, else the part that held it.
     var action = form && form.getAttribute("action");
+    var part = form && form.closest("[data-part]");
+    var within = part ? '[data-part="' + CSS.escape(part.dataset.part) + '"]' : null;
     init.credentials = "same-origin";
     init.headers = Object.assign({"X-Velocity-In-Place": "1"}, init.headers);
     return fetch(url, init).then(function (reply) {
@@ -152,7 +155,9 @@ _PROGRESS_SCRIPT = """
         var detail = answer.detail;
         draw(answer.parts || {});
         if (form && !form.isConnected) {
-          form = document.querySelector('form[action="' + CSS.escape(action) + '"]');
+          form = document.querySelector('form[action="' + CSS.escape(action) + '"]') ||
+            (within && document.querySelector(within));
+          if (form && form.tagName === "TR") { form = form.lastElementChild; }
         }
         said(ok, answer.text || (typeof detail === "string" ? detail
           : detail ? JSON.stringify(detail) : ""), form);

@@ -102,6 +102,9 @@ bench-page: setup ## every page and API read of the Velocity page (and its click
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare $(ARGS)
 
+soak: setup ## every fault together: the stream on Kafka at 1,000 payments/s for MINUTES (30) while it is SIGKILLed, a decider killed, Redis restarted and flushed, the broker restarted, maintain_state and a backfill run and cases closed, each EACH (2) times; then what held (exit 1: a check failed)
+	@$(VENV)/python -m tools.soak --minutes $(or $(MINUTES),30) --each $(or $(EACH),2) $(ARGS)
+
 airflow: setup ## start Redis and Airflow standalone (UI on 127.0.0.1:8790) with the DAGs
 	@$(VENV)/velocity up
 	@bash infra/airflow.sh up
@@ -121,4 +124,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-check bench-page bench-window bench-backfill bench-smoke down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-check bench-page bench-window bench-backfill bench-smoke soak down clean airflow airflow-down

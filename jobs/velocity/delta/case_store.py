@@ -53,6 +53,12 @@ from velocity.analyst.cases import (
 )
 from velocity.analyst.reviews import AlertRef, make_review
 from velocity.delta.alert_files import pruned_dataset
+from velocity.delta.case_snapshot import (
+    CaseSnapshotSummary,
+    restore_cases,
+    snapshot_root,
+    write_snapshot,
+)
 from velocity.delta.file_folds import FOLDS_LOCK, current_table, folded
 from velocity.delta.names import ALERT_REVIEWS, ALERTS, CASE_EVENTS, CASES
 from velocity.delta.review_store import (
@@ -107,6 +113,8 @@ CASE_ARROW_SCHEMA = pa.schema(
     ]
 )
 _EVENT_COLUMNS = [n for n in CASE_EVENT_ARROW_SCHEMA.names if n != CLOSE_REVIEWS]
+# A case's events as the case book's snapshot keeps them (``case_snapshot``).
+_EVENT_SCHEMA = pa.schema([CASE_EVENT_ARROW_SCHEMA.field(n) for n in _EVENT_COLUMNS])
 _CORRECTION = AlertKind.CORRECTION.value
 _RETRACTION = AlertKind.RETRACTION.value
 # The kinds of a backfill's events for its corrections, and for its retractions.
@@ -127,11 +135,27 @@ class CaseStore:
         return [] if table is None else _events(table)
 
     def cases(self) -> dict[str, Case]:
+        """Every case as of the table's newest version: this process's case book brought up
+        to date, or, at its first look, the snapshot maintenance writes
+        (``write_snapshot``) and the case events written after it."""
         table = current_table(self.events_path)
         if table is None:
             return {}
         with FOLDS_LOCK:
-            return dict(_folded(table, CaseBook).cases)
+            return dict(_folded(table, CaseBook, self.settings.data_dir).cases)
+
+    def write_snapshot(self) -> CaseSnapshotSummary | None:
+        """Write the case book's snapshot (``velocity.delta.case_snapshot``): every case
+        as of the table's newest version, folded from the current snapshot and the case
+        events after it. Maintenance runs it; None before the table exists."""
+        with FOLDS_LOCK:  # opened inside: no fold of this process is of a newer version
+            table = open_table(self.events_path)
+            if table is None:
+                return None
+            files = set(table.file_uris())
+            book = _folded(table, CaseBook, self.settings.data_dir)
+            root = snapshot_root(self.settings.data_dir)
+            return write_snapshot(root, table, files, book.cases, _EVENT_SCHEMA)
 
     def listed(
         self,
@@ -299,7 +323,7 @@ class CaseStore:
 
         def plan(table: DeltaTable) -> tuple[Any, list[CaseEvent]]:
             with FOLDS_LOCK:
-                book = _folded(table, CaseBook).cases
+                book = _folded(table, CaseBook, self.settings.data_dir).cases
                 histories = {
                     c: list(book[c].history)
                     for c in {c for c, _ in joining} | {c for c, _ in retractions}
@@ -371,7 +395,7 @@ class CaseStore:
 
         def plan(table: DeltaTable) -> tuple[Any, tuple[Case, CaseEvent, list[AlertRef]]]:
             with FOLDS_LOCK:
-                found = _folded(table, CaseBook).cases.get(case_id)
+                found = _folded(table, CaseBook, self.settings.data_dir).cases.get(case_id)
                 history = [] if found is None else list(found.history)
             if found is None:
                 raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
@@ -419,7 +443,7 @@ class CaseStore:
     def _change(self, case_id: str, kind: CaseEventKind, who: object, **fields: object) -> Case:
         def plan(table: DeltaTable) -> tuple[Any, Case]:
             with FOLDS_LOCK:
-                case = _folded(table, CaseBook).cases.get(case_id)
+                case = _folded(table, CaseBook, self.settings.data_dir).cases.get(case_id)
                 if case is None:
                     raise UsageError(f"no case {case_id!r} under {self.settings.data_dir}")
                 event = person_event(case, kind, who, int(time.time() * 1000), **fields)
@@ -467,15 +491,26 @@ class CaseStore:
 _Fold = TypeVar("_Fold", OpenCases, CaseBook)
 
 
-def _folded(table: DeltaTable, kind: type[_Fold]) -> _Fold:
+def _folded(table: DeltaTable, kind: type[_Fold], data_dir: Path | None = None) -> _Fold:
     """``kind`` (every case, or the open ones) as of ``table``'s version, fed only the
     case-events files it has not read yet (``velocity.delta.file_folds``); a file read
-    before that is gone (rewritten by hand) makes it read the table whole again."""
+    before that is gone (rewritten by hand) makes it read the table whole again. With
+    ``data_dir``, the case book's first fold in this process (or after such a rewrite)
+    starts from the data dir's case snapshot when it holds (``case_snapshot``)."""
 
     def feed(fold: _Fold, uris: Sequence[str]) -> None:
         fold.add(CaseEvent.from_row(r) for r in read_files(table, uris, _EVENT_COLUMNS))
 
-    return folded(table, kind, kind, feed)
+    def restore(table: DeltaTable, files: set[str]) -> tuple[set[str], _Fold] | None:
+        if data_dir is None or kind is not CaseBook:
+            return None
+        restored = restore_cases(snapshot_root(data_dir), table, files)
+        if restored is None:
+            return None
+        known, cases = restored
+        return known, kind(cases=cases)  # type: ignore[call-arg]
+
+    return folded(table, kind, kind, feed, restore=restore)
 
 
 def _rows_of_spans(

@@ -10,7 +10,9 @@ id and latest reviews are others (``velocity.delta.alert_files``, ``review_store
 A fold is fed the table's new files in path order (``feed``). When a file it read is
 gone (OPTIMIZE or a rewrite replaced it), a fold that keeps each file's part apart
 forgets those files' parts (``forget`` returns True) and reads the new ones; any other
-fold starts again from every file. One lock guards every fold of this process (the
+fold starts again from every file, or from a snapshot of itself written by another
+process (``restore``: the case book's, ``velocity.delta.case_snapshot``) and the files
+the snapshot has not read. One lock guards every fold of this process (the
 page's worker threads share them): hold ``FOLDS_LOCK`` while a fold is fed or read.
 """
 
@@ -42,15 +44,19 @@ def folded(
     start: Callable[[], F],
     feed: Callable[[F, Sequence[str]], None],
     forget: Callable[[F, set[str]], bool] = _cannot_forget,
+    restore: Callable[[DeltaTable, set[str]], tuple[set[str], F] | None] | None = None,
 ) -> F:
     """The fold ``kind`` of ``table`` as of its loaded version: ``start()`` fed (``feed``)
-    only the data files (``file_uris``) it has not read yet, in path order."""
+    only the data files (``file_uris``) it has not read yet, in path order. A fold this
+    process has not made yet (or cannot keep) is ``restore(table, files)`` when that gives
+    one: (the files it has read, all among ``files``; the fold of exactly those)."""
     with FOLDS_LOCK:
         files = set(table.file_uris())
         known, fold = _FOLDS.get((table.table_uri, kind), (set(), None))
         gone = known - files
         if fold is None or (gone and not forget(fold, gone)):
-            known, fold = set(), start()
+            restored = None if restore is None else restore(table, files)
+            known, fold = (set(), start()) if restored is None else restored
         new = sorted(files - known)
         if new:
             feed(fold, new)
@@ -114,3 +120,15 @@ def current_table(path: Path) -> DeltaTable | None:
             return None
         _OPEN[key] = table
         return table
+
+
+def forget_table(path: Path) -> None:
+    """Let go of this process's folds and open table of the table at ``path``: its next
+    look is the first look of a fresh process (tests)."""
+    plain = str(path).rstrip("/")
+    with FOLDS_LOCK, _OPEN_LOCK:
+        _OPEN.pop(str(path), None)
+        for key in list(_FOLDS):
+            uri = key[0]
+            if isinstance(uri, str) and uri.removeprefix("file://").rstrip("/") == plain:
+                del _FOLDS[key]

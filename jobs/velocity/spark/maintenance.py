@@ -8,6 +8,7 @@ stream, which never conflicts with OPTIMIZE or VACUUM.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from velocity.delta import tables
+from velocity.delta.case_store import CaseStore
 from velocity.delta.live import LiveState, LiveTables, newest_event_time
 from velocity.domain.rules import deciding_rules
 from velocity.errors import UsageError
@@ -25,6 +27,8 @@ from velocity.redis.lock import state_lock
 from velocity.settings import Settings
 from velocity.spark.evaluate import HOUR_MS, hour_buckets, minute_buckets
 from velocity.spark.redis_state import RedisState
+
+log = logging.getLogger("velocity.maintenance")
 
 # Delta's own floor: VACUUM below 7 days can delete files a lagging reader still needs.
 MIN_VACUUM_RETENTION_HOURS = 168
@@ -130,7 +134,9 @@ def optimize_tables(
     spark: SparkSession, settings: Settings, names: Sequence[str] | None = None
 ) -> dict[str, TableFiles]:
     """OPTIMIZE (bin-packing) every live table (or those ``names``); returns files and
-    bytes before and after.
+    bytes before and after. Every table's pass (no ``names``) then refreshes the case
+    book's snapshot (``CaseStore.write_snapshot``), after any compaction: a fresh
+    process's first look at the cases reads it and only the case events written since.
 
     The buckets table is rewritten under the state lock (the stream MERGEs into it); the
     others are append-only for the stream, and appends never conflict with OPTIMIZE.
@@ -152,6 +158,13 @@ def optimize_tables(
         figures.bytes_after, figures.files_after = tables.table_size(spark, path)
         result[name] = figures
     client.close()
+    if names is None:
+        written = CaseStore(settings).write_snapshot()
+        if written is not None:
+            log.info(
+                "case snapshot: %d cases as of case_events version %d (%d files) in %.1f s: %s",
+                written.cases, written.version, written.files, written.seconds, written.path,
+            )  # fmt: skip
     return result
 
 

@@ -6,11 +6,21 @@ flushes of ``--alerts`` alerts each over ``--payers`` payers, one file per flush
 - the whole fold: every case event read and folded, what the page did at every look;
 - ``CaseStore.cases()`` the first time (the same work, once per process);
 - ``CaseStore.cases()`` after one more flush: only the new file is read.
+
+Then the first look of a fresh process (``velocity cases show`` run as a subprocess, timed
+from outside: interpreter, imports and all), with the case book's snapshot that
+maintenance writes (``CaseStore.write_snapshot``) and ``--after`` flushes written after
+it, and without it (the whole fold), side by side on the same table; the two print the
+same. And what maintenance pays: the first snapshot, and a refresh from the last one.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from decimal import Decimal
@@ -26,7 +36,9 @@ from velocity.analyst.cases import (
     fold_cases,
     stream_case_events,
 )
+from velocity.delta.case_snapshot import snapshot_root
 from velocity.delta.case_store import CaseStore, _event_rows, _events, ensure_case_tables
+from velocity.delta.file_folds import forget_table
 from velocity.settings import Settings
 
 
@@ -57,11 +69,65 @@ def _timed(what: str, run) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     return seconds, len(found)
 
 
+def _snapshot(what: str, store: CaseStore) -> float:
+    started = time.perf_counter()
+    written = store.write_snapshot()
+    seconds = time.perf_counter() - started
+    assert written is not None
+    print(f"  {what:<44} {seconds:8.3f} s  ({written.cases:,} cases, {written.events:,} events)")
+    return seconds
+
+
+def _fresh_looks(store: CaseStore, case_id: str, runs: int) -> tuple[list[float], str]:
+    """Wall seconds of ``runs`` fresh ``velocity cases show <case>`` processes on the data
+    dir, and what the last printed."""
+    command = [str(Path(sys.executable).parent / "velocity"), "cases", "show", case_id[:8]]
+    env = {**os.environ, "VELOCITY_DATA_DIR": str(store.settings.data_dir)}
+    seconds, shown = [], ""
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        seconds.append(time.perf_counter() - started)
+        shown = done.stdout
+    return seconds, shown
+
+
+def _fresh_side_by_side(store: CaseStore, runs: int) -> tuple[float, float]:
+    """Median wall seconds of a fresh process's first look with the snapshot, then
+    without it (its folder moved aside, then back)."""
+    case_id = min(store.cases())
+    with_snapshot, shown = _fresh_looks(store, case_id, runs)
+    root = snapshot_root(store.settings.data_dir)
+    aside = root.with_name(root.name + "-aside")
+    root.rename(aside)
+    try:
+        without, shown_without = _fresh_looks(store, case_id, runs)
+    finally:
+        aside.rename(root)
+    if shown != shown_without:
+        raise SystemExit("the first look with the snapshot printed another case than without")
+    fast, slow = statistics.median(with_snapshot), statistics.median(without)
+    print(f"  fresh `velocity cases show`, with the snapshot: {_runs(with_snapshot)}")
+    print(f"  fresh `velocity cases show`, whole fold:        {_runs(without)}")
+    print(f"  median {fast:.2f} s against {slow:.2f} s: {slow / fast:,.1f}x faster")
+    return fast, slow
+
+
+def _runs(seconds: list[float]) -> str:
+    return ", ".join(f"{s:.2f} s" for s in seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--groups", type=int, default=300)
     parser.add_argument("--alerts", type=int, default=2_000)
     parser.add_argument("--payers", type=int, default=150_000)
+    parser.add_argument(
+        "--after", type=int, default=10, help="flushes written after the snapshot (default 10)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="fresh processes timed each way (default 3)"
+    )
     figures_file.add_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
@@ -82,9 +148,26 @@ def main() -> None:
         _flush(store, index, args.groups, args.alerts, args.payers)
         again, again_cases = _timed("CaseStore.cases(), after one more flush", store.cases)
         print(f"  a look after a flush: {whole / again:,.0f}x faster than the whole fold")
+
+        # The first snapshot is written from this process's fold (every history in memory).
+        snapshot = _snapshot("snapshot written (maintenance, the first)", store)
+        for group in range(args.groups + 1, args.groups + 1 + args.after):
+            _flush(store, index, group, args.alerts, args.payers)
+        print(
+            f"  then {args.after} flushes after the snapshot; fresh processes, timed from outside:"
+        )
+        fresh, fresh_whole = _fresh_side_by_side(store, args.runs)
+        forget_table(store.events_path)  # as maintenance's own process: from the snapshot
+        refresh = _snapshot("snapshot refreshed (maintenance, from the last)", store)
     figures_file.write(
         args.figures,
         {
+            "after_flushes": args.after,
+            "fresh_first_look_snapshot_seconds": round(fresh, 3),
+            "fresh_first_look_whole_fold_seconds": round(fresh_whole, 3),
+            "fresh_speed_up": round(fresh_whole / fresh, 1),
+            "snapshot_write_seconds": round(snapshot, 3),
+            "snapshot_refresh_seconds": round(refresh, 3),
             "alerts": args.groups * args.alerts,
             "whole_fold_seconds": round(whole, 4),
             "whole_fold_cases": whole_cases,

@@ -56,6 +56,7 @@ from velocity.analyst.cases import (
     leave_unread,
 )
 from velocity.analyst.reviews import Verdict
+from velocity.delta.small_tables import rows_table
 from velocity.domain.rules import Outcome
 from velocity.errors import VelocityError
 
@@ -184,12 +185,16 @@ def write_snapshot(
         counts[i] = len(history)
     for i, first in pending:
         starts[i] = size + first
-    parts.append(pa.Table.from_pylist(rows, events_schema))
+    # Built by arro3 and taken by buffers: pyarrow's conversions import pandas (seconds).
+    built = rows_table(events_schema, {f.name: [r[f.name] for r in rows] for f in events_schema})
+    parts.append(pa.RecordBatchReader.from_stream(built).read_all())
     combined = pa.concat_tables(parts)
     firsts = np.cumsum(counts) - counts
     # Row r of the snapshot's events is row starts[case] + (r - firsts[case]) of ``combined``.
     taken = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - firsts, counts)
-    events = combined.take(pa.array(taken))
+    events = combined.take(
+        pa.Array.from_buffers(pa.int64(), len(taken), [None, pa.py_buffer(taken)])
+    )
 
     copies = {}
     for i, case_id in enumerate(ordered):

@@ -154,6 +154,8 @@ def check_cases(figures: Mapping[str, Any]) -> list[str]:
     problems = numeric(
         figures, "whole_fold_seconds", "first_look_seconds", "look_after_flush_seconds",
         "whole_fold_cases", "first_look_cases", "look_after_flush_cases", "speed_up",
+        "fresh_first_look_snapshot_seconds", "fresh_first_look_whole_fold_seconds",
+        "snapshot_write_seconds", "snapshot_refresh_seconds",
     )  # fmt: skip
     if not problems:
         problems += expect(

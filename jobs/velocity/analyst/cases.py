@@ -144,8 +144,9 @@ UnreadHistory = tuple[HistorySource, int, int]
 
 class _History:
     """``Case.history``: the case's events in order. A case read from a snapshot holds an
-    ``UnreadHistory`` instead (``leave_unread``), read at the first use of its history:
-    the first look at 150,000 cases needs their figures, not their 600,000 events."""
+    ``UnreadHistory`` instead (``leave_unread``), followed by the events added to it
+    since (``CaseBook``), read at the first use of its history: the first look at 150,000
+    cases needs their figures, not their 600,000 events."""
 
     @overload
     def __get__(self, case: None, owner: type | None = None) -> tuple[()]: ...
@@ -155,24 +156,38 @@ class _History:
         if case is None:  # the dataclass's default for the field: no events
             return ()
         held = case.__dict__["history"]
-        if type(held) is not list:  # only ``leave_unread`` (or a snapshot) puts in another
-            source, first, count = held
-            held = case.__dict__["history"] = source.events(case.case_id, first, count)
+        if type(held) is not list:  # unread, and the events added since (``_add_event``)
+            source, first, count, *added = held
+            events = source.events(case.case_id, first, count)
+            for e in added:
+                bisect.insort(events, e, key=_event_order)
+            held = case.__dict__["history"] = events
         return held
 
     def __set__(self, case: Case, events: Iterable[CaseEvent]) -> None:
         case.__dict__["history"] = list(events)
 
 
-def held_history(case: Case) -> list[CaseEvent] | UnreadHistory:
-    """``case``'s history as it is held: its events, or where they are when unread."""
-    held: list[CaseEvent] | UnreadHistory = case.__dict__["history"]
+def held_history(case: Case) -> list[CaseEvent] | tuple[Any, ...]:
+    """``case``'s history as it is held: its events, or an ``UnreadHistory`` followed by
+    the events added since."""
+    held: list[CaseEvent] | tuple[Any, ...] = case.__dict__["history"]
     return held
 
 
 def leave_unread(case: Case, unread: UnreadHistory) -> None:
     """Let ``case``'s history be read from ``unread`` when first used."""
     case.__dict__["history"] = unread
+
+
+def _add_event(case: Case, e: CaseEvent) -> None:
+    """``e`` into ``case``'s history in event order; after an unread history, to be put in
+    when it is read (a snapshot's case changed since is not read for it)."""
+    held = case.__dict__["history"]
+    if type(held) is list:
+        bisect.insort(held, e, key=_event_order)
+    else:
+        case.__dict__["history"] = (*held, e)
 
 
 @dataclass
@@ -358,7 +373,7 @@ class CaseBook:
 
     def _apply(self, e: CaseEvent) -> None:
         case = self.cases.setdefault(e.case_id, Case(e.case_id, e.case_key))
-        bisect.insort(case.history, e, key=_event_order)
+        _add_event(case, e)
         case.latest_activity_at = max(case.latest_activity_at, e.at)
         match e.event:
             case CaseEventKind.OPENED | CaseEventKind.JOINED:

@@ -171,7 +171,7 @@ def write_snapshot(
     size = 0
     for i, case_id in enumerate(ordered):
         held = held_history(cases[case_id])
-        if not isinstance(held, list) and isinstance(held[0], ArrowHistory):
+        if type(held) is tuple and len(held) == 3 and isinstance(held[0], ArrowHistory):
             source, first, count = held[0].table, held[1], held[2]
             if id(source) not in offset_of:
                 offset_of[id(source)] = size

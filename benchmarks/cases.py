@@ -80,9 +80,13 @@ def _snapshot(what: str, store: CaseStore) -> float:
 
 def _fresh_looks(store: CaseStore, case_id: str, runs: int) -> tuple[list[float], str]:
     """Wall seconds of ``runs`` fresh ``velocity cases show <case>`` processes on the data
-    dir, and what the last printed."""
+    dir, and what the last printed. Each imports from bytecode cached by a run before
+    them (as an installed Velocity does, whatever PYTHONDONTWRITEBYTECODE says here)."""
     command = [str(Path(sys.executable).parent / "velocity"), "cases", "show", case_id[:8]]
-    env = {**os.environ, "VELOCITY_DATA_DIR": str(store.settings.data_dir)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["VELOCITY_DATA_DIR"] = str(store.settings.data_dir)
+    env["PYTHONPYCACHEPREFIX"] = str(store.settings.data_dir / "pycache")
+    subprocess.run(command, env=env, capture_output=True, check=True)
     seconds, shown = [], ""
     for _ in range(runs):
         started = time.perf_counter()

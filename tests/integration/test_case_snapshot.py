@@ -22,6 +22,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from tests.builders import alert_row
+from tests.integration.test_case_store import group
 from velocity.analyst.cases import Case, CaseEventKind, fold_cases, person_event
 from velocity.delta import case_store, tables
 from velocity.delta.case_snapshot import CURRENT, snapshot_root
@@ -41,19 +42,7 @@ WHOLE_FOLD = "every case event read"
 def flush(store: CaseStore, batch: int, alerts: list[tuple[str, int, str, str]]) -> dict[str, str]:
     """A write-behind group of (alertId, ruleId, transactionId, payerId) alerts, gathered
     into cases and appended to the alerts table; each alert's case."""
-    rows = [
-        {**alert_row(a, (rule, 1), NOW + batch * 1_000 + i, transaction_id=tx), "caseId": None}
-        for i, (a, rule, tx, _) in enumerate(alerts)
-    ]
-    payers = {tx: payer for _, _, tx, payer in alerts}
-    events = pa.table(
-        {
-            "transactionId": list(payers),
-            "payerId": list(payers.values()),
-            "paymentAmount": pa.array(["10.25"] * len(payers)).cast(pa.decimal128(26, 8)),
-        }
-    )
-    gathered = store.gather_alerts(pa.Table.from_pylist(rows, ALERT_ARROW), events, batch)
+    gathered = store.gather_alerts(*group(alerts), batch)
     write_deltalake(str(store.settings.table_path(ALERTS)), gathered, mode="append")
     return dict(zip(gathered["alertId"].to_pylist(), gathered["caseId"].to_pylist(), strict=True))
 

@@ -188,6 +188,22 @@ def _in_place(
     return str(shown[0].text) if shown else ""
 
 
+_CASE_TITLE = '[data-part="case-title"]'
+
+
+def _close_case(browser: Any, phase: str, verdict: str, note: str = "") -> str:
+    """Close the case shown with ``verdict`` (and ``note``), timed until its title says
+    closed; the outcome said."""
+    form = _testid(browser, "close-form")[0]
+    _choose(form, "verdict", verdict)
+    if note:
+        form.find_element(_by("NAME"), "note").send_keys(note)
+    return _in_place(
+        browser, phase, "close", _testid(browser, "close-submit")[0], _CASE_TITLE,
+        'el.dataset.status === "closed"',
+    )  # fmt: skip
+
+
 def _loaded(browser: Any, phase: str, action: str | None = None) -> None:
     """Note the page just loaded: from its frame's navigation (a page load), or from the
     click that brought it (``action``)."""
@@ -356,20 +372,14 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     _shot(deployment, browser, "16-case")
     _into_frame(browser)
 
-    title = '[data-part="case-title"]'
+    title = _CASE_TITLE
     said = _in_place(
         browser, "quiet", "assign", _testid(browser, "assign-submit")[0], title,
         'el.dataset.status === "assigned"',
     )  # fmt: skip
     assert "assigned to admin" in said
     assert "case_status=all" in _frame_url(browser)
-    form = _testid(browser, "close-form")[0]
-    _choose(form, "verdict", "FALSE_POSITIVE")
-    form.find_element(_by("NAME"), "note").send_keys("a regular customer")
-    said = _in_place(
-        browser, "quiet", "close", _testid(browser, "close-submit")[0], title,
-        'el.dataset.status === "closed"',
-    )  # fmt: skip
+    said = _close_case(browser, "quiet", "FALSE_POSITIVE", "a regular customer")
     assert "closed: false positive, by admin" in said
     assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
     closed = store.case(case_id)
@@ -387,12 +397,7 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     # browser's own (required); a change the page no longer allows (closed meanwhile by
     # someone else) is the server's 409.
     store.close(case_id, "FALSE_POSITIVE", None, "someone-else")
-    form = _testid(browser, "close-form")[0]
-    _choose(form, "verdict", "NEEDS_REVIEW")
-    said = _in_place(
-        browser, "quiet", "close", _testid(browser, "close-submit")[0], title,
-        'el.dataset.status === "closed"',
-    )  # fmt: skip
+    said = _close_case(browser, "quiet", "NEEDS_REVIEW")
     assert "is closed already" in said, said
     assert "is closed already" in _testid(browser, "click-error")[0].text
 
@@ -566,7 +571,7 @@ def test_under_a_storm_of_alerts_clicks_reach_the_server_within_a_second(
         links = _testid(browser, "case-link")
         if links:
             _follow_link(browser, "storm", "open a case", links[0], "case-title")
-            title = '[data-part="case-title"]'
+            title = _CASE_TITLE
             if _testid(browser, "reopen-submit"):  # closed by an earlier round
                 _in_place(
                     browser, "storm", "reopen", _testid(browser, "reopen-submit")[0], title,
@@ -576,12 +581,7 @@ def test_under_a_storm_of_alerts_clicks_reach_the_server_within_a_second(
                 browser, "storm", "assign", _testid(browser, "assign-submit")[0], title,
                 'el.dataset.status === "assigned"',
             )  # fmt: skip
-            form = _testid(browser, "close-form")[0]
-            _choose(form, "verdict", "NEEDS_REVIEW")
-            said = _in_place(
-                browser, "storm", "close", _testid(browser, "close-submit")[0], title,
-                'el.dataset.status === "closed"',
-            )  # fmt: skip
+            said = _close_case(browser, "storm", "NEEDS_REVIEW")
             assert "closed: needs review" in said, said
             back = _testid(browser, "back-to-queue")[0]
             _follow_link(browser, "storm", "back to the queue", back, "rules")

@@ -144,6 +144,13 @@ sessionStorage.removeItem("velocityClickedAt");
 var loaded = performance.timeOrigin + nav.domContentLoadedEventEnd;
 return {load: nav.domContentLoadedEventEnd, afterClick: clicked ? loaded - clicked : null};
 """
+# The last request the page sent: queued in the browser (stalled), on the way and in the
+# server (to its first byte), its answer's transfer.
+_LAST_FETCH = r"""
+var all = performance.getEntriesByType("resource"), last = all[all.length - 1];
+return last && {url: last.name.split("?")[0], stalled: last.requestStart - last.startTime,
+  server: last.responseStart - last.requestStart, transfer: last.responseEnd - last.responseStart};
+"""
 # Click-to-result times (ms) by phase (quiet, storm) and action.
 CLICKS: dict[str, dict[str, list[float]]] = {}
 
@@ -183,7 +190,9 @@ def _in_place(
     the same page; the time noted; the outcome said at the top, if any."""
     marker = _watch(browser, selector, condition)
     element.click()
-    _note(phase, action, _drawn(browser, marker))
+    took = _note(phase, action, _drawn(browser, marker))
+    if took > 1000:  # where a slow one's time went, by the browser's resource timing
+        print(f"\n{phase} {action}: {took:.0f} ms;", browser.execute_script(_LAST_FETCH))
     shown = _testid(browser, "flash")
     return str(shown[0].text) if shown else ""
 

@@ -200,6 +200,7 @@ class Soak:
         self.closed_cases: list[str] = []
         self.slow_faults: list[threading.Thread] = []
         self.slow_lock = threading.Lock()
+        self.dag_runs: list[subprocess.Popen[str]] = []
         self.errors: list[str] = []
 
     # --- the run ------------------------------------------------------------------------
@@ -362,7 +363,7 @@ class Soak:
         from velocity.kafka.broker import kafka_down
         from velocity.redis.server import redis_down
 
-        for process in (self.stream, self.api_server):
+        for process in (self.stream, self.api_server, *self.dag_runs):
             if process is not None and process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
@@ -408,12 +409,22 @@ class Soak:
         None after ``timeout``. A stream that ended by itself is noted and started again."""
         began = time.monotonic()
         while time.monotonic() - began < timeout:
-            if self.last_batch() > after and self.stream_alive() and self.driver_pid():
+            caught_up = self.last_batch() > after or self.idle_and_caught_up()
+            if caught_up and self.stream_alive() and self.driver_pid():
                 return time.monotonic() - began
             if not self.stream_alive():
                 self.stream_ended_by_itself()
             time.sleep(0.5)
         return None
+
+    def idle_and_caught_up(self) -> bool:
+        """Every payment produced and read, the stream running: no batch is to come."""
+        from velocity.operating.stream_control import check_health
+
+        if self.produced_files < len(self.files):
+            return False
+        health = check_health(self.settings)
+        return health.verdict == "running" and health.offsetsBehindLatest == 0
 
     def stream_ended_by_itself(self) -> None:
         """The run_stream run ended without the harness: note how (the stream's own
@@ -644,15 +655,20 @@ class Soak:
         began = time.monotonic()
         name = f"{dag_id}-{len(self.outcome.faults)}.log"
         with (self.work / name).open("w") as log:
-            done = subprocess.run(
+            run = subprocess.Popen(
                 ["airflow", "dags", "test", dag_id, *extra],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                timeout=1200, check=False,
+                start_new_session=True,  # its spark-submit goes with it in tear_down
             )  # fmt: skip
+            self.dag_runs.append(run)
+            try:
+                code: int | None = run.wait(timeout=1200)
+            except subprocess.TimeoutExpired:
+                code = None
         took = time.monotonic() - began
-        record.detail = f"{dag_id} exit {done.returncode} in {took:.0f} s ({name})"
+        record.detail = f"{dag_id} exit {code} in {took:.0f} s ({name})"
         # Recovered: the run succeeded (the stream's batches are watched by the others).
-        record.recovered_s = took if done.returncode == 0 else None
+        record.recovered_s = took if code == 0 else None
 
     def fault_maintain_state(self, record: FaultRecord) -> None:
         self.dag_test("maintain_state", record)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,8 +79,9 @@ def _snapshot(what: str, store: CaseStore) -> float:
     return seconds
 
 
-def _fresh_looks(store: CaseStore, case_id: str, runs: int) -> tuple[list[float], str]:
-    """Wall seconds of ``runs`` fresh ``velocity cases show <case>`` processes on the data
+def _fresh_looks(store: CaseStore, case_id: str, runs: int) -> tuple[list[float], list[float], str]:
+    """Wall seconds and CPU seconds (user + system: what a busy machine's other work does
+    not stretch) of ``runs`` fresh ``velocity cases show <case>`` processes on the data
     dir, and what the last printed. Each imports from bytecode cached by a run before
     them (as an installed Velocity does, whatever PYTHONDONTWRITEBYTECODE says here)."""
     command = [str(Path(sys.executable).parent / "velocity"), "cases", "show", case_id[:8]]
@@ -87,38 +89,47 @@ def _fresh_looks(store: CaseStore, case_id: str, runs: int) -> tuple[list[float]
     env["VELOCITY_DATA_DIR"] = str(store.settings.data_dir)
     env["PYTHONPYCACHEPREFIX"] = str(store.settings.data_dir / "pycache")
     subprocess.run(command, env=env, capture_output=True, check=True)
-    seconds, shown = [], ""
+    seconds, cpu, shown = [], [], ""
     for _ in range(runs):
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         seconds.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime)
         shown = done.stdout
-    return seconds, shown
+    return seconds, cpu, shown
 
 
-def _fresh_side_by_side(store: CaseStore, runs: int) -> tuple[float, float]:
-    """Median wall seconds of a fresh process's first look with the snapshot, then
-    without it (its folder moved aside, then back)."""
+def _fresh_side_by_side(store: CaseStore, runs: int) -> dict[str, float]:
+    """Median wall and CPU seconds of a fresh process's first look with the snapshot,
+    then without it (its folder moved aside, then back)."""
     case_id = min(store.cases())
-    with_snapshot, shown = _fresh_looks(store, case_id, runs)
+    with_snapshot, with_cpu, shown = _fresh_looks(store, case_id, runs)
     root = snapshot_root(store.settings.data_dir)
     aside = root.with_name(root.name + "-aside")
     root.rename(aside)
     try:
-        without, shown_without = _fresh_looks(store, case_id, runs)
+        without, without_cpu, shown_without = _fresh_looks(store, case_id, runs)
     finally:
         aside.rename(root)
     if shown != shown_without:
         raise SystemExit("the first look with the snapshot printed another case than without")
-    fast, slow = statistics.median(with_snapshot), statistics.median(without)
-    print(f"  fresh `velocity cases show`, with the snapshot: {_runs(with_snapshot)}")
-    print(f"  fresh `velocity cases show`, whole fold:        {_runs(without)}")
+    medians = {
+        "fresh_first_look_snapshot_seconds": statistics.median(with_snapshot),
+        "fresh_first_look_whole_fold_seconds": statistics.median(without),
+        "fresh_first_look_snapshot_cpu_seconds": statistics.median(with_cpu),
+        "fresh_first_look_whole_fold_cpu_seconds": statistics.median(without_cpu),
+    }
+    fast, slow, *_ = medians.values()
+    print(f"  fresh `velocity cases show`, with the snapshot: {_runs(with_snapshot, with_cpu)}")
+    print(f"  fresh `velocity cases show`, whole fold:        {_runs(without, without_cpu)}")
     print(f"  median {fast:.2f} s against {slow:.2f} s: {slow / fast:,.1f}x faster")
-    return fast, slow
+    return {k: round(v, 3) for k, v in medians.items()}
 
 
-def _runs(seconds: list[float]) -> str:
-    return ", ".join(f"{s:.2f} s" for s in seconds)
+def _runs(seconds: list[float], cpu: list[float]) -> str:
+    return ", ".join(f"{s:.2f} s ({c:.2f} s CPU)" for s, c in zip(seconds, cpu, strict=True))
 
 
 def main() -> None:
@@ -160,16 +171,19 @@ def main() -> None:
         print(
             f"  then {args.after} flushes after the snapshot; fresh processes, timed from outside:"
         )
-        fresh, fresh_whole = _fresh_side_by_side(store, args.runs)
+        fresh = _fresh_side_by_side(store, args.runs)
         forget_table(store.events_path)  # as maintenance's own process: from the snapshot
         refresh = _snapshot("snapshot refreshed (maintenance, from the last)", store)
     figures_file.write(
         args.figures,
         {
             "after_flushes": args.after,
-            "fresh_first_look_snapshot_seconds": round(fresh, 3),
-            "fresh_first_look_whole_fold_seconds": round(fresh_whole, 3),
-            "fresh_speed_up": round(fresh_whole / fresh, 1),
+            **fresh,
+            "fresh_speed_up": round(
+                fresh["fresh_first_look_whole_fold_seconds"]
+                / fresh["fresh_first_look_snapshot_seconds"],
+                1,
+            ),
             "snapshot_write_seconds": round(snapshot, 3),
             "snapshot_refresh_seconds": round(refresh, 3),
             "alerts": args.groups * args.alerts,

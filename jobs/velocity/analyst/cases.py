@@ -372,7 +372,9 @@ class CaseBook:
             self._apply(e)
 
     def _apply(self, e: CaseEvent) -> None:
-        case = self.cases.setdefault(e.case_id, Case(e.case_id, e.case_key))
+        case = self.cases.get(e.case_id)
+        if case is None:
+            case = self.cases[e.case_id] = Case(e.case_id, e.case_key)
         _add_event(case, e)
         case.latest_activity_at = max(case.latest_activity_at, e.at)
         match e.event:

@@ -92,6 +92,9 @@ class SoakConfig:
     keys: int = 20_000  # distinct payers
     each: int = 2  # times each fault kind strikes
     gap: float = 20.0  # seconds at least between two faults' moments
+    # Redis restarted while the stream is down after each SIGKILL (not on its own): one
+    # restart of the stream for both, for a short run (the test).
+    redis_with_sigkill: bool = False
     seed: int = 53
     work: Path = ROOT / "data" / "soak"
     recovery_seconds: float = 300.0  # a fault not recovered from by then counts as not
@@ -558,7 +561,8 @@ class Soak:
         """Each fault at its moment. The DAG runs (maintenance, a backfill) run beside the
         others, one at a time, as they would in production; the others one after another,
         each until the stream committed a batch again."""
-        schedule = fault_schedule(FAULTS, self.config.each, seconds, self.rng, self.config.gap)
+        kinds = [k for k in FAULTS if k != "redis_restart" or not self.config.redis_with_sigkill]
+        schedule = fault_schedule(kinds, self.config.each, seconds, self.rng, self.config.gap)
         self.say("faults: " + ", ".join(f"{kind} at {at:.0f} s" for at, kind in schedule))
         for at, kind in schedule:
             pause = self.production_began + at - time.monotonic()
@@ -602,8 +606,16 @@ class Soak:
             self.stream.wait(timeout=60)
         code = self.stream.returncode
         record.detail = f"killed {len(killed)} processes at batch {batch}; run_stream exit {code}"
+        also = None
+        if self.config.redis_with_sigkill:  # one restart of the stream for both faults
+            also = FaultRecord(record.at, "redis_restart")
+            self.outcome.faults.append(also)
+            self.restart_redis(also, batch)
+            record.detail += f"; {also.detail}"
         self.start_stream()
         self.recovered(record, batch, began)
+        if also is not None:
+            also.recovered_s = record.recovered_s
 
     def fault_decider_kill(self, record: FaultRecord) -> None:
         driver = self.driver_pid()
@@ -617,6 +629,12 @@ class Soak:
         self.recovered(record, batch, began)
 
     def fault_redis_restart(self, record: FaultRecord) -> None:
+        batch, began = self.last_batch(), time.monotonic()
+        self.restart_redis(record, batch)
+        self.recovered(record, batch, began)
+
+    def restart_redis(self, record: FaultRecord, batch: int) -> None:
+        """SIGKILL redis-server and start it again from its AOF."""
         from velocity.operating.local_process import pidfile_process
         from velocity.redis.server import local_redis, redis_up
 
@@ -624,14 +642,12 @@ class Soak:
         pid = pidfile_process(server.pid_path, b"redis-server")
         if pid is None:
             raise RuntimeError("no redis-server to kill")
-        batch, began = self.last_batch(), time.monotonic()
         sigkill([pid])
         deadline = time.monotonic() + 30
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         redis_up(self.settings)
         record.detail = f"SIGKILLed redis-server {pid} at batch {batch}, started from its AOF"
-        self.recovered(record, batch, began)
 
     def fault_redis_flush(self, record: FaultRecord) -> None:
         import redis

@@ -182,7 +182,13 @@ class Storm:
         self.flushed += 1
         # A group id of this run's own (a second run's groups are not "redone" flushes).
         group = 2 * BATCH_BASE + int(time.time() * 10)
-        worker = threading.Thread(target=self._write, args=(events, alerts, group), daemon=True)
+        # One flush writes at a time, in order, as the stream's state lock has it: two that
+        # overlap (a slow one on a loaded machine, then the last) would commit the same
+        # transaction id at once, and one fail.
+        previous = self.flushes[-1] if self.flushes else None
+        worker = threading.Thread(
+            target=self._write, args=(events, alerts, group, previous), daemon=True
+        )
         worker.start()
         self.flushes.append(worker)
         if wait:
@@ -190,7 +196,11 @@ class Storm:
                 done.join()
 
     def _write(
-        self, events: list[dict[str, Any]], alerts: list[dict[str, Any]], group: int
+        self,
+        events: list[dict[str, Any]],
+        alerts: list[dict[str, Any]],
+        group: int,
+        previous: threading.Thread | None = None,
     ) -> None:
         import pyarrow as pa
         from deltalake import write_deltalake
@@ -199,6 +209,8 @@ class Storm:
         from velocity.delta.case_store import CaseStore
         from velocity.delta.write_behind import ARROW_SCHEMAS, append_once
 
+        if previous is not None:
+            previous.join()
         try:
             event_rows = pa.Table.from_pylist(events, ARROW_SCHEMAS["events"])
             alert_rows = pa.Table.from_pylist(alerts, ARROW_SCHEMAS["alerts"])

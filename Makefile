@@ -46,7 +46,7 @@ bench: setup ## backtest throughput for 1M events and 8 rules; RULES=file, BEFOR
 bench-cooldown: setup ## alerts vs notified alerts per hour, sample and fire-often rules, 10-minute cooldown (150 events/s, 3,000 payers)
 	$(VENV)/python -m benchmarks.cooldown $(ARGS)
 
-bench-cases: setup ## the case queue's read of 600k alerts' cases: the whole fold against the incremental one
+bench-cases: setup ## the case queue's read of 600k alerts' cases: the whole fold against the incremental one; a fresh process's first look with the case snapshot and without
 	@$(VENV)/python -m benchmarks.cases $(ARGS)
 
 bench-kernel: setup ## the decision kernel alone on 1M synthetic events (sample and fire-often rules), and the reference

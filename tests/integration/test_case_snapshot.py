@@ -139,6 +139,12 @@ def test_the_snapshot_and_the_events_after_it_are_the_whole_fold_case_by_case(
     caplog.clear()
     assert first_look(store) == whole_fold(store)
     assert used_the_snapshot(caplog), caplog.text
+    # A refresh keeps the folder current until then (a reader may have just read its
+    # name) and removes the older ones.
+    third = store.write_snapshot()
+    assert third is not None
+    folders = {f.name for f in snapshot_root(store.settings.data_dir).iterdir() if f.is_dir()}
+    assert folders == {Path(again.path).name, Path(third.path).name}
 
 
 def test_events_appended_while_the_snapshot_is_written_are_read_after_it(

@@ -386,7 +386,9 @@ class CaseBook:
                     case.rule_counts[rule] = case.rule_counts.get(rule, 0) + n
                 case.amount += e.amount
                 case.latest_alert_at = max(case.latest_alert_at, e.latest_alert_at or e.at)
-                case.outcome = strongest((case.outcome, e.outcome or Outcome.ALERT))
+                brought = e.outcome or Outcome.ALERT
+                if brought.strength > case.outcome.strength:  # ``strongest``, per event
+                    case.outcome = brought
             case CaseEventKind.ASSIGNED:
                 case.assignee = e.assignee
                 if case.status is not CaseStatus.CLOSED:

@@ -66,9 +66,6 @@ FORMAT = 1  # CURRENT.json's "format": a snapshot of another format is not read
 CURRENT = "CURRENT.json"
 _CASES = "cases.pickle"
 _EVENTS = "events.arrow"
-# Folders neither current nor just written are removed once this old: a reader that read
-# CURRENT just before it was replaced still finds the folder it names.
-_KEEP_SECONDS = 600
 # The only classes a snapshot's pickle may build.
 _CLASSES: dict[tuple[str, str], Any] = {
     (c.__module__, c.__qualname__): c for c in (Case, CaseStatus, Outcome, Verdict, Decimal)
@@ -229,8 +226,9 @@ def write_snapshot(
     }
     staged = root / f".{CURRENT}.{folder.name}"
     _write_synced(staged, json.dumps(current).encode())
+    previous = _folder_named(root)
     os.replace(staged, root / CURRENT)
-    _remove_old(root, folder.name)
+    _remove_old(root, {folder.name, previous})
     return CaseSnapshotSummary(
         path=str(folder),
         version=version,
@@ -248,17 +246,21 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(out.fileno())
 
 
-def _remove_old(root: Path, mine: str) -> None:
-    """Remove the folders other than ``mine`` and the current one, once old enough."""
+def _folder_named(root: Path) -> str | None:
+    """The folder ``CURRENT.json`` names (None: none, or unreadable)."""
     try:
-        current = json.loads((root / CURRENT).read_text()).get("folder")
-    except (OSError, ValueError):
-        current = None
-    now = time.time()
+        named = json.loads((root / CURRENT).read_text()).get("folder")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return named if isinstance(named, str) else None
+
+
+def _remove_old(root: Path, keep: Collection[str | None]) -> None:
+    """Remove the snapshot folders but those in ``keep``: the one just written, and the
+    one current until now (a reader that read ``CURRENT.json`` just before it was
+    replaced still finds what it names; the next refresh removes it)."""
     for folder in root.iterdir():
-        if not folder.is_dir() or folder.name in (mine, current):
-            continue
-        if now - folder.stat().st_mtime > _KEEP_SECONDS:
+        if folder.is_dir() and folder.name not in keep:
             shutil.rmtree(folder, ignore_errors=True)
 
 

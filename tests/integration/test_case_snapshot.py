@@ -263,3 +263,19 @@ def test_a_fresh_velocity_cases_reads_the_snapshot(store: CaseStore) -> None:
     shown = {c["caseId"]: c for c in map(json.loads, listed.stdout.splitlines())}
     assert shown == {c.case_id: c.to_json() for c in whole_fold(store).values()}
     assert shown[payer["p4"]]["status"] == "closed"
+
+
+def test_the_page_s_first_look_after_a_restart_reads_the_snapshot(
+    store: CaseStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The api-server's queue (the page's ``all_cases``), as after a restart."""
+    from velocity_airflow.page.cases import all_cases
+
+    payer = worked_cases(store)
+    store.write_snapshot()
+    store.reopen(payer["p2"], "lead")
+    forget_table(store.events_path)
+    caplog.set_level(logging.INFO, "velocity.cases")
+    queue = {c.case_id: c for c in all_cases(store.settings)}
+    assert used_the_snapshot(caplog), caplog.text
+    assert queue == whole_fold(store) and queue[payer["p2"]].status.value == "open"

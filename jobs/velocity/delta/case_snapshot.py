@@ -262,6 +262,8 @@ def _remove_old(root: Path, keep: Collection[str | None]) -> None:
     for folder in root.iterdir():
         if folder.is_dir() and folder.name not in keep:
             shutil.rmtree(folder, ignore_errors=True)
+        elif folder.name.startswith(f".{CURRENT}."):  # staged by a refresh that crashed
+            folder.unlink(missing_ok=True)
 
 
 def restore_cases(
@@ -307,7 +309,9 @@ def _unusable(current: Any, table: DeltaTable, by_relative: Mapping[str, str]) -
         return (
             f"it is of version {current.get('version')}, newer than the table's {table.version()}"
         )
-    gone = [f for f in current.get("files", []) if f not in by_relative]
+    if not isinstance(current.get("files"), list):
+        return "it does not list the data files it folded"
+    gone = [f for f in current["files"] if f not in by_relative]
     if gone:
         return (
             f"{len(gone)} of the data files it folded are gone (compacted, vacuumed or "

@@ -25,6 +25,12 @@ assigned, closed with a verdict (which reviews each of its alerts) or reopened h
 backfill run is started from the page as a run of the backfill DAG, through Airflow's own
 code in this process (``airflow.api.common.trigger_dag``), with the user's permissions.
 
+A click that changes one thing (assign, close, reopen, pause, activate, delete, an
+outcome; the queue's filter, orders and pages; the window lookup) is sent by the page's
+script with ``X-Velocity-In-Place`` and answered with the outcome and the parts of the page
+it changed, as JSON (``common.answer``, the HTML of each ``data-part``), drawn in place;
+the same route answers a plain form (no script) with the redirect back to the page.
+
 One live feed per open page (``/api/page/live``) counts what changed since the page was
 drawn (alerts published, cases updated) and the page says so; rows are drawn again only
 when asked. Each click's moment travels in a short-lived cookie and ``ClickTiming`` notes

@@ -240,7 +240,10 @@ class Soak:
             threads[0].join()
             self.say(f"produced {self.produced_lines} payments in {self.produced_files} s")
             for slow in self.slow_faults:
-                slow.join()
+                while slow.is_alive():  # the stream is watched meanwhile
+                    slow.join(timeout=2)
+                    if not self.stream_alive():
+                        self.stream_ended_by_itself()
             self.finish_stream()
             self.stop.set()
             for thread in threads[1:]:

@@ -234,8 +234,10 @@ class Soak:
             ]
             for thread in threads:
                 thread.start()
-            self.production_began = time.monotonic()
+            # The faults' moments count from the stream's first batch: before it there is
+            # nothing to break (payments wait in the topic meanwhile).
             self.wait_for_batch(-1, config.recovery_seconds)
+            self.production_began = time.monotonic()
             self.inject_faults(seconds)
             threads[0].join()
             self.say(f"produced {self.produced_lines} payments in {self.produced_files} s")
@@ -711,8 +713,12 @@ class Soak:
 
     def fault_case_close(self, record: FaultRecord) -> None:
         began = time.monotonic()
-        body = self.get("/velocity/api/cases?case_limit=50")[1]
-        cases = [c for c in json.loads(body)["cases"] if c["status"] != "closed"]
+        cases: list[dict[str, Any]] = []
+        while not cases and time.monotonic() - began < self.config.recovery_seconds:
+            body = self.get("/velocity/api/cases?case_limit=50")[1]
+            cases = [c for c in json.loads(body)["cases"] if c["status"] != "closed"]
+            if not cases:  # no alert has opened one yet (a short run's first seconds)
+                time.sleep(2)
         chosen = self.rng.sample(cases, min(3, len(cases)))
         answers = []
         for case in chosen:

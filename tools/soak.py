@@ -686,6 +686,7 @@ class Soak:
                 code: int | None = run.wait(timeout=1200)
             except subprocess.TimeoutExpired:
                 code = None
+                os.killpg(run.pid, signal.SIGKILL)
         took = time.monotonic() - began
         record.detail = f"{dag_id} exit {code} in {took:.0f} s ({name})"
         # Recovered: the run succeeded (the stream's batches are watched by the others).

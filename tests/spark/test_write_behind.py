@@ -4,7 +4,9 @@ sizes, and a flush cut short is finished without doubling anything."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -121,3 +123,23 @@ def test_a_new_data_dirs_tables_are_as_spark_would_create_them_and_read_as_unwri
     spark.createDataFrame([], older).write.format("delta").save(str(path))
     LiveState(spark, signatures)
     assert "kept_distinct" in tables.read_table(spark, path).columns
+
+
+def test_two_flushers_at_once_append_each_row_once(spark, data_settings: Settings) -> None:
+    """The stream's flusher and a backfill's, both past a state lock whose lease ran out
+    on a loaded machine: they flush one after the other, and neither fails."""
+    state = LiveState(spark, data_settings)
+    sizes = {0: 2, 1: 1, 2: 3}
+    spool_batches(state.spool, sizes)
+    start = threading.Barrier(2)
+
+    def flush() -> list[int]:
+        start.wait()
+        return Spool(data_settings).flush(2).batches
+
+    with ThreadPoolExecutor(2) as pool:
+        flushed = [f.result() for f in [pool.submit(flush), pool.submit(flush)]]
+    assert sorted(flushed) == [[], [0, 1, 2]]  # the second found nothing left to do
+    stored = sorted(r["alertId"] for r in tables.read_table(spark, state.live.alerts).collect())
+    assert stored == sorted(f"a-{b}-{i}" for b, n in sizes.items() for i in range(n))
+    assert state.spool.batches() == []

@@ -28,10 +28,12 @@ data quality can flush what the stream has spooled and see every committed batch
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,13 @@ ARROW_SCHEMAS: Mapping[str, pa.Schema] = {
     name: to_arrow_schema(schema) for name, schema in SPOOLED_TABLES.items()
 }
 _INTENT = "flushing.json"
+# Held (flock) for a whole flush. The state lock should make flushes one at a time, but its
+# lease can run out under a slow flush on a loaded machine, and then the stream's flusher and
+# a backfill's flushed the same group at once (one found the other had removed the intent:
+# FileNotFoundError); a second flusher past a first's new intent could remove it too, and a
+# crash then would flush that group again under another version. A file lock holds whatever
+# the lease did.
+_FLUSH_LOCK = ".flush.lock"
 
 
 @dataclass(frozen=True)
@@ -132,11 +141,24 @@ class Spool:
         path = self.root / _INTENT
         return json.loads(path.read_text()) if path.exists() else None
 
+    @contextmanager
+    def _one_flusher(self) -> Iterator[None]:
+        """This data dir's flushes one at a time, in every process (``_FLUSH_LOCK``)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / _FLUSH_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            yield
+
     def flush(self, through: int | None) -> Flushed:
         """Append the spooled batches up to ``through`` (and any unfinished flush) to Delta.
 
-        Idempotent, and safe to repeat after a crash at any point. Hold the state lock.
+        Idempotent, and safe to repeat after a crash at any point. Hold the state lock;
+        flushes wait for each other (``_FLUSH_LOCK``) whatever became of its lease.
         """
+        with self._one_flusher():
+            return self._flush(through)
+
+    def _flush(self, through: int | None) -> Flushed:
         group = self._intent()
         if group is None:
             group = self._spooled_through(through)

@@ -85,18 +85,20 @@ def in_effect(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[Pair, Effect], li
     row's effect (a RETRACTION sorts before a raising row of the same decisionTime); and
     the pairs whose net count is neither 0 nor 1 (counted twice, or retracted twice)."""
     net: Counter[Pair] = Counter()
-    latest: dict[Pair, tuple[tuple[int, bool], Mapping[str, Any]]] = {}
+    # Each pair's latest row kept as its small Effect, not the row: a 30-minute soak's
+    # millions of rows, kept whole, filled the machine's memory.
+    latest: dict[Pair, tuple[tuple[int, bool], Effect | None]] = {}
     for row in rows:
         pair = (int(row["ruleId"]), str(row["transactionId"]))
         raises = str(row.get("kind") or "ALERT") != "RETRACTION"
         net[pair] += 1 if raises else -1
         order = (int(row.get("decisionTime") or 0), raises)
         if pair not in latest or order > latest[pair][0]:
-            latest[pair] = (order, row)
+            latest[pair] = (order, Effect.of(row) if raises else None)
     effect = {
-        pair: Effect.of(row)
-        for pair, ((_, raises), row) in latest.items()
-        if raises and net[pair] == 1
+        pair: found
+        for pair, ((_, raises), found) in latest.items()
+        if raises and found is not None and net[pair] == 1
     }
     broken = sorted(pair for pair, count in net.items() if count not in (0, 1))
     return effect, broken

@@ -117,6 +117,8 @@ def test_the_snapshot_and_the_events_after_it_are_the_whole_fold_case_by_case(
     backfilled = backfill_joins(store, [("c1", "t9", "p4"), ("c2", "t10", "p6")])
 
     caplog.set_level(logging.INFO, "velocity.cases")
+
+    caplog.clear()  # only what follows: an earlier look may have logged at INFO
     looked = first_look(store)
     assert used_the_snapshot(caplog), caplog.text
     assert looked == whole_fold(store)
@@ -172,6 +174,8 @@ def test_events_appended_while_the_snapshot_is_written_are_read_after_it(
     assert written is not None and written.version < DeltaTable(str(store.events_path)).version()
 
     caplog.set_level(logging.INFO, "velocity.cases")
+
+    caplog.clear()  # only what follows: an earlier look may have logged at INFO
     looked = first_look(store)
     assert used_the_snapshot(caplog), caplog.text
     assert looked[payer["p4"]].assignee == "dee"
@@ -187,6 +191,7 @@ def test_a_snapshot_older_than_a_compaction_or_a_vacuum_is_not_used(
     table = DeltaTable(str(store.events_path))
     table.optimize.compact()
     caplog.set_level(logging.INFO, "velocity.cases")
+    caplog.clear()  # only what follows: an earlier look may have logged at INFO
     assert first_look(store) == whole_fold(store)
     assert "data files it folded are gone" in caplog.text and WHOLE_FOLD in caplog.text
 
@@ -208,6 +213,7 @@ def test_a_missing_corrupt_or_foreign_snapshot_falls_back_to_the_whole_fold(
 ) -> None:
     worked_cases(store)
     caplog.set_level(logging.INFO, "velocity.cases")
+    caplog.clear()  # only what follows: an earlier look may have logged at INFO
     whole = whole_fold(store)
     assert first_look(store) == whole
     assert "no case snapshot" in caplog.text and WHOLE_FOLD in caplog.text
@@ -276,6 +282,7 @@ def test_the_page_s_first_look_after_a_restart_reads_the_snapshot(
     store.reopen(payer["p2"], "lead")
     forget_table(store.events_path)
     caplog.set_level(logging.INFO, "velocity.cases")
+    caplog.clear()  # only what follows: an earlier look may have logged at INFO
     queue = {c.case_id: c for c in all_cases(store.settings)}
     assert used_the_snapshot(caplog), caplog.text
     assert queue == whole_fold(store) and queue[payer["p2"]].status.value == "open"

@@ -350,7 +350,9 @@ class Soak:
                 self.token = self.sign_in(home)
                 break
             if self.api_server.poll() is not None:
-                raise RuntimeError(f"airflow api-server exited; see {self.work / 'api-server.log'}")
+                log = self.work / "api-server.log"
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+                raise RuntimeError(f"airflow api-server exited; the end of {log}:\n{tail}")
             time.sleep(1)
         else:
             raise RuntimeError("airflow api-server did not sign in admin within 180 s")

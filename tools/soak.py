@@ -326,8 +326,11 @@ class Soak:
         self.env["AIRFLOW_CONN_VELOCITY_SPARK"] = json.dumps(
             {"conn_type": "spark", "host": "local[2]"}
         )
+        # Also on a given home (the suite's): in the full suite its database was found
+        # needing a migration ("Database migration required"), and the api-server exited.
+        # On a current database it is a check of a few seconds.
+        run_checked(["airflow", "db", "migrate"], self.env, "airflow db migrate", timeout=300)
         if config.airflow_home is None:
-            run_checked(["airflow", "db", "migrate"], self.env, "airflow db migrate", timeout=300)
             run_checked(
                 ["airflow", "pools", "set", "velocity_spark", "1", "one Spark batch job"],
                 self.env, "airflow pools set", timeout=120,

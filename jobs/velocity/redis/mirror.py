@@ -7,7 +7,7 @@ Redis is never the only copy: every write here sets absolute values read from De
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -16,12 +16,13 @@ import pyarrow.compute as pc
 import redis
 from redis.cluster import RedisCluster
 
-from velocity.domain.buckets import BucketAggregate, bucket_from_columns
+from velocity.domain.buckets import bucket_from_columns
 from velocity.domain.decimals import json_string
 from velocity.domain.rules import Rule, RuleState
 from velocity.domain.stream_batch import BucketSlot, SignatureKey
 from velocity.domain.windows import horizon_seconds
 from velocity.engine.cooldown import LAST_NOTIFIED
+from velocity.engine.kernel import BUCKET_FIGURES
 from velocity.errors import UnknownRuleError, VelocityError
 from velocity.redis import cluster
 from velocity.redis.commit_args import (
@@ -36,10 +37,11 @@ from velocity.redis.keys import (
     CHECK_MAX_FUTURE_FIELD,
     CHECK_PROGRESS_FIELD,
     DENSE_TEXT,
+    HASH_FIELDS,
     HASH_MARK,
     PIECES_SUFFIX,
     RedisKeys,
-    bucket_value,
+    bucket_value_texts,
     check_rule,
     key_field_rows,
     notified_field_texts,
@@ -81,44 +83,72 @@ def write_bucket_rows(
     ttl_seconds: int,
     evict_before: int | None = None,
 ) -> int:
-    """Set each bucket's absolute value and refresh its hash's TTL and roll-ups; returns
-    rows written.
+    """``write_bucket_table`` of rows given as mappings (``BUCKET_ROWS``' columns)."""
+    table = pa.Table.from_pylist(list(rows), BUCKET_ROWS)
+    return write_bucket_table(client, keys, table, bucket_ms, ttl_seconds, evict_before)
 
-    With ``evict_before``, each written hash also drops its buckets older than that, so a
+
+def write_bucket_table(
+    client: redis.Redis,
+    keys: RedisKeys,
+    buckets: pa.Table,
+    bucket_ms: int,
+    ttl_seconds: int,
+    evict_before: int | None = None,
+) -> int:
+    """Set each bucket's absolute value and refresh its key's TTL and roll-ups; returns
+    rows written. ``buckets``: Delta's g-wide rows (``BUCKET_ROWS``), their values made
+    column by column.
+
+    With ``evict_before``, each written key also drops its buckets older than that, so a
     busy key never outgrows the horizon (an idle one expires whole by its TTL).
     """
-    changes = (
-        (
-            keys.bucket_hash(row["signature_id"], row["key"]),
-            row["bucket_start"],
-            bucket_value(bucket_from_columns(row)),
+    # A key's rows side by side: one velocity_put_buckets call a key a chunk.
+    buckets = buckets.sort_by([("signature_id", "ascending"), ("key", "ascending")])
+    names = pc.binary_join_element_wise(
+        keys.key_base_texts(buckets.column("signature_id"), buckets.column("key")), ":buckets", ""
+    )
+    values = bucket_value_texts(
+        buckets.select(list(BUCKET_FIGURES)).append_column(
+            "last_time", pa.nulls(buckets.num_rows, pa.int64())
         )
-        for row in rows
+    )
+    changes = zip(
+        names.to_pylist(),
+        buckets.column("bucket_start").to_pylist(),
+        values.to_pylist(),
+        strict=True,
     )
     evict = "" if evict_before is None else str(evict_before)
     return _put_buckets(client, keys, changes, str(bucket_ms), str(ttl_seconds * 1000), evict)
 
 
-def bucket_rows_writer(
+def bucket_table_writer(
     settings: Settings, ttl_seconds: int, evict_before: int | None = None
-) -> Any:
-    """A ``foreachPartition`` function: each Spark task writes its buckets itself."""
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: each Spark task writes its buckets itself and answers
+    how many (``WRITTEN``)."""
 
-    def write(rows: Iterable[Any]) -> None:
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = connect(settings)
         try:
-            write_bucket_rows(
-                client,
-                settings.redis_keys,
-                (r.asDict() for r in rows),
-                settings.bucket_width_ms,
-                ttl_seconds,
-                evict_before,
-            )
+            for batch in batches:
+                written = write_bucket_table(
+                    client,
+                    settings.redis_keys,
+                    pa.Table.from_batches([batch]),
+                    settings.bucket_width_ms,
+                    ttl_seconds,
+                    evict_before,
+                )
+                yield pa.RecordBatch.from_pydict({"written": [written]}, WRITTEN)
         finally:
             client.close()
 
     return write
+
+
+WRITTEN = pa.schema([pa.field("written", pa.int64(), False)])
 
 
 def write_last_notified(
@@ -350,46 +380,146 @@ def pack_hashes(client: redis.Redis, settings: Settings) -> tuple[int, int, int]
     return done.count(1), done.count(2), len(names)
 
 
+# Delta's g-wide bucket rows as ``compare_buckets`` takes them (Spark's BUCKET_SCHEMA
+# figures, as Arrow).
+BUCKET_ROWS = pa.schema(
+    [
+        pa.field("signature_id", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("bucket_start", pa.int64()),
+        pa.field("event_count", pa.int64()),
+        pa.field("value_count", pa.int64()),
+        pa.field("value_sum", pa.decimal128(38, 8)),
+        pa.field("value_min", pa.decimal128(26, 8)),
+        pa.field("value_max", pa.decimal128(26, 8)),
+        pa.field("distinct_values", pa.list_(pa.string())),
+    ]
+)
+# A key state read of the comparison: this many keys' MGETs in one round trip.
+_STATE_READS_A_ROUND = 4096
+# A bucket's field in a key's state: its start (roll-ups and notified alerts are not).
+_BUCKET_FIELD = r"^\d+$"
+# A stored bucket value's newest eventTime (``bucket_value``'s optional last part): the
+# stream records it, Delta does not.
+_LAST_TIME = r",-?\d+\]$"
+
+
+def key_field_states(client: redis.Redis, names: pa.Array) -> pa.Table:
+    """The fields (``HASH_FIELDS`` rows) of the key states ``names``, either layout: MGETs
+    of READ_KEYS_A_CALL keys, pipelined, a dense key's hash read beside them (as the
+    stream reads); on a Redis Cluster one read_keys call a key (each its own slot)."""
+    listed = names.to_pylist()
+    if is_cluster(client):
+        texts = [
+            read_keys_texts(
+                cast(
+                    str,
+                    client.fcall("velocity_read_keys", 1, n, json.dumps([n], ensure_ascii=False)),
+                )
+            ).cast(pa.string())
+            for n in listed
+        ]
+        return key_field_rows(
+            pa.concat_arrays(texts) if texts else pa.array([], pa.string()), names
+        )
+    rows = []
+    for first in range(0, len(listed), _STATE_READS_A_ROUND):
+        chunk = listed[first : first + _STATE_READS_A_ROUND]
+        pipe = client.pipeline(transaction=False)
+        for at in range(0, len(chunk), READ_KEYS_A_CALL):
+            pipe.mget(chunk[at : at + READ_KEYS_A_CALL])
+        stored = [text for part in pipe.execute() for text in part]
+        chunk_names = pa.array(chunk, pa.string())
+        rows.append(key_field_rows(key_states_texts(client, chunk_names, stored), chunk_names))
+    return pa.concat_tables(rows) if rows else HASH_FIELDS.empty_table()
+
+
 def compare_buckets(
     client: redis.Redis,
     keys: RedisKeys,
-    rows: Iterable[Mapping[str, Any]],
+    expected: pa.Table,
     since: int | None = None,
-    signatures: set[str] | None = None,
+    also: Sequence[str] = (),
 ) -> Drift:
-    """Compare Delta bucket rows with Redis, hash by hash (rows grouped by signature and key).
+    """Compare Delta's bucket rows ``expected`` (signature_id, key, bucket_start and the
+    figures; every row of each (signature, key) it holds) with the states Redis holds of
+    those keys and of the key states ``also`` (hashes Delta has no row for: all their
+    buckets are extra).
 
-    Redis buckets older than ``since`` are not drift: the stream's own eviction trails the
-    horizon by up to a batch, and such buckets expire with their hash. With ``signatures``,
-    the hashes of those signatures that Delta has no row for are searched out too (their
-    buckets are all extra).
+    Column by column: each row's value as the mirror writes it against the stored one (the
+    newest eventTime the stream records left out), and only the rows whose texts differ
+    parsed and compared as aggregates (a value written in another order of its distinct
+    values is no drift). Redis buckets older than ``since`` are not drift: the stream's
+    own eviction trails the horizon by up to a batch, and such buckets expire with their
+    key.
     """
-    drift = Drift()
-    by_hash: dict[tuple[str, str], dict[int, BucketAggregate]] = {}
-    for row in rows:
-        by_hash.setdefault((row["signature_id"], row["key"]), {})[row["bucket_start"]] = (
-            bucket_from_columns(row)
+    drift = Drift(checked=expected.num_rows)
+    hashes = one_chunk(
+        pc.binary_join_element_wise(
+            keys.key_base_texts(expected.column("signature_id"), expected.column("key")),
+            ":buckets",
+            "",
         )
-    only_in_redis = [
-        slot
-        for _, slot in (bucket_hashes(client, keys) if signatures else ())
-        if slot[0] in (signatures or ()) and slot not in by_hash
-    ]
-    for (signature_id, key), expected in [*by_hash.items(), *((s, {}) for s in only_in_redis)]:
-        stored = key_fields(client, keys.bucket_hash(signature_id, key))
-        got = {
-            int(start): parse_bucket_value(value)
-            for start, value in stored.items()
-            if start.isdigit()  # not a roll-up (velocity.lua)
+    )
+    figures = expected.select(list(BUCKET_FIGURES))
+    want = pa.table(
+        {
+            "hash": hashes,
+            "bucket_start": expected.column("bucket_start").cast(pa.int64()),
+            "want": bucket_value_texts(
+                figures.append_column("last_time", pa.nulls(expected.num_rows, pa.int64()))
+            ),
+            "row": pa.array(range(expected.num_rows), pa.int64()),
         }
-        for start, aggregate in expected.items():
-            drift.checked += 1
-            if start not in got:
-                drift.missing.append((signature_id, key, start))
-            elif got[start] != aggregate:
-                drift.different.append((signature_id, key, start))
-        extra = (s for s in set(got) - set(expected) if since is None or s >= since)
-        drift.extra.extend((signature_id, key, s) for s in sorted(extra))
+    )
+    names = pc.unique(pa.concat_arrays([hashes, pa.array(list(also), pa.string())]))
+    fields = key_field_states(client, names)
+    fields = fields.filter(pc.match_substring_regex(fields.column("field"), _BUCKET_FIELD))
+    stored = pa.table(
+        {
+            "hash": fields.column("hash"),
+            "bucket_start": pc.cast(fields.column("field"), pa.int64()),
+            "got": pc.replace_substring_regex(fields.column("value"), _LAST_TIME, "]"),
+        }
+    )
+    both = want.join(stored, keys=["hash", "bucket_start"], join_type="full outer")
+    has_want, has_got = pc.is_valid(both.column("want")), pc.is_valid(both.column("got"))
+    owner = dict(
+        zip(
+            hashes.to_pylist(),
+            zip(
+                expected.column("signature_id").to_pylist(),
+                expected.column("key").to_pylist(),
+                strict=True,
+            ),
+            strict=False,
+        )
+    )
+
+    def slots(rows: pa.Table) -> list[tuple[str, str, int]]:
+        found = []
+        for name, start in zip(
+            rows.column("hash").to_pylist(), rows.column("bucket_start").to_pylist(), strict=True
+        ):
+            slot = owner.get(name) or keys.parse_bucket_hash(name)
+            if slot is not None:
+                found.append((slot[0], slot[1], start))
+        return sorted(found)
+
+    drift.missing = slots(both.filter(pc.invert(has_got)))
+    extra = both.filter(pc.invert(has_want))
+    if since is not None:
+        extra = extra.filter(pc.greater_equal(extra.column("bucket_start"), since))
+    drift.extra = slots(extra)
+    unequal = both.filter(
+        pc.and_(pc.and_(has_want, has_got), pc.not_equal(both.column("want"), both.column("got")))
+    )
+    rows = expected.take(unequal.column("row")).select(list(BUCKET_FIGURES)).to_pylist()
+    really = [
+        parse_bucket_value(got) != bucket_from_columns(row)
+        for got, row in zip(unequal.column("got").to_pylist(), rows, strict=True)
+    ]
+    drift.different = slots(unequal.filter(pa.array(really, pa.bool_())))
     return drift
 
 

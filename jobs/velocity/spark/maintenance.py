@@ -202,6 +202,10 @@ def _files_on_disk(path: Any) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
+# velocity_evict calls (and DELs of retired signatures' states) sent in one round trip.
+EVICT_CALLS_A_ROUND = 1000
+
+
 def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
     """Drop Delta buckets and Redis buckets outside the horizon, and the Redis hashes of
     signatures no longer active. Idempotent.
@@ -228,13 +232,23 @@ def evict_state(spark: SparkSession, settings: Settings) -> EvictionSummary:
         lease.check()
         summary.cutoff = state.evict(rules, newest)
         active_signatures = {r.signature.signature_id for r in rules}
-        for name, slot in list(mirror.bucket_hashes(client, settings.redis_keys)):
-            if slot[0] not in active_signatures:
-                dense = settings.redis_keys.dense_hash_of(name)  # a dense key's, beside it
-                summary.redis_hashes_dropped += int(client.delete(name, dense) > 0)  # type: ignore[operator]
-                continue
-            dropped = client.fcall("velocity_evict", 1, name, str(summary.cutoff))
-            summary.redis_buckets_dropped += int(dropped)  # type: ignore[arg-type]
+        states = list(mirror.bucket_hashes(client, settings.redis_keys))
+        # Pipelined, a chunk a round trip (a call a key: the step took 59 s at 1.1M keys
+        # against 38 s, 2026-11-29).
+        for first in range(0, len(states), EVICT_CALLS_A_ROUND):
+            pipe = client.pipeline(transaction=False)
+            for name, slot in states[first : first + EVICT_CALLS_A_ROUND]:
+                if slot[0] in active_signatures:
+                    pipe.fcall("velocity_evict", 1, name, str(summary.cutoff))
+                else:  # the state string and a dense key's hash beside it
+                    pipe.delete(name, settings.redis_keys.dense_hash_of(name))
+            for (_, slot), answer in zip(
+                states[first : first + EVICT_CALLS_A_ROUND], pipe.execute(), strict=True
+            ):
+                if slot[0] in active_signatures:
+                    summary.redis_buckets_dropped += int(answer)
+                else:
+                    summary.redis_hashes_dropped += int(answer > 0)
     summary.bucket_rows_after = tables.read_table(spark, live.buckets).count()
     return summary
 

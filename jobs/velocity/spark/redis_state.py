@@ -9,13 +9,16 @@ place that moves state from Delta to Redis (the stream's own batches go through
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import reduce
 from typing import Any, cast
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 from redis.cluster import RedisCluster
 
 from velocity.delta.live import LiveState, last_committed_batch
@@ -23,8 +26,10 @@ from velocity.delta.write_behind import InputSpool, flushed_batch
 from velocity.domain.alerts import AlertKind
 from velocity.domain.committed import Rollback, known_committed, rolled_back
 from velocity.domain.rules import Rule, deciding_rules, key_text
+from velocity.domain.stream_batch import SignatureKey
 from velocity.redis import cluster, connection, mirror
 from velocity.redis.lock import state_lock
+from velocity.settings import Settings
 
 
 class RedisState:
@@ -106,9 +111,7 @@ class RedisState:
         written = 0
         # A new data dir's tables hold nothing to refill: no Spark job for them.
         if not self.state.unwritten("buckets"):
-            buckets = self.state.buckets_in_horizon(rules)
-            written = buckets.count()
-            self.write_buckets(buckets, rules)
+            written = self.write_buckets(self.state.buckets_in_horizon(rules), rules)
         if not self.state.unwritten("alerts"):
             self._write_last_notified(rules)
         if not self.state.unwritten("events"):
@@ -207,38 +210,192 @@ class RedisState:
 
     def write_buckets(
         self, buckets: DataFrame, rules: list[Rule], evict_before: int | None = None
-    ) -> None:
-        """Write g-wide bucket rows' absolute values (each Spark task writes its own)."""
+    ) -> int:
+        """Write g-wide bucket rows' absolute values (each Spark task writes its own, a key's
+        rows side by side); returns the rows written."""
         ttl = mirror.key_ttl_seconds(rules, self.settings)
-        buckets.foreachPartition(mirror.bucket_rows_writer(self.settings, ttl, evict_before))
+        writer = mirror.bucket_table_writer(self.settings, ttl, evict_before)
+        written = (
+            buckets.select(*mirror.BUCKET_ROWS.names)
+            .sortWithinPartitions("signature_id", "key")
+            .mapInArrow(writer, "written long")
+            .agg(F.sum("written"))
+            .first()
+        )
+        return int(written[0] or 0) if written is not None else 0
 
     def reconcile(self) -> mirror.Drift:
-        """Compare Redis with the Delta buckets inside the horizon (reads only)."""
+        """Compare Redis with the Delta buckets inside the horizon (reads only).
+
+        Every key is compared without the state lock, by Spark tasks (the stream keeps
+        committing meanwhile); the keys that differed are compared again under the lock,
+        after the spooled batches are flushed, and only their drift counts: a key a batch
+        changed mid-pass, or whose batch Delta did not hold yet, is no drift. The stream
+        waits for the suspects alone (it waited for the whole comparison: 6.5 minutes at
+        2.5M buckets).
+        """
+        drift, suspects = self._first_pass()
+        if drift.clean:
+            return drift
         with state_lock(self.redis, self.settings, "reconcile"):
-            return self._drift()
+            return self._confirmed(drift, suspects)
 
     def repair(self) -> tuple[mirror.Drift, int]:
-        """Compare, then rewrite Redis from Delta and drop the buckets only Redis had, in
-        one hold of the lock (a batch committed in between would be overwritten, or its
-        new buckets dropped). Returns the drift found and the buckets written."""
+        """Compare (as ``reconcile``), then rewrite Redis from Delta and drop the buckets
+        only Redis had, in the hold of the lock that confirmed the drift (a batch
+        committed in between would be overwritten, or its new buckets dropped). Returns
+        the drift found and the buckets written."""
+        found, suspects = self._first_pass()
+        if found.clean:
+            return found, 0
         with state_lock(self.redis, self.settings, "reconcile --repair"):
-            drift = self._drift()
+            drift = self._confirmed(found, suspects)
             if drift.clean:
                 return drift, 0
             written = self.rebuild()
             mirror.remove_buckets(self.redis, self.settings.redis_keys, drift.extra)
             return drift, written
 
-    def _drift(self) -> mirror.Drift:
-        """Redis against Delta, after the spooled batches are flushed so that Delta holds
-        what Redis holds; hashes only Redis has (of the active signatures) count too."""
-        self.flush_spooled()
+    def _first_pass(self) -> tuple[mirror.Drift, set[SignatureKey]]:
+        """Every (signature, key) of the horizon compared by the Spark task that holds its
+        rows, and the states only Redis has (of the active signatures) in the driver;
+        returns the drift and the keys it names."""
         rules = deciding_rules(self.state.rule_store.in_force())
-        rows = self.state.buckets_in_horizon(rules).orderBy("signature_id", "key")
-        return mirror.compare_buckets(
-            self.redis,
-            self.settings.redis_keys,
-            (r.asDict() for r in rows.toLocalIterator()),
-            self.state.horizon_cutoff(rules),
-            {r.signature.signature_id for r in rules},
+        since = self.state.horizon_cutoff(rules)
+        rows = (
+            self.state.buckets_in_horizon(rules)
+            .repartition("signature_id", "key")
+            .mapInArrow(key_partition_drift(self.settings, since), DRIFT_ROWS)
+            .toArrow()
         )
+        kinds = rows.column("kind")
+        compared = rows.filter(pc.equal(kinds, "key"))
+        known = _pairs(compared)
+        active = {r.signature.signature_id for r in rules}
+        keys = self.settings.redis_keys
+        only_in_redis = [
+            name
+            for name, slot in mirror.bucket_hashes(self.redis, keys)
+            if slot[0] in active and slot not in known
+        ]
+        drift = _drift_of(rows)
+        if only_in_redis:
+            ghosts = mirror.compare_buckets(
+                self.redis, keys, mirror.BUCKET_ROWS.empty_table(), since, only_in_redis
+            )
+            drift.extra = sorted(drift.extra + ghosts.extra)
+        suspects = {(s, k) for s, k, _ in (*drift.missing, *drift.different, *drift.extra)}
+        return drift, suspects
+
+    def _confirmed(self, found: mirror.Drift, suspects: set[SignatureKey]) -> mirror.Drift:
+        """The drift of the keys ``suspects`` (named by ``found``) compared again, after
+        the spooled batches are flushed so that Delta holds what Redis holds; hold the
+        state lock. More than CONFIRM_MAX_KEYS suspects (a flushed Redis): every key again."""
+        self.flush_spooled()
+        if len(suspects) > CONFIRM_MAX_KEYS:
+            drift, _ = self._first_pass()
+            return drift
+        rules = deciding_rules(self.state.rule_store.in_force())
+        since = self.state.horizon_cutoff(rules)
+        keys = self.settings.redis_keys
+        asked = pa.table(
+            {
+                "signature_id": pa.array([s for s, _ in suspects], pa.string()),
+                "key": pa.array([k for _, k in suspects], pa.string()),
+            }
+        )
+        rows = mirror.BUCKET_ROWS.empty_table()
+        if since is not None:
+            buckets = self.state.read("buckets")
+            rows = self.state.window_buckets(
+                buckets, since=since, keys=self.state.spark.createDataFrame(asked)
+            ).toArrow()
+        present = _pairs(rows)
+        also = [keys.bucket_hash(s, k) for s, k in sorted(suspects - present)]
+        drift = mirror.compare_buckets(self.redis, keys, rows, since, also)
+        drift.checked = found.checked
+        return drift
+
+
+# What a key-partition's comparison hands the driver: a row a drifted bucket (kind
+# missing, different or extra), a row a (signature, key) compared (kind "key") and its
+# count of buckets compared (kind "checked", the count in bucket_start).
+DRIFT_ROWS = StructType(
+    [
+        StructField("kind", StringType(), False),
+        StructField("signature_id", StringType(), True),
+        StructField("key", StringType(), True),
+        StructField("bucket_start", LongType(), True),
+    ]
+)
+_DRIFT_KINDS = ("missing", "different", "extra")
+# More keys than this differing in the pass without the lock (a flushed Redis, a stream
+# far behind) are compared again whole under the lock, not by a Delta read of each.
+CONFIRM_MAX_KEYS = 50_000
+
+
+def key_partition_drift(
+    settings: Settings, since: int | None
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: a task compares the keys whose rows it holds (each
+    key's rows all in one task) with Redis, reading their states itself."""
+
+    def compare(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        listed = list(batches)
+        if not listed:
+            return
+        rows = pa.Table.from_batches(listed)
+        client = connection.connect(settings)
+        try:
+            drift = mirror.compare_buckets(client, settings.redis_keys, rows, since)
+        finally:
+            client.close()
+        pairs = rows.group_by(["signature_id", "key"]).aggregate([])
+        slots = [(kind, *slot) for kind in _DRIFT_KINDS for slot in getattr(drift, kind)]
+        yield pa.RecordBatch.from_pydict(
+            {
+                "kind": [k for k, *_ in slots] + ["key"] * pairs.num_rows + ["checked"],
+                "signature_id": [s for _, s, _, _ in slots]
+                + pairs.column("signature_id").to_pylist()
+                + [None],
+                "key": [k for _, _, k, _ in slots] + pairs.column("key").to_pylist() + [None],
+                "bucket_start": [b for *_, b in slots] + [None] * pairs.num_rows + [rows.num_rows],
+            },
+            schema=DRIFT_ARROW,
+        )
+
+    return compare
+
+
+DRIFT_ARROW = pa.schema(
+    [
+        pa.field("kind", pa.string(), False),
+        pa.field("signature_id", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("bucket_start", pa.int64()),
+    ]
+)
+
+
+def _drift_of(rows: pa.Table) -> mirror.Drift:
+    """The Drift the key-partitions' rows (``DRIFT_ROWS``) add up to."""
+    kinds = rows.column("kind")
+    drift = mirror.Drift(
+        checked=int(
+            pc.sum(rows.filter(pc.equal(kinds, "checked")).column("bucket_start")).as_py() or 0
+        )
+    )
+    for kind in _DRIFT_KINDS:
+        part = rows.filter(pc.equal(kinds, kind))
+        slots = zip(
+            *(part.column(c).to_pylist() for c in ("signature_id", "key", "bucket_start")),
+            strict=True,
+        )
+        setattr(drift, kind, sorted(slots))
+    return drift
+
+
+def _pairs(rows: pa.Table) -> set[SignatureKey]:
+    """The (signature, key)s of ``rows``."""
+    columns = (rows.column(c).to_pylist() for c in ("signature_id", "key"))
+    return set(zip(*columns, strict=True))

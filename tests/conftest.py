@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from tests.bench.background import STARTED as SMOKE_STARTED
-from tests.bench.background import BackgroundSmoke, is_smoke_test
+from tests.background import BACKGROUND, is_background_test, start_soak
+from tests.bench.background import BackgroundSmoke
 from velocity.operating.local_process import free_loopback_port
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
 
@@ -80,7 +80,8 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # Redis Cluster 20 000-22 000 (its bus ports 30 000-32 002), the Spark cluster
 # 22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000, streams'
 # metrics 10 000-12 000, check services 7 000-8 000; the benchmark smoke 2 000-6 000
-# (benchmarks/smoke.py).
+# (benchmarks/smoke.py); the soak (tools/soak.py) its broker 6 000-7 000, its Redis
+# 8 000-9 000, its Airflow 9 000-10 000.
 
 
 def free_port_pair() -> int:
@@ -264,23 +265,26 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Browser tests run last but the bench smoke's: they start airflow standalone and a
-    stream beside chromium, and the rest of the suite need not wait for, or share two cores
-    with, any of it. The smoke's tests only read the verdicts of the smoke that ran beside
-    the whole suite (``tests/bench/background.py``)."""
+    """Browser tests run last but those of the runs beside the suite: they start airflow
+    standalone and a stream beside chromium, and the rest of the suite need not wait for, or
+    share two cores with, any of it. The bench smoke's and the short soak's tests only read
+    how the run that went beside the whole suite ended (``tests/background.py``)."""
     items.sort(
-        key=lambda item: (is_smoke_test(item), item.get_closest_marker("browser") is not None)
+        key=lambda item: (is_background_test(item), item.get_closest_marker("browser") is not None)
     )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The bench smoke starts now, beside the suite, if a test of it is selected."""
-    started = BackgroundSmoke.start(session.items)
-    if started is not None:
-        session.config.stash[SMOKE_STARTED] = started
+    """The bench smoke starts now, beside the suite, and the short soak once it has ended,
+    if a test of theirs is selected."""
+    smoke = BackgroundSmoke.start(session.items)
+    soak = start_soak(session.items, after=smoke)
+    session.config.stash[BACKGROUND] = {
+        name: run for name, run in (("smoke", smoke), ("soak", soak)) if run is not None
+    }
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    started = config.stash.get(SMOKE_STARTED, None)
-    if started is not None:
-        started.remove()
+    # The soak first: a soak still waiting for the smoke must not start once it is killed.
+    for run in reversed(list(config.stash.get(BACKGROUND, {}).values())):
+        run.remove()

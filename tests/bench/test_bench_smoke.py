@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from benchmarks import smoke
 
+from tests.background import BACKGROUND
 from tests.bench.background import (
     ON_OWN_PROCESS,
     ROOT,
-    STARTED,
     BackgroundSmoke,
     smoke_command,
     verdicts_of,
@@ -42,12 +42,14 @@ def run_smoke(work: Path, *args: str) -> dict[str, dict[str, Any]]:
 def smoke_verdicts(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     """The verdicts of the smoke that ran beside the suite since its tests were collected
     (``tests/bench/background.py``: the targets the selected tests ask for)."""
-    started = request.config.stash.get(STARTED, None)
-    if started is None:  # collected some other way: run it now
+    runs = request.config.stash.setdefault(BACKGROUND, {})
+    if "smoke" not in runs:  # collected some other way: run it now
         started = BackgroundSmoke.start(request.session.items)
         assert started is not None
-        request.config.stash[STARTED] = started
-    return started.verdicts(timeout=1500)
+        runs["smoke"] = started
+    smoke = runs["smoke"]
+    assert isinstance(smoke, BackgroundSmoke)
+    return smoke.verdicts(timeout=1500)
 
 
 def held(verdict: dict[str, Any]) -> None:

@@ -1,0 +1,110 @@
+"""Long, self-contained runs started as processes of their own once the session's tests are
+collected, beside the suite: pytest, one process, mostly leaves the second core idle while
+it waits for JVMs and services, and these runs (the bench smoke, the short soak) take it
+instead of minutes of the suite's own. One at a time, in the order started (each waits for
+the one before it to end), so the suite shares its two cores with one of them at most.
+Their tests run last (``tests/conftest.py`` orders them) and only read how they ended.
+
+Each run's services take ports of their own (ranges no test fixture draws from:
+``tests/conftest.py`` lists them)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The runs started for this session, by name ("smoke", "soak").
+BACKGROUND = pytest.StashKey[dict[str, "BackgroundRun"]]()
+SMOKE_TEST = "test_benchmark_runs_and_its_figures_hold_their_shape"
+SOAK_TEST = "test_every_fault_together_for_a_short_soak"
+# The suite's soak (`make soak` is the long one): 1 minute of 200 payments/s over 2,000
+# payers, each fault kind once, 5 s apart; Redis restarted while the stream is down after
+# its SIGKILL, so one restart of the stream serves both faults.
+SHORT_SOAK = ("--minutes", "1", "--rate", "200", "--keys", "2000", "--each", "1", "--gap", "5",
+              "--redis-with-sigkill")  # fmt: skip
+
+
+def is_background_test(item: pytest.Item) -> bool:
+    """A test that reads how a run beside the suite ended."""
+    return isinstance(item, pytest.Function) and item.originalname in (SMOKE_TEST, SOAK_TEST)
+
+
+def start_soak(items: list[pytest.Item], after: BackgroundRun | None) -> BackgroundRun | None:
+    """The short soak (once ``after`` has ended), or None when its test is not selected."""
+    if not any(isinstance(i, pytest.Function) and i.originalname == SOAK_TEST for i in items):
+        return None
+    command = [sys.executable, "-m", "tools.soak", *SHORT_SOAK, "--work-dir", "{folder}/work"]
+    return BackgroundRun("soak", command, after)
+
+
+class BackgroundRun:
+    """``command`` run in a folder of its own (``folder``, its output in ``log``) once
+    ``after`` (if any) has ended."""
+
+    def __init__(self, name: str, command: list[str], after: BackgroundRun | None = None):
+        self.name = name
+        self.folder = Path(tempfile.mkdtemp(prefix=f"velocity-{name}-"))
+        self.command = [part.replace("{folder}", str(self.folder)) for part in command]
+        self.after = after
+        self.process: subprocess.Popen[bytes] | None = None
+        self.cancelled = threading.Event()
+        self.lock = threading.Lock()
+        self.starter = threading.Thread(target=self._start, name=f"start-{name}", daemon=True)
+        self.starter.start()
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"{self.name}.log"
+
+    def _start(self) -> None:
+        if self.after is not None:
+            self.after.ended()
+        with self.lock:
+            if self.cancelled.is_set():
+                return
+            with self.log.open("wb") as log:
+                self.process = subprocess.Popen(
+                    self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
+
+    def ended(self) -> None:
+        """Returns once the run has ended (or never started)."""
+        self.starter.join()
+        if self.process is not None:
+            self.process.wait()
+
+    def wait(self, timeout: float) -> int:
+        """Its exit code, once it has ended (waits at most ``timeout`` s, its wait for the
+        run before it included); fails the test after that."""
+        deadline = time.monotonic() + timeout
+        self.starter.join(timeout)
+        try:
+            if self.process is None:
+                raise subprocess.TimeoutExpired(self.command, timeout)
+            return self.process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"{self.name} did not finish within {timeout:g} s: {self.log}")
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def stop(self) -> None:
+        with self.lock:  # not started from here on, or started and then killed
+            self.cancelled.set()
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -176,21 +176,17 @@ def case_problems(
 
 
 def bucket_problems(
-    kept: Mapping[Slot, int], reference: Mapping[Slot, int]
+    kept: Mapping[Slot, int], reference: Mapping[Slot, int], evictable_before: int | None = None
 ) -> tuple[list[str], int]:
     """The kept g-wide buckets' event counts (``kept``: the live table's, compacted hours
-    expanded to their parts) against the backtest's (``reference``). Eviction drops a
-    signature's buckets older than its horizon, so below a signature's oldest kept bucket
-    nothing is compared; above it each bucket must count what the backtest counts. The
-    problems (lost: fewer or absent; doubled: more; unknown: not in the reference) and how
-    many buckets were compared."""
-    oldest: dict[str, int] = {}
-    for sig, _, start in kept:
-        oldest[sig] = min(start, oldest.get(sig, start))
+    expanded to their parts) against the backtest's (``reference``). Eviction may have
+    dropped buckets starting before ``evictable_before`` (the horizon's cutoff at the end;
+    None: nothing compared is evictable), so those are not compared; every other bucket
+    must count what the backtest counts. The problems (lost: fewer or absent; doubled:
+    more; unknown: not in the reference) and how many buckets were compared."""
     problems, compared = [], 0
     for slot, count in sorted(reference.items()):
-        sig, _, start = slot
-        if sig not in oldest or start < oldest[sig]:
+        if evictable_before is not None and slot[2] < evictable_before:
             continue
         compared += 1
         got = kept.get(slot, 0)
@@ -199,7 +195,9 @@ def bucket_problems(
         elif got > count:
             problems.append(f"doubled: {slot} counts {got}, the backtest {count}")
     problems += [
-        f"unknown: {slot} counts {n}" for slot, n in sorted(kept.items()) if slot not in reference
+        f"unknown: {slot} counts {n}"
+        for slot, n in sorted(kept.items())
+        if slot not in reference and (evictable_before is None or slot[2] >= evictable_before)
     ]
     return problems, compared
 

@@ -93,18 +93,20 @@ def test_each_alert_in_exactly_one_case_and_each_case_counts_its_alerts() -> Non
     ]
 
 
-def test_buckets_above_a_signature_s_eviction_count_each_event_once() -> None:
-    reference = {("s", "k", 0): 2, ("s", "k", 60): 3, ("s", "j", 120): 1, ("t", "k", 0): 4}
-    kept = {("s", "k", 60): 3, ("s", "j", 120): 1, ("t", "k", 0): 4}  # s's bucket 0 evicted
-    assert bucket_problems(kept, reference) == ([], 3)
+def test_buckets_from_the_horizon_on_count_each_event_once() -> None:
+    reference = {("s", "k", 0): 2, ("s", "k", 60): 3, ("s", "j", 120): 1, ("t", "k", 60): 4}
+    kept = {("s", "k", 60): 3, ("s", "j", 120): 1, ("t", "k", 60): 4}  # bucket 0 evicted
+    assert bucket_problems(kept, reference, evictable_before=60) == ([], 3)
+    # Nothing evictable: the bucket gone is lost.
+    assert bucket_problems(kept, reference)[0] == ["lost: ('s', 'k', 0) counts 0 of 2 events"]
+    # A signature with no bucket kept at all is no signature to skip.
     problems, compared = bucket_problems(
-        {("s", "k", 60): 4, ("t", "k", 0): 3, ("t", "x", 0): 1}, reference
+        {("s", "k", 0): 2, ("s", "k", 60): 4, ("s", "j", 120): 1, ("t", "x", 60): 1}, reference
     )
-    assert compared == 3 and problems == [
-        "lost: ('s', 'j', 120) counts 0 of 1 events",
+    assert compared == 4 and problems == [
         "doubled: ('s', 'k', 60) counts 4, the backtest 3",
-        "lost: ('t', 'k', 0) counts 3 of 4 events",
-        "unknown: ('t', 'x', 0) counts 1",
+        "lost: ('t', 'k', 60) counts 0 of 4 events",
+        "unknown: ('t', 'x', 60) counts 1",
     ]
 
 

@@ -643,7 +643,10 @@ class Soak:
         self.say(f"{kind}: {record.detail}; recovered: {took}")
 
     def recovered(self, record: FaultRecord, batch: int, began: float) -> None:
-        waited = self.wait_for_batch(batch, self.config.recovery_seconds)
+        """Recovered once a batch planned after the fault committed: two past ``batch``
+        (the last committed when it struck), not the one in flight then (its commit to
+        Redis may have come before the fault)."""
+        waited = self.wait_for_batch(batch + 1, self.config.recovery_seconds)
         record.recovered_s = None if waited is None else time.monotonic() - began
 
     def fault_stream_sigkill(self, record: FaultRecord) -> None:

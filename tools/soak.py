@@ -975,7 +975,7 @@ class Soak:
     def produced_ids(self) -> set[str]:
         """The transactionIds of the files the producer sent."""
         return {
-            json.loads(line)["transactionId"]
+            str(json.loads(line)["transactionId"])  # a number in some lines, text in the table
             for path in self.files[: self.produced_files]
             for line in path.read_text().splitlines()
         }

@@ -10,6 +10,7 @@ Each run's services take ports of their own (ranges no test fixture draws from:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,10 @@ class BackgroundRun:
         self.folder = Path(tempfile.mkdtemp(prefix=f"velocity-{name}-"))
         self.command = [part.replace("{folder}", str(self.folder)) for part in command]
         self.after = after
+        # The environment as collected: tests set variables of their own later (FAST_JVM's
+        # JAVA_TOOL_OPTIONS, which a Kafka broker refuses), and a run starts when the one
+        # before it ends, in the middle of the suite.
+        self.env = dict(os.environ)
         self.process: subprocess.Popen[bytes] | None = None
         self.cancelled = threading.Event()
         self.lock = threading.Lock()
@@ -72,7 +77,7 @@ class BackgroundRun:
                 return
             with self.log.open("wb") as log:
                 self.process = subprocess.Popen(
-                    self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                    self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )  # fmt: skip
 

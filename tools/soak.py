@@ -672,10 +672,15 @@ class Soak:
             also.recovered_s = record.recovered_s
 
     def fault_decider_kill(self, record: FaultRecord) -> None:
-        driver = self.driver_pid()
-        deciders = decider_pids(driver) if driver else []
+        # A stream started again a moment ago spawns its deciders with its first batch.
+        deadline, driver, deciders = time.monotonic() + 120, None, []
+        while not deciders and time.monotonic() < deadline:
+            driver = self.driver_pid()
+            deciders = decider_pids(driver) if driver else []
+            if not deciders:
+                time.sleep(1)
         if not deciders:
-            raise RuntimeError(f"no deciding process under the driver {driver}")
+            raise RuntimeError(f"no deciding process under the driver {driver} within 120 s")
         batch, began = self.last_batch(), time.monotonic()
         victim = self.rng.choice(deciders)
         sigkill([victim])

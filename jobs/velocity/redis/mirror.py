@@ -492,7 +492,7 @@ def compare_buckets(
                 expected.column("key").to_pylist(),
                 strict=True,
             ),
-            strict=False,
+            strict=True,
         )
     )
 

@@ -673,7 +673,8 @@ class Soak:
 
     def fault_decider_kill(self, record: FaultRecord) -> None:
         # A stream started again a moment ago spawns its deciders with its first batch.
-        deadline, driver, deciders = time.monotonic() + 120, None, []
+        deadline, driver = time.monotonic() + 120, None
+        deciders: list[int] = []
         while not deciders and time.monotonic() < deadline:
             driver = self.driver_pid()
             deciders = decider_pids(driver) if driver else []

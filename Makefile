@@ -96,7 +96,7 @@ bench-lookup: setup ## Redis window lookup latency, dense keys at g = 1 s and 60
 bench-check: setup ## pre-authorization check latency (FCALL_RO, HTTP when built) at 2,000 checks/s while the stream runs at 1,000 payments/s, sample and fire-often rules; the checks/s one Redis sustains at p99 <= 2 ms
 	@$(VENV)/python -m benchmarks.check $(ARGS)
 
-bench-page: setup ## every page and API read of the Velocity page (and its clicks) from an HTTP client after 10k and after 10M alerts stored, side by side: p50/p95/max ms; ARGS="--sizes 10000,1000000 --rounds 20"
+bench-page: setup ## every page and API read of the Velocity page (and its clicks) from an HTTP client after 10k and after 10M alerts stored, with the stream at 1,000 payments/s (2,000 alerts/s) beside it: p50/p95/max ms, and the stream's alert p99 with a click every second and without; ARGS="--sizes 10000,1000000 --stream-seconds 300" (--stream-rate 0: nothing streams)
 	@$(VENV)/python -m benchmarks.page $(ARGS)
 
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size

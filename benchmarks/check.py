@@ -485,6 +485,9 @@ class CheckLoad:
 
     # -- benchmarks.stream.DuringRun ------------------------------------------------------
 
+    def before_stream(self, env: dict[str, str], client: Any) -> None:
+        """Nothing: the checks need no state before the stream's own."""
+
     def prepare(self, env: dict[str, str], client: Any) -> None:
         from velocity.redis.connection import with_user
         from velocity.redis.keys import RedisKeys

@@ -18,21 +18,37 @@ Redis (`velocity up` on a port of the benchmark's) of its own:
   an HTTP client: once as the process's first look (the files each kept read is fed from
   every file), then ``--rounds`` times: p50, p95 and max ms per read.
 
+With ``--stream-rate R`` (default 1 000; 0: nothing streams beside the reads), the stream
+runs beside them instead (``benchmarks.stream.run_design``: a real `velocity stream` on a
+folder, files landing once a second at R payments/s for ``--stream-seconds``) on the
+filled tables and Redis, with the storm's rules (2 alerts a payment: 2 000 alerts/s at
+1 000 payments/s). The tables are filled before the stream starts (the fill's groups are
+numbered below zero: the stream appends its own batches after them, and starts as a
+stream restarted on weeks of tables does, rebuilding Redis from Delta). After a warm-up,
+``--block-seconds`` blocks alternate: in a clicking block an analyst's read or click starts
+every ``--click-every`` seconds (the page's reads in turn), in a quiet block nothing reads.
+Reported: each read's first look (a round before the first file lands) and its p50/p95/max
+in the clicking blocks, and the stream's alert latency (rule 1's alerts, which fire on
+every payment: the cooldown twin's depend on the filled history, which the backtest of the
+stream's own payments does not see) in the quiet blocks against the clicking ones: the
+stream's p99 with an analyst clicking every second, and without, in one run.
+
 Then the sizes side by side with the ratio of the largest's p50 to the smallest's, and the
-figures as JSON (``--figures``). Nothing streams beside the reads: the stream at 1 000
-payments a second beside them (issue 51) is not built yet.
+figures as JSON (``--figures``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +71,14 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--alerts-per-second", type=float, default=2_000.0)
     parser.add_argument("--stream-entries", type=int, default=50_000)
     parser.add_argument("--port", type=int, default=6431, help="Redis; the page on port+1")
+    parser.add_argument(
+        "--stream-rate", type=int, default=1_000,
+        help="payments/s the stream decides beside the reads (0: nothing streams)",
+    )  # fmt: skip
+    parser.add_argument("--stream-seconds", type=int, default=600)
+    parser.add_argument("--warmup-seconds", type=int, default=60)
+    parser.add_argument("--block-seconds", type=int, default=60)
+    parser.add_argument("--click-every", type=float, default=1.0, help="seconds between clicks")
     parser.add_argument("--work-dir", type=Path, help="default: a temporary folder, removed")
     figures_file.add_option(parser)
     return parser
@@ -289,6 +313,207 @@ def measure(args: argparse.Namespace, size: int, work: Path) -> dict[str, Any]:
         subprocess.run([*velocity, "down"], env=env, check=False, stdout=subprocess.DEVNULL)
 
 
+def fill_here(argv: list[str]) -> None:
+    """``python -m benchmarks.page fill``: fill the data dir and Redis of the environment's
+    settings (the stream's, when it runs beside) and print what was filled as JSON."""
+    from benchmarks.page_fill import fill
+    from velocity.settings import load_settings
+
+    options = argparse.ArgumentParser(prog="benchmarks.page fill")
+    options.add_argument("--alerts", type=int, required=True)
+    options.add_argument("--payers", type=int, required=True)
+    options.add_argument("--alerts-per-second", type=float, required=True)
+    options.add_argument("--stream-entries", type=int, required=True)
+    args = options.parse_args(argv)
+
+    def progress(groups: int, done: int, total: int) -> None:
+        if groups % 50 == 0:
+            print(f"  filled {done * 2:,} of {total * 2:,} alerts", file=sys.stderr, flush=True)
+
+    filled = fill(
+        load_settings(), args.alerts, payers=args.payers,
+        alerts_per_second=args.alerts_per_second, stream_entries=args.stream_entries,
+        progress=progress,
+    )  # fmt: skip
+    print(json.dumps(vars(filled)))
+
+
+class ReadsBeside:
+    """The page's reads while `run_design`'s stream decides payments on the filled tables
+    (``benchmarks.stream.DuringRun``): the fill before the stream starts, a first look at
+    every read while it starts, then a read or click every ``click_every`` seconds in the
+    clicking blocks and none in the quiet ones."""
+
+    def __init__(self, args: argparse.Namespace, size: int, work: Path) -> None:
+        self.args = args
+        self.size = size
+        self.work = work
+        warmup, width = args.warmup_seconds, args.block_seconds
+        blocks = max(2, (args.stream_seconds - warmup) // width)
+        self.blocks = [(warmup + b * width, warmup + (b + 1) * width) for b in range(blocks)]
+        self.clicking = [b % 2 == 0 for b in range(blocks)]
+        self.filled: dict[str, Any] = {}
+        self.env: dict[str, str] = {}
+        self.server: PageServer | None = None
+        self.first: dict[str, float] = {}
+        self.samples: dict[str, list[float]] = {}
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.reader: threading.Thread | None = None
+
+    # -- benchmarks.stream.DuringRun ------------------------------------------------------
+
+    def before_stream(self, env: dict[str, str], client: Any) -> None:
+        self.env = env
+        began = time.monotonic()
+        filled = subprocess.run(
+            [PYTHON, "-m", "benchmarks.page", "fill", "--alerts", str(self.size),
+             "--payers", str(self.args.payers),
+             "--alerts-per-second", str(self.args.alerts_per_second),
+             "--stream-entries", "0"],  # the stream publishes its own
+            cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.filled = json.loads(filled.stdout.strip().splitlines()[-1])
+        print(f"  filled in {time.monotonic() - began:.0f} s: {self.filled}", flush=True)
+
+    def prepare(self, env: dict[str, str], client: Any) -> None:
+        from velocity.settings import load_settings
+
+        self.server = PageServer(env, self.args.port + 1, self.work / f"page-{self.size}.log")
+        settings = load_settings(data_dir=Path(env["VELOCITY_DATA_DIR"]))
+        began = time.perf_counter()
+        self.reads = Reads(self.server.base, settings).plan()
+        self.first["(the plan: cases and the newest alerts)"] = _ms(began)
+        for name, read in self.reads.items():  # each read's first look, as the stream starts
+            began = time.perf_counter()
+            read()
+            self.first[name] = _ms(began)
+        self.samples = {name: [] for name in self.reads}
+
+    def start(self) -> None:
+        began = time.monotonic()
+        names = list(self.reads)
+
+        def click_through() -> None:
+            turn = 0
+            for (start, end), clicking in zip(self.blocks, self.clicking, strict=True):
+                if not clicking:
+                    continue
+                at = began + start
+                while at < began + end and not self.stop.is_set():
+                    if self.stop.wait(max(0.0, at - time.monotonic())):
+                        return
+                    name = names[turn % len(names)]
+                    turn += 1
+                    clicked = time.perf_counter()
+                    try:
+                        self.reads[name]()
+                        self.samples[name].append(_ms(clicked))
+                    except Exception as exc:  # counted, and the analyst clicks on
+                        self.failures.append(f"{name}: {exc}"[:300])
+                    at = max(at + self.args.click_every, time.monotonic())
+
+        self.reader = threading.Thread(target=click_through, daemon=True)
+        self.reader.start()
+
+    def landed(self, times: dict[str, float]) -> None:
+        self.landed_at = dict(times)
+        if self.reader is not None:
+            self.reader.join(timeout=self.args.stream_seconds + 120)
+
+    def stream_stopped(self, client: Any) -> None:
+        """Nothing: the reads ended with the last block."""
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    # -- figures --------------------------------------------------------------------------
+
+    def block_of(self, file_index: int, files: int) -> bool | None:
+        """Whether the file landed in a clicking block (None: in the warm-up or after)."""
+        landed = file_index * self.args.stream_seconds / files
+        for (start, end), clicking in zip(self.blocks, self.clicking, strict=True):
+            if start <= landed < end:
+                return clicking
+        return None
+
+    def figures(self, run: Any, data: Any) -> dict[str, Any]:
+        index = {path.name: i for i, path in enumerate(data.files)}
+        latencies: dict[bool, list[float]] = {True: [], False: []}
+        for name, latency in run.file_latencies:
+            clicking = self.block_of(index[name], len(data.files))
+            if clicking is not None:
+                latencies[clicking].append(latency / 1000)
+        stream = {
+            ("clicking" if clicking else "quiet"): {
+                "alerts": len(values),
+                "p50_s": round(percentile(values, 0.5), 3) if values else None,
+                "p99_s": round(percentile(values, 0.99), 3) if values else None,
+            }
+            for clicking, values in latencies.items()
+        }
+        quiet, clicking = stream["quiet"]["p99_s"], stream["clicking"]["p99_s"]
+        if quiet and clicking is not None:
+            stream["p99_ratio_clicking_over_quiet"] = round(clicking / quiet, 2)
+        reads = {
+            name: {
+                "first_ms": round(self.first[name], 1),
+                "n": len(values),
+                "p50_ms": round(statistics.median(values), 1) if values else math.inf,
+                "p95_ms": round(percentile(values, 0.95), 1) if values else math.inf,
+                "max_ms": round(max(values), 1) if values else math.inf,
+            }
+            for name, values in self.samples.items()
+        }
+        return {
+            "alerts": self.size,
+            "fill": self.filled,
+            "plan_first_ms": round(self.first["(the plan: cases and the newest alerts)"], 1),
+            "reads": reads,
+            "failures": self.failures,
+            "stream": stream,
+            "stream_run": run.summary(),
+        }
+
+
+def _ms(began: float) -> float:
+    return (time.perf_counter() - began) * 1000
+
+
+def measure_beside(args: argparse.Namespace, size: int, work: Path) -> dict[str, Any]:
+    """One size with the stream beside the reads (``--stream-rate``)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from benchmarks.page_fill import RULES_TEXT
+    from benchmarks.stream import prepared_dataset, redis_service, run_design
+
+    rules = work / "storm_rules.json"
+    rules.write_text(RULES_TEXT)
+    sizes = SimpleNamespace(
+        work_dir=work, rate=args.stream_rate, seconds=args.stream_seconds, keys=args.payers
+    )
+    stream_work, data = prepared_dataset(sizes, rules)
+    # Rule 1 fires on every payment whatever came before; the twin's cooldown and rule 3's
+    # day follow the filled history too, which the backtest of these payments alone lacks.
+    data = replace(data, expected={pair for pair in data.expected if pair[0] == 1})
+    beside = ReadsBeside(args, size, work)
+    try:
+        run = run_design(
+            "new", "folder", "single", data, args.stream_rate, args.stream_seconds,
+            args.payers, stream_work, args.port, during=beside,
+            extra_env={"VELOCITY_CHECK_PORT": "0"}, until_decided=True,
+        )  # fmt: skip
+    except BaseException:
+        if beside.env:  # run_design stops its Redis only once it measured
+            redis_service(False, "down", beside.env)
+        raise
+    return beside.figures(run, data)
+
+
 def side_by_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per read: each size's p50/p95/max and the largest's p50 over the smallest's."""
     small, large = runs[0]["reads"], runs[-1]["reads"]
@@ -315,10 +540,32 @@ def report(runs: list[dict[str, Any]], compared: dict[str, Any]) -> None:
         print(f"{name:<36}{first:>16.1f}{cells}{row['p50_ratio']:>11.2f}")
 
 
+def report_beside(run: dict[str, Any]) -> None:
+    """One size's figures with the stream beside: the stream's, then each read's."""
+    stream = run["stream"]
+    print(f"\n{run['alerts']:,} alerts stored, the stream beside: rule 1's alert latency")
+    for kind in ("quiet", "clicking"):
+        figures = stream[kind]
+        print(f"  {kind:<9} {figures['alerts']:>9,} alerts  p50 {figures['p50_s']} s  "
+              f"p99 {figures['p99_s']} s")  # fmt: skip
+    print(f"  p99 clicking / quiet: {stream.get('p99_ratio_clicking_over_quiet')}")
+    summary = run["stream_run"]
+    print(f"  the stream: {summary}")
+    print(f"  the plan's first look {run['plan_first_ms']:.0f} ms; failures: "
+          f"{len(run['failures'])} {run['failures'][:3]}")  # fmt: skip
+    print(f"{'read':<36}{'first ms':>10}{'n':>5}{'p50':>9}{'p95':>9}{'max':>9}")
+    for name, row in run["reads"].items():
+        print(f"{name:<36}{row['first_ms']:>10.0f}{row['n']:>5}{row['p50_ms']:>9.0f}"
+              f"{row['p95_ms']:>9.0f}{row['max_ms']:>9.0f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         serve(int(argv[argv.index("--port") + 1]))
+        return
+    if argv[:1] == ["fill"]:
+        fill_here(argv[1:])
         return
     args = parser().parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -327,8 +574,18 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     try:
         for size in sizes:
-            print(f"{size:,} alerts: filling, then {args.rounds} rounds of reads", flush=True)
-            runs.append(measure(args, size, work))
+            if args.stream_rate:
+                print(
+                    f"{size:,} alerts: filling, then the stream at {args.stream_rate:,} "
+                    f"payments/s for {args.stream_seconds} s, a click every "
+                    f"{args.click_every} s in every other {args.block_seconds}-s block",
+                    flush=True,
+                )
+                runs.append(measure_beside(args, size, work))
+                report_beside(runs[-1])
+            else:
+                print(f"{size:,} alerts: filling, then {args.rounds} rounds of reads", flush=True)
+                runs.append(measure(args, size, work))
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -341,8 +598,12 @@ def main(argv: list[str] | None = None) -> None:
         "rounds": args.rounds,
         "runs": runs,
         "reads": compared,
-        "stream_beside": "not built yet: the reads are timed with nothing streaming",
-    }
+        "stream_beside": (
+            {"payments_per_s": args.stream_rate, "seconds": args.stream_seconds,
+             "click_every_s": args.click_every, "block_seconds": args.block_seconds}
+            if args.stream_rate else "none: the reads timed with nothing streaming"
+        ),
+    }  # fmt: skip
     for name, row in compared.items():  # the figures as JSON, a read a line
         print(json.dumps({"read": name, **row}))
     figures_file.write(args.figures, result)

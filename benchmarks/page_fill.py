@@ -1,9 +1,12 @@
 """Tables as a long-running stream leaves them, for `make bench-page` (not a test).
 
-``fill`` writes ``alerts`` alerts through the stream's own write-behind (``Spool.write``
-then ``Spool.flush``: each group's events and alerts appended in one delta-rs commit a
-table, the alerts gathered into cases first), so the alerts, events, case_events and cases
-tables have the stream's layout, one data file a group. The scenario is the storm of
+``fill`` writes ``alerts`` alerts through the stream's own write-behind append
+(``append_group``: each group's events and alerts appended in one delta-rs commit a table,
+the alerts gathered into cases first), so the alerts, events, case_events and cases tables
+have the stream's layout, one data file a group. The groups are numbered below zero,
+numbers no stream batch has: a stream started on the filled tables (``bench-page`` with
+the stream beside) appends its own batches after them, as a stream running for weeks
+would. The scenario is the storm of
 issue 51: ``payers`` payers, rule 1 firing on every payment and its twin rule 2 with a
 10-minute cooldown (most of its alerts suppressed), ``alerts_per_second`` alerts a second
 of decisionTime ending at ``now_ms``, a write-behind group every 30 s of it. About one
@@ -31,7 +34,7 @@ from velocity.delta.names import ALERT_REVIEWS, RULES
 from velocity.delta.review_store import REVIEW_ARROW_SCHEMA
 from velocity.delta.rule_store import RuleStore
 from velocity.delta.small_tables import create_if_missing
-from velocity.delta.write_behind import ARROW_SCHEMAS, SPOOLED_TABLES, Spool
+from velocity.delta.write_behind import ARROW_SCHEMAS, SPOOLED_TABLES, append_group
 from velocity.domain.alerts import AlertKind, alert_ids
 from velocity.domain.rules import parse_rules
 from velocity.engine.records import alert_lines
@@ -103,7 +106,7 @@ def group_rows(
             "deviceId": nulls,
             "action": nulls,
             "raw": raw,
-            "source_file": pa.array([f"bench-{group:06d}.jsonl"] * payments),
+            "source_file": pa.array([f"bench{group}.jsonl"] * payments),
             "source_block": pa.array(np.zeros(payments, np.int64)),
             "line_seq": pa.array(n - first_payment),
             "ingest_time": event_time + 100,
@@ -197,16 +200,17 @@ def fill(
     step_ms = 2_000.0 / alerts_per_second  # two alerts a payment
     start_ms = now_ms - int(payments * step_ms)
     per_group = max(1, int(GROUP_SECONDS * 1000 / step_ms))
-    spool = Spool(settings)
+    total_groups = -(-payments // per_group)
     reviews = create_if_missing(settings.table_path(ALERT_REVIEWS), REVIEW_ARROW_SCHEMA)
     reviewed = groups = 0
     newest_alerts: list[pa.Table] = []
     kept = 0
     for group, first in enumerate(range(0, payments, per_group)):
         count = min(per_group, payments - first)
-        rows = group_rows(group, first, count, payers, start_ms, step_ms)
-        spool.write(group, rows, {"bench": True})
-        spool.flush(group)
+        # Below zero, counting up to -1: each group's mark newer than the last.
+        last_batch = group - total_groups
+        rows = group_rows(last_batch, first, count, payers, start_ms, step_ms)
+        append_group(settings, rows, last_batch)
         review_rows = _reviews(rows["alerts"], now_ms)
         if review_rows.num_rows:
             write_deltalake(reviews, review_rows, mode="append")

@@ -327,6 +327,10 @@ class DuringRun(Protocol):
     """What another benchmark does while `run_design`'s stream runs (``benchmarks.check``
     sends checks): each step is called once, in this order, ``close`` always."""
 
+    def before_stream(self, env: dict[str, str], client: Any) -> None:
+        """Redis is up and empty, the data dir not made yet; the stream starts on return
+        (``benchmarks.page`` fills the tables the stream then writes to)."""
+
     def prepare(self, env: dict[str, str], client: Any) -> None:
         """The stream is starting: Redis is up (``env`` is the stream's environment)."""
 
@@ -356,6 +360,7 @@ def run_design(
     lag_seconds: float = 0.0,
     during: DuringRun | None = None,
     extra_env: dict[str, str] | None = None,
+    until_decided: bool = False,
 ) -> Run:
     run = Run(design, source, redis_kind, rate, seconds, keys, lag_seconds=lag_seconds)
     home = work / f"{design}-{source}-{redis_kind}"
@@ -401,6 +406,8 @@ def run_design(
     client = redis_client(redis_url)
     if not on_cluster:
         client.flushall()  # the cluster's nodes start empty: `down` removed their files
+    if during is not None:
+        during.before_stream(env, client)
     log = home / "stream.log"
     reads = ["--source", "kafka"] if source == "kafka" else ["--events", str(events)]
     stream = subprocess.Popen(
@@ -469,7 +476,9 @@ def run_design(
         # Wait for the expected alerts; anything later than this counts as never.
         wait_until = time.monotonic() + max(60.0, seconds * 0.5)
         while time.monotonic() < wait_until:
-            if lagging is not None:  # alerts may be missing or extra: every line decided
+            # Alerts may be missing or extra (a lagging partition), or the alert stream holds
+            # others too (``until_decided``): wait for every line decided.
+            if lagging is not None or until_decided:
                 if logged_lines(log) >= data.events:
                     break
             elif client.xlen("velocity:alerts") >= len(data.expected):

@@ -120,3 +120,39 @@ def test_page_fill_groups_are_the_write_behind_s_rows() -> None:
     event = parse_event_line(first["raw"])
     assert isinstance(event, Event)
     assert (event.transaction_id, event.event_time) == (first["transactionId"], first["eventTime"])
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_started_on_page_fill_s_groups_appends_its_own_batches_after_them(
+    tmp_path: Path,
+) -> None:
+    """bench-page fills with groups numbered below zero: they mark no batch committed, and
+    the stream's batch 0 (its first, on a new checkpoint) is appended and joins the cases
+    the fill opened, not taken for a redone flush of a fill's group."""
+    from benchmarks import page_fill
+
+    from velocity.delta.live import LiveTables, create_missing_tables
+    from velocity.delta.write_behind import Spool, append_group, flushed_batch
+    from velocity.domain.committed import known_committed
+
+    settings = Settings(data_dir=tmp_path / "data")
+    create_missing_tables(LiveTables.of(settings))
+    start = 1_767_225_600_000
+    for last_batch, first in ((-2, 0), (-1, 20)):
+        append_group(
+            settings, page_fill.group_rows(last_batch, first, 20, 7, start, 10.0), last_batch
+        )
+    assert flushed_batch(settings) == -1
+    assert known_committed(None, flushed_batch(settings)) is None
+    opened = {c.case_key: c.case_id for c in CaseStore(settings).cases().values()}
+    assert len(opened) == 7
+
+    spool = Spool(settings)
+    spool.write(0, page_fill.group_rows(0, 40, 20, 7, start, 10.0), {})
+    assert spool.flush(0).rows[tables.ALERTS] == 40
+    assert flushed_batch(settings) == 0
+    alerts = DeltaTable(str(settings.table_path(tables.ALERTS))).to_pyarrow_table()
+    assert alerts.num_rows == 120
+    stream_rows = [r for r in alerts.to_pylist() if int(r["transactionId"][3:]) >= 40]
+    assert {r["caseId"] for r in stream_rows} <= set(opened.values())
+    assert all(r["caseId"] for r in stream_rows)

@@ -168,27 +168,11 @@ class Spool:
             intent.write_text(json.dumps(group))
             intent.rename(self.root / _INTENT)
         present = [b for b in group if self._folder(b).is_dir()]
-        rows: dict[str, int] = {}
         grouped = {}
         for name in SPOOLED_TABLES:
             parts = [self.read(b, name) for b in present]
             grouped[name] = pa.concat_tables(parts) if parts else ARROW_SCHEMAS[name].empty_table()
-        # Alerts join cases before they are appended, so each row carries its caseId; a
-        # case's rows lie together in the file, so a read of one case skips the others'
-        # row groups by their caseId statistics (a case's page, its close).
-        cases = CaseStore(self.settings)
-        gathered = cases.gather_alerts(grouped[tables.ALERTS], grouped[tables.EVENTS], max(group))
-        grouped[tables.ALERTS] = gathered.sort_by(
-            [("caseId", "ascending"), ("decisionTime", "ascending"), ("alertId", "ascending")]
-        )
-        for name, table in grouped.items():
-            rows[name] = table.num_rows
-            if table.num_rows:
-                path = self.settings.table_path(getattr(tables, name.upper()))
-                grouping = ALERT_ROW_GROUPS if name == tables.ALERTS else None
-                append_once(path, table, f"{APP_ID}:{name}", max(group), grouping)
-        # A case closed between the join and the append reviewed the rows it found then.
-        cases.review_late_alerts(grouped[tables.ALERTS])
+        rows = append_group(self.settings, grouped, max(group))
         for b in group:
             shutil.rmtree(self._folder(b), ignore_errors=True)
         (self.root / _INTENT).unlink()
@@ -201,6 +185,37 @@ class Spool:
 
     def _spooled_through(self, through: int | None) -> list[int]:
         return [b for b in self.batches() if through is not None and b <= through]
+
+
+def append_group(
+    settings: Settings, grouped: Mapping[str, pa.Table], last_batch: int
+) -> dict[str, int]:
+    """Append one write-behind group's rows (``grouped``: every table of ``SPOOLED_TABLES``)
+    to the live tables: the alerts gathered into cases first, then one commit a table that
+    records (``velocity-stream:<table>``, ``last_batch``), skipped for a table that holds it
+    already. Returns the rows per table. A ``last_batch`` below zero is a group no stream
+    batch can be (``bench-page`` fills tables so): it marks no batch committed
+    (``velocity.domain.committed`` reads only marks of zero and up), and a stream started
+    on the tables appends its own batches after it."""
+    # Alerts join cases before they are appended, so each row carries its caseId; a
+    # case's rows lie together in the file, so a read of one case skips the others'
+    # row groups by their caseId statistics (a case's page, its close).
+    cases = CaseStore(settings)
+    gathered = cases.gather_alerts(grouped[tables.ALERTS], grouped[tables.EVENTS], last_batch)
+    ordered = dict(grouped)
+    ordered[tables.ALERTS] = gathered.sort_by(
+        [("caseId", "ascending"), ("decisionTime", "ascending"), ("alertId", "ascending")]
+    )
+    rows: dict[str, int] = {}
+    for name, table in ordered.items():
+        rows[name] = table.num_rows
+        if table.num_rows:
+            path = settings.table_path(getattr(tables, name.upper()))
+            grouping = ALERT_ROW_GROUPS if name == tables.ALERTS else None
+            append_once(path, table, f"{APP_ID}:{name}", last_batch, grouping)
+    # A case closed between the join and the append reviewed the rows it found then.
+    cases.review_late_alerts(ordered[tables.ALERTS])
+    return rows
 
 
 # The write-behind's flush (``LiveState.flush_spool``), in a process of its own: in the

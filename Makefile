@@ -99,6 +99,9 @@ bench-check: setup ## pre-authorization check latency (FCALL_RO, HTTP when built
 bench-page: setup ## every page and API read of the Velocity page (and its clicks) from an HTTP client after 10k and after 10M alerts stored, with the stream at 1,000 payments/s (2,000 alerts/s) beside it: p50/p95/max ms, and the stream's alert p99 with a click every second and without; ARGS="--sizes 10000,1000000 --stream-seconds 300" (--stream-rate 0: nothing streams)
 	@$(VENV)/python -m benchmarks.page $(ARGS)
 
+bench-browser: setup ## the browser's storm test (click to the result on screen, during 2,000 payments/s firing two rules) with 10M alerts stored before it; BENCH_ALERTS=10000000
+	VELOCITY_BROWSER_STORED_ALERTS=$${BENCH_ALERTS:-10000000} $(VENV)/pytest tests/browser/test_velocity_queue.py -k storm -s -p no:cacheprovider --timeout 7200
+
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare $(ARGS)
 
@@ -124,4 +127,4 @@ down: ## stop the local Redis and Kafka broker
 clean: ## remove generated data (keeps .venv and the JAR cache)
 	rm -rf data
 
-.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-check bench-page bench-window bench-backfill bench-smoke soak down clean airflow airflow-down
+.PHONY: help setup demo backtest-demo test docs docs-serve lint bench bench-cooldown bench-cases bench-kernel bench-peer bench-cluster cluster cluster-down bench-stream bench-stream-steps bench-lookup bench-check bench-page bench-browser bench-window bench-backfill bench-smoke soak down clean airflow airflow-down

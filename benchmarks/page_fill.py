@@ -40,20 +40,28 @@ from velocity.domain.rules import parse_rules
 from velocity.engine.records import alert_lines
 from velocity.settings import Settings
 
-# The storm's two rules (issue 51): one fires on every payment, its twin with a cooldown.
-RULES_TEXT = json.dumps(
-    [
-        {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
-         "aggregatorFunctionType": "COUNT", "limitOperatorType": ">=", "limit": 1,
-         "windowMinutes": 10},
-        {"ruleId": 2, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
-         "aggregatorFunctionType": "COUNT", "limitOperatorType": ">=", "limit": 1,
-         "windowMinutes": 10, "cooldownMinutes": 10},
-        {"ruleId": 3, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
-         "aggregateFieldName": "paymentAmount", "aggregatorFunctionType": "SUM",
-         "limitOperatorType": ">", "limit": 1000000, "windowMinutes": 1440},
-    ]
-)  # fmt: skip
+# The storm's two rules (issue 51): one fires on every payment, its twin with a cooldown;
+# and a third that seldom fires. Ids from ``first_rule`` on: 1, 2, 3 unless a deployment's
+# own rules hold those (the browser test's fill: ``VELOCITY_BROWSER_STORED_ALERTS``).
+
+
+def storm_rules_text(first_rule: int = 1) -> str:
+    return json.dumps(
+        [
+            {"ruleId": first_rule, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
+             "aggregatorFunctionType": "COUNT", "limitOperatorType": ">=", "limit": 1,
+             "windowMinutes": 10},
+            {"ruleId": first_rule + 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
+             "aggregatorFunctionType": "COUNT", "limitOperatorType": ">=", "limit": 1,
+             "windowMinutes": 10, "cooldownMinutes": 10},
+            {"ruleId": first_rule + 2, "ruleState": "ACTIVE", "groupingKeyNames": ["payerId"],
+             "aggregateFieldName": "paymentAmount", "aggregatorFunctionType": "SUM",
+             "limitOperatorType": ">", "limit": 1000000, "windowMinutes": 1440},
+        ]
+    )  # fmt: skip
+
+
+RULES_TEXT = storm_rules_text()
 GROUP_SECONDS = 30  # the stream's write-behind default
 REVIEWED_ONE_IN = 100
 
@@ -75,10 +83,16 @@ def _texts(prefix: str, numbers: np.ndarray) -> pa.Array:
 
 
 def group_rows(
-    group: int, first_payment: int, payments: int, payers: int, start_ms: int, step_ms: float
+    group: int,
+    first_payment: int,
+    payments: int,
+    payers: int,
+    start_ms: int,
+    step_ms: float,
+    first_rule: int = 1,
 ) -> dict[str, pa.Table]:
     """One write-behind group: ``payments`` payments from the ``first_payment``-th on, each
-    firing rules 1 and 2, decided ``step_ms`` apart from ``start_ms``."""
+    firing the storm's first two rules, decided ``step_ms`` apart from ``start_ms``."""
     n = np.arange(first_payment, first_payment + payments, dtype=np.int64)
     decided = (start_ms + (n * step_ms)).astype(np.int64)
     payer = (n * 7919) % payers
@@ -121,9 +135,9 @@ def group_rows(
         payer_ids,
     ).cast(key_type)
     parts = []
-    for rule_id in (1, 2):
-        # Rule 2's cooldown: a payer's alert notified about once in ten.
-        suppressed = np.zeros(payments, bool) if rule_id == 1 else (n // payers) % 10 != 0
+    for rule_id in (first_rule, first_rule + 1):
+        # The twin's cooldown: a payer's alert notified about once in ten.
+        suppressed = np.zeros(payments, bool) if rule_id == first_rule else (n // payers) % 10 != 0
         parts.append(
             pa.table(
                 {
@@ -180,16 +194,19 @@ def fill(
     now_ms: int | None = None,
     stream_entries: int = 50_000,
     progress: Any = None,
+    first_rule: int = 1,
 ) -> Filled:
     """Write ``alerts`` alerts (two a payment) as the stream's write-behind does, ending at
-    ``now_ms``; the newest ``stream_entries`` notified ones on the Redis alert stream."""
+    ``now_ms``; the newest ``stream_entries`` notified ones on the Redis alert stream (none
+    where a stream published already: the entries' ids are their decisionTimes, older
+    than its)."""
     from velocity.redis import connection, mirror
 
     began = time.monotonic()
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     create_missing_tables(LiveTables.of(settings))
     rules = RuleStore(settings.table_path(RULES))
-    rules.apply(parse_rules(RULES_TEXT))
+    rules.apply(parse_rules(storm_rules_text(first_rule)))
     # The rules in Redis as the stream publishes them: the page's window lookup reads them.
     writer = connection.connect(settings)
     connection.load_functions(writer)
@@ -209,7 +226,7 @@ def fill(
         count = min(per_group, payments - first)
         # Below zero, counting up to -1: each group's mark newer than the last.
         last_batch = group - total_groups
-        rows = group_rows(last_batch, first, count, payers, start_ms, step_ms)
+        rows = group_rows(last_batch, first, count, payers, start_ms, step_ms, first_rule)
         append_group(settings, rows, last_batch)
         review_rows = _reviews(rows["alerts"], now_ms)
         if review_rows.num_rows:

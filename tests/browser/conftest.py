@@ -4,6 +4,11 @@ chromium driven by Selenium through Debian's chromedriver (nothing is downloaded
 
 Screenshots of each step go to ``$VELOCITY_TEST_OUTPUT/browser`` (default
 ``<checkout>/test-output/browser``), where CI keeps them.
+
+``VELOCITY_BROWSER_STORED_ALERTS=N`` (``make bench-browser``, not the suite) fills the
+deployment's tables with N alerts of three more rules (41-43: bench-page's storm, 3 000
+payers) before the first test, as weeks of a stream would have left them: the storm test's
+clicks are then timed with that history stored.
 """
 
 from __future__ import annotations
@@ -74,6 +79,17 @@ def _env(settings: Settings, home: Path, port: int) -> dict[str, str]:
     return env
 
 
+def _stored_alerts(settings: Settings) -> None:
+    """``VELOCITY_BROWSER_STORED_ALERTS`` alerts written as the stream writes them (none
+    published to the alert stream: the stream has published newer ones)."""
+    stored = int(os.environ.get("VELOCITY_BROWSER_STORED_ALERTS") or 0)
+    if stored:
+        from benchmarks.page_fill import fill
+
+        filled = fill(settings, stored, first_rule=41, stream_entries=0)
+        print(f"\nstored before the tests: {filled}", flush=True)
+
+
 # One deployment and one browser for the whole browser suite (each file's tests run in file
 # order, the files by name): starting Airflow beside a stream takes minutes.
 @pytest.fixture(scope="session")
@@ -140,6 +156,7 @@ def deployment(
         poll_until(
             "the stream's first micro-batch", lambda: deployment.batches() >= 1, 300, stream_log
         )
+        _stored_alerts(settings)
         yield deployment
     finally:
         subprocess.run(

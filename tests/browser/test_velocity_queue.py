@@ -355,6 +355,10 @@ def test_the_page_opens_on_the_queue_and_a_case_is_worked_from_it(
     assert "case_status=all" in _frame_url(browser) and "rule=4" in _frame_url(browser)
     back = _testid(browser, "bulk-close")[0].find_element(_by("NAME"), "back")
     assert {"rule=4", "case_status=all"} <= set(back.get_attribute("value").split("&"))
+    # A link drawn before the filter (the alerts' "clear") now keeps it too, and its own
+    # purpose (no alert filter).
+    clear = _testid(browser, "filter-clear")[0].get_attribute("href")
+    assert "case_status=all" in clear and "rule=4" not in clear, clear
     target = _testid(browser, "queue-row")[0]
     case_id = target.get_attribute("data-case-id")
     link = target.find_element(_by("CSS_SELECTOR"), '[data-testid="case-link"]')

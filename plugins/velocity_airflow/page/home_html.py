@@ -172,10 +172,11 @@ _PROGRESS_SCRIPT = """
   }
   // The page's URL parameters after a read in place: the URL, and what the page's forms
   // send back (hidden fields), say them; owned: the names it may have changed (all: null).
-  function keep(params, owned) {
-    var query = params.toString();
+  function keep(params, owned, drawn) {
+    var query = params.toString(), before = new URLSearchParams(location.search);
     history.pushState(null, "", location.pathname + (query ? "?" + query : ""));
     function mine(name) { return !owned || owned.indexOf(name) >= 0; }
+    relink(before, params, drawn);
     document.querySelectorAll('form[method="get"]').forEach(function (form) {
       form.querySelectorAll('input[type="hidden"]').forEach(function (field) {
         if (mine(field.name)) { field.remove(); }
@@ -195,10 +196,40 @@ _PROGRESS_SCRIPT = """
       field.value = back.toString();
     });
   }
+  // A link drawn before a read in place (the alerts' paging, an explanation, the queue's
+  // links when the alerts were read) carries the page's parameters as they were: each
+  // parameter the read changed, where the link carried the old value, gets the new one;
+  // a value of the link's own (its page, its alert) stays. Links in the parts just drawn
+  // came with the read and are left alone.
+  function relink(before, after, drawn) {
+    var names = {};
+    before.forEach(function (value, name) { names[name] = true; });
+    after.forEach(function (value, name) { names[name] = true; });
+    var changed = Object.keys(names).filter(function (name) {
+      return before.getAll(name).join("&") !== after.getAll(name).join("&");
+    });
+    var fresh = (drawn || []).map(function (name) {
+      return '[data-part="' + CSS.escape(name) + '"]';
+    }).join(",");
+    var base = location.pathname.replace(/[^/]*$/, "");
+    document.querySelectorAll("a[href]").forEach(function (link) {
+      var url = new URL(link.getAttribute("href"), location.href);
+      if (url.origin !== location.origin || url.pathname.indexOf(base) !== 0) { return; }
+      if (fresh && link.closest(fresh)) { return; }
+      var moved = false;
+      changed.forEach(function (name) {
+        if (url.searchParams.get(name) !== before.get(name)) { return; }
+        url.searchParams.delete(name);
+        after.getAll(name).forEach(function (value) { url.searchParams.append(name, value); });
+        moved = true;
+      });
+      if (moved) { link.setAttribute("href", url.pathname + url.search + url.hash); }
+    });
+  }
   function read(url, params, form, owned) {
     var query = params.toString();
     send(url + (query ? "?" + query : ""), {method: "GET"}, form, function (answer) {
-      keep(params, owned);
+      keep(params, owned, Object.keys(answer.parts || {}));
       if (answer.live) { document.body.dataset.live = answer.live; }
     });
   }

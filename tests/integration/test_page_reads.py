@@ -12,6 +12,7 @@ from collections.abc import Collection
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -243,3 +244,66 @@ def test_the_latest_reviews_and_precision_follow_each_review_recorded(settings: 
     figures = reader.precision_by_version(settings, NOW)
     assert figures == reader.precision_by_version(settings, NOW, store.all())
     assert sum(f.reviewed for f in figures) == len(store.latest())
+
+
+def _fresh_process() -> None:
+    """What a new process knows of the tables: nothing (the folds are this process's)."""
+    from velocity.delta import file_folds
+
+    with file_folds.FOLDS_LOCK:
+        file_folds._FOLDS.clear()
+
+
+def test_a_fresh_process_reads_each_data_file_s_kept_parts_not_the_file(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first look of a restarted api-server: the alert counts and id fingerprints come
+    from the parts the first reader kept beside the table; a part unreadable is made again
+    from its file; the parts of files a rewrite removed are removed."""
+    from velocity.delta import alert_files
+
+    rng = random.Random(52)
+    _write_groups(settings, rng, 0, 6)
+    _amendments(settings, rng)
+    _agrees(settings, search=False)  # the first reader: every data file read, parts kept
+    table = DeltaTable(str(settings.table_path(ALERTS)))
+    names = {unquote(u.rsplit("/", 1)[-1]) + ".arrow" for u in table.file_uris()}
+    roots = [alert_files.FileParts(table, fold).root for fold in ("alert_minutes", "alert_ids")]
+    for root in roots:
+        assert root is not None and {p.name for p in root.iterdir()} == names
+
+    def no_data_file(uri: str, columns: Any) -> pa.Table:
+        raise AssertionError(f"a data file read: {uri}")
+
+    _fresh_process()
+    with monkeypatch.context() as patched:
+        patched.setattr(alert_files, "_read_file", no_data_file)
+        _agrees(settings, search=False)
+
+    # A part torn (a disk's fault): read from its data file again, and kept whole again.
+    torn = sorted(roots[1].iterdir())[0]  # type: ignore[union-attr]
+    torn.write_bytes(torn.read_bytes()[:20])
+    _fresh_process()
+    _agrees(settings, search=False)
+    assert alert_files.FileParts(table, "alert_ids").read(torn.name.removesuffix(".arrow"))
+
+    _rewrite_whole(settings)
+    _fresh_process()
+    _agrees(settings, search=False)
+    table = DeltaTable(str(settings.table_path(ALERTS)))
+    names = {unquote(u.rsplit("/", 1)[-1]) + ".arrow" for u in table.file_uris()}
+    for root in roots:
+        assert {p.name for p in root.iterdir()} == names, "the removed files' parts gone"
+
+
+def test_fingerprints_are_the_same_in_every_process() -> None:
+    """Kept in the parts: a change of the function must come with a new PARTS_FORMAT."""
+    from velocity.delta.alert_files import PARTS_FORMAT, fingerprint, fingerprints
+
+    assert (PARTS_FORMAT, fingerprint("a"), fingerprint("bp-123456")) == (
+        "v1",
+        3926504341,
+        1874972591,
+    )
+    texts = pa.array(["x", "", None, "payerId=p-7", "ü-ñ"] * 3).slice(2, 9)
+    assert list(fingerprints(texts)) == sorted(fingerprint(t or "") for t in texts.to_pylist())

@@ -8,17 +8,30 @@
 - ``AlertIdIndex``: per data file, its decisionTime range and sorted 32-bit fingerprints of
   its alertIds and transactionIds (8 bytes an alert): looking an alert up by id, or a
   payment's alerts, reads the one or two files whose fingerprints hold it, not a column
-  of every file. Fingerprints are of this process's string hash: a collision only makes
-  one more file read, never a wrong answer.
+  of every file. A collision of fingerprints only makes one more file read, never a wrong
+  answer.
+
+Each data file's part of each fold is also kept beside the table, in
+``<table>/_velocity_file_parts/<format>/<fold>/<data file>.arrow`` (Arrow IPC), written by
+the first process that read the file: a data file never changes, so its part never goes
+stale, and a fresh process (a restarted api-server, `velocity alerts`) reads the small
+parts instead of the data files: 8 bytes an alert for the ids, a row a minute and rule for
+the counts. A part missing, unreadable or of another format is made again from its data
+file. A folder beginning with ``_`` is not the table's data to Delta (VACUUM leaves it).
+Parts of files no longer in the table are removed by the next fresh process's first look.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+import logging
+import os
+import uuid
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -50,12 +63,83 @@ def _read_file(uri: str, columns: Sequence[str]) -> pa.Table:
     return table
 
 
-def minute_counts(rows: pa.Table) -> list[tuple[CountKey, int, int]]:
-    """(key, minute start, alerts) of alert rows with the ``_COUNTED`` columns."""
-    if rows.num_rows == 0:
-        return []
+_log = logging.getLogger(__name__)
+# The parts' format: a change to what a part holds (or to the fingerprint) names a new
+# folder, so no process reads a part of another format.
+PARTS_FORMAT = "v1"
+PARTS_FOLDER = "_velocity_file_parts"
+
+
+class FileParts:
+    """One fold's part of each data file of a local table, kept beside it (see the module
+    docstring). Not local (an object store): nothing is kept, every part is made."""
+
+    def __init__(self, table: DeltaTable, fold: str) -> None:
+        url = urlparse(table.table_uri)
+        local = url.scheme in ("", "file")
+        self.root = Path(unquote(url.path)) / PARTS_FOLDER / PARTS_FORMAT / fold if local else None
+
+    def _path(self, uri: str) -> Path | None:
+        if self.root is None:
+            return None
+        return self.root / (unquote(uri.rsplit("/", 1)[-1]) + ".arrow")
+
+    def read(self, uri: str) -> pa.Table | None:
+        """The part of the data file ``uri`` (None: not kept, or unreadable)."""
+        path = self._path(uri)
+        if path is None or not path.exists():
+            return None
+        try:
+            with pa.memory_map(str(path)) as source:
+                return pa.ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowInvalid) as exc:  # made again from the data file
+            _log.warning("file part %s unreadable (%s): read from its data file", path, exc)
+            return None
+
+    def write(self, uri: str, part: pa.Table) -> None:
+        """Keep ``part`` of the data file ``uri``, whole (a rename) or not at all; a
+        failure only costs the next fresh process a read of the data file."""
+        path = self._path(uri)
+        if path is None:
+            return
+        staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with pa.OSFile(str(staging), "wb") as sink, pa.ipc.new_file(sink, part.schema) as out:
+                out.write_table(part)
+            os.replace(staging, path)
+        except OSError as exc:
+            _log.warning("file part %s not kept: %s", path, exc)
+            staging.unlink(missing_ok=True)
+
+    def keep_only(self, uris: Collection[str]) -> None:
+        """Remove the parts of data files not among ``uris`` (the table's files now)."""
+        if self.root is None or not self.root.is_dir():
+            return
+        wanted = {unquote(u.rsplit("/", 1)[-1]) + ".arrow" for u in uris}
+        for path in self.root.iterdir():
+            if path.name not in wanted and not path.name.startswith("."):
+                path.unlink(missing_ok=True)
+
+    def restore(self, table: DeltaTable, files: set[str]) -> None:
+        """``file_folds.folded``'s hook at a fold's start in this process: the parts of
+        files gone from the table removed; the fold starts empty (None) and is fed every
+        file, mostly from their parts."""
+        self.keep_only(files)
+        return None
+
+    def remove(self, uris: Collection[str]) -> None:
+        for uri in uris:
+            path = self._path(uri)
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+
+def _minute_table(rows: pa.Table) -> pa.Table:
+    """Alert rows with the ``_COUNTED`` columns, counted by ``CountKey`` and minute: a data
+    file's part of ``AlertMinutes``."""
     decided = rows.column("decisionTime").to_numpy()
-    grouped = (
+    return (
         pa.table(
             {
                 "ruleId": rows.column("ruleId"),
@@ -69,14 +153,41 @@ def minute_counts(rows: pa.Table) -> list[tuple[CountKey, int, int]]:
         .group_by(["ruleId", "ruleVersion", "kind", "shadow", "suppressed", "minute"])
         .aggregate([([], "count_all")])
     )
+
+
+def _counts_of(part: pa.Table) -> list[tuple[CountKey, int, int]]:
     return [
         (
             (int(r["ruleId"]), int(r["ruleVersion"]), str(r["kind"]), r["shadow"], r["suppressed"]),
             int(r["minute"]),
             int(r["count_all"]),
         )
-        for r in grouped.to_pylist()
+        for r in part.to_pylist()
     ]
+
+
+def minute_counts(rows: pa.Table) -> list[tuple[CountKey, int, int]]:
+    """(key, minute start, alerts) of alert rows with the ``_COUNTED`` columns."""
+    if rows.num_rows == 0:
+        return []
+    return _counts_of(_minute_table(rows))
+
+
+def _span_metadata(rows: pa.Table) -> dict[bytes, bytes]:
+    """The data file's rows and first and last decisionTime, as a part's metadata."""
+    if rows.num_rows == 0:
+        return {b"rows": b"0"}
+    decided = rows.column("decisionTime")
+    first, last = pc.min(decided).as_py(), pc.max(decided).as_py()
+    return {b"rows": str(rows.num_rows).encode(), b"first": str(first).encode(),
+            b"last": str(last).encode()}  # fmt: skip
+
+
+def _span_of(part: pa.Table) -> FileSpan | None:
+    meta = part.schema.metadata or {}
+    if int(meta.get(b"rows", b"0")) == 0:
+        return None
+    return FileSpan(int(meta[b"rows"]), int(meta[b"first"]), int(meta[b"last"]))
 
 
 @dataclass(frozen=True)
@@ -148,18 +259,22 @@ def alert_minutes(table: DeltaTable) -> AlertMinutes:
     """The alerts table's ``AlertMinutes`` as of ``table``'s version (hold ``FOLDS_LOCK``
     while reading it)."""
 
+    parts = FileParts(table, "alert_minutes")
+
     def feed(fold: AlertMinutes, uris: Sequence[str]) -> None:
         for uri in uris:
-            rows = _read_file(uri, _COUNTED)
-            span = None
-            if rows.num_rows:
-                decided = rows.column("decisionTime")
-                span = FileSpan(
-                    rows.num_rows, int(pc.min(decided).as_py()), int(pc.max(decided).as_py())
-                )
-            fold.add_file(uri, minute_counts(rows), span)
+            part = parts.read(uri)
+            if part is None:
+                rows = _read_file(uri, _COUNTED)
+                part = _minute_table(rows).replace_schema_metadata(_span_metadata(rows))
+                parts.write(uri, part)
+            fold.add_file(uri, _counts_of(part), _span_of(part))
 
-    return folded(table, AlertMinutes, AlertMinutes, feed, AlertMinutes.forget)
+    def forget(fold: AlertMinutes, gone: set[str]) -> bool:
+        parts.remove(gone)
+        return fold.forget(gone)
+
+    return folded(table, AlertMinutes, AlertMinutes, feed, forget, parts.restore)
 
 
 @dataclass(frozen=True)
@@ -173,12 +288,46 @@ class FileIds:
     transaction_ids: np.ndarray
 
 
+_POLY = np.uint64(0x100000001B3)  # a polynomial hash's base: FNV-1's 64-bit prime
+_MIX = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))  # MurmurHash3's fmix64
+_POWERS = np.cumprod(np.full(256, _POLY, np.uint64), dtype=np.uint64)  # grown as needed
+
+
+def _prints(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A 32-bit fingerprint of each text's UTF-8 bytes, the same in every process (kept
+    in the file parts): a polynomial hash of the bytes, mixed. Unsorted; nulls as ''."""
+    global _POWERS
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    texts = pc.fill_null(texts.cast(pa.string()), "")
+    count = len(texts)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset : texts.offset + count + 1]
+    data = np.frombuffer(texts.buffers()[2] or b"", np.uint8)[offsets[0] : offsets[-1]]
+    starts = (offsets[:-1] - offsets[0]).astype(np.int64)
+    lengths = np.diff(offsets).astype(np.int64)
+    longest = int(lengths.max(initial=0))
+    if longest > len(_POWERS):
+        _POWERS = np.cumprod(np.full(longest, _POLY, np.uint64), dtype=np.uint64)
+    position = np.arange(len(data), dtype=np.int64) - np.repeat(starts, lengths)
+    sums = np.zeros(count, np.uint64)
+    filled = lengths > 0
+    if filled.any():
+        weighted = data.astype(np.uint64) * _POWERS[position]
+        sums[filled] = np.add.reduceat(weighted, starts[filled])
+    h = sums ^ lengths.astype(np.uint64)
+    for multiplier in _MIX:
+        h ^= h >> np.uint64(33)
+        h *= multiplier
+    h ^= h >> np.uint64(33)
+    return (h & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
 def fingerprint(text: str) -> int:
-    return hash(text) & 0xFFFFFFFF
+    return int(_prints(pa.array([text]))[0])
 
 
-def fingerprints(texts: list[str]) -> np.ndarray:
-    prints = np.fromiter((fingerprint(t) for t in texts), np.uint32, len(texts))
+def fingerprints(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    prints = _prints(texts)
     prints.sort()
     return prints
 
@@ -194,15 +343,16 @@ class AlertIdIndex:
 
     files: dict[str, FileIds] = field(default_factory=dict)
 
-    def add_file(self, uri: str, rows: pa.Table) -> None:
-        if rows.num_rows == 0:
+    def add_file(self, uri: str, part: pa.Table) -> None:
+        """``part``: the data file's ``id_part``."""
+        span = _span_of(part)
+        if span is None:
             return
-        decided = rows.column("decisionTime")
         self.files[uri] = FileIds(
-            int(pc.min(decided).as_py()),
-            int(pc.max(decided).as_py()),
-            fingerprints(rows.column("alertId").to_pylist()),
-            fingerprints([str(t) for t in rows.column("transactionId").to_pylist()]),
+            span.first_decision,
+            span.last_decision,
+            part.column("alert_ids").to_numpy(),
+            part.column("transaction_ids").to_numpy(),
         )
 
     def forget(self, uris: set[str]) -> bool:
@@ -233,13 +383,34 @@ def id_ranges(
     ``alert_id`` (or an alert of ``transaction_id``); none: no file does. As of
     ``table``'s version."""
 
+    parts = FileParts(table, "alert_ids")
+
     def feed(fold: AlertIdIndex, uris: Sequence[str]) -> None:
         for uri in uris:
-            fold.add_file(uri, _read_file(uri, ["alertId", "transactionId", "decisionTime"]))
+            part = parts.read(uri)
+            if part is None:
+                part = id_part(_read_file(uri, ["alertId", "transactionId", "decisionTime"]))
+                parts.write(uri, part)
+            fold.add_file(uri, part)
+
+    def forget(fold: AlertIdIndex, gone: set[str]) -> bool:
+        parts.remove(gone)
+        return fold.forget(gone)
 
     with FOLDS_LOCK:
-        index = folded(table, AlertIdIndex, AlertIdIndex, feed, AlertIdIndex.forget)
+        index = folded(table, AlertIdIndex, AlertIdIndex, feed, forget, parts.restore)
         return index.decision_ranges(alert_id, transaction_id)
+
+
+def id_part(rows: pa.Table) -> pa.Table:
+    """A data file's part of ``AlertIdIndex``: the sorted fingerprints of its alertIds and
+    of its transactionIds, its span in the metadata."""
+    return pa.table(
+        {
+            "alert_ids": fingerprints(rows.column("alertId")),
+            "transaction_ids": fingerprints(rows.column("transactionId")),
+        }
+    ).replace_schema_metadata(_span_metadata(rows))
 
 
 def merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

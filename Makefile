@@ -100,7 +100,7 @@ bench-page: setup ## every page and API read of the Velocity page (and its click
 	@$(VENV)/python -m benchmarks.page $(ARGS)
 
 bench-browser: setup ## the browser's storm test (click to the result on screen, during 2,000 payments/s firing two rules) with 10M alerts stored before it; BENCH_ALERTS=10000000
-	VELOCITY_BROWSER_STORED_ALERTS=$${BENCH_ALERTS:-10000000} $(VENV)/pytest tests/browser/test_velocity_queue.py -k storm -s -p no:cacheprovider --timeout 7200
+	VELOCITY_BROWSER_STORED_ALERTS=$${BENCH_ALERTS:-10000000} $(VENV)/pytest tests/browser/test_velocity_queue.py -k storm -s -p no:cacheprovider
 
 bench-window: setup ## velocity buckets vs Spark's sliding window(): throughput and state size
 	@$(VENV)/python -m benchmarks.window_compare $(ARGS)

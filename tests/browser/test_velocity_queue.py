@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import Deployment
+from tests.browser.conftest import FILL_SECONDS, Deployment
 from tests.browser.test_velocity_page import (
     _by,
     _minute,
@@ -528,7 +528,7 @@ def _apply_storm_rules(deployment: Deployment, state: str) -> None:
     RuleStore(deployment.settings.table_path(RULES)).apply(parse_rules(json.dumps(rules)))
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 + FILL_SECONDS)
 def test_under_a_storm_of_alerts_clicks_reach_the_server_within_a_second(
     deployment: Deployment, browser: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -357,6 +358,48 @@ def test_rules_change_between_batches_and_new_rule_sees_history(
     assert {pair: v[:3] for pair, v in streamed.items() if pair[0] in (4, 9)} == {
         pair: v[:3] for pair, v in expected_batch3.items()
     }
+
+
+def test_a_rule_paused_waits_for_the_write_behind_s_flush_not_races_it(
+    spark, data_settings: Settings, in_order_events: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A rule paused (its signature forgotten: its buckets deleted) while the stream's
+    background flusher appends buckets: the flush waits until the signatures are in step.
+    Found by `make bench-page`: a pause clicked on the page during a flush failed the
+    stream with Delta's ConcurrentAppendException."""
+    from velocity.delta import live as live_module
+    from velocity.delta.write_behind import Flushed
+    from velocity.spark.signature_builds import SignatureBuilds
+
+    arriving = tmp_path / "arriving"
+    arriving.mkdir()
+    files = sorted(in_order_events.glob("*.jsonl"))
+    job = StreamJob(spark, data_settings)
+    job.rule_store.apply(parse_rules(sample_rules_path().read_text())[:4])  # 4: its own
+    land(files[0], arriving, 0)
+    run_available_now(job, arriving)
+
+    flushed = threading.Event()
+    monkeypatch.setattr(
+        live_module, "flush_spool_apart", lambda settings, through: flushed.set() or Flushed([], {})
+    )
+    forgetting, flushers = SignatureBuilds._forget, []
+
+    def forget(builds: SignatureBuilds, signature_ids: list[str]) -> None:
+        flusher = threading.Thread(target=job.state.flush_spool, args=(None,))  # the thread's
+        flusher.start()
+        flushers.append(flusher)
+        assert not flushed.wait(1.0), "a flush ran while the signature's buckets were deleted"
+        forgetting(builds, signature_ids)
+
+    monkeypatch.setattr(SignatureBuilds, "_forget", forget)
+    job.rule_store.apply([StateChange(4, RuleState.PAUSE)])
+    land(files[1], arriving, 1)
+    run_available_now(job, arriving)
+    for flusher in flushers:
+        flusher.join(30)
+    assert flushers and flushed.is_set(), "the signature was forgotten, then the flush ran"
 
 
 def test_eviction_keeps_only_the_horizon_and_shrinks_when_the_wide_rule_goes(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,7 +160,7 @@ class LiveState:
         if not self.unwritten("buckets"):
             refuse_another_bucket_width(self.read("buckets"), settings)
         self.spool = Spool(settings)
-        self._flush_mutex = threading.Lock()
+        self._flush_mutex = threading.RLock()  # flushes_held's holder may flush itself
         self._recorded_versions: tuple[RuleVersion, ...] | None = None
 
     def rule_epochs(self) -> RuleEpochs:
@@ -218,6 +220,15 @@ class LiveState:
         flush at a time in this process; hold the state lock against the others)."""
         with self._flush_mutex:
             return flush_spool_apart(self.settings, through)
+
+    @contextmanager
+    def flushes_held(self) -> Iterator[None]:
+        """No flush of this process while held (the stream's background flusher waits): a
+        DELETE of buckets whose predicate matches rows a concurrent flush appends fails
+        with Delta's ConcurrentAppendException. A rule paused from the page while the
+        write-behind appended its signature's buckets failed the stream so."""
+        with self._flush_mutex:
+            yield
 
     def horizon_cutoff(self, rules: list[Rule]) -> int | None:
         """The oldest bucket start the state keeps: newest eventTime − horizon (None: no

@@ -52,8 +52,13 @@ class SignatureBuilds:
 
         A signature is also rebuilt when the widest active window grows past the history
         its buckets kept (eviction dropped the rest), so a wider rule sees its whole
-        window (SPEC §2).
+        window (SPEC §2). The stream's own write-behind does not flush meanwhile: its
+        appends of buckets would conflict with the deletes here.
         """
+        with self.state.flushes_held():
+            self._sync(signatures, rules, batch_id)
+
+    def _sync(self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int) -> None:
         spark = self.spark
         widest = max((r.window_ms for r in rules), default=0)
         counted = distinct_counted(rules)

@@ -207,6 +207,7 @@ def fill(
     create_missing_tables(LiveTables.of(settings))
     rules = RuleStore(settings.table_path(RULES))
     rules.apply(parse_rules(storm_rules_text(first_rule)))
+    _record_signatures(settings, rules)
     # The rules in Redis as the stream publishes them: the page's window lookup reads them.
     writer = connection.connect(settings)
     connection.load_functions(writer)
@@ -251,6 +252,26 @@ def fill(
         stream_entries=published,
         seconds=round(time.monotonic() - began, 1),
     )
+
+
+def _record_signatures(settings: Settings, rules: RuleStore) -> None:
+    """The signatures table as a stream deciding these rules leaves it (built through the
+    fill's last group, -1): a stream started on the filled tables decides at once, as one
+    restarted on weeks of its own would, instead of first building every signature's
+    buckets from the filled events (minutes with 10M alerts)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from velocity.delta import tables
+    from velocity.domain.rules import deciding_rules, rules_by_signature
+    from velocity.spark.signature_builds import signature_records
+
+    deciding = deciding_rules(rules.in_force())
+    widest = max((r.window_ms for r in deciding), default=0)
+    rows = signature_records(list(rules_by_signature(deciding)), deciding, widest, -1)
+    schema = to_arrow_schema(tables.LIVE_SCHEMAS[tables.SIGNATURES])
+    columns = {f.name: [row[i] for row in rows] for i, f in enumerate(schema)}
+    path = LiveTables.of(settings).signatures
+    write_deltalake(str(path), pa.table(columns, schema=schema), mode="append")
 
 
 def _publish(client: Any, stream: str, parts: list[pa.Table], limit: int) -> int:

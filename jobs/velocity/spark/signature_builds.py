@@ -8,11 +8,12 @@ is built again."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from velocity.delta import tables
+from velocity.delta import small_tables, tables
 from velocity.delta.live import LiveState
 from velocity.domain.rules import Rule, RuleSignature, distinct_counted
 from velocity.domain.windows import horizon_seconds
@@ -52,57 +53,79 @@ class SignatureBuilds:
 
         A signature is also rebuilt when the widest active window grows past the history
         its buckets kept (eviction dropped the rest), so a wider rule sees its whole
-        window (SPEC §2). The stream's own write-behind does not flush meanwhile: its
-        appends of buckets would conflict with the deletes here.
+        window (SPEC §2). A change that leaves every signature as recorded (a rule paused
+        beside another of its signature, a limit changed) costs a read of the signatures
+        table by delta-rs, no Spark job: it is a batch of the stream that waits for it.
+        The stream's own write-behind does not flush while the tables change: its appends
+        of buckets would conflict with the deletes here.
         """
-        with self.state.flushes_held():
-            self._sync(signatures, rules, batch_id)
-
-    def _sync(self, signatures: list[RuleSignature], rules: list[Rule], batch_id: int) -> None:
-        spark = self.spark
         widest = max((r.window_ms for r in rules), default=0)
         counted = distinct_counted(rules)
         new_data_dir = self.state.unwritten("signatures")
-        recorded = [] if new_data_dir else self.state.read("signatures").collect()
+        recorded = [] if new_data_dir else self._recorded()
         kept = {r["signature_id"]: r["kept_window_ms"] for r in recorded}
         without_distinct = {r["signature_id"] for r in recorded if r["kept_distinct"] is False}
         wanted = {s.signature_id: s for s in signatures}
         gone = sorted(set(kept) - set(wanted))
-        if gone:
-            self._forget(gone)
         short = {s for s in set(wanted) & set(kept) if (kept[s] or 0) < widest}
         # A UNIQUE_COUNT rule now counts buckets built without their distinct values.
         short |= set(wanted) & without_distinct & counted
         build = sorted((set(wanted) - set(kept)) | short)
         built = set(build)  # recorded with this widest window and distinct counting
-        if build:
-            # The build reads every earlier batch from Delta: flush what is spooled first.
-            self.state.flush_spool(batch_id - 1)
-            if self.state.unwritten("events") or (
-                self.state.read("events").where(F.col("stream_batch") < batch_id).isEmpty()
-            ):
-                # No history (a new data dir): nothing to count, so record them all at
-                # once (a build is five Spark jobs a signature, 2-3 s each on 2 cores).
-                if not (new_data_dir and self.state.unwritten("buckets")):
-                    self._forget(build)
-                self._record([wanted[s] for s in build], rules, widest, batch_id)
-                build = []
-        for signature_id in build:
-            self._build(wanted[signature_id], rules, widest, batch_id)
         # Eviction will keep only the narrower history from now on: remember it.
-        if any((kept[s] or 0) > widest for s in set(kept) - built):
-            spark.sql(
-                f"UPDATE delta.`{self.state.live.signatures}` SET kept_window_ms = {widest} "
-                f"WHERE kept_window_ms > {widest}"
-            )
+        narrower = any((kept[s] or 0) > widest for s in set(kept) - built)
         # Buckets stop gathering distinct values once no rule counts them.
         uncounted = sorted(set(wanted) - counted - without_distinct - built)
-        if uncounted:
-            ids = ", ".join(f"'{s}'" for s in uncounted)
-            spark.sql(
-                f"UPDATE delta.`{self.state.live.signatures}` SET kept_distinct = false "
-                f"WHERE signature_id IN ({ids})"
-            )
+        if not (gone or build or narrower or uncounted):
+            return
+        with self.state.flushes_held():
+            if gone:
+                self._forget(gone)
+            self._build_all(build, wanted, rules, widest, batch_id, new_data_dir)
+            if narrower:
+                self.spark.sql(
+                    f"UPDATE delta.`{self.state.live.signatures}` "
+                    f"SET kept_window_ms = {widest} WHERE kept_window_ms > {widest}"
+                )
+            if uncounted:
+                ids = ", ".join(f"'{s}'" for s in uncounted)
+                self.spark.sql(
+                    f"UPDATE delta.`{self.state.live.signatures}` SET kept_distinct = false "
+                    f"WHERE signature_id IN ({ids})"
+                )
+
+    def _recorded(self) -> list[dict[str, Any]]:
+        """The signatures table's rows (delta-rs: a Spark job of a second on the batch's
+        path for a table of a few rows)."""
+        table = small_tables.open_table(self.state.live.signatures)
+        if table is None:
+            return []
+        return small_tables.read_rows(table, ["signature_id", "kept_window_ms", "kept_distinct"])
+
+    def _build_all(
+        self,
+        build: list[str],
+        wanted: dict[str, RuleSignature],
+        rules: list[Rule],
+        widest: int,
+        batch_id: int,
+        new_data_dir: bool,
+    ) -> None:
+        if not build:
+            return
+        # The build reads every earlier batch from Delta: flush what is spooled first.
+        self.state.flush_spool(batch_id - 1)
+        if self.state.unwritten("events") or (
+            self.state.read("events").where(F.col("stream_batch") < batch_id).isEmpty()
+        ):
+            # No history (a new data dir): nothing to count, so record them all at
+            # once (a build is five Spark jobs a signature, 2-3 s each on 2 cores).
+            if not (new_data_dir and self.state.unwritten("buckets")):
+                self._forget(build)
+            self._record([wanted[s] for s in build], rules, widest, batch_id)
+            return
+        for signature_id in build:
+            self._build(wanted[signature_id], rules, widest, batch_id)
 
     def _build(
         self, signature: RuleSignature, rules: list[Rule], widest: int, batch_id: int

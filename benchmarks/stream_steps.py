@@ -170,6 +170,7 @@ def main() -> None:
         "VELOCITY_DATA_DIR": str(work / "data"),
         "VELOCITY_REDIS_URL": redis_url,
         "VELOCITY_KAFKA_BOOTSTRAP": "",  # `velocity up` starts no broker: nothing reads one
+        "VELOCITY_CHECK_PORT": "0",  # nor the check service
     }
     if args.inner:
         # --inner: its value is a run's name
@@ -203,8 +204,10 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, tree in sorted(trees.items()):  # "before" first, then "now"
                 # Each in a fresh process: the heap of one must not slow the next.
-                for old in (work / "data").glob("*"):  # not Redis's own files (it runs)
-                    if old.name != "redis":
+                # Not the files of what `velocity up` started (it runs; `down` finds it by
+                # them): a check service whose pidfile went was left running.
+                for old in (work / "data").glob("*"):
+                    if old.name not in ("redis", "serve"):
                         shutil.rmtree(old, ignore_errors=True)
                 client.config_resetstat()  # Lua time of this run only
                 inner = subprocess.run(

@@ -13,7 +13,9 @@ of decisionTime ending at ``now_ms``, a write-behind group every 30 s of it. Abo
 alert in a hundred is reviewed (a closed case's alerts are), and the Redis alert stream
 holds the newest notified alerts (ids at their decisionTime, as the stream publishes) and
 the rules in force.
-The rows are made column by column with Arrow: 10M alerts in minutes, not hours.
+The signatures table and the case book's snapshot are left as a running stream and the
+hourly maintenance leave them. The rows are made column by column with Arrow: 10M alerts
+in minutes, not hours.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import write_deltalake
 
+from velocity.delta.case_store import CaseStore
 from velocity.delta.live import LiveTables, create_missing_tables
 from velocity.delta.names import ALERT_REVIEWS, RULES
 from velocity.delta.review_store import REVIEW_ARROW_SCHEMA
@@ -242,6 +245,9 @@ def fill(
         if progress is not None:
             progress(groups, first + count, payments)
     published = _publish(writer, settings.alert_stream, newest_alerts, stream_entries)
+    # The case book's snapshot, as the hourly maintenance leaves it: a restarted
+    # api-server's first look reads it, not every case event (velocity.delta.case_snapshot).
+    CaseStore(settings).write_snapshot()
     return Filled(
         alerts=payments * 2,
         payments=payments,

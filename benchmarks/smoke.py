@@ -65,6 +65,7 @@ TARGETS = (
     "bench-backfill",
     "bench-check",
     "bench-page",
+    "bench-browser",
 )
 # The backtests' shared events: 2 000 lines at 20/s over 200 payers (about 10 payments a
 # payer in 100 s of eventTime, so sample rule 4, 5 in 10 minutes, fires).
@@ -340,6 +341,27 @@ def check_page(figures: Mapping[str, Any], sizes: tuple[int, ...]) -> list[str]:
     return problems
 
 
+def check_page_beside(figures: Mapping[str, Any]) -> list[str]:
+    """bench-page with the stream beside: every read timed in the clicking blocks, and the
+    stream's alert p99 in the quiet blocks and the clicking ones (every alert arrived)."""
+    runs = figures.get("runs") or []
+    problems = expect(len(runs) == 1, f"{len(runs)} runs, expected 1")
+    for run in runs:
+        reads = run.get("reads") or {}
+        problems += expect(len(reads) >= 20, f"{len(reads)} reads timed, expected 20+")
+        # Every read's first looks; the clicking blocks' figures of those reached in them
+        # (a loaded machine may not reach every read in a smoke's seconds).
+        for name, row in reads.items():
+            sampled = ("p50_ms", "p95_ms", "max_ms") if row.get("n") else ()
+            problems += numeric(row, "first_ms", "restarted_ms", *sampled, where=f"{name}.")
+        problems += expect(any(r.get("n") for r in reads.values()), "no read in the blocks")
+        stream = run.get("stream") or {}
+        for kind in ("quiet", "clicking"):
+            problems += numeric(stream.get(kind) or {}, "p50_s", "p99_s", where=f"{kind}.")
+        problems += expect(not run.get("failures"), f"reads failed: {run.get('failures')}")
+    return problems
+
+
 # --- running ---------------------------------------------------------------------------
 
 
@@ -489,14 +511,40 @@ class Runner:
         return check_check(figures)
 
     def bench_page(self, v: Verdict) -> list[str]:
-        # Two tiny sizes (a write-behind group each), two rounds of every read.
+        # Two tiny sizes (a write-behind group each), two rounds of every read with nothing
+        # streaming; then one size with the stream beside (50 payments/s for 28 s, a read
+        # every 0.2 s in two 6-second blocks: every read at least once).
         sizes = (2000, 6000)
         figures = self.benchmark(
             v, "page", "--sizes", ",".join(map(str, sizes)), "--rounds", "2",
-            "--stream-entries", "1000", "--port", str(free_port((0, 1))),
-            "--work-dir", str(self.work / "page"),
+            "--stream-rate", "0", "--stream-entries", "1000",
+            "--port", str(free_port((0, 1))), "--work-dir", str(self.work / "page"),
         )  # fmt: skip
-        return check_page(figures, sizes)
+        beside = self.benchmark(
+            v, "page", "--sizes", "2000", "--stream-rate", "50", "--stream-seconds", "28",
+            "--warmup-seconds", "4", "--block-seconds", "6", "--click-every", "0.2",
+            "--port", str(free_port((0, 1, 1000, 2000))),
+            "--work-dir", str(self.work / "page-beside"), part="beside",
+        )  # fmt: skip
+        return check_page(figures, sizes) + check_page_beside(beside)
+
+    def bench_browser(self, v: Verdict) -> list[str]:
+        # Its test is the browser suite's storm test (the suite runs it); what bench-browser
+        # adds is the fill (bench-page's) and the selection of that test, with a time limit
+        # grown by the fill's: checked here by collecting it as the target does.
+        command = [PYTHON, "-m", "pytest", "tests/browser/test_velocity_queue.py", "-k", "storm",
+                   "--collect-only", "-q", "-p", "no:cacheprovider"]  # fmt: skip
+        done = subprocess.run(
+            command, cwd=ROOT, env={**self.env, "VELOCITY_BROWSER_STORED_ALERTS": "10000000"},
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        with open(v.log, "a") as log:
+            log.write(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}")
+        selected = [line for line in done.stdout.splitlines() if "::" in line]
+        return expect(
+            done.returncode == 0 and len(selected) == 1 and "storm" in selected[0],
+            f"bench-browser selects {selected} (exit {done.returncode}), expected the storm test",
+        )
 
     def bench_cases(self, v: Verdict) -> list[str]:
         args = ("--groups", "4", "--alerts", "200", "--payers", "300")
@@ -577,7 +625,7 @@ ON_SHARED_SPARK = ("bench-backfill", "bench-cooldown", "bench-window")
 # Longest first, so that two lanes finish about together (seconds measured at smoke size).
 LONGEST_FIRST = ("shared-spark", "bench-cluster", "bench-stream", "bench-check", "bench-peer",
                  "bench", "bench-page", "bench-stream-steps", "bench-lookup", "bench-kernel",
-                 "bench-cases")  # fmt: skip
+                 "bench-cases", "bench-browser")  # fmt: skip
 
 
 def run_all(runner: Runner, targets: list[str], lanes: int) -> list[Verdict]:

@@ -27,7 +27,7 @@ import bisect
 import logging
 import os
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,10 +79,25 @@ class FileParts:
         local = url.scheme in ("", "file")
         self.root = Path(unquote(url.path)) / PARTS_FOLDER / PARTS_FORMAT / fold if local else None
 
+    @staticmethod
+    def _name(uri: str) -> str:
+        return unquote(uri.rsplit("/", 1)[-1]) + ".arrow"
+
     def _path(self, uri: str) -> Path | None:
-        if self.root is None:
-            return None
-        return self.root / (unquote(uri.rsplit("/", 1)[-1]) + ".arrow")
+        return None if self.root is None else self.root / self._name(uri)
+
+    def part(self, uri: str, make: Callable[[str], pa.Table]) -> pa.Table:
+        """The kept part of the data file ``uri``, else ``make(uri)``, kept."""
+        part = self.read(uri)
+        if part is None:
+            part = make(uri)
+            self.write(uri, part)
+        return part
+
+    def forget(self, fold: AlertMinutes | AlertIdIndex, gone: set[str]) -> bool:
+        """``file_folds.folded``'s ``forget``: the fold forgets the files, their parts go."""
+        self.remove(gone)
+        return fold.forget(gone)
 
     def read(self, uri: str) -> pa.Table | None:
         """The part of the data file ``uri`` (None: not kept, or unreadable)."""
@@ -116,7 +131,7 @@ class FileParts:
         """Remove the parts of data files not among ``uris`` (the table's files now)."""
         if self.root is None or not self.root.is_dir():
             return
-        wanted = {unquote(u.rsplit("/", 1)[-1]) + ".arrow" for u in uris}
+        wanted = {self._name(u) for u in uris}
         for path in self.root.iterdir():
             if path.name not in wanted and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
@@ -261,20 +276,16 @@ def alert_minutes(table: DeltaTable) -> AlertMinutes:
 
     parts = FileParts(table, "alert_minutes")
 
+    def made(uri: str) -> pa.Table:
+        rows = _read_file(uri, _COUNTED)
+        return _minute_table(rows).replace_schema_metadata(_span_metadata(rows))
+
     def feed(fold: AlertMinutes, uris: Sequence[str]) -> None:
         for uri in uris:
-            part = parts.read(uri)
-            if part is None:
-                rows = _read_file(uri, _COUNTED)
-                part = _minute_table(rows).replace_schema_metadata(_span_metadata(rows))
-                parts.write(uri, part)
+            part = parts.part(uri, made)
             fold.add_file(uri, _counts_of(part), _span_of(part))
 
-    def forget(fold: AlertMinutes, gone: set[str]) -> bool:
-        parts.remove(gone)
-        return fold.forget(gone)
-
-    return folded(table, AlertMinutes, AlertMinutes, feed, forget, parts.restore)
+    return folded(table, AlertMinutes, AlertMinutes, feed, parts.forget, parts.restore)
 
 
 @dataclass(frozen=True)
@@ -385,20 +396,15 @@ def id_ranges(
 
     parts = FileParts(table, "alert_ids")
 
+    def made(uri: str) -> pa.Table:
+        return id_part(_read_file(uri, ["alertId", "transactionId", "decisionTime"]))
+
     def feed(fold: AlertIdIndex, uris: Sequence[str]) -> None:
         for uri in uris:
-            part = parts.read(uri)
-            if part is None:
-                part = id_part(_read_file(uri, ["alertId", "transactionId", "decisionTime"]))
-                parts.write(uri, part)
-            fold.add_file(uri, part)
-
-    def forget(fold: AlertIdIndex, gone: set[str]) -> bool:
-        parts.remove(gone)
-        return fold.forget(gone)
+            fold.add_file(uri, parts.part(uri, made))
 
     with FOLDS_LOCK:
-        index = folded(table, AlertIdIndex, AlertIdIndex, feed, forget, parts.restore)
+        index = folded(table, AlertIdIndex, AlertIdIndex, feed, parts.forget, parts.restore)
         return index.decision_ranges(alert_id, transaction_id)
 
 

@@ -265,19 +265,15 @@ def _record_signatures(settings: Settings, rules: RuleStore) -> None:
     fill's last group, -1): a stream started on the filled tables decides at once, as one
     restarted on weeks of its own would, instead of first building every signature's
     buckets from the filled events (minutes with 10M alerts)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from velocity.delta import tables
+    from velocity.delta.live import append_live_rows
     from velocity.domain.rules import deciding_rules, rules_by_signature
     from velocity.spark.signature_builds import signature_records
 
     deciding = deciding_rules(rules.in_force())
     widest = max((r.window_ms for r in deciding), default=0)
     rows = signature_records(list(rules_by_signature(deciding)), deciding, widest, -1)
-    schema = to_arrow_schema(tables.LIVE_SCHEMAS[tables.SIGNATURES])
-    columns = {f.name: [row[i] for row in rows] for i, f in enumerate(schema)}
-    path = LiveTables.of(settings).signatures
-    write_deltalake(str(path), pa.table(columns, schema=schema), mode="append")
+    append_live_rows(LiveTables.of(settings), tables.SIGNATURES, rows)
 
 
 def _publish(client: Any, stream: str, parts: list[pa.Table], limit: int) -> int:

@@ -147,6 +147,14 @@ def refuse_another_bucket_width(buckets: DataFrame, settings: Settings) -> None:
         )
 
 
+def append_live_rows(live: LiveTables, name: str, rows: list[tuple[Any, ...]]) -> None:
+    """Append ``rows`` (tuples in the schema's column order) to live table ``name`` in one
+    delta-rs commit (``LiveState.append_rows``; bench-page's fill without a Spark session)."""
+    schema = to_arrow_schema(tables.LIVE_SCHEMAS[name])
+    columns = {f.name: [row[i] for row in rows] for i, f in enumerate(schema)}
+    write_deltalake(str(getattr(live, name)), pa.table(columns, schema=schema), mode="append")
+
+
 class LiveState:
     """One data dir's live tables (created when missing), its rule store and the stream's
     spool. Bucket reads see g-wide buckets whatever compaction did."""
@@ -187,11 +195,7 @@ class LiveState:
         one delta-rs commit: milliseconds, where Spark's append of a few rows is a job of
         seconds (and, in a new stream, its JVM's first Delta write: ~10 s on two cores).
         The caller holds the state lock, like every writer of the live tables."""
-        schema = to_arrow_schema(tables.LIVE_SCHEMAS[name])
-        columns = {f.name: [row[i] for row in rows] for i, f in enumerate(schema)}
-        write_deltalake(
-            str(getattr(self.live, name)), pa.table(columns, schema=schema), mode="append"
-        )
+        append_live_rows(self.live, name, rows)
 
     def read(self, name: str) -> DataFrame:
         return tables.read_table(self.spark, getattr(self.live, name))

@@ -252,14 +252,20 @@ class Reads:
         self.page(where)
 
 
-def time_reads(reads: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
-    """Each read once (its first look), then ``rounds`` times in turn."""
+def first_looks(reads: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Each read once, in turn: ms each."""
     first: dict[str, float] = {}
-    samples: dict[str, list[float]] = {name: [] for name in reads}
     for name, read in reads.items():
         began = time.perf_counter()
         read()
         first[name] = (time.perf_counter() - began) * 1000
+    return first
+
+
+def time_reads(reads: dict[str, Callable[[], Any]], rounds: int) -> dict[str, Any]:
+    """Each read once (its first look), then ``rounds`` times in turn."""
+    first = first_looks(reads)
+    samples: dict[str, list[float]] = {name: [] for name in reads}
     for _ in range(rounds):
         for name, read in reads.items():
             began = time.perf_counter()
@@ -394,17 +400,11 @@ class ReadsBeside:
         began = time.perf_counter()
         self.reads = Reads(self.server.base, settings).plan()
         self.first[PLAN] = _ms(began)
-        for name, read in self.reads.items():  # each read's first look, as the stream starts
-            began = time.perf_counter()
-            read()
-            self.first[name] = _ms(began)
+        self.first.update(first_looks(self.reads))  # as the stream starts
         # The api-server restarted: its first look reads what the first one kept.
         self.server.close()
         self.server = PageServer(env, self.args.port + 1, log)
-        for name, read in self.reads.items():
-            began = time.perf_counter()
-            read()
-            self.restarted[name] = _ms(began)
+        self.restarted = first_looks(self.reads)
         self.samples = {name: [] for name in self.reads}
 
     def start(self) -> None:

@@ -688,7 +688,7 @@ class CheckLoad:
                 entry["fcall_ro_usec_per_call"] = round(usec / calls, 2) if calls else 0.0
                 if load == "http" and checks:
                     entry["service_cpu_us_per_check"] = round(self.service_cpu / checks * 1e6, 1)
-            if generated is not None and generated.state_seen:
+            if generated is not None:  # none seen (no batch committed yet) is a figure too
                 entry.update(self.freshness(load, generated.state_seen))
             out[load] = entry
         return out

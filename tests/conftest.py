@@ -111,10 +111,13 @@ def free_check_port() -> int:
     return free_loopback_port((0,), low=7_000, high=8_000)
 
 
-def free_airflow_port() -> int:
+def free_airflow_port(second: bool = False) -> int:
     """A port for `infra/airflow.sh` (VELOCITY_AIRFLOW_PORT): its api-server takes it, the log
-    servers and the scheduler's health check the next three, all free."""
-    return free_loopback_port((0, 1, 2, 3), low=12_000, high=20_000)
+    servers and the scheduler's health check the next three, all free. ``second``: from a
+    range of its own, for a deployment drawn while another's ports are drawn but not yet
+    bound (both `up`s running at once)."""
+    low = 16_000 if second else 12_000
+    return free_loopback_port((0, 1, 2, 3), low=low, high=low + 4_000)
 
 
 @pytest.fixture(scope="session")

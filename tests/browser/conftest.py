@@ -40,6 +40,7 @@ class Deployment:
     """Velocity streaming into Redis and Delta, with Airflow serving its page."""
 
     settings: Settings
+    home: Path  # its VELOCITY_AIRFLOW_HOME
     base: str  # the Airflow UI, http://127.0.0.1:<port>
     passwords: dict[str, str]
     events: Path  # the folder the stream reads
@@ -62,7 +63,7 @@ class Deployment:
         return int(status.get("batchesThisRun") or 0) if status.get("backlogFiles") == 0 else 0
 
 
-def _env(settings: Settings, home: Path, port: int) -> dict[str, str]:
+def airflow_env(settings: Settings, home: Path, port: int) -> dict[str, str]:
     # Only the script's own Airflow configuration: tests/dags sets AIRFLOW_* for its own
     # in-process instance.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -127,7 +128,7 @@ def deployment(
     )
     waves = sorted((base_dir / "generated").glob("*.jsonl"))
     home, port = base_dir / "airflow_home", free_airflow_port()
-    env = _env(settings, home, port)
+    env = airflow_env(settings, home, port)
     shots = Path(os.environ.get("VELOCITY_TEST_OUTPUT", PROJECT_ROOT / "test-output")) / "browser"
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
@@ -149,7 +150,7 @@ def deployment(
             start_new_session=True,
         )
     deployment = Deployment(
-        settings, f"http://127.0.0.1:{port}", {}, events, waves, stream, stream_log, shots
+        settings, home, f"http://127.0.0.1:{port}", {}, events, waves, stream, stream_log, shots
     )
     deployment.land(0)
     try:

@@ -511,6 +511,12 @@ def test_a_backfill_triggered_from_its_form_lists_its_corrections(
     run = poll_until("the backfill run to finish", finished, 360)
     assert run["state"] == "success", run
     assert run["conf"]["rule_ids"] == ["5", "7"]
+    run_url = f"{runs_url}/{run['dag_run_id']}/taskInstances"
+    tasks = httpx.get(run_url, headers=headers, timeout=30).json()["task_instances"]
+    assert {t["task_id"]: t["state"] for t in tasks} == {
+        "plan_backfill": "success",
+        "backfill": "success",
+    }
     assert run["conf"]["from_time"].endswith("Z") and run["conf"]["to_time"].endswith("Z")
     browser.get(f"{deployment.base}/dags/backfill_alerts/runs/{run['dag_run_id']}")
     time.sleep(3)

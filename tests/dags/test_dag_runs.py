@@ -1,8 +1,9 @@
 """Each DAG runs with ``dag.test()`` against real spark-submit, Spark, Delta and redis-server.
 
 The stream DAGs share one data dir (the ``streamed`` fixture starts run_stream over two
-waves of generated events); maintenance, quality and backfill then work on the state
-the stream left. The stream policy's other branches are unit-tested in test_plans.py.
+waves of generated events); quality and backfill then work on the state the stream
+left. The stream policy's other branches are unit-tested in test_plans.py. Maintenance's
+DAG runs in the short soak (tests/dags/test_soak.py), beside a stream under faults.
 """
 
 from __future__ import annotations
@@ -102,19 +103,16 @@ def test_check_stream_restarts_a_dead_stream(airflow_home: Path, velocity_conn: 
             session.delete(run)
 
 
-def test_maintain_state(stopped_stream: StreamedData) -> None:
-    state, tasks = run_dag("maintain_state")
-    assert (state, tasks) == ("success", {"maintain": "success"})
-
-
 @pytest.mark.cluster
 def test_check_quality_submits_to_the_spark_cluster_of_its_connection(
     stopped_stream: StreamedData, spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The velocity_spark connection names a standalone master: spark-submit runs the task
     there, with the JARs and the project's Python on the executors. (The same DAG on the
-    default local[2] connection would add a minute and test nothing new: maintain_state
-    and backfill_alerts submit through that connection with the same operator.)"""
+    default local[2] connection would add a minute and test nothing new: backfill_alerts
+    submits through that connection with the same operator. maintain_state's run is the
+    short soak's: its `maintain_state` fault runs the DAG beside the stream, and the soak
+    fails unless it succeeds.)"""
     host, _, port = spark_cluster.master.rpartition(":")
     monkeypatch.setenv(
         "AIRFLOW_CONN_VELOCITY_SPARK",

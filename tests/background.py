@@ -66,6 +66,8 @@ class BackgroundRun:
         # before it ends, in the middle of the suite.
         self.env = dict(os.environ)
         self.process: subprocess.Popen[bytes] | None = None
+        self.created = time.monotonic()
+        self.ran: tuple[float, float] | None = None  # (started, ended), monotonic
         self.cancelled = threading.Event()
         self.lock = threading.Lock()
         self.starter = threading.Thread(target=self._start, name=f"start-{name}", daemon=True)
@@ -86,6 +88,9 @@ class BackgroundRun:
                     ["nice", "-n", "10", *self.command], cwd=ROOT, env=self.env, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )  # fmt: skip
+        started = time.monotonic()
+        self.process.wait()
+        self.ran = (started, time.monotonic())
 
     def ended(self) -> None:
         """Returns once the run has ended (or never started)."""
@@ -105,6 +110,16 @@ class BackgroundRun:
         except subprocess.TimeoutExpired:
             self.stop()
             pytest.fail(f"{self.name} did not finish within {timeout:g} s: {self.log}")
+
+    def timing(self, since: float) -> str:
+        """When it started and how long it ran, for the suite's summary."""
+        if self.ran is None:
+            return f"{self.name}: did not run to its end"
+        started, ended = self.ran
+        return (
+            f"{self.name}: started {started - since:.0f} s after collection, "
+            f"ran {ended - started:.0f} s, ended {ended - since:.0f} s after collection"
+        )
 
     def tail(self, chars: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""

@@ -287,6 +287,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     }
 
 
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """When each run beside the suite started and how long it ran: the suite's wall time
+    is the longer of its own tests and these runs."""
+    runs = list(config.stash.get(BACKGROUND, {}).values())
+    if runs:
+        terminalreporter.section("beside the suite")
+        since = min(run.created for run in runs)
+        for run in runs:
+            terminalreporter.write_line(run.timing(since))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     # The soak first: a soak still waiting for the smoke must not start once it is killed.
     for run in reversed(list(config.stash.get(BACKGROUND, {}).values())):

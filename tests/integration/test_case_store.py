@@ -359,7 +359,7 @@ def test_alerts_that_land_while_a_close_commits_are_reviewed_by_the_close(
 ) -> None:
     """The close read the case's alerts; then the write-behind appended a3 (which had
     joined) and looked for closed cases before the close was in, finding none. The close
-    reviews a3 right after its commit."""
+    reviews a3 right after its commit, reading only the data file added since its read."""
     settings = Settings(data_dir=tmp_path / "data")
     store = CaseStore(settings)
     first, first_events = group([("a1", 4, "t1", "p1")])
@@ -377,8 +377,19 @@ def test_alerts_that_land_while_a_close_commits_are_reviewed_by_the_close(
         return found
 
     monkeypatch.setattr(CaseStore, "_reviewable", then_the_flush_lands)
+    from velocity.delta import case_store
+
+    read_files = case_store.case_rows_of_files
+    files_read_again: list[str] = []
+
+    def reading(uris: list[str], *args: object) -> object:
+        files_read_again.extend(uris)
+        return read_files(uris, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(case_store, "case_rows_of_files", reading)
     closed = store.close(joined["caseId"][0].as_py(), "false positive", None, "ana")
     assert flushed == [0], "the flush found the case open"
+    assert len(files_read_again) == 1, "after the commit, only the file the flush added"
     assert (closed.reviewed, closed.being_written) == (2, 0)
     latest = ReviewStore(settings.table_path(ALERT_REVIEWS)).latest()
     assert {a: r.verdict for a, r in latest.items()} == {

@@ -63,6 +63,19 @@ def _read_file(uri: str, columns: Sequence[str]) -> pa.Table:
     return table
 
 
+def case_rows_of_files(uris: Sequence[str], case_id: str, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the rows of case ``case_id`` in some of the alerts table's data files
+    (``file_uris``): what landed since a read, without reading again what it read."""
+    parts = []
+    for uri in uris:
+        rows = _read_file(uri, [*columns, "caseId"])
+        if not pa.types.is_boolean(rows.schema.field("caseId").type):  # nulls: before cases
+            parts.append(rows.filter(pc.equal(rows.column("caseId"), case_id)))
+    if not parts:
+        return pa.table({name: pa.array([], pa.null()) for name in columns})
+    return pa.concat_tables(parts, promote_options="permissive").select(list(columns))
+
+
 _log = logging.getLogger(__name__)
 # The parts' format: a change to what a part holds (or to the fingerprint) names a new
 # folder, so no process reads a part of another format.

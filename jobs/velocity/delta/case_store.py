@@ -52,7 +52,7 @@ from velocity.analyst.cases import (
     stream_case_events,
 )
 from velocity.analyst.reviews import AlertRef, make_review
-from velocity.delta.alert_files import pruned_dataset
+from velocity.delta.alert_files import case_rows_of_files, pruned_dataset
 from velocity.delta.case_snapshot import (
     CaseSnapshotSummary,
     restore_cases,
@@ -389,11 +389,15 @@ class CaseStore:
         Alerts that joined the case but are still written behind are reviewed so by the
         write-behind as it appends them (``review_late_alerts``); any that landed while
         the close was planned and committed (the flush may have looked before the close
-        was in), by the close right after its commit. Returns the case and how many of
-        its alerts are reviewed, how many still being written (``ClosedCase``)."""
+        was in), by the close right after its commit, read from the data files added
+        since the plan's read only. Returns the case and how many of its alerts are
+        reviewed, how many still being written (``ClosedCase``)."""
         reviews = self._reviews()
+        alerts_path = self.settings.table_path(ALERTS)
 
-        def plan(table: DeltaTable) -> tuple[Any, tuple[Case, CaseEvent, list[AlertRef]]]:
+        def plan(
+            table: DeltaTable,
+        ) -> tuple[Any, tuple[Case, CaseEvent, list[AlertRef], set[str]]]:
             with FOLDS_LOCK:
                 found = _folded(table, CaseBook, self.settings.data_dir).cases.get(case_id)
                 history = [] if found is None else list(found.history)
@@ -402,6 +406,8 @@ class CaseStore:
             case = fold_cases(history)[case_id]
             # The close checked whole before the alerts are read.
             checked = person_event(case, CaseEventKind.CLOSED, who, 0, verdict=verdict, note=note)
+            read = current_table(alerts_path)  # its files before the read: none missed after
+            files_read = set() if read is None else set(read.file_uris())
             refs = self._reviewable(case_id)
             assert checked.verdict is not None
             for ref in refs:  # each review checked whole too (the store's rules)
@@ -415,15 +421,18 @@ class CaseStore:
             now = max([int(time.time() * 1000), *(when + 1 for when in before)])
             event = person_event(case, CaseEventKind.CLOSED, who, now, verdict=verdict, note=note)
             closed = fold_cases([*history, event])[case_id]
-            return _event_rows([event], close_reviews_text(refs)), (closed, event, refs)
+            closing = (closed, event, refs, files_read)
+            return _event_rows([event], close_reviews_text(refs)), closing
 
-        closed, event, refs = append_planned(
+        closed, event, refs, files_read = append_planned(
             self.events_path, CASE_EVENT_ARROW_SCHEMA, plan, f"case {case_id} is unchanged"
         )
         reviewed = len(refs)
         if closed.alerts > reviewed:
             listed = {r.alert_id for r in refs}
-            landed = [r for r in self._reviewable(case_id) if r.alert_id not in listed]
+            landed = [
+                r for r in self._landed_since(case_id, files_read) if r.alert_id not in listed
+            ]
             if landed:
                 assert event.verdict is not None
                 note_text = close_note(case_id, event.note)
@@ -436,6 +445,16 @@ class CaseStore:
     def _reviewable(self, case_id: str) -> list[AlertRef]:
         """The case's alerts in the alerts table that a close reviews (not a retraction)."""
         return [r for r in self.alert_refs(case_id) if r.kind != _RETRACTION]
+
+    def _landed_since(self, case_id: str, files_read: set[str]) -> list[AlertRef]:
+        """``_reviewable`` of the data files the alerts table gained since ``files_read``
+        (a file OPTIMIZE rewrote meanwhile is new too: its rows are read again)."""
+        table = current_table(self.settings.table_path(ALERTS))
+        if table is None:
+            return []
+        added = [uri for uri in table.file_uris() if uri not in files_read]
+        rows = case_rows_of_files(added, case_id, _REF_COLUMNS).to_pylist()
+        return [r for r in map(AlertRef.of, rows) if r.kind != _RETRACTION]
 
     def _reviews(self) -> ReviewStore:
         return ReviewStore(self.settings.table_path(ALERT_REVIEWS), self.events_path)
@@ -481,14 +500,14 @@ class CaseStore:
         return rows if newest is None else rows.slice(max(0, rows.num_rows - newest))
 
     def alert_refs(self, case_id: str) -> list[AlertRef]:
-        wanted = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]
-        rows = self.alerts(case_id, columns=wanted)
+        rows = self.alerts(case_id, columns=_REF_COLUMNS)
         if rows.num_rows == 0:
             return []
-        return [AlertRef.of(r) for r in rows.select(wanted).to_pylist()]
+        return [AlertRef.of(r) for r in rows.select(_REF_COLUMNS).to_pylist()]
 
 
 _Fold = TypeVar("_Fold", OpenCases, CaseBook)
+_REF_COLUMNS = ["alertId", "kind", "ruleId", "ruleVersion", "decisionTime"]  # an AlertRef's
 
 
 def _folded(table: DeltaTable, kind: type[_Fold], data_dir: Path | None = None) -> _Fold:

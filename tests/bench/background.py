@@ -19,8 +19,6 @@ from benchmarks import smoke
 from tests.background import SMOKE_TEST, BackgroundRun
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every target but bench-cluster, which runs on the suite's own cluster (tests/cluster).
-ON_OWN_PROCESS = [t for t in smoke.TARGETS if t != "bench-cluster"]
 
 
 def is_smoke_test(item: pytest.Item) -> bool:
@@ -46,14 +44,13 @@ class BackgroundSmoke(BackgroundRun):
     @classmethod
     def start(cls, items: list[pytest.Item]) -> BackgroundSmoke | None:
         """The smoke of the targets the selected tests ask for (``-k check``: bench-check
-        only; all selected: every target but bench-cluster), or None when none is."""
+        only; all selected: every target, bench-cluster on a standalone cluster of its
+        own), or None when none is."""
         selected = sorted(item.callspec.params["target"] for item in items if is_smoke_test(item))
         if not selected:
             return None
-        everything = set(selected) == set(ON_OWN_PROCESS)
-        args = ["--skip", "bench-cluster"] if everything else [
-            arg for target in selected for arg in ("--only", target)
-        ]  # fmt: skip
+        everything = set(selected) == set(smoke.TARGETS)
+        args = [] if everything else [arg for target in selected for arg in ("--only", target)]
         return cls(
             "smoke", smoke_command(Path("{folder}/work"), Path("{folder}/report.json"), *args)
         )

@@ -1,13 +1,12 @@
 """Every `make bench*` target at its smoke size (``benchmarks.smoke``), one test a target,
 so CI names the benchmark that broke. The smoke runs once for the session as its own
-process, beside the suite from the end of collection (``tests/bench/background.py``);
-bench-cluster runs on the suite's standalone cluster (the ``spark_cluster`` fixture that
-tests/cluster starts anyway), so the cluster starts once."""
+process, beside the suite from the end of collection (``tests/bench/background.py``),
+bench-cluster too, on a standalone cluster the smoke starts: beside the suite it costs the
+suite nothing, where on the suite's own cluster it took 73-77 s of the suite's time."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +14,7 @@ import pytest
 from benchmarks import smoke
 
 from tests.background import BACKGROUND
-from tests.bench.background import (
-    ON_OWN_PROCESS,
-    ROOT,
-    BackgroundSmoke,
-    smoke_command,
-    verdicts_of,
-)
-from tests.conftest import SparkCluster
-
-
-def run_smoke(work: Path, *args: str) -> dict[str, dict[str, Any]]:
-    """``python -m benchmarks.smoke`` with ``args`` in the foreground: its verdicts by target."""
-    report = work / "report.json"
-    done = subprocess.run(
-        smoke_command(work / "work", report, *args),
-        cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False,
-    )  # fmt: skip
-    print(done.stdout[-6000:])  # the table, shown by pytest on a failure
-    if not report.exists():
-        pytest.fail(f"benchmarks.smoke wrote no report (exit {done.returncode}): {done.stderr}")
-    return verdicts_of(report)
+from tests.bench.background import ROOT, BackgroundSmoke
 
 
 @pytest.fixture(scope="session")
@@ -63,22 +42,12 @@ def held(verdict: dict[str, Any]) -> None:
 @pytest.mark.spark
 @pytest.mark.redis
 @pytest.mark.timeout(1500)  # the whole smoke runs in the first test's time
-@pytest.mark.parametrize("target", ON_OWN_PROCESS)
+@pytest.mark.parametrize("target", smoke.TARGETS)
 def test_benchmark_runs_and_its_figures_hold_their_shape(
     target: str, smoke_verdicts: dict[str, dict[str, Any]]
 ) -> None:
     assert target in smoke_verdicts, f"benchmarks.smoke did not run {target}"
     held(smoke_verdicts[target])
-
-
-@pytest.mark.cluster
-@pytest.mark.spark
-@pytest.mark.timeout(600)
-def test_bench_cluster_on_the_suites_cluster(spark_cluster: SparkCluster, tmp_path: Path) -> None:
-    verdicts = run_smoke(
-        tmp_path, "--only", "bench-cluster", "--cluster-master", spark_cluster.master
-    )
-    held(verdicts["bench-cluster"])
 
 
 def test_the_smoke_runs_every_bench_target_of_the_makefile() -> None:

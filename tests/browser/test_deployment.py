@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from tests.browser.conftest import AIRFLOW_SH, Deployment, airflow_env
-from tests.conftest import free_airflow_port, free_port
+from tests.conftest import free_airflow_port, free_port, poll_until
 from velocity.settings import Settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis, pytest.mark.airflow]
@@ -144,6 +144,11 @@ def test_two_deployments_side_by_side_and_the_rest_api(
         )
         assert token.status_code in (200, 201), token.text
         client.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+        poll_until(
+            "backfill_alerts parsed by the dag-processor",
+            lambda: client.get("/api/v2/dags/backfill_alerts").status_code == 200,
+            120,
+        )
         runs = "/api/v2/dags/backfill_alerts/dagRuns"
         before = client.get(runs).json()["total_entries"]
         # The form's schema is enforced on every trigger, the REST API's too.

@@ -9,6 +9,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 from pyspark.sql import functions as F
@@ -244,3 +245,32 @@ def test_vacuum_refuses_an_unsafe_retention(spark, data_settings: Settings) -> N
     StreamJob(spark, data_settings)
     done = maintenance.vacuum_tables(spark, data_settings, 168)
     assert "buckets" in done
+
+
+def test_vacuum_deletes_only_unreferenced_files_older_than_the_retention(
+    spark, data_settings: Settings
+) -> None:
+    """VACUUM runs on a table only when it may delete something: a data file the table
+    does not reference, written before the retention (a stray one, 8 days old, goes); a
+    younger stray file and every referenced file stay."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    StreamJob(spark, data_settings)
+    live = LiveTables.of(data_settings)
+    referenced = [
+        uri
+        for name in LiveTables.__dataclass_fields__
+        if tables.table_exists(spark, getattr(live, name))
+        for uri in DeltaTable(str(getattr(live, name))).file_uris()
+    ]
+    old, young = live.buckets / "stray-old.parquet", live.buckets / "stray-young.parquet"
+    for stray in (old, young):
+        pq.write_table(pa.table({"x": [1]}), stray)
+    week_ago = time.time() - 8 * 24 * 3600
+    os.utime(old, (week_ago, week_ago))
+    done = maintenance.vacuum_tables(spark, data_settings, 168)
+    assert not old.exists() and young.exists()
+    assert all(Path(unquote(urlparse(uri).path)).exists() for uri in referenced)
+    assert done["buckets"].files_before == done["buckets"].files_after + 1

@@ -12,8 +12,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -150,6 +154,10 @@ def optimize_tables(
             continue
         figures = TableFiles()
         figures.bytes_before, figures.files_before = tables.table_size(spark, path)
+        if figures.files_before <= 1:  # nothing to bin-pack: no Spark job for nothing
+            figures.bytes_after, figures.files_after = figures.bytes_before, figures.files_before
+            result[name] = figures
+            continue
         if name == "buckets":
             with state_lock(client, settings, "optimize buckets"):
                 spark.sql(f"OPTIMIZE delta.`{path}`")
@@ -190,16 +198,38 @@ def vacuum_tables(
             continue
         figures = TableFiles()
         figures.bytes_before, figures.files_before = _files_on_disk(path)
-        spark.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS")
+        if _vacuum_may_delete(path, retention_hours):
+            spark.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS")
         figures.bytes_after, figures.files_after = _files_on_disk(path)
         result[name] = figures
     return result
 
 
-def _files_on_disk(path: Any) -> tuple[int, int]:
+def _data_files(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*.parquet") if "_delta_log" not in p.parts]
+
+
+def _files_on_disk(path: Path) -> tuple[int, int]:
     """(bytes, files) of the data files under a table folder, referenced or not."""
-    files = [p for p in path.rglob("*.parquet") if "_delta_log" not in p.parts]
+    files = _data_files(path)
     return sum(p.stat().st_size for p in files), len(files)
+
+
+def _vacuum_may_delete(path: Path, retention_hours: int) -> bool:
+    """Whether VACUUM could delete a file: one the table's version does not reference and
+    written before the retention (VACUUM deletes nothing younger, whatever its tombstone
+    says). Most hours none is, and a VACUUM that finds nothing still costs a Spark job of a
+    second or more a table; a table delta-rs cannot read is VACUUMed as before."""
+    try:
+        referenced = {
+            Path(unquote(urlparse(uri).path)).resolve() for uri in DeltaTable(str(path)).file_uris()
+        }
+    except (DeltaError, OSError):
+        return True
+    horizon = time.time() - retention_hours * 3600
+    return any(
+        f.resolve() not in referenced and f.stat().st_mtime < horizon for f in _data_files(path)
+    )
 
 
 # velocity_evict calls (and DELs of retired signatures' states) sent in one round trip.

@@ -80,6 +80,17 @@ def airflow_env(settings: Settings, home: Path, port: int) -> dict[str, str]:
     return env
 
 
+def start_airflow(env: dict[str, str]) -> subprocess.Popen[str]:
+    """`infra/airflow.sh up` under way (its output read once it ends)."""
+    return subprocess.Popen(
+        ["bash", str(AIRFLOW_SH), "up"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 # make bench-browser's history (0 in the suite); its fill's time is the first test's too.
 STORED_ALERTS = int(os.environ.get("VELOCITY_BROWSER_STORED_ALERTS") or 0)
 FILL_SECONDS = STORED_ALERTS // 2_000
@@ -132,13 +143,7 @@ def deployment(
     shots = Path(os.environ.get("VELOCITY_TEST_OUTPUT", PROJECT_ROOT / "test-output")) / "browser"
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
-    airflow_up = subprocess.Popen(
-        ["bash", str(AIRFLOW_SH), "up"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    airflow_up = start_airflow(env)
     stream_log = base_dir / "stream.log"
     with stream_log.open("w") as out:
         stream = subprocess.Popen(

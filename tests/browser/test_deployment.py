@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.browser.conftest import AIRFLOW_SH, Deployment, airflow_env
+from tests.browser.conftest import AIRFLOW_SH, Deployment, airflow_env, start_airflow
 from tests.conftest import free_airflow_port, free_port, poll_until
 from velocity.settings import Settings
 
@@ -78,14 +78,7 @@ def neighbour(
     env["VELOCITY_KAFKA_BOOTSTRAP"] = ""  # Redis only: no broker of its own
     started = subprocess.run([VELOCITY, "up"], env=env, capture_output=True, text=True, timeout=60)
     assert started.returncode == 0, started.stdout + started.stderr
-    up = subprocess.Popen(
-        ["bash", str(AIRFLOW_SH), "up"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    neighbour = Neighbour(home, port, redis_port, env, up)
+    neighbour = Neighbour(home, port, redis_port, env, start_airflow(env))
     try:
         yield neighbour
     finally:

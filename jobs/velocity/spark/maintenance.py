@@ -197,29 +197,32 @@ def vacuum_tables(
         if not tables.table_exists(spark, path):
             continue
         figures = TableFiles()
-        figures.bytes_before, figures.files_before = _files_on_disk(path)
-        if _vacuum_may_delete(path, retention_hours):
+        files = _data_files(path)
+        figures.bytes_before, figures.files_before = _size_of(files)
+        figures.bytes_after, figures.files_after = figures.bytes_before, figures.files_before
+        if _vacuum_may_delete(path, files, retention_hours):
             spark.sql(f"VACUUM delta.`{path}` RETAIN {retention_hours} HOURS")
-        figures.bytes_after, figures.files_after = _files_on_disk(path)
+            figures.bytes_after, figures.files_after = _size_of(_data_files(path))
         result[name] = figures
     return result
 
 
 def _data_files(path: Path) -> list[Path]:
+    """The data files under a table folder, referenced or not."""
     return [p for p in path.rglob("*.parquet") if "_delta_log" not in p.parts]
 
 
-def _files_on_disk(path: Path) -> tuple[int, int]:
-    """(bytes, files) of the data files under a table folder, referenced or not."""
-    files = _data_files(path)
+def _size_of(files: list[Path]) -> tuple[int, int]:
+    """(bytes, files)."""
     return sum(p.stat().st_size for p in files), len(files)
 
 
-def _vacuum_may_delete(path: Path, retention_hours: int) -> bool:
-    """Whether VACUUM could delete a file: one the table's version does not reference and
-    written before the retention (VACUUM deletes nothing younger, whatever its tombstone
-    says). Most hours none is, and a VACUUM that finds nothing still costs a Spark job of a
-    second or more a table; a table delta-rs cannot read is VACUUMed as before."""
+def _vacuum_may_delete(path: Path, files: list[Path], retention_hours: int) -> bool:
+    """Whether VACUUM could delete one of ``files`` (the table folder's data files): one
+    the table's version does not reference, written before the retention (VACUUM deletes
+    nothing younger, whatever its tombstone says). Most hours none is, and a VACUUM that
+    finds nothing still costs a Spark job of a second or more a table; a table delta-rs
+    cannot read is VACUUMed as before."""
     try:
         referenced = {
             Path(unquote(urlparse(uri).path)).resolve() for uri in DeltaTable(str(path)).file_uris()
@@ -227,9 +230,7 @@ def _vacuum_may_delete(path: Path, retention_hours: int) -> bool:
     except (DeltaError, OSError):
         return True
     horizon = time.time() - retention_hours * 3600
-    return any(
-        f.resolve() not in referenced and f.stat().st_mtime < horizon for f in _data_files(path)
-    )
+    return any(f.resolve() not in referenced and f.stat().st_mtime < horizon for f in files)
 
 
 # velocity_evict calls (and DELs of retired signatures' states) sent in one round trip.

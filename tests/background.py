@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BACKGROUND = pytest.StashKey[dict[str, "BackgroundRun"]]()
 SMOKE_TEST = "test_benchmark_runs_and_its_figures_hold_their_shape"
 SOAK_TEST = "test_every_fault_together_for_a_short_soak"
+DEMO_TEST = "test_demo_exits_zero_on_ports_of_its_own"
 # The suite's soak (`make soak` is the long one): 3 minutes of 70 payments/s over 2,000
 # payers, each fault kind once, 5 s apart; Redis restarted while the stream is down after
 # its SIGKILL, so one restart of the stream serves both faults. Three minutes, not one:
@@ -41,15 +42,32 @@ SHORT_SOAK = ("--minutes", "3", "--rate", "70", "--keys", "2000", "--each", "1",
 
 def is_background_test(item: pytest.Item) -> bool:
     """A test that reads how a run beside the suite ended."""
-    return isinstance(item, pytest.Function) and item.originalname in (SMOKE_TEST, SOAK_TEST)
+    return isinstance(item, pytest.Function) and item.originalname in BACKGROUND_TESTS
+
+
+BACKGROUND_TESTS = (SMOKE_TEST, SOAK_TEST, DEMO_TEST)
+
+
+def selected(items: list[pytest.Item], test: str) -> bool:
+    return any(isinstance(i, pytest.Function) and i.originalname == test for i in items)
 
 
 def start_soak(items: list[pytest.Item], after: BackgroundRun | None) -> BackgroundRun | None:
     """The short soak (once ``after`` has ended), or None when its test is not selected."""
-    if not any(isinstance(i, pytest.Function) and i.originalname == SOAK_TEST for i in items):
+    if not selected(items, SOAK_TEST):
         return None
     command = [sys.executable, "-m", "tools.soak", *SHORT_SOAK, "--work-dir", "{folder}/work"]
     return BackgroundRun("soak", command, after)
+
+
+def start_demo(items: list[pytest.Item], after: BackgroundRun | None) -> BackgroundRun | None:
+    """The shortened demo (``tests/integration/demo_run.py``, once ``after`` has ended), or
+    None when its test is not selected."""
+    if not selected(items, DEMO_TEST):
+        return None
+    return BackgroundRun(
+        "demo", [sys.executable, "-m", "tests.integration.demo_run", "{folder}"], after
+    )
 
 
 class BackgroundRun:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from tests.background import BACKGROUND, is_background_test, start_soak
+from tests.background import BACKGROUND, is_background_test, start_demo, start_soak
 from tests.bench.background import BackgroundSmoke
 from velocity.operating.local_process import free_loopback_port
 from velocity.settings import PROJECT_ROOT, Settings, load_settings
@@ -81,7 +81,8 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 # 22 000-23 000, Kafka brokers 23 000-30 000, Airflow deployments 12 000-20 000, streams'
 # metrics 10 000-12 000, check services 7 000-8 000; the benchmark smoke 2 000-6 000
 # (benchmarks/smoke.py); the soak (tools/soak.py) its broker 6 000-7 000, its Redis
-# 8 000-9 000, its Airflow 9 000-10 000.
+# 8 000-9 000, its Airflow 9 000-10 000; the demo (tests/integration/demo_run.py)
+# 1 100-2 000.
 
 
 def free_port_pair() -> int:
@@ -278,12 +279,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The bench smoke starts now, beside the suite, and the short soak once it has ended,
-    if a test of theirs is selected."""
+    """The bench smoke starts now, beside the suite, the short soak once it has ended, and
+    the shortened demo after that, each if a test of theirs is selected."""
     smoke = BackgroundSmoke.start(session.items)
     soak = start_soak(session.items, after=smoke)
+    demo = start_demo(session.items, after=soak or smoke)
     session.config.stash[BACKGROUND] = {
-        name: run for name, run in (("smoke", smoke), ("soak", soak)) if run is not None
+        name: run
+        for name, run in (("smoke", smoke), ("soak", soak), ("demo", demo))
+        if run is not None
     }
 
 

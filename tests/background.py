@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,21 @@ BACKGROUND_TESTS = (SMOKE_TEST, SOAK_TEST, DEMO_TEST)
 
 def selected(items: list[pytest.Item], test: str) -> bool:
     return any(isinstance(i, pytest.Function) and i.originalname == test for i in items)
+
+
+def run_of(
+    request: pytest.FixtureRequest,
+    name: str,
+    start: Callable[[list[pytest.Item], BackgroundRun | None], BackgroundRun | None],
+) -> BackgroundRun:
+    """The run ``name`` started beside the suite for this session, or, when its test was
+    collected some other way, ``start`` now."""
+    runs = request.config.stash.setdefault(BACKGROUND, {})
+    if name not in runs:
+        started = start([request.node], None)
+        assert started is not None
+        runs[name] = started
+    return runs[name]
 
 
 def start_soak(items: list[pytest.Item], after: BackgroundRun | None) -> BackgroundRun | None:

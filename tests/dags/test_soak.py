@@ -9,7 +9,7 @@ faults kill and flush them)."""
 from __future__ import annotations
 
 import pytest
-from tests.background import BACKGROUND, start_soak
+from tests.background import run_of, start_soak
 
 pytestmark = [
     pytest.mark.spark,
@@ -21,11 +21,6 @@ pytestmark = [
 
 
 def test_every_fault_together_for_a_short_soak(request: pytest.FixtureRequest) -> None:
-    runs = request.config.stash.setdefault(BACKGROUND, {})
-    if "soak" not in runs:  # collected some other way: run it now
-        started = start_soak([request.node], after=None)
-        assert started is not None
-        runs["soak"] = started
-    soak = runs["soak"]
+    soak = run_of(request, "soak", start_soak)
     code = soak.wait(timeout=1700)
     assert code == 0, f"the short soak exited {code} (its log: {soak.log}):\n{soak.tail(20_000)}"

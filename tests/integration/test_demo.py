@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tests.background import BACKGROUND, start_demo
+from tests.background import run_of, start_demo
 
 pytestmark = [
     pytest.mark.spark,
@@ -26,12 +26,7 @@ pytestmark = [
 
 
 def test_demo_exits_zero_on_ports_of_its_own(request: pytest.FixtureRequest) -> None:
-    runs = request.config.stash.setdefault(BACKGROUND, {})
-    if "demo" not in runs:  # collected some other way: run it now
-        started = start_demo([request.node], after=None)
-        assert started is not None
-        runs["demo"] = started
-    run = runs["demo"]
+    run = run_of(request, "demo", start_demo)
     code = run.wait(timeout=2000)
     assert code == 0, f"the demo's runner exited {code}:\n{run.tail()}"
     result = json.loads((run.folder / "demo.json").read_text())

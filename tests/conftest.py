@@ -280,7 +280,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The bench smoke starts now, beside the suite, the short soak once it has ended, and
-    the shortened demo after that, each if a test of theirs is selected."""
+    the shortened demo after that, each if a test of theirs is selected (and will run)."""
+    if session.config.option.collectonly:
+        return
     smoke = BackgroundSmoke.start(session.items)
     soak = start_soak(session.items, after=smoke)
     demo = start_demo(session.items, after=soak or smoke)

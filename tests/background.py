@@ -41,12 +41,12 @@ SHORT_SOAK = ("--minutes", "3", "--rate", "70", "--keys", "2000", "--each", "1",
               "--redis-with-sigkill")  # fmt: skip
 
 
+BACKGROUND_TESTS = (SMOKE_TEST, SOAK_TEST, DEMO_TEST)
+
+
 def is_background_test(item: pytest.Item) -> bool:
     """A test that reads how a run beside the suite ended."""
     return isinstance(item, pytest.Function) and item.originalname in BACKGROUND_TESTS
-
-
-BACKGROUND_TESTS = (SMOKE_TEST, SOAK_TEST, DEMO_TEST)
 
 
 def selected(items: list[pytest.Item], test: str) -> bool:

@@ -155,6 +155,12 @@ def report(test_log: Path, pacct: Path, rows: int) -> None:
     starts = [(float(m[0]), m[2]) for m in marks if m[1] == "start"]
     times = [t for t, _ in starts]
     first = times[0] if times else 0.0
+
+    def test_at(moment: float) -> str:
+        """The test running at ``moment`` ("" before the first)."""
+        i = bisect.bisect_right(times, moment) - 1
+        return starts[i][1] if i >= 0 else ""
+
     pytest_proc = max((p for p in procs if p.command == "python"), key=lambda p: p.elapsed)
 
     charged: dict[str, float] = collections.defaultdict(float)
@@ -173,14 +179,12 @@ def report(test_log: Path, pacct: Path, rows: int) -> None:
         elif p.command == "java" and p.elapsed > 600:
             # The session's Spark JVM, a session's broker or cluster (their parent is init
             # by the time they exit: accounting records the parent at exit).
-            i = bisect.bisect_right(times, p.started) - 1
-            key = f"a JVM of the session, from {starts[i][1] if i >= 0 else 'the start'}"
+            key = f"a JVM of the session, from {test_at(p.started) or 'the start'}"
         elif beside:
             since = top.started - first
             key = f"beside the suite: pid {top.pid}, ran {top.elapsed:.0f} s from {since:.0f} s"
         else:
-            i = bisect.bisect_right(times, p.started) - 1
-            key = starts[i][1] if i >= 0 else "before the tests (setup, lint, docs)"
+            key = test_at(p.started) or "before the tests (setup, lint, docs)"
         charged[key] += p.cpu
         commands[key][p.command] += p.cpu
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from benchmarks import smoke
 
-from tests.background import BACKGROUND
+from tests.background import run_of
 from tests.bench.background import ROOT, BackgroundSmoke
 
 
@@ -21,12 +21,8 @@ from tests.bench.background import ROOT, BackgroundSmoke
 def smoke_verdicts(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     """The verdicts of the smoke that ran beside the suite since its tests were collected
     (``tests/bench/background.py``: the targets the selected tests ask for)."""
-    runs = request.config.stash.setdefault(BACKGROUND, {})
-    if "smoke" not in runs:  # collected some other way: run it now
-        started = BackgroundSmoke.start(request.session.items)
-        assert started is not None
-        runs["smoke"] = started
-    smoke = runs["smoke"]
+    # Collected some other way: the smoke of every selected target of it, now.
+    smoke = run_of(request, "smoke", lambda _, __: BackgroundSmoke.start(request.session.items))
     assert isinstance(smoke, BackgroundSmoke)
     return smoke.verdicts(timeout=1500)
 

@@ -18,24 +18,21 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import FAST_JVM
 from velocity.operating.local_process import free_loopback_port
 from velocity.settings import PROJECT_ROOT, load_settings
 
 DEMO_SH = PROJECT_ROOT / "infra" / "demo.sh"
 VELOCITY = str(Path(sys.executable).parent / "velocity")
-# tests/conftest.py's FAST_JVM, for the demo's Spark JVMs (not imported: that module is
-# pytest's, this a process of its own).
-FAST_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-
-
-def port(offsets: tuple[int, ...] = (0,)) -> int:
-    return free_loopback_port(offsets, low=1_100, high=2_000)
 
 
 def run(folder: Path) -> dict[str, object]:
     import redis
 
-    redis_port, kafka_port, metrics_port, check_port = port(), port((0, 1)), port(), port()
+    # Five free ports in one draw (draws one by one could return the same port twice):
+    # Redis, the broker and its controller, the stream's metrics, the check service.
+    first = free_loopback_port((0, 1, 2, 3, 4), low=1_100, high=2_000)
+    redis_port, kafka_port, metrics_port, check_port = first, first + 1, first + 3, first + 4
     data_dir = folder / "data"
     # Only the demo's own settings: none of the suite's VELOCITY_* leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VELOCITY_", "DEMO_"))}
